@@ -1,0 +1,128 @@
+"""Async front of the engine: submit, stream tokens, abort. The engine runs in its own thread.
+
+All engine state is touched by that thread only; callers talk to it through a command queue and get
+outputs through per-request asyncio queues, so a slow step never blocks the caller's event loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from shoal.engine.engine import LLMEngine
+from shoal.engine.outputs import RequestOutput
+from shoal.engine.sampling_params import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Subscriber:
+    loop: asyncio.AbstractEventLoop
+    outputs: asyncio.Queue
+
+    def deliver(self, item: RequestOutput | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.outputs.put_nowait, item)
+
+
+class AsyncLLMEngine:
+    """Invariant: each submitted request receives outputs until one with finished=True, or one
+    exception; abandoning the iterator (client gone) aborts the request and frees its blocks."""
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.Queue = queue.Queue()
+        self._subscribers: dict[str, _Subscriber] = {}
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shoal-engine", daemon=True)
+        self._thread.start()
+
+    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
+                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
+        """Yields one RequestOutput per step that produced tokens for this request."""
+        request_id = request_id or uuid.uuid4().hex
+        loop = asyncio.get_running_loop()
+        accepted = loop.create_future()
+        subscriber = _Subscriber(loop, asyncio.Queue())
+        self._commands.put(("add", request_id, prompt, params, subscriber, accepted))
+        await accepted
+        finished = False
+        try:
+            while not finished:
+                item = await subscriber.outputs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                finished = item.finished
+                yield item
+        finally:
+            if not finished:
+                self._commands.put(("abort", request_id))
+
+    def abort(self, request_id: str) -> None:
+        self._commands.put(("abort", request_id))
+
+    def shutdown(self) -> None:
+        self._stopped.set()
+        self._commands.put(("wake",))
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        """Drains all pending commands, then steps; sleeps on the command queue when idle."""
+        while not self._stopped.is_set():
+            idle = not self.engine.has_unfinished_requests()
+            try:
+                command = self._commands.get(timeout=0.5) if idle else self._commands.get_nowait()
+            except queue.Empty:
+                command = None
+            if command is not None:
+                self._handle(command)
+            elif not idle:
+                self._step()
+
+    def _handle(self, command: tuple) -> None:
+        kind = command[0]
+        if kind == "add":
+            _, request_id, prompt, params, subscriber, accepted = command
+            try:
+                self.engine.add_request(request_id, prompt, params)
+            except Exception as exc:  # bad input: reported to this caller only
+                subscriber.loop.call_soon_threadsafe(_settle, accepted, exc)
+                return
+            self._subscribers[request_id] = subscriber
+            subscriber.loop.call_soon_threadsafe(_settle, accepted, None)
+        elif kind == "abort":
+            _, request_id = command
+            subscriber = self._subscribers.pop(request_id, None)
+            output = self.engine.abort_request(request_id)
+            if subscriber and output:
+                subscriber.deliver(output)
+
+    def _step(self) -> None:
+        try:
+            outputs = self.engine.step()
+        except Exception as exc:
+            log.exception("engine step failed; failing the requests in flight")
+            for request_id, subscriber in list(self._subscribers.items()):
+                self.engine.abort_request(request_id)
+                subscriber.deliver(RuntimeError(f"engine step failed: {exc}"))
+            self._subscribers.clear()
+            return
+        for output in outputs:
+            subscriber = self._subscribers.get(output.request_id)
+            if subscriber:
+                subscriber.deliver(output)
+                if output.finished:
+                    del self._subscribers[output.request_id]
+
+
+def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is None:
+        future.set_result(None)
+    else:
+        future.set_exception(error)

@@ -1,0 +1,190 @@
+"""LLMEngine: add requests, call step(), get outputs. Synchronous; see async_engine for streaming."""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass
+
+import torch
+
+from shoal.engine.batch_controller import BatchSizeController
+from shoal.engine.block_manager import BlockManager
+from shoal.engine.config import EngineConfig
+from shoal.engine.memory import free_memory_bytes, num_kv_blocks
+from shoal.engine.model_runner import ModelRunner
+from shoal.engine.output_stream import OutputStream
+from shoal.engine.outputs import CompletionOutput, RequestOutput
+from shoal.engine.sampler import SamplingRow, sample
+from shoal.engine.sampling_params import SamplingParams
+from shoal.engine.scheduler import Scheduler
+from shoal.engine.sequence import Sequence
+from shoal.errors import DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError
+from shoal.model.invariant_linear import default_tile_rows
+from shoal.model.llama import LlamaModel
+from shoal.model.loader import Checkpoint, load_checkpoint
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """Counters and gauges for metrics. prefix_cache_hit_tokens counts prompt tokens found cached."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float
+    num_kv_blocks: int
+    max_cached_tokens: int
+    prefix_cache_query_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions: int
+    batch_size_limit: int
+    prompt_tokens_computed: int
+    generation_tokens: int
+
+
+class LLMEngine:
+    """One model replica's engine.
+
+    Invariants: every request id maps to exactly one live Sequence until it finishes; a failing
+    request (bad input) raises before it is queued and never affects the others.
+    """
+
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = config.resolve_device()
+        self.dtype = config.resolve_dtype(self.device)
+        self.checkpoint = checkpoint or load_checkpoint(config.model, dtype=self.dtype, cache_dir=config.cache_dir)
+        model_config = self.checkpoint.config
+        self.tokenizer = self.checkpoint.tokenizer
+        self.max_model_len = config.max_model_len or model_config.max_position_embeddings
+        if self.max_model_len > model_config.max_position_embeddings:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
+                             f"{model_config.max_position_embeddings} positions")
+        self.tile_rows = default_tile_rows(self.dtype) if config.batch_invariant else 0
+        weights = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in self.checkpoint.weights.items()}
+        self.model = LlamaModel(model_config, weights, self.tile_rows, self.device)
+        budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
+        blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),
+                               config.max_num_seqs * self.max_model_len)
+        self.runner = ModelRunner(self.model, blocks, config.block_size)
+        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
+        self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
+        self.sequences: dict[str, Sequence] = {}
+        self.streams: dict[str, OutputStream] = {}
+        self.prompts: dict[str, str | None] = {}
+        self._seed_source = random.Random(config.seed)
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+        log.info("engine ready: model=%s dtype=%s device=%s kv_blocks=%d (%d tokens)", config.model,
+                 self.dtype, self.device, blocks, self.max_cached_tokens)
+
+    @property
+    def max_cached_tokens(self) -> int:
+        """How many tokens the KV cache holds."""
+        return self.block_manager.num_blocks * self.block_manager.block_size
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
+        """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input."""
+        params = params or SamplingParams()
+        if request_id in self.sequences:
+            raise DuplicateRequestError(f"request id {request_id!r} is already running", param="request_id")
+        token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        self._validate_prompt(token_ids)
+        seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
+        seq = Sequence(request_id, token_ids, params, seed)
+        self.sequences[request_id] = seq
+        self.streams[request_id] = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len)
+        self.prompts[request_id] = prompt if isinstance(prompt, str) else None
+        self.scheduler.add(seq)
+        return seq
+
+    def _validate_prompt(self, token_ids: list[int]) -> None:
+        if not token_ids:
+            raise EmptyPromptError("the prompt is empty", param="prompt")
+        vocab = self.model.config.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
+            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        limit = min(self.max_model_len, self.max_cached_tokens)
+        if len(token_ids) >= limit:
+            raise PromptTooLongError(f"the prompt has {len(token_ids)} tokens; this model accepts at most "
+                                     f"{limit - 1} so that one token can be generated", param="prompt")
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stops a request now and frees its blocks; returns its final output (finish_reason abort)."""
+        seq = self.scheduler.abort(request_id)
+        return self._output(seq, [], "") if seq else None
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """Runs one iteration: schedule, forward, sample, detokenize, retire finished requests."""
+        chunks = self.scheduler.schedule(self.batch_controller.limit)
+        if not chunks:
+            return []
+        started = time.perf_counter()
+        logits = self.runner.execute(chunks)
+        completing = [c for c in chunks if c.completes_sequence]
+        rows = [SamplingRow(c.seq.params, c.seq.seed, c.seq.num_tokens, c.seq.prompt_token_ids,
+                            c.seq.output_token_ids, self.streams[c.seq.request_id].banned_token_ids())
+                for c in completing]
+        sampled = sample(logits, rows)
+        for chunk in chunks:
+            chunk.seq.num_computed_tokens += chunk.length
+            self.block_manager.commit_computed(chunk.seq)
+            # Everything but the newest sampled token is prompt (or recomputed) work.
+            self.prompt_tokens_computed += chunk.length - (chunk.completes_sequence and bool(chunk.seq.output_token_ids))
+        outputs = []
+        for chunk, token in zip(completing, sampled):
+            seq = chunk.seq
+            seq.output_token_ids.append(token.token_id)
+            self.generation_tokens += 1
+            stream = self.streams[seq.request_id]
+            stream.append(token)
+            if stream.finish_reason:
+                self.scheduler.finish(seq, stream.finish_reason)
+                seq.stop_reason = stream.stop_reason
+            outputs.append(self._output(seq, [token.token_id], stream.take_new_text()))
+        if any(c.length == 1 for c in completing):
+            self.batch_controller.observe((time.perf_counter() - started) * 1e3, len(self.scheduler.running),
+                                          len(self.scheduler.waiting))
+        return outputs
+
+    def _output(self, seq: Sequence, new_tokens: list[int], new_text: str) -> RequestOutput:
+        stream = self.streams[seq.request_id]
+        completion = CompletionOutput(
+            index=0, text=stream.text if seq.is_finished else stream.text[:stream.emitted],
+            token_ids=list(seq.output_token_ids),
+            cumulative_logprob=stream.cumulative_logprob if stream.logprobs is not None else None,
+            logprobs=stream.logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+        out = RequestOutput(seq.request_id, self.prompts[seq.request_id], seq.prompt_token_ids, [completion],
+                            seq.is_finished, seq.seed, seq.num_cached_tokens, new_tokens, new_text)
+        if seq.is_finished:
+            self._forget(seq.request_id)
+        return out
+
+    def _forget(self, request_id: str) -> None:
+        del self.sequences[request_id], self.streams[request_id], self.prompts[request_id]
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=bm.usage(), num_kv_blocks=bm.num_blocks, max_cached_tokens=self.max_cached_tokens,
+            prefix_cache_query_tokens=bm.prefix_queries, prefix_cache_hit_tokens=bm.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions, batch_size_limit=self.batch_controller.limit,
+            prompt_tokens_computed=self.prompt_tokens_computed, generation_tokens=self.generation_tokens)
+
+    def check_integrity(self) -> None:
+        """Asserts the block manager's and scheduler's invariants (used by tests)."""
+        live = list(self.scheduler.running)
+        for seq in self.scheduler.waiting:
+            assert not seq.block_table, f"waiting {seq.request_id} holds blocks"
+        assert {s.request_id for s in live} | {s.request_id for s in self.scheduler.waiting} == set(self.sequences)
+        self.block_manager.check_integrity(live)

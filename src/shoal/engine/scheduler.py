@@ -1,0 +1,108 @@
+"""Iteration-level scheduler: which tokens of which sequences the next forward step computes."""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from shoal.engine.block_manager import BlockManager
+from shoal.engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledChunk:
+    """Compute tokens [start, start + length) of `seq` this step."""
+
+    seq: Sequence
+    start: int
+    length: int
+
+    @property
+    def completes_sequence(self) -> bool:
+        """True when the chunk reaches the last known token, so a new token is sampled after it."""
+        return self.start + self.length == self.seq.num_tokens
+
+
+class Scheduler:
+    """Running sequences first (decode or the rest of a chunked prefill), then waiting ones, under a
+    per-step token budget. When blocks run out the newest running sequence is preempted by
+    recompute: its blocks are freed (full ones stay in the prefix cache) and it re-enters the
+    front of the waiting queue with all its tokens, output included, to prefill again.
+
+    Invariants: every sequence is in exactly one of `waiting` and `running`; WAITING sequences hold
+    no blocks; at most `max_num_seqs` sequences run.
+    """
+
+    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.block_manager = block_manager
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def abort(self, request_id: str) -> Sequence | None:
+        for seq in list(self.waiting) + self.running:
+            if seq.request_id == request_id:
+                self.finish(seq, "abort")
+                return seq
+        return None
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+        seq.finish_reason = reason
+
+    def schedule(self, seq_limit: int | None = None) -> list[ScheduledChunk]:
+        """Plans one step. `seq_limit` (from the adaptive batch controller) caps admissions."""
+        limit = min(self.max_num_seqs, seq_limit or self.max_num_seqs)
+        budget = self.max_num_batched_tokens
+        chunks: list[ScheduledChunk] = []
+        index = 0
+        while index < len(self.running) and budget > 0:
+            seq = self.running[index]
+            length = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.append_slots(seq, length):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
+                budget -= length
+                index += 1
+        while self.waiting and budget > 0 and len(self.running) < limit:
+            seq = self.waiting[0]
+            cached = self.block_manager.allocate_cached_prefix(seq)
+            seq.num_computed_tokens = cached
+            if not seq.num_preemptions:
+                seq.num_cached_tokens = cached
+            length = min(seq.num_uncomputed_tokens, budget)
+            if not self.block_manager.append_slots(seq, length):
+                self.block_manager.free(seq)
+                seq.num_computed_tokens = 0
+                break
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
+            budget -= length
+        return chunks
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)

@@ -1,0 +1,54 @@
+"""One request's state inside the engine."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from shoal.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    """Prompt + generated tokens, and how much of them is in the KV cache.
+
+    Invariants: 0 <= num_computed_tokens <= num_tokens; the block table covers at least
+    num_computed_tokens slots while RUNNING and is empty while WAITING; `seed` is always set (drawn by
+    the engine when the request gave none), so every sampled token is reproducible.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    seed: int
+    arrival_time: float = field(default_factory=time.monotonic)
+    output_token_ids: list[int] = field(default_factory=list)
+    status: SequenceStatus = SequenceStatus.WAITING
+    num_computed_tokens: int = 0
+    block_table: list[int] = field(default_factory=list)
+    num_cached_tokens: int = 0
+    num_preemptions: int = 0
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED

@@ -1,0 +1,83 @@
+"""Architecture description of a Llama-family decoder, independent of where the weights come from."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling as in Hugging Face's `rope_scaling` (types: linear, llama3, dynamic)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any] | None) -> "RopeScaling":
+        if not raw:
+            return cls()
+        rope_type = raw.get("rope_type", raw.get("type", "default"))
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        kwargs["rope_type"] = rope_type
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    """Shapes and numerics of one model. Invariant: num_heads is a multiple of num_kv_heads."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int = 2048
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    attention_bias: bool = False
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    architecture: str = "llama"
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+
+    @property
+    def num_queries_per_kv(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @classmethod
+    def from_hf(cls, raw: dict[str, Any]) -> "LlamaConfig":
+        """Builds the config from a Hugging Face config.json dict (Llama, Mistral, Qwen2 and kin)."""
+        heads = raw["num_attention_heads"]
+        eos = raw.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+        model_type = raw.get("model_type", "llama")
+        return cls(
+            vocab_size=raw["vocab_size"],
+            hidden_size=raw["hidden_size"],
+            intermediate_size=raw["intermediate_size"],
+            num_layers=raw["num_hidden_layers"],
+            num_heads=heads,
+            num_kv_heads=raw.get("num_key_value_heads") or heads,
+            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+            max_position_embeddings=raw.get("max_position_embeddings", 2048),
+            rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+            rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+            rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
+            attention_bias=raw.get("attention_bias", model_type == "qwen2"),
+            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            architecture=model_type,
+        )

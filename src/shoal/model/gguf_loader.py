@@ -1,0 +1,195 @@
+"""Reads a llama.cpp GGUF file into a `LlamaConfig` and a state dict in Hugging Face naming and layout.
+
+Invariants of the produced state dict: tensors are dequantized to the requested dtype, shaped in torch
+order (ggml lists dimensions innermost first, torch outermost first), and q_proj/k_proj rows are in
+the Hugging Face order, i.e. llama.cpp's rotary permutation of llama-arch checkpoints is undone.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from gguf import GGUFReader, GGUFValueType
+from gguf.gguf_reader import ReaderField, ReaderTensor
+
+from shoal.model.config import LlamaConfig, RopeScaling
+from shoal.model.errors import ModelLoadError
+from shoal.model.layout import check_state_dict
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+# llama.cpp's converter interleaves the rotary halves of q/k rows for these (LlamaModel.permute).
+_PERMUTED_ARCHITECTURES = ("llama", "mistral")
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_output.bias": "self_attn.o_proj.bias",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """Opens (memory-maps) a GGUF file; a missing or malformed file raises ModelLoadError."""
+    try:
+        return GGUFReader(str(path), "r")
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+
+
+def _field_value(field: ReaderField) -> Any:
+    """One metadata value as plain Python: int/float/bool/str, or a list of those for arrays."""
+    kind = field.types[0]
+    if kind == GGUFValueType.ARRAY:
+        parts = [field.parts[i] for i in field.data]
+        if field.types[-1] == GGUFValueType.STRING:
+            return [bytes(part).decode("utf-8") for part in parts]
+        if field.types[-1] == GGUFValueType.ARRAY:
+            raise ModelLoadError(f"GGUF field {field.name} is a nested array, which no supported key uses")
+        return [part[0].item() for part in parts]
+    part = field.parts[field.data[0]]
+    return bytes(part).decode("utf-8") if kind == GGUFValueType.STRING else part[0].item()
+
+
+def gguf_metadata(reader: GGUFReader) -> dict[str, Any]:
+    """All key/value metadata of the file (except the GGUF.* header fields) as plain Python values."""
+    return {name: _field_value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+
+
+def _uniform(value: Any, key: str) -> int:
+    """Per-layer values (a list) are accepted only when every layer agrees."""
+    if isinstance(value, list):
+        if len(set(value)) != 1:
+            raise ModelLoadError(f"{key} varies per layer ({sorted(set(value))}), which is not supported")
+        return int(value[0])
+    return int(value)
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> RopeScaling:
+    if "rope_freqs.weight" in tensor_names:
+        raise ModelLoadError("per-dimension rope_freqs (Llama 3.1-style scaling) in a GGUF file is not supported; "
+                             "load the Hugging Face checkpoint instead")
+    kind = meta.get(f"{arch}.rope.scaling.type", "none")
+    factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if kind == "none" and factor is None:
+        return RopeScaling()
+    if kind in ("none", "linear") and factor is not None:
+        return RopeScaling(rope_type="linear", factor=float(factor))
+    raise ModelLoadError(f"rope scaling type {kind!r} in a GGUF file is not supported")
+
+
+def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> LlamaConfig:
+    """The architecture described by the file's `{arch}.*` and `tokenizer.ggml.*` keys and its tensor list."""
+    meta = gguf_metadata(reader) if metadata is None else metadata
+    arch = meta.get("general.architecture")
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})")
+
+    def need(key: str) -> Any:
+        if f"{arch}.{key}" not in meta:
+            raise ModelLoadError(f"GGUF file lacks metadata key {arch}.{key}")
+        return meta[f"{arch}.{key}"]
+
+    tensors = {t.name: t for t in reader.tensors}
+    if "token_embd.weight" not in tensors:
+        raise ModelLoadError("GGUF file has no token_embd.weight tensor")
+    hidden = int(need("embedding_length"))
+    heads = _uniform(need("attention.head_count"), f"{arch}.attention.head_count")
+    kv_heads = _uniform(meta.get(f"{arch}.attention.head_count_kv", heads), f"{arch}.attention.head_count_kv")
+    head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
+    rope_dim = meta.get(f"{arch}.rope.dimension_count")
+    if rope_dim is not None and int(rope_dim) != head_dim:
+        raise ModelLoadError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+    eos_ids = [meta[key] for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                     "tokenizer.ggml.eom_token_id") if key in meta]
+    try:
+        return LlamaConfig(
+            vocab_size=int(tensors["token_embd.weight"].shape[1]),
+            hidden_size=hidden,
+            intermediate_size=_uniform(need("feed_forward_length"), f"{arch}.feed_forward_length"),
+            num_layers=int(need("block_count")),
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+            rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rope_scaling=_rope_scaling(meta, arch, set(tensors)),
+            attention_bias="blk.0.attn_q.bias" in tensors,
+            tie_word_embeddings="output.weight" not in tensors,
+            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids)),
+            architecture=arch,
+        )
+    except ValueError as exc:
+        raise ModelLoadError(f"inconsistent GGUF architecture metadata: {exc}") from exc
+
+
+def hf_tensor_name(gguf_name: str) -> str:
+    """Maps a llama.cpp tensor name (`blk.3.attn_q.weight`) to its Hugging Face name."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".", 2)
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in the Llama-family decoder")
+
+
+def dequantize_tensor(tensor: ReaderTensor) -> np.ndarray:
+    """The tensor as a writable float32 array in torch dimension order (outermost first)."""
+    try:
+        values = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    except NotImplementedError as exc:
+        raise ModelLoadError(f"tensor {tensor.name}: ggml type {tensor.tensor_type.name} is not supported") from exc
+    values = np.asarray(values, dtype=np.float32)
+    if not values.flags.writeable or not values.flags.c_contiguous:
+        values = np.array(values, dtype=np.float32, order="C")
+    return values.reshape(tuple(int(d) for d in reversed(tensor.shape)))
+
+
+def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Inverse of llama.cpp's `LlamaModel.permute`: per head, rows (r0, r_half, r1, r_half+1, ...) -> HF order."""
+    rows = weight.shape[0]
+    if rows % (2 * num_heads):
+        raise ModelLoadError(f"cannot un-permute {rows} rows over {num_heads} heads")
+    grouped = weight.reshape(num_heads, rows // num_heads // 2, 2, *weight.shape[1:])
+    return grouped.transpose(1, 2).reshape(weight.shape).contiguous()
+
+
+def gguf_state_dict(reader: GGUFReader, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Every tensor of the file, renamed, dequantized, un-permuted and cast; validated against `config`."""
+    permuted = config.architecture in _PERMUTED_ARCHITECTURES
+    weights: dict[str, torch.Tensor] = {}
+    for tensor in reader.tensors:
+        name = hf_tensor_name(tensor.name)
+        value = torch.from_numpy(dequantize_tensor(tensor))
+        if permuted and ".self_attn.q_proj." in name:
+            value = unpermute_rotary_rows(value, config.num_heads)
+        elif permuted and ".self_attn.k_proj." in name:
+            value = unpermute_rotary_rows(value, config.num_kv_heads)
+        weights[name] = value.to(dtype)
+    check_state_dict(config, weights, source=f"GGUF {reader.data.filename}")
+    return weights
+
+
+def load_gguf(path: str | Path, dtype: torch.dtype = torch.float32) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """Config and HF-named state dict of a GGUF file."""
+    reader = open_gguf(path)
+    config = gguf_config(reader)
+    return config, gguf_state_dict(reader, config, dtype)

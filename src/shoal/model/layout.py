@@ -1,0 +1,59 @@
+"""The decoder's tensors in Hugging Face naming and torch shape order, derived from a `LlamaConfig`."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+from shoal.model.config import LlamaConfig
+from shoal.model.errors import ModelLoadError
+
+
+def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every tensor the decoder must have. Invariant: lm_head.weight is listed iff embeddings are untied."""
+    hidden, inter = config.hidden_size, config.intermediate_size
+    q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (config.vocab_size, hidden),
+        "model.norm.weight": (hidden,),
+    }
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,),
+            p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q_rows, hidden),
+            p + "self_attn.k_proj.weight": (kv_rows, hidden),
+            p + "self_attn.v_proj.weight": (kv_rows, hidden),
+            p + "self_attn.o_proj.weight": (hidden, q_rows),
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        })
+        if config.attention_bias:
+            shapes.update({
+                p + "self_attn.q_proj.bias": (q_rows,),
+                p + "self_attn.k_proj.bias": (kv_rows,),
+                p + "self_attn.v_proj.bias": (kv_rows,),
+            })
+    return shapes
+
+
+def optional_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Tensors the decoder uses when a checkpoint has them (Llama's attention_bias also biases o_proj)."""
+    return {f"model.layers.{i}.self_attn.o_proj.bias": (config.hidden_size,) for i in range(config.num_layers)}
+
+
+def check_state_dict(config: LlamaConfig, weights: Mapping[str, torch.Tensor], source: str) -> None:
+    """Raises ModelLoadError unless `weights` has exactly the required tensors (plus optional ones) in shape."""
+    required, optional = required_shapes(config), optional_shapes(config)
+    missing = sorted(set(required) - set(weights))
+    unexpected = sorted(set(weights) - set(required) - set(optional))
+    if missing or unexpected:
+        raise ModelLoadError(f"{source}: missing tensors {missing[:8]}, unexpected tensors {unexpected[:8]}")
+    for name, tensor in weights.items():
+        want = required.get(name) or optional[name]
+        if tuple(tensor.shape) != want:
+            raise ModelLoadError(f"{source}: tensor {name} has shape {tuple(tensor.shape)}, expected {want}")

@@ -1,0 +1,64 @@
+"""Rotary position embedding (RoPE) with the scaling variants Llama-family checkpoints use."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from shoal.model.config import LlamaConfig, RopeScaling
+
+
+def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_positions: int) -> torch.Tensor:
+    """Per-pair inverse frequencies, float32, shape [head_dim // 2], after the configured scaling."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    kind = scaling.rope_type
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling.factor
+    if kind == "dynamic":
+        # NTK-aware scaling evaluated at the full context length, so positions never depend on batch contents.
+        base = theta * ((scaling.factor * max_positions / scaling.original_max_position_embeddings)
+                        - (scaling.factor - 1)) ** (head_dim / (head_dim - 2))
+        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    if kind == "llama3":
+        old_context = scaling.original_max_position_embeddings
+        low_wavelen = old_context / scaling.low_freq_factor
+        high_wavelen = old_context / scaling.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+        smooth = (old_context / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        return torch.where(is_medium, smoothed, scaled)
+    raise ValueError(f"unsupported rope scaling type {kind!r}")
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Precomputed cos/sin tables; `forward` rotates q and k by their absolute positions.
+
+    Uses the Hugging Face half-split layout (rotate_half), which is the layout all loaders produce.
+    """
+
+    def __init__(self, config: LlamaConfig):
+        super().__init__()
+        inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling,
+                                       config.max_position_embeddings)
+        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
+        freqs = torch.outer(positions, inv_freq)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.register_buffer("cos", emb.cos(), persistent=False)
+        self.register_buffer("sin", emb.sin(), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]; returns rotated copies in the input dtype."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    xf = x.float()
+    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)

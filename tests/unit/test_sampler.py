@@ -1,0 +1,73 @@
+"""Sampler semantics and (seed, position) reproducibility."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shoal.engine.sampler import SamplingRow, position_seed, sample
+from shoal.engine.sampling_params import SamplingParams
+
+
+def row(params: SamplingParams, seed=7, position=10, prompt=(), output=(), banned=()) -> SamplingRow:
+    return SamplingRow(params, seed, position, list(prompt), list(output), tuple(banned))
+
+
+def draws(logits: torch.Tensor, params: SamplingParams, n: int) -> list[int]:
+    return [sample(logits[None], [row(params, seed=s)])[0].token_id for s in range(n)]
+
+
+def test_greedy_picks_argmax_and_respects_bans():
+    logits = torch.tensor([0.1, 3.0, 2.0, -1.0])
+    assert sample(logits[None], [row(SamplingParams(temperature=0))])[0].token_id == 1
+    assert sample(logits[None], [row(SamplingParams(temperature=0), banned=[1])])[0].token_id == 2
+
+
+def test_same_seed_and_position_gives_same_token_regardless_of_batch():
+    torch.manual_seed(0)
+    logits = torch.randn(5, 50)
+    params = SamplingParams(temperature=1.0)
+    alone = sample(logits[2:3], [row(params, seed=42, position=17)])[0].token_id
+    batch = sample(logits, [row(params, seed=s, position=17) for s in (1, 2, 42, 3, 4)])
+    assert batch[2].token_id == alone
+    # Different positions draw different randomness.
+    tokens = {sample(logits[2:3], [row(params, seed=42, position=p)])[0].token_id for p in range(40)}
+    assert len(tokens) > 1
+
+
+def test_sampling_follows_the_distribution():
+    probs = torch.tensor([0.5, 0.3, 0.2])
+    counts = torch.bincount(torch.tensor(draws(probs.log(), SamplingParams(temperature=1.0), 3000)), minlength=3)
+    assert torch.allclose(counts / 3000, probs, atol=0.04)
+
+
+def test_top_k_top_p_min_p_restrict_the_support():
+    logits = torch.tensor([4.0, 3.0, 2.0, 1.0, 0.0]).log_softmax(-1) * 1.0
+    assert set(draws(logits, SamplingParams(temperature=1.0, top_k=2), 300)) <= {0, 1}
+    probs = torch.softmax(logits, -1)
+    assert probs[0] < 0.9
+    assert set(draws(logits, SamplingParams(temperature=1.0, top_p=float(probs[0]) * 0.99), 200)) == {0}
+    assert set(draws(logits, SamplingParams(temperature=1.0, min_p=0.5), 300)) <= {
+        i for i in range(5) if probs[i] >= 0.5 * probs.max()}
+
+
+def test_penalties_discourage_repeats():
+    logits = torch.tensor([2.0, 1.9, -5.0])
+    greedy = SamplingParams(temperature=0, repetition_penalty=1.5)
+    assert sample(logits[None], [row(greedy, prompt=[0])])[0].token_id == 1
+    freq = SamplingParams(temperature=0, frequency_penalty=0.1)
+    assert sample(logits[None], [row(freq, output=[0, 0])])[0].token_id == 1
+    presence = SamplingParams(temperature=0, presence_penalty=0.2)
+    assert sample(logits[None], [row(presence, output=[0])])[0].token_id == 1
+
+
+def test_logprobs_are_raw_model_logprobs():
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    out = sample(logits[None], [row(SamplingParams(temperature=0, logprobs=2))])[0]
+    expected = torch.log_softmax(logits, -1)
+    assert out.token_id == 2 and out.logprob == pytest.approx(float(expected[2]))
+    assert list(out.top_logprobs) == [2, 1]
+
+
+def test_position_seed_mixes_both_inputs():
+    seeds = {position_seed(s, p) for s in range(20) for p in range(20)}
+    assert len(seeds) == 400 and all(0 <= v < 2 ** 63 for v in seeds)
