@@ -89,31 +89,43 @@ class LLMEngine:
         """How many tokens the KV cache holds."""
         return self.block_manager.num_blocks * self.block_manager.block_size
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None) -> Sequence:
-        """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input."""
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
+                    resume_token_ids: list[int] | None = None) -> Sequence:
+        """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input.
+
+        resume_token_ids continues a request that another engine started: those output tokens are
+        taken as already generated (they count toward max_tokens, penalties and stop strings, and
+        are not streamed again). With the same seed the rest of the output is what the first
+        engine would have produced.
+        """
         params = params or SamplingParams()
         if request_id in self.sequences:
             raise DuplicateRequestError(f"request id {request_id!r} is already running", param="request_id")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-        self._validate_prompt(token_ids)
+        resumed = list(resume_token_ids or [])
+        self._validate_prompt(token_ids, resumed, params)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
-        seq = Sequence(request_id, token_ids, params, seed)
+        seq = Sequence(request_id, token_ids, params, seed, output_token_ids=resumed)
+        stream = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len)
+        stream.resume(resumed)
         self.sequences[request_id] = seq
-        self.streams[request_id] = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len)
+        self.streams[request_id] = stream
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
         self.scheduler.add(seq)
         return seq
 
-    def _validate_prompt(self, token_ids: list[int]) -> None:
+    def _validate_prompt(self, token_ids: list[int], resumed: list[int], params: SamplingParams) -> None:
         if not token_ids:
             raise EmptyPromptError("the prompt is empty", param="prompt")
         vocab = self.model.config.vocab_size
-        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids):
-            raise InvalidRequestError(f"prompt token ids must be integers in [0, {vocab})", param="prompt")
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids + resumed):
+            raise InvalidRequestError(f"token ids must be integers in [0, {vocab})", param="prompt")
+        if len(resumed) >= params.max_tokens:
+            raise InvalidRequestError("resume_token_ids already reach max_tokens", param="resume_token_ids")
         limit = min(self.max_model_len, self.max_cached_tokens)
-        if len(token_ids) >= limit:
-            raise PromptTooLongError(f"the prompt has {len(token_ids)} tokens; this model accepts at most "
-                                     f"{limit - 1} so that one token can be generated", param="prompt")
+        if len(token_ids) + len(resumed) >= limit:
+            raise PromptTooLongError(f"the prompt has {len(token_ids) + len(resumed)} tokens; this model accepts at "
+                                     f"most {limit - 1} so that one token can be generated", param="prompt")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stops a request now and frees its blocks; returns its final output (finish_reason abort)."""

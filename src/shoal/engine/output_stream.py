@@ -31,6 +31,15 @@ class OutputStream:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
+    def resume(self, token_ids: list[int]) -> None:
+        """Takes output tokens generated elsewhere as already produced and already handed out."""
+        for token in token_ids:
+            self.token_ids.append(token)
+            if self.logprobs is not None:
+                self.logprobs.append({})
+            self.text += self.detokenizer.add(token)
+        self.emitted = len(self.text)
+
     def banned_token_ids(self) -> tuple[int, ...]:
         """Tokens that may not be sampled yet (stop tokens before min_tokens)."""
         return tuple(sorted(self.stop_ids)) if len(self.token_ids) < self.params.min_tokens else ()

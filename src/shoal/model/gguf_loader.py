@@ -60,16 +60,23 @@ def _field_value(field: ReaderField) -> Any:
         parts = [field.parts[i] for i in field.data]
         if field.types[-1] == GGUFValueType.STRING:
             return [bytes(part).decode("utf-8") for part in parts]
-        if field.types[-1] == GGUFValueType.ARRAY:
-            raise ModelLoadError(f"GGUF field {field.name} is a nested array, which no supported key uses")
         return [part[0].item() for part in parts]
     part = field.parts[field.data[0]]
     return bytes(part).decode("utf-8") if kind == GGUFValueType.STRING else part[0].item()
 
 
 def gguf_metadata(reader: GGUFReader) -> dict[str, Any]:
-    """All key/value metadata of the file (except the GGUF.* header fields) as plain Python values."""
-    return {name: _field_value(field) for name, field in reader.fields.items() if not name.startswith("GGUF.")}
+    """All key/value metadata as plain Python values, except the GGUF.* header fields and nested arrays
+    (which no key read here uses)."""
+    metadata: dict[str, Any] = {}
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or field.types[:2] == [GGUFValueType.ARRAY, GGUFValueType.ARRAY]:
+            continue
+        try:
+            metadata[name] = _field_value(field)
+        except UnicodeDecodeError as exc:
+            raise ModelLoadError(f"GGUF metadata {name} is not valid UTF-8: {exc}") from exc
+    return metadata
 
 
 def _uniform(value: Any, key: str) -> int:
@@ -81,6 +88,11 @@ def _uniform(value: Any, key: str) -> int:
     return int(value)
 
 
+def _f32(value: Any) -> float:
+    """A float32 metadata value as the shortest decimal that rounds to it (9.99999975e-06 -> 1e-05)."""
+    return float(str(np.float32(value)))
+
+
 def _rope_scaling(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> RopeScaling:
     if "rope_freqs.weight" in tensor_names:
         raise ModelLoadError("per-dimension rope_freqs (Llama 3.1-style scaling) in a GGUF file is not supported; "
@@ -90,7 +102,7 @@ def _rope_scaling(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> Ro
     if kind == "none" and factor is None:
         return RopeScaling()
     if kind in ("none", "linear") and factor is not None:
-        return RopeScaling(rope_type="linear", factor=float(factor))
+        return RopeScaling(rope_type="linear", factor=_f32(factor))
     raise ModelLoadError(f"rope scaling type {kind!r} in a GGUF file is not supported")
 
 
@@ -128,8 +140,8 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
             num_kv_heads=kv_heads,
             head_dim=head_dim,
             max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
-            rms_norm_eps=float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=float(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+            rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_scaling=_rope_scaling(meta, arch, set(tensors)),
             attention_bias="blk.0.attn_q.bias" in tensors,
             tie_word_embeddings="output.weight" not in tensors,
@@ -172,7 +184,8 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape).contiguous()
 
 
-def gguf_state_dict(reader: GGUFReader, config: LlamaConfig, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def gguf_state_dict(reader: GGUFReader, config: LlamaConfig,
+                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     """Every tensor of the file, renamed, dequantized, un-permuted and cast; validated against `config`."""
     permuted = config.architecture in _PERMUTED_ARCHITECTURES
     weights: dict[str, torch.Tensor] = {}

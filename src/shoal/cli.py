@@ -1,0 +1,87 @@
+"""The `shoal` command line: `shoal chat` (interactive, streaming) and `shoal generate PROMPT...`."""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator
+
+from shoal.engine.config import EngineConfig
+from shoal.engine.engine import LLMEngine
+from shoal.engine.sampling_params import SamplingParams
+
+
+def _engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default="smollm2-135m-instruct", help="registry name, .gguf file or HF directory")
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.95)
+    parser.add_argument("--seed", type=int, default=None)
+
+
+def _engine(args: argparse.Namespace) -> LLMEngine:
+    return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
+
+
+def _params(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+
+
+def stream(engine: LLMEngine, request_id: str, prompt: str | list[int], params: SamplingParams) -> Iterator[str]:
+    """Runs one request on a synchronous engine, yielding text deltas as they are decoded."""
+    engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished_requests():
+        for output in engine.step():
+            if output.request_id == request_id and output.new_text:
+                yield output.new_text
+
+
+def chat(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    tokenizer = engine.tokenizer
+    messages: list[dict[str, str]] = []
+    print(f"shoal chat on {args.model} ({engine.dtype}, {engine.device}); an empty line or Ctrl-D ends.", flush=True)
+    for turn in range(1_000_000):
+        try:
+            line = input("> ")
+        except EOFError:
+            break
+        if not line.strip():
+            break
+        messages.append({"role": "user", "content": line})
+        prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
+        reply = []
+        for delta in stream(engine, f"chat-{turn}", prompt_ids, _params(args)):
+            reply.append(delta)
+            print(delta, end="", flush=True)
+        print(flush=True)
+        messages.append({"role": "assistant", "content": "".join(reply)})
+    return 0
+
+
+def generate(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    for i, prompt in enumerate(args.prompts):
+        for delta in stream(engine, f"gen-{i}", prompt, _params(args)):
+            print(delta, end="", flush=True)
+        print(flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    chat_parser = commands.add_parser("chat", help="chat with a model in the terminal")
+    _engine_args(chat_parser)
+    chat_parser.set_defaults(run=chat)
+    gen_parser = commands.add_parser("generate", help="complete prompts and print the results")
+    _engine_args(gen_parser)
+    gen_parser.add_argument("prompts", nargs="+")
+    gen_parser.set_defaults(run=generate)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

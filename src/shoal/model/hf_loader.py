@@ -1,0 +1,137 @@
+"""Loads a Hugging Face model directory: config.json, *.safetensors (single or sharded) and the tokenizer files.
+
+Invariant of the produced state dict: exactly the tensors the decoder uses (see layout), in the requested
+dtype; rotary `inv_freq` buffers and a tied `lm_head.weight` are dropped.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tokenizers import AddedToken
+from tokenizers import Tokenizer as Backend
+
+from shoal.model.config import LlamaConfig
+from shoal.model.errors import ModelLoadError
+from shoal.model.layout import check_state_dict, optional_shapes, required_shapes
+from shoal.model.tokenizer import Tokenizer
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+_INDEX_FILE = "model.safetensors.index.json"
+# Files besides the weights that change what a load produces; their identities key the weight cache.
+_METADATA_FILES = ("config.json", "generation_config.json", _INDEX_FILE, "tokenizer.json", "tokenizer_config.json",
+                   "special_tokens_map.json", "chat_template.jinja")
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
+def _eos_list(value: Any) -> list[int]:
+    return [int(v) for v in value] if isinstance(value, list) else ([int(value)] if value is not None else [])
+
+
+def generation_eos_ids(model_dir: Path) -> list[int]:
+    """EOS ids from generation_config.json (instruct models often list end-of-turn tokens there)."""
+    path = model_dir / "generation_config.json"
+    return _eos_list(_read_json(path).get("eos_token_id")) if path.is_file() else []
+
+
+def load_hf_config(model_dir: str | Path) -> LlamaConfig:
+    """config.json as a LlamaConfig, with generation_config.json's EOS ids appended."""
+    model_dir = Path(model_dir)
+    raw = _read_json(model_dir / "config.json")
+    model_type = raw.get("model_type", "llama")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"{model_dir}: model_type {model_type!r} is not supported ({SUPPORTED_MODEL_TYPES})")
+    if raw.get("mlp_bias") or raw.get("use_sliding_window"):
+        raise ModelLoadError(f"{model_dir}: mlp_bias / use_sliding_window are not supported")
+    try:
+        config = LlamaConfig.from_hf(raw)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{model_dir}/config.json is not a usable decoder config: {exc!r}") from exc
+    eos = tuple(dict.fromkeys([*config.eos_token_ids, *generation_eos_ids(model_dir)]))
+    return dataclasses.replace(config, eos_token_ids=eos)
+
+
+def hf_weight_files(model_dir: str | Path) -> list[Path]:
+    """The safetensors files holding the weights: those named by the shard index, else every *.safetensors."""
+    model_dir = Path(model_dir)
+    index = model_dir / _INDEX_FILE
+    if index.is_file():
+        files = [model_dir / name for name in sorted(set(_read_json(index).get("weight_map", {}).values()))]
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{model_dir} has no *.safetensors weights")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise ModelLoadError(f"{model_dir}: weight shards missing: {missing}")
+    return files
+
+
+def hf_source_files(model_dir: str | Path) -> list[Path]:
+    """Every file whose content determines what loading `model_dir` produces."""
+    model_dir = Path(model_dir)
+    return [*(model_dir / n for n in _METADATA_FILES if (model_dir / n).is_file()), *hf_weight_files(model_dir)]
+
+
+def load_hf_state_dict(model_dir: str | Path, config: LlamaConfig,
+                       dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """The decoder's tensors from all shards, cast to `dtype` and validated against `config`."""
+    wanted = set(required_shapes(config)) | set(optional_shapes(config))
+    weights: dict[str, torch.Tensor] = {}
+    for path in hf_weight_files(model_dir):
+        try:
+            with safe_open(str(path), framework="pt") as shard:
+                for name in shard.keys():
+                    if name in wanted:
+                        weights[name] = shard.get_tensor(name).to(dtype).contiguous()
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise ModelLoadError(f"cannot read safetensors file {path}: {exc}") from exc
+    check_state_dict(config, weights, source=str(model_dir))
+    return weights
+
+
+def load_hf(model_dir: str | Path, dtype: torch.dtype = torch.float32) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    config = load_hf_config(model_dir)
+    return config, load_hf_state_dict(model_dir, config, dtype)
+
+
+def _token_content(value: Any) -> str | None:
+    """tokenizer_config.json spells special tokens as strings or as serialized AddedToken dicts."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def load_hf_tokenizer(model_dir: str | Path) -> Tokenizer:
+    """tokenizer.json (whose post-processor alone decides BOS/EOS, as in transformers 5) plus the special
+    tokens and chat template(s) of tokenizer_config.json; chat_template.jinja, when present, is the default."""
+    model_dir = Path(model_dir)
+    try:
+        backend = Backend.from_file(str(model_dir / "tokenizer.json"))
+    except Exception as exc:  # tokenizers reports missing/corrupt files as bare Exception
+        raise ModelLoadError(f"cannot read {model_dir / 'tokenizer.json'}: {exc}") from exc
+    config_path, map_path = model_dir / "tokenizer_config.json", model_dir / "special_tokens_map.json"
+    tok_config = _read_json(config_path) if config_path.is_file() else {}
+    legacy_map = _read_json(map_path) if map_path.is_file() else {}
+    names = ("bos_token", "eos_token", "unk_token", "pad_token")
+    special = {n: _token_content(tok_config.get(n, legacy_map.get(n))) for n in names}
+    vocab = backend.get_vocab()
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                for t in dict.fromkeys(special.values()) if t is not None and t in vocab])
+    templates = tok_config.get("chat_template")
+    if isinstance(templates, list):
+        templates = {entry["name"]: entry["template"] for entry in templates}
+    jinja_file = model_dir / "chat_template.jinja"
+    if jinja_file.is_file():
+        default = jinja_file.read_text(encoding="utf-8")
+        templates = {**templates, "default": default} if isinstance(templates, dict) else default
+    return Tokenizer(backend, special_tokens=special, chat_template=templates,
+                     extra_eos_ids=generation_eos_ids(model_dir))

@@ -1,0 +1,91 @@
+"""shoal's model against transformers' implementation on the same weights, in float32."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from shoal import LLM, SamplingParams
+from shoal.model.registry import resolve_model
+
+PROMPTS = [
+    "What is the capital of France? Answer in one paragraph.",
+    "Write a short poem about the sea.",
+    "Explain how a hash table works.",
+    "List five fruits and describe each one.",
+    "def fibonacci(n):",
+]
+
+
+def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
+    """Logits for every position of one prompt, through the model and KV cache of a fresh engine."""
+    from shoal.model.paged_attention import build_attention_metadata
+
+    engine = llm.engine
+    runner = engine.runner
+    blocks = list(range(-(-len(token_ids) // runner.block_size)))
+    meta = build_attention_metadata([len(token_ids)], [0], [blocks], runner.block_size,
+                                    engine.model.config.num_queries_per_kv, runner.attention_tile_height,
+                                    engine.device)
+    hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta)
+    return engine.model.compute_logits(hidden)
+
+
+@pytest.fixture(scope="module")
+def smollm2_source() -> Path:
+    return resolve_model("smollm2-135m-instruct").path
+
+
+@pytest.fixture(scope="module")
+def smollm2_transformers(smollm2_source):
+    import transformers
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(smollm2_source.parent), gguf_file=smollm2_source.name, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def smollm2_shoal(shoal_cache_dir):
+    return LLM("smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_bytes=64 << 20,
+               cache_dir=str(shoal_cache_dir))
+
+
+def test_tiny_model_logits_match(tiny_model_dir, shoal_cache_dir):
+    import transformers
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
+    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4,
+              cache_dir=str(shoal_cache_dir))
+    ids = list(range(3, 60))
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0]
+    assert (forward_logits(llm, ids) - expected).abs().max().item() <= 1e-3
+
+
+def test_smollm2_logits_match(smollm2_transformers, shoal_cache_dir):
+    llm = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_bytes=16 << 20,
+              cache_dir=str(shoal_cache_dir))
+    tokenizer = llm.get_tokenizer()
+    ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}]),
+                           add_special_tokens=False)
+    with torch.no_grad():
+        expected = smollm2_transformers(torch.tensor([ids])).logits[0]
+    assert (forward_logits(llm, ids) - expected).abs().max().item() <= 1e-3
+
+
+def test_smollm2_greedy_continuations_are_token_identical(smollm2_shoal, smollm2_transformers):
+    tokenizer = smollm2_shoal.get_tokenizer()
+    eos = list(smollm2_shoal.engine.eos_token_ids)
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]),
+                                add_special_tokens=False) for p in PROMPTS]
+    ours = smollm2_shoal.generate(prompts, SamplingParams(temperature=0, max_tokens=64))
+    for prompt, output in zip(prompts, ours):
+        with torch.no_grad():
+            generated = smollm2_transformers.generate(
+                torch.tensor([prompt]), max_new_tokens=64, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
+        expected = generated[0, len(prompt):].tolist()
+        if expected[-1] in eos:
+            expected = expected[:expected.index(expected[-1]) + 1]
+        assert output.outputs[0].token_ids == expected

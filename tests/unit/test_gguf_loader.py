@@ -1,0 +1,266 @@
+"""GGUF -> LlamaConfig + HF-named state dict: dequantization per ggml type, dimension order, q/k un-permutation."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as Q
+
+from shoal.model.errors import ModelLoadError
+from shoal.model.gguf_loader import dequantize_tensor, gguf_config, gguf_state_dict, load_gguf, open_gguf
+from shoal.model.registry import resolve_model
+
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
+
+_HF_TO_GGUF = {
+    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
+_LAYER_HF_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name in _HF_TO_GGUF:
+        return _HF_TO_GGUF[hf_name]
+    _, _, layer, rest = hf_name.split(".", 3)
+    return f"blk.{layer}.{_LAYER_HF_TO_GGUF[rest]}"
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_hf_weights(rng: np.random.Generator, bias: bool, tied: bool) -> dict[str, np.ndarray]:
+    shapes = {"model.embed_tokens.weight": (VOCAB, HIDDEN), "model.norm.weight": (HIDDEN,)}
+    if not tied:
+        shapes["lm_head.weight"] = (VOCAB, HIDDEN)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,),
+            p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+            p + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+            p + "mlp.gate_proj.weight": (INTER, HIDDEN), p + "mlp.up_proj.weight": (INTER, HIDDEN),
+            p + "mlp.down_proj.weight": (HIDDEN, INTER),
+        })
+        if bias:
+            shapes.update({p + "self_attn.q_proj.bias": (HEADS * HEAD_DIM,),
+                           p + "self_attn.k_proj.bias": (KV_HEADS * HEAD_DIM,),
+                           p + "self_attn.v_proj.bias": (KV_HEADS * HEAD_DIM,)})
+    return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
+
+
+def write_model_gguf(path: Path, arch: str, weights: dict[str, np.ndarray], qtype: Q = Q.F32,
+                     extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """A GGUF as llama.cpp's converter writes it: q/k rows permuted for llama, 2-D weights in `qtype`."""
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(LAYERS)
+    w.add_context_length(256)
+    w.add_embedding_length(HIDDEN)
+    w.add_feed_forward_length(INTER)
+    w.add_head_count(HEADS)
+    w.add_head_count_kv(KV_HEADS)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(500000.0)
+    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    for name, value in weights.items():
+        if arch == "llama" and ".q_proj." in name:
+            value = llama_cpp_permute(value, HEADS)
+        elif arch == "llama" and ".k_proj." in name:
+            value = llama_cpp_permute(value, KV_HEADS)
+        if value.ndim == 2 and qtype != Q.F32:
+            w.add_tensor(gguf_name(name), gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(gguf_name(name), value)
+    for name, value in (extra_tensors or {}).items():
+        w.add_tensor(name, value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def test_llama_gguf_undoes_rotary_permutation(tmp_path: Path) -> None:
+    original = random_hf_weights(np.random.default_rng(0), bias=False, tied=True)
+    config, weights = load_gguf(write_model_gguf(tmp_path / "m.gguf", "llama", original))
+    assert (config.architecture, config.num_layers, config.hidden_size) == ("llama", 2, 64)
+    assert config.intermediate_size == 96
+    assert (config.num_heads, config.num_kv_heads, config.head_dim, config.vocab_size) == (4, 2, 16, 40)
+    assert (config.rope_theta, config.rms_norm_eps, config.max_position_embeddings) == (500000.0, 1e-6, 256)
+    assert config.tie_word_embeddings and not config.attention_bias
+    assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
+    assert set(weights) == set(original)
+    for name, value in original.items():
+        assert torch.equal(weights[name], torch.from_numpy(value)), name
+
+
+def test_qwen2_gguf_keeps_row_order_biases_and_lm_head(tmp_path: Path) -> None:
+    original = random_hf_weights(np.random.default_rng(1), bias=True, tied=False)
+    config, weights = load_gguf(write_model_gguf(tmp_path / "m.gguf", "qwen2", original))
+    assert config.architecture == "qwen2" and config.attention_bias and not config.tie_word_embeddings
+    assert set(weights) == set(original) and "lm_head.weight" in weights
+    for name, value in original.items():
+        assert torch.equal(weights[name], torch.from_numpy(value)), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_quantized_model_loads_in_requested_dtype(tmp_path: Path, dtype: torch.dtype) -> None:
+    # Q8_0 blocks run along rows and the permutation moves whole rows, so they commute.
+    original = random_hf_weights(np.random.default_rng(2), bias=False, tied=True)
+    path = write_model_gguf(tmp_path / "m.gguf", "llama", original, qtype=Q.Q8_0)
+    _, weights = load_gguf(path, dtype=dtype)
+    for name, value in original.items():
+        expected = gguf.quants.dequantize(gguf.quants.quantize(value, Q.Q8_0), Q.Q8_0) if value.ndim == 2 else value
+        assert weights[name].dtype == dtype
+        assert torch.equal(weights[name], torch.from_numpy(np.ascontiguousarray(expected)).to(dtype)), name
+
+
+def _single_tensor_file(path: Path, raw: np.ndarray, qtype: Q) -> gguf.gguf_reader.ReaderTensor:
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_tensor("t", raw, raw_dtype=None if qtype in (Q.F32, Q.F16) else qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    (tensor,) = open_gguf(path).tensors
+    return tensor
+
+
+@pytest.mark.parametrize("qtype, tolerance", [(Q.F32, 0.0), (Q.F16, 1e-3), (Q.BF16, 8e-3), (Q.Q8_0, 2e-2),
+                                              (Q.Q4_0, 0.35), (Q.Q4_1, 0.25)])
+def test_dequantize_per_type(tmp_path: Path, qtype: Q, tolerance: float) -> None:
+    values = np.random.default_rng(3).standard_normal((5, 96)).astype(np.float32)  # 3 blocks per row, 5 rows
+    raw = values.astype(np.float16) if qtype == Q.F16 else gguf.quants.quantize(values, qtype)
+    tensor = _single_tensor_file(tmp_path / "t.gguf", raw, qtype)
+    assert list(tensor.shape) == [96, 5]  # ggml order: innermost dimension first
+    out = dequantize_tensor(tensor)
+    assert out.shape == (5, 96) and out.dtype == np.float32 and out.flags.writeable
+    if qtype == Q.BF16:
+        expected = torch.from_numpy(values).to(torch.bfloat16).float().numpy()
+    elif qtype in (Q.F32, Q.F16):
+        expected = raw.astype(np.float32)
+    else:
+        expected = gguf.quants.dequantize(raw, qtype)
+    np.testing.assert_array_equal(out, expected)
+    assert np.abs(out - values).max() <= tolerance * np.abs(values).max()
+
+
+def _q4_k_reference(block: bytes) -> list[float]:
+    """ggml's dequantize_row_q4_K for one 256-value block, written out scalar by scalar."""
+    d, dmin = np.frombuffer(block[:4], dtype=np.float16).astype(np.float32)
+    scales, qs = block[4:16], block[16:144]
+
+    def scale_min(j: int) -> tuple[int, int]:
+        if j < 4:
+            return scales[j] & 63, scales[j + 4] & 63
+        return (scales[j + 4] & 0xF) | ((scales[j - 4] >> 6) << 4), (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4)
+
+    out: list[float] = []
+    for chunk in range(4):
+        (sc1, m1), (sc2, m2) = scale_min(2 * chunk), scale_min(2 * chunk + 1)
+        q = qs[32 * chunk: 32 * chunk + 32]
+        out += [float(d * sc1 * (b & 0xF) - dmin * m1) for b in q]
+        out += [float(d * sc2 * (b >> 4) - dmin * m2) for b in q]
+    return out
+
+
+def _q6_k_reference(block: bytes) -> list[float]:
+    """ggml's dequantize_row_q6_K for one 256-value block."""
+    ql, qh = block[:128], block[128:192]
+    sc = np.frombuffer(block[192:208], dtype=np.int8).astype(np.float32)
+    d = np.frombuffer(block[208:210], dtype=np.float16).astype(np.float32)[0]
+    out = [0.0] * 256
+    for half in range(2):
+        l_off, h_off, s_off, y = 64 * half, 32 * half, 8 * half, 128 * half
+        for l in range(32):
+            is_ = l // 16
+            q1 = ((ql[l_off + l] & 0xF) | (((qh[h_off + l] >> 0) & 3) << 4)) - 32
+            q2 = ((ql[l_off + l + 32] & 0xF) | (((qh[h_off + l] >> 2) & 3) << 4)) - 32
+            q3 = ((ql[l_off + l] >> 4) | (((qh[h_off + l] >> 4) & 3) << 4)) - 32
+            q4 = ((ql[l_off + l + 32] >> 4) | (((qh[h_off + l] >> 6) & 3) << 4)) - 32
+            out[y + l] = float(d * sc[s_off + is_] * q1)
+            out[y + l + 32] = float(d * sc[s_off + is_ + 2] * q2)
+            out[y + l + 64] = float(d * sc[s_off + is_ + 4] * q3)
+            out[y + l + 96] = float(d * sc[s_off + is_ + 6] * q4)
+    return out
+
+
+@pytest.mark.parametrize("qtype, reference", [(Q.Q4_K, _q4_k_reference), (Q.Q6_K, _q6_k_reference)])
+def test_dequantize_k_quants_against_ggml_reference(tmp_path: Path, qtype: Q, reference) -> None:
+    # gguf-py cannot quantize K-quants, so write random blocks with finite fp16 scales.
+    _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rng = np.random.default_rng(4)
+    rows, blocks_per_row = 3, 2
+    raw = rng.integers(0, 256, (rows, blocks_per_row, block_bytes), dtype=np.uint8)
+    scale_at = (0, 2) if qtype == Q.Q4_K else (208,)
+    for offset in scale_at:
+        scales = rng.uniform(0.01, 0.1, (rows, blocks_per_row, 1)).astype(np.float16)
+        raw[:, :, offset:offset + 2] = scales.view(np.uint8)
+    raw = raw.reshape(rows, blocks_per_row * block_bytes)
+    out = dequantize_tensor(_single_tensor_file(tmp_path / "t.gguf", raw, qtype))
+    assert out.shape == (rows, 256 * blocks_per_row)
+    expected = [reference(raw[r, b * block_bytes:(b + 1) * block_bytes].tobytes())
+                for r in range(rows) for b in range(blocks_per_row)]
+    np.testing.assert_allclose(out, np.array(expected, dtype=np.float32).reshape(out.shape), rtol=1e-6, atol=1e-6)
+
+
+def test_unsupported_inputs_raise_model_load_error(tmp_path: Path) -> None:
+    weights = random_hf_weights(np.random.default_rng(5), bias=False, tied=True)
+    with pytest.raises(ModelLoadError, match="architecture 'gemma'"):
+        load_gguf(write_model_gguf(tmp_path / "a.gguf", "gemma", weights))
+    extra = {"blk.0.attn_q_norm.weight": np.ones(HEAD_DIM, np.float32)}
+    with pytest.raises(ModelLoadError, match="attn_q_norm"):
+        load_gguf(write_model_gguf(tmp_path / "b.gguf", "llama", weights, extra_tensors=extra))
+    rope_freqs = {"rope_freqs.weight": np.ones(HEAD_DIM // 2, np.float32)}
+    with pytest.raises(ModelLoadError, match="rope_freqs"):
+        load_gguf(write_model_gguf(tmp_path / "c.gguf", "llama", weights, extra_tensors=rope_freqs))
+    del weights["model.layers.1.mlp.up_proj.weight"]
+    with pytest.raises(ModelLoadError, match="missing tensors"):
+        load_gguf(write_model_gguf(tmp_path / "d.gguf", "llama", weights))
+    with pytest.raises(ModelLoadError):
+        open_gguf(tmp_path / "absent.gguf")
+
+
+@pytest.fixture(scope="module")
+def smollm2_reader() -> gguf.GGUFReader:
+    return open_gguf(resolve_model("smollm2-135m-instruct").path)
+
+
+def test_smollm2_config(smollm2_reader: gguf.GGUFReader) -> None:
+    config = gguf_config(smollm2_reader)
+    assert (config.num_layers, config.hidden_size, config.num_heads, config.num_kv_heads) == (30, 576, 9, 3)
+    assert (config.vocab_size, config.head_dim, config.intermediate_size) == (49152, 64, 1536)
+    assert config.tie_word_embeddings and not config.attention_bias and config.architecture == "llama"
+    assert (config.rope_theta, config.rms_norm_eps, config.max_position_embeddings) == (100000.0, 1e-5, 8192)
+    assert (config.bos_token_id, config.eos_token_ids) == (1, (2,))
+
+
+def test_smollm2_state_dict_matches_transformers_unpermutation(smollm2_reader: gguf.GGUFReader) -> None:
+    from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
+
+    config = gguf_config(smollm2_reader)
+    weights = gguf_state_dict(smollm2_reader, config, torch.float32)
+    assert len(weights) == 2 + 9 * 30 and "lm_head.weight" not in weights
+    processor = LlamaTensorProcessor(config={"num_attention_heads": 9, "num_key_value_heads": 3})
+    tensors = {t.name: t for t in smollm2_reader.tensors}
+    for gguf_key, hf_key in [("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+                             ("blk.29.attn_k.weight", "model.layers.29.self_attn.k_proj.weight")]:
+        raw = gguf.quants.dequantize(tensors[gguf_key].data, tensors[gguf_key].tensor_type)
+        expected = processor.process(raw, gguf_key).weights
+        assert torch.equal(weights[hf_key], torch.from_numpy(np.ascontiguousarray(expected)))
