@@ -10,7 +10,7 @@ HEADS = KV_HEADS * GROUP
 
 
 def new_cache(num_blocks=32):
-    shape = (num_blocks, BLOCK, KV_HEADS, DIM)
+    shape = (num_blocks, KV_HEADS, BLOCK, DIM)
     return torch.zeros(shape), torch.zeros(shape)
 
 
@@ -18,7 +18,7 @@ def run(cache, chunks):
     """chunks: list of (q [L,H,D], k [L,Hkv,D], v, start, block_table). Writes K/V, returns outputs."""
     meta = build_attention_metadata([c[0].shape[0] for c in chunks], [c[3] for c in chunks], [c[4] for c in chunks],
                                     BLOCK, GROUP, 8, torch.device("cpu"))
-    write_kv(cache, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]), meta.slot_mapping)
+    write_kv(cache, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]), meta)
     out = paged_attention(torch.cat([c[0] for c in chunks]), cache, meta, DIM ** -0.5)
     return out.split([c[0].shape[0] for c in chunks])
 

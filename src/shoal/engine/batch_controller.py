@@ -17,6 +17,7 @@ class BatchSizeController:
         self.limit = maximum if target_ms is None else max(self.floor, min(maximum, 8))
 
     def observe(self, step_ms: float, running: int, waiting: int) -> None:
+        """running: sequences in the step just measured; waiting: requests queued after it."""
         if self.target_ms is None or running == 0:
             return
         if step_ms > self.target_ms:

@@ -16,7 +16,8 @@ class EngineConfig:
     reported by the engine, never written back here.
 
     kv_cache_bytes, when set, is the KV budget; otherwise kv_cache_fraction of the free memory of
-    the device is used. itl_target_ms turns on the adaptive batch size.
+    the device is used. itl_target_ms turns on the adaptive batch size. prepack_weights trades the
+    page sharing of memory-mapped weights for faster CPU matrix multiplies.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -30,6 +31,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
+    prepack_weights: bool = True
     itl_target_ms: float | None = None
     seed: int = 0
     num_threads: int | None = None

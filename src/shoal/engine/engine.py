@@ -66,7 +66,7 @@ class LLMEngine:
                              f"{model_config.max_position_embeddings} positions")
         self.tile_rows = default_tile_rows(self.dtype) if config.batch_invariant else 0
         weights = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in self.checkpoint.weights.items()}
-        self.model = LlamaModel(model_config, weights, self.tile_rows, self.device)
+        self.model = LlamaModel(model_config, weights, self.tile_rows, self.device, config.prepack_weights)
         budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
         blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),
                                config.max_num_seqs * self.max_model_len)
@@ -164,7 +164,7 @@ class LLMEngine:
                 seq.stop_reason = stream.stop_reason
             outputs.append(self._output(seq, [token.token_id], stream.take_new_text()))
         if any(c.length == 1 for c in completing):
-            self.batch_controller.observe((time.perf_counter() - started) * 1e3, len(self.scheduler.running),
+            self.batch_controller.observe((time.perf_counter() - started) * 1e3, len(chunks),
                                           len(self.scheduler.waiting))
         return outputs
 

@@ -53,12 +53,14 @@ class OutputStream:
             self.cumulative_logprob += sampled.logprob
         if token in self.stop_ids:
             self.finish_reason, self.stop_reason = "stop", token
+            self.text += self.detokenizer.flush()
             return
         self.text += self.detokenizer.add(token)
         if self.params.stop and self._truncate_at_stop_string():
             return
         if len(self.token_ids) >= self.params.max_tokens or self.num_prompt_tokens + len(self.token_ids) >= self.max_total_tokens:
             self.finish_reason = "length"
+            self.text += self.detokenizer.flush()
 
     def _truncate_at_stop_string(self) -> bool:
         window_start = max(0, self.emitted - self.holdback)

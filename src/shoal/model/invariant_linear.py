@@ -2,31 +2,75 @@
 
 CPU GEMM libraries pick kernels and blocking by problem shape, so row 0 of `x @ W.T` changes in
 its last bits when more rows are added. That would make a request's tokens depend on its
-neighbours. Here every multiply is done on tiles of exactly `tile_rows` rows (the last tile
-zero-padded); the kernel then always sees the same shape and each row's result depends on that row
-alone. Verified on MKL (float32) and oneDNN (bfloat16); the cost is measured in docs/performance.md.
+neighbours. Here every multiply runs on tiles of exactly `tile_rows` rows (the last tile
+zero-padded): the kernel always sees one shape, and each row's result depends on that row alone.
+
+On CPU the weights can be prepacked once for that fixed tile height (oneDNN for bfloat16/float16,
+MKL for float32), which is both faster and, being a fixed kernel, just as invariant. Prepacked
+weights are private copies; without prepacking the weights stay shared memory-mapped pages.
 """
 from __future__ import annotations
 
 import torch
 
 
-def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tile_rows: int) -> torch.Tensor:
-    """`x @ weight.T + bias` for x of shape [T, K]; tile_rows == 0 falls back to one plain GEMM."""
-    if tile_rows == 0:
-        return torch.nn.functional.linear(x, weight, bias)
-    rows = x.shape[0]
-    padded = -(-rows // tile_rows) * tile_rows
-    if padded != rows:
-        x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
-    out = x.new_empty(padded, weight.shape[0])
-    weight_t = weight.t()
-    for start in range(0, padded, tile_rows):
-        torch.mm(x[start:start + tile_rows], weight_t, out=out[start:start + tile_rows])
-    out = out[:rows]
-    return out + bias if bias is not None else out
-
-
 def default_tile_rows(dtype: torch.dtype) -> int:
-    """Tile height that costs least at batch 1 while staying fast for large batches (measured)."""
-    return 16 if dtype == torch.float32 else 32
+    """Tile height: small enough that one decoding sequence pays little for the padding (measured)."""
+    return 16
+
+
+class InvariantLinear:
+    """`x @ W.T + b` for x [T, K], where W is the row-wise concatenation of `weights` (fused projections).
+
+    Invariant: with tile_rows > 0, output row i depends only on input row i and the weights.
+    tile_rows == 0 turns invariance off (one plain GEMM per call).
+    """
+
+    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None, tile_rows: int,
+                 prepack: bool):
+        biases = biases or [None] * len(weights)
+        self.tile_rows = tile_rows
+        self.out_features = sum(w.shape[0] for w in weights)
+        self.bias = None if all(b is None for b in biases) else torch.cat(
+            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        self.backend = _pick_backend(weights[0], tile_rows) if prepack else "plain"
+        if self.backend == "plain":
+            self.weights = weights
+            return
+        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+        if self.backend == "onednn":
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, tile_rows)
+        else:
+            self.weights = [weight]
+            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(weight, tile_rows)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.tile_rows == 0:
+            return self._multiply(x)
+        rows, tile = x.shape[0], self.tile_rows
+        padded = -(-rows // tile) * tile
+        if padded != rows:
+            x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+        if padded == tile:
+            return self._multiply(x)[:rows]
+        return torch.cat([self._multiply(x[start:start + tile]) for start in range(0, padded, tile)])[:rows]
+
+    def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "onednn":
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.backend == "mkl":
+            return torch.ops.mkl._mkl_linear(x, self.packed, self.weights[0], self.bias, self.tile_rows)
+        if len(self.weights) == 1:
+            return torch.nn.functional.linear(x, self.weights[0], self.bias)
+        out = torch.cat([x @ w.t() for w in self.weights], dim=1)
+        return out + self.bias if self.bias is not None else out
+
+
+def _pick_backend(weight: torch.Tensor, tile_rows: int) -> str:
+    if weight.device.type != "cpu" or tile_rows == 0:
+        return "plain"
+    if weight.dtype in (torch.bfloat16, torch.float16) and torch.backends.mkldnn.is_available():
+        return "onednn"
+    if weight.dtype == torch.float32 and torch.backends.mkl.is_available():
+        return "mkl"
+    return "plain"

@@ -1,8 +1,9 @@
 """The Llama-family decoder (SmolLM2, TinyLlama, Llama 2/3, Qwen2, Mistral) over a paged KV cache.
 
-Weights use Hugging Face names and layout and are referenced, not copied, so memory-mapped cache
-files stay shared between processes. Every matrix multiply goes through `invariant_linear` and
-attention through `paged_attention`, so a token's hidden states never depend on its batch.
+Weights use Hugging Face names and layout. Unless prepacked for the CPU's GEMM kernels they are
+referenced, not copied, so memory-mapped cache files stay shared between processes. Every matrix
+multiply goes through `InvariantLinear` and attention through `paged_attention`, so a token's
+hidden states never depend on its batch.
 """
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch
 from torch import nn
 
 from shoal.model.config import LlamaConfig
-from shoal.model.invariant_linear import invariant_linear
+from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.paged_attention import AttentionMetadata, paged_attention, write_kv
-from shoal.model.rope import RotaryEmbedding
+from shoal.model.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -25,48 +26,45 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer:
-    """One attention + SwiGLU MLP block; holds references to its weights."""
+    """One attention + SwiGLU MLP block, with q/k/v and gate/up each fused into one projection."""
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], prefix: str, tile_rows: int):
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], prefix: str, tile_rows: int,
+                 prepack: bool):
         self.config = config
-        self.tile_rows = tile_rows
         attn = prefix + "self_attn."
-        self.q = (weights[attn + "q_proj.weight"], weights.get(attn + "q_proj.bias"))
-        self.k = (weights[attn + "k_proj.weight"], weights.get(attn + "k_proj.bias"))
-        self.v = (weights[attn + "v_proj.weight"], weights.get(attn + "v_proj.bias"))
-        self.o = (weights[attn + "o_proj.weight"], weights.get(attn + "o_proj.bias"))
-        self.gate = weights[prefix + "mlp.gate_proj.weight"]
-        self.up = weights[prefix + "mlp.up_proj.weight"]
-        self.down = weights[prefix + "mlp.down_proj.weight"]
+        self.qkv = InvariantLinear([weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
+                                   [weights.get(f"{attn}{p}_proj.bias") for p in "qkv"], tile_rows, prepack)
+        self.o = InvariantLinear([weights[attn + "o_proj.weight"]], [weights.get(attn + "o_proj.bias")], tile_rows,
+                                 prepack)
+        self.gate_up = InvariantLinear([weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]],
+                                       None, tile_rows, prepack)
+        self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
         self.input_norm = weights[prefix + "input_layernorm.weight"]
         self.post_attention_norm = weights[prefix + "post_attention_layernorm.weight"]
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim ** -0.5
 
-    def _linear(self, x: torch.Tensor, weight_and_bias: tuple[torch.Tensor, torch.Tensor | None]) -> torch.Tensor:
-        return invariant_linear(x, weight_and_bias[0], weight_and_bias[1], self.tile_rows)
-
-    def forward(self, hidden: torch.Tensor, positions: torch.Tensor, rope: RotaryEmbedding,
+    def forward(self, hidden: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor],
                 cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         cfg = self.config
         tokens = hidden.shape[0]
-        x = rms_norm(hidden, self.input_norm, cfg.rms_norm_eps)
-        q = self._linear(x, self.q).view(tokens, cfg.num_heads, cfg.head_dim)
-        k = self._linear(x, self.k).view(tokens, cfg.num_kv_heads, cfg.head_dim)
-        v = self._linear(x, self.v).view(tokens, cfg.num_kv_heads, cfg.head_dim)
-        q, k = rope(positions, q, k)
-        write_kv(cache, k, v, meta.slot_mapping)
-        hidden = hidden + self._linear(paged_attention(q, cache, meta, self.scale), self.o)
-        x = rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)
-        gate = invariant_linear(x, self.gate, None, self.tile_rows)
-        up = invariant_linear(x, self.up, None, self.tile_rows)
-        return hidden + invariant_linear(nn.functional.silu(gate) * up, self.down, None, self.tile_rows)
+        qkv = self.qkv(rms_norm(hidden, self.input_norm, cfg.rms_norm_eps))
+        # q and k are rotated together: one pass over the [T, H + Hkv, D] view.
+        qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].reshape(tokens, -1, cfg.head_dim), *rope_tables)
+        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        v = qkv[:, self.q_size + self.kv_size:].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
+        write_kv(cache, k, v, meta)
+        hidden = hidden + self.o(paged_attention(q, cache, meta, self.scale))
+        gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
+        return hidden + self.down(nn.functional.silu(gate) * up)
 
 
 class LlamaModel:
     """Decoder stack + LM head. Invariant: weights are not modified; caches are owned by the caller."""
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], tile_rows: int,
-                 device: torch.device | str = "cpu"):
+                 device: torch.device | str = "cpu", prepack: bool = False):
         self.config = config
         self.tile_rows = tile_rows
         self.device = torch.device(device)
@@ -74,8 +72,10 @@ class LlamaModel:
         self.dtype = weights["model.embed_tokens.weight"].dtype
         self.embed = weights["model.embed_tokens.weight"]
         self.norm = weights["model.norm.weight"]
-        self.lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.layers = [DecoderLayer(config, weights, f"model.layers.{i}.", tile_rows) for i in range(config.num_layers)]
+        lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
+        self.lm_head = InvariantLinear([lm_head], None, tile_rows, prepack)
+        self.layers = [DecoderLayer(config, weights, f"model.layers.{i}.", tile_rows, prepack)
+                       for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config).to(self.device)
 
     @torch.inference_mode()
@@ -83,19 +83,20 @@ class LlamaModel:
                 meta: AttentionMetadata) -> torch.Tensor:
         """input_ids, positions: [T]. Writes the tokens' K/V into `caches`; returns final hidden [T, H]."""
         hidden = self.embed[input_ids]
+        rope_tables = self.rope.tables(positions)
         for layer, cache in zip(self.layers, caches):
-            hidden = layer.forward(hidden, positions, self.rope, cache, meta)
+            hidden = layer.forward(hidden, rope_tables, cache, meta)
         return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] for the given final hidden states."""
-        return invariant_linear(hidden, self.lm_head, None, self.tile_rows).float()
+        return self.lm_head(hidden).float()
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
         """Zero-filled caches (zeros keep masked-out slots finite, so 0 * value stays 0)."""
         cfg = self.config
-        shape = (num_blocks, block_size, cfg.num_kv_heads, cfg.head_dim)
+        shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(cfg.num_layers)]
 

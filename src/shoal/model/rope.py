@@ -35,7 +35,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Precomputed cos/sin tables; `forward` rotates q and k by their absolute positions.
+    """Precomputed cos/sin tables indexed by absolute position.
 
     Uses the Hugging Face half-split layout (rotate_half), which is the layout all loaders produce.
     """
@@ -50,14 +50,13 @@ class RotaryEmbedding(torch.nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq, D], k: [T, Hkv, D], positions: [T]; returns rotated copies in the input dtype."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin for the given positions, [T, 1, D] each; computed once per step."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotates x [T, heads, D] by the per-token tables; math in float32, result in x's dtype."""
     half = x.shape[-1] // 2
     xf = x.float()
     rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
