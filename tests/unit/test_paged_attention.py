@@ -3,15 +3,14 @@ from __future__ import annotations
 
 import torch
 
-from shoal.model.paged_attention import build_attention_metadata, paged_attention, write_kv
+from shoal.model.paged_attention import allocate_kv_cache, build_attention_metadata, paged_attention, write_kv
 
 BLOCK, KV_HEADS, GROUP, DIM = 4, 2, 3, 16
 HEADS = KV_HEADS * GROUP
 
 
 def new_cache(num_blocks=32):
-    shape = (num_blocks, KV_HEADS, BLOCK, DIM)
-    return torch.zeros(shape), torch.zeros(shape)
+    return allocate_kv_cache(num_blocks, KV_HEADS, BLOCK, DIM, torch.float32, torch.device("cpu"))
 
 
 def run(cache, chunks):

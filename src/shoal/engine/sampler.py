@@ -44,8 +44,17 @@ class SamplingRow:
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
-    """logits: float32 [len(rows), vocab]. Each row is processed on its own (order-independent)."""
-    return [_sample_row(logits[i], row) for i, row in enumerate(rows)]
+    """logits: float32 [len(rows), vocab]. Each row's result depends on that row alone."""
+    plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
+    picked = dict(zip(plain, logits[plain].argmax(dim=-1).tolist())) if plain else {}
+    return [SampledToken(picked[i]) if i in picked else _sample_row(logits[i], row) for i, row in enumerate(rows)]
+
+
+def _is_plain_greedy(row: SamplingRow) -> bool:
+    """Greedy with nothing that alters the logits: a row-wise argmax is the whole job."""
+    p = row.params
+    return (p.greedy and p.logprobs is None and not row.banned_token_ids and p.repetition_penalty == 1.0
+            and not p.presence_penalty and not p.frequency_penalty)
 
 
 def _sample_row(logits: torch.Tensor, row: SamplingRow) -> SampledToken:

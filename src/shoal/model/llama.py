@@ -12,7 +12,7 @@ from torch import nn
 
 from shoal.model.config import LlamaConfig
 from shoal.model.invariant_linear import InvariantLinear
-from shoal.model.paged_attention import AttentionMetadata, paged_attention, write_kv
+from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, paged_attention, write_kv
 from shoal.model.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -20,9 +20,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalised in float32, scaled in the weight dtype (as transformers does)."""
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(weight.dtype)
+    return weight * torch.rms_norm(x.float(), x.shape[-1:], eps=eps).to(weight.dtype)
 
 
 class DecoderLayer:
@@ -94,12 +92,10 @@ class LlamaModel:
         return self.lm_head(hidden).float()
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
-        """Zero-filled caches (zeros keep masked-out slots finite, so 0 * value stays 0)."""
         cfg = self.config
-        shape = (num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim)
-        return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                 torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(cfg.num_layers)]
+        return [allocate_kv_cache(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, self.dtype, self.device)
+                for _ in range(cfg.num_layers)]
 
     def kv_bytes_per_token(self) -> int:
         cfg = self.config
-        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * self.embed.element_size()
+        return cfg.num_layers * cfg.num_kv_heads * (2 * cfg.head_dim + 1) * self.embed.element_size()
