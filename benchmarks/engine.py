@@ -463,6 +463,12 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
             def argmax(i: int) -> int:
                 return int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).argmax())
 
+            # Warm this context (first decodes allocate and plan graphs), then empty its KV cache.
+            for width in (min(prompt_total, 512), c):
+                fill([(1, pos, 0, pos == width - 1) for pos in range(width)])
+                if lc.llama_decode(ctx, batch) != 0:
+                    raise RuntimeError("llama_decode failed (warm-up)")
+            lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
             times: list[list[float]] = [[] for _ in prompts]
             outs: list[list[int]] = [[] for _ in prompts]
             with CpuMonitor() as mon:

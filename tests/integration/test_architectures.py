@@ -1,0 +1,43 @@
+"""Logits equal transformers' for each supported architecture variant (tiny random models, float32)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shoal import LLM
+from tests.conftest import write_tiny_tokenizer
+from tests.integration.test_golden_transformers import forward_logits
+
+COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+
+VARIANTS = {
+    "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
+    "llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
+    "linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
+    "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
+    import transformers
+
+    config_cls, model_cls, extra = VARIANTS[variant]
+    torch.manual_seed(7)
+    config = getattr(transformers, config_cls)(**COMMON, **extra)
+    reference = getattr(transformers, model_cls)(config).eval()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.normal_(0, 0.2)
+    reference.save_pretrained(tmp_path)
+    write_tiny_tokenizer(tmp_path)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4,
+              cache_dir=str(shoal_cache_dir))
+    ids = list(range(3, 123))
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0]
+    assert (forward_logits(llm, ids) - expected).abs().max().item() <= 1e-3
