@@ -1,24 +1,35 @@
-"""Paged attention equals causal softmax attention, and a query's result is independent of batching."""
+"""Both attention kernels equal causal softmax attention, and a query's bits never depend on batching."""
 from __future__ import annotations
 
+import functools
+
+import pytest
 import torch
 
-from shoal.model.paged_attention import allocate_kv_cache, build_attention_metadata, paged_attention, write_kv
+from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
+from shoal.model.paged_attention import allocate_kv_cache, build_attention_metadata, tiled_paged_attention, write_kv
 
 BLOCK, KV_HEADS, GROUP, DIM = 4, 2, 3, 16
 HEADS = KV_HEADS * GROUP
 
 
-def new_cache(num_blocks=32):
-    return allocate_kv_cache(num_blocks, KV_HEADS, BLOCK, DIM, torch.float32, torch.device("cpu"))
+def kernels() -> list:
+    compiled = load_cpu_attention()
+    assert compiled is not None, "the C++ attention kernel must build on the CI machine"
+    return [pytest.param(tiled_paged_attention, True, id="tiles"),
+            pytest.param(functools.partial(row_paged_attention, compiled), False, id="rows")]
 
 
-def run(cache, chunks):
+def new_cache(num_blocks=32, dtype=torch.float32):
+    return allocate_kv_cache(num_blocks, KV_HEADS, BLOCK, DIM, dtype, torch.device("cpu"))
+
+
+def run(kernel, tiles, cache, chunks):
     """chunks: list of (q [L,H,D], k [L,Hkv,D], v, start, block_table). Writes K/V, returns outputs."""
     meta = build_attention_metadata([c[0].shape[0] for c in chunks], [c[3] for c in chunks], [c[4] for c in chunks],
-                                    BLOCK, GROUP, 8, torch.device("cpu"))
+                                    BLOCK, GROUP, 8, torch.device("cpu"), with_tiles=tiles)
     write_kv(cache, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]), meta)
-    out = paged_attention(torch.cat([c[0] for c in chunks]), cache, meta, DIM ** -0.5)
+    out = kernel(torch.cat([c[0] for c in chunks]), cache, meta, DIM ** -0.5)
     return out.split([c[0].shape[0] for c in chunks])
 
 
@@ -36,27 +47,29 @@ def random_seq(length, seed):
             torch.randn(length, KV_HEADS, DIM, generator=g))
 
 
-def test_matches_causal_attention_for_several_sequences():
+@pytest.mark.parametrize("kernel,tiles", kernels())
+def test_matches_causal_attention_for_several_sequences(kernel, tiles):
     cache = new_cache()
     a, b = random_seq(13, 0), random_seq(5, 1)
-    out_a, out_b = run(cache, [(*a, 0, [3, 7, 1, 9]), (*b, 0, [2, 5])])
+    out_a, out_b = run(kernel, tiles, cache, [(*a, 0, [3, 7, 1, 9]), (*b, 0, [2, 5])])
     torch.testing.assert_close(out_a, reference(*a))
     torch.testing.assert_close(out_b, reference(*b))
 
 
-def test_decode_chunked_and_batched_results_are_bitwise_equal():
-    q, k, v = random_seq(21, 2)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("kernel,tiles", kernels())
+def test_decode_chunked_and_batched_results_are_bitwise_equal(kernel, tiles, dtype):
+    q, k, v = (t.to(dtype) for t in random_seq(21, 2))
     table = [4, 8, 15, 16, 23, 30]
-    whole = run(new_cache(), [(q, k, v, 0, table)])[0]
+    whole = run(kernel, tiles, new_cache(dtype=dtype), [(q, k, v, 0, table)])[0]
 
-    cache = new_cache()
-    parts = [run(cache, [(q[:9], k[:9], v[:9], 0, table)])[0]]
-    other = random_seq(30, 3)
+    cache = new_cache(dtype=dtype)
+    parts = [run(kernel, tiles, cache, [(q[:9], k[:9], v[:9], 0, table)])[0]]
+    other = tuple(t.to(dtype) for t in random_seq(30, 3))
     other_table = [0, 1, 2, 3, 5, 6, 7, 9]
-    run(cache, [(*[t[:20] for t in other], 0, other_table)])
+    run(kernel, tiles, cache, [(*[t[:20] for t in other], 0, other_table)])
     for pos in range(9, 21):
-        mixed = run(cache, [(other[0][20:21], other[1][20:21], other[2][20:21], 20, other_table),
-                            (q[pos:pos + 1], k[pos:pos + 1], v[pos:pos + 1], pos, table)]) if pos == 9 else \
-            run(cache, [(q[pos:pos + 1], k[pos:pos + 1], v[pos:pos + 1], pos, table)])
-        parts.append(mixed[-1])
+        mine = (q[pos:pos + 1], k[pos:pos + 1], v[pos:pos + 1], pos, table)
+        neighbour = (other[0][20:21], other[1][20:21], other[2][20:21], 20, other_table)
+        parts.append(run(kernel, tiles, cache, [neighbour, mine] if pos == 9 else [mine])[-1])
     assert torch.equal(torch.cat(parts), whole)

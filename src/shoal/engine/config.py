@@ -17,7 +17,8 @@ class EngineConfig:
 
     kv_cache_bytes, when set, is the KV budget; otherwise kv_cache_fraction of the free memory of
     the device is used. itl_target_ms turns on the adaptive batch size. prepack_weights trades the
-    page sharing of memory-mapped weights for faster CPU matrix multiplies.
+    page sharing of memory-mapped weights for faster CPU matrix multiplies. attention_kernel picks
+    the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -32,6 +33,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
     prepack_weights: bool = True
+    attention_kernel: str = "auto"
     itl_target_ms: float | None = None
     seed: int = 0
     num_threads: int | None = None

@@ -41,6 +41,7 @@ class ModelRunner:
             queries_per_kv=self.model.config.num_queries_per_kv,
             tile_height=self.attention_tile_height,
             device=device,
+            with_tiles=self.model.attention_uses_tiles,
         )
         hidden = self.model.forward(torch.tensor(input_ids, device=device), torch.tensor(positions, device=device),
                                     self.kv_caches, meta)

@@ -2,20 +2,26 @@
 
 Weights use Hugging Face names and layout. Unless prepacked for the CPU's GEMM kernels they are
 referenced, not copied, so memory-mapped cache files stay shared between processes. Every matrix
-multiply goes through `InvariantLinear` and attention through `paged_attention`, so a token's
-hidden states never depend on its batch.
+multiply goes through `InvariantLinear` and attention through one of two batch-invariant kernels
+(the C++ row kernel on CPUs, the tiled torch kernel elsewhere), so a token's hidden states never
+depend on its batch.
 """
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
 from shoal.model.config import LlamaConfig
+from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
-from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, paged_attention, write_kv
+from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.rope import RotaryEmbedding, apply_rotary
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -27,8 +33,9 @@ class DecoderLayer:
     """One attention + SwiGLU MLP block, with q/k/v and gate/up each fused into one projection."""
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], prefix: str, tile_rows: int,
-                 prepack: bool):
+                 prepack: bool, attention: AttentionKernel):
         self.config = config
+        self.attention = attention
         attn = prefix + "self_attn."
         self.qkv = InvariantLinear([weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
                                    [weights.get(f"{attn}{p}_proj.bias") for p in "qkv"], tile_rows, prepack)
@@ -53,7 +60,7 @@ class DecoderLayer:
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size:].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
-        hidden = hidden + self.o(paged_attention(q, cache, meta, self.scale))
+        hidden = hidden + self.o(self.attention(q, cache, meta, self.scale))
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
         return hidden + self.down(nn.functional.silu(gate) * up)
 
@@ -62,7 +69,7 @@ class LlamaModel:
     """Decoder stack + LM head. Invariant: weights are not modified; caches are owned by the caller."""
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], tile_rows: int,
-                 device: torch.device | str = "cpu", prepack: bool = False):
+                 device: torch.device | str = "cpu", prepack: bool = False, attention_kernel: str = "auto"):
         self.config = config
         self.tile_rows = tile_rows
         self.device = torch.device(device)
@@ -72,9 +79,22 @@ class LlamaModel:
         self.norm = weights["model.norm.weight"]
         lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
         self.lm_head = InvariantLinear([lm_head], None, tile_rows, prepack)
-        self.layers = [DecoderLayer(config, weights, f"model.layers.{i}.", tile_rows, prepack)
+        attention = self._pick_attention(attention_kernel)
+        self.attention_uses_tiles = attention is tiled_paged_attention
+        self.layers = [DecoderLayer(config, weights, f"model.layers.{i}.", tile_rows, prepack, attention)
                        for i in range(config.num_layers)]
         self.rope = RotaryEmbedding(config).to(self.device)
+
+    def _pick_attention(self, kind: str) -> AttentionKernel:
+        """"rows": the C++ CPU kernel; "tiles": the torch kernel; "auto": rows on CPU when it builds."""
+        if kind not in ("auto", "rows", "tiles"):
+            raise ValueError(f"attention_kernel must be auto, rows or tiles, got {kind!r}")
+        kernel = load_cpu_attention() if kind != "tiles" and self.device.type == "cpu" else None
+        if kernel is None:
+            if kind == "rows":
+                raise RuntimeError("the rows attention kernel needs a CPU device and a C++ compiler")
+            return tiled_paged_attention
+        return functools.partial(row_paged_attention, kernel)
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],

@@ -12,6 +12,7 @@ tokens (chunked or not), or batched with any other sequences.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +23,9 @@ class AttentionMetadata:
     """Index tensors for one forward step (built by `build_attention_metadata`).
 
     slot_blocks, slot_offsets: [T] cache block and offset in it of each new token.
+    block_tables: [S, B] block table of each sequence, padded with block 0; token_sequences and
+        token_positions: [T] each token's sequence (row of block_tables) and absolute position.
+    The tile fields below are built only for the tiled kernel (with_tiles=True):
     row_tokens, row_heads: [W, R] token index and head-in-group of each tile row; padding rows
         use token T (an extra zero query) and head 0.
     tile_blocks: [W, B] block table of the tile's sequence, padded with block 0 (always masked).
@@ -30,10 +34,13 @@ class AttentionMetadata:
 
     slot_blocks: torch.Tensor
     slot_offsets: torch.Tensor
-    row_tokens: torch.Tensor
-    row_heads: torch.Tensor
-    tile_blocks: torch.Tensor
-    score_bias: torch.Tensor
+    block_tables: torch.Tensor
+    token_sequences: torch.Tensor
+    token_positions: torch.Tensor
+    row_tokens: torch.Tensor | None = None
+    row_heads: torch.Tensor | None = None
+    tile_blocks: torch.Tensor | None = None
+    score_bias: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -44,21 +51,38 @@ def build_attention_metadata(
     queries_per_kv: int,
     tile_height: int,
     device: torch.device,
+    with_tiles: bool = True,
 ) -> AttentionMetadata:
     """Describes a step in which sequence i computes query_lens[i] tokens from start_positions[i]."""
     slot_blocks: list[int] = []
     slot_offsets: list[int] = []
+    token_sequences: list[int] = []
+    token_positions: list[int] = []
+    visible_tables: list[list[int]] = []
+    for index, (length, start, table) in enumerate(zip(query_lens, start_positions, block_tables)):
+        for pos in range(start, start + length):
+            slot_blocks.append(table[pos // block_size])
+            slot_offsets.append(pos % block_size)
+        token_sequences.extend([index] * length)
+        token_positions.extend(range(start, start + length))
+        visible_tables.append(table[:-(-(start + length) // block_size)])
+    width = max(len(t) for t in visible_tables)
+    padded_tables = [t + [0] * (width - len(t)) for t in visible_tables]
+
+    def as_tensor(values: list) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int64, device=device)
+
+    meta = AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), as_tensor(padded_tables),
+                             as_tensor(token_sequences), as_tensor(token_positions))
+    if not with_tiles:
+        return meta
     row_tokens: list[list[int]] = []
     row_heads: list[list[int]] = []
     row_positions: list[list[int]] = []
     tile_tables: list[list[int]] = []
     padding_token = sum(query_lens)
     first_token = 0
-    for length, start, table in zip(query_lens, start_positions, block_tables):
-        for pos in range(start, start + length):
-            slot_blocks.append(table[pos // block_size])
-            slot_offsets.append(pos % block_size)
-        visible_blocks = table[:-(-(start + length) // block_size)]
+    for length, start, table in zip(query_lens, start_positions, padded_tables):
         rows = length * queries_per_kv
         for tile_start in range(0, rows, tile_height):
             tile = range(tile_start, min(rows, tile_start + tile_height))
@@ -66,19 +90,13 @@ def build_attention_metadata(
             row_tokens.append([first_token + r // queries_per_kv for r in tile] + [padding_token] * padding)
             row_heads.append([r % queries_per_kv for r in tile] + [0] * padding)
             row_positions.append([start + r // queries_per_kv for r in tile] + [0] * padding)
-            tile_tables.append(visible_blocks)
+            tile_tables.append(table)
         first_token += length
-    max_blocks = max(len(t) for t in tile_tables)
-    padded_tables = [t + [0] * (max_blocks - len(t)) for t in tile_tables]
-
-    def as_tensor(values: list) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int64, device=device)
-
-    key_positions = torch.arange(max_blocks * block_size, device=device).view(1, max_blocks, 1, 1, block_size)
+    key_positions = torch.arange(width * block_size, device=device).view(1, width, 1, 1, block_size)
     visible = key_positions <= as_tensor(row_positions).view(-1, 1, 1, tile_height, 1)
     score_bias = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
-    return AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), as_tensor(row_tokens),
-                             as_tensor(row_heads), as_tensor(padded_tables), score_bias)
+    return dataclasses.replace(meta, row_tokens=as_tensor(row_tokens), row_heads=as_tensor(row_heads),
+                               tile_blocks=as_tensor(tile_tables), score_bias=score_bias)
 
 
 def allocate_kv_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype,
@@ -98,7 +116,7 @@ def write_kv(cache: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch
     v_cache[meta.slot_blocks, :, meta.slot_offsets, :-1] = v.to(v_cache.dtype)
 
 
-def paged_attention(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
+def tiled_paged_attention(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
                     scale: float) -> torch.Tensor:
     """q: [T, H, D] (already rotated). Returns [T, H * D] in q's dtype; math in float32.
 
