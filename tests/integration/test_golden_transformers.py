@@ -25,9 +25,10 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     engine = llm.engine
     runner = engine.runner
     blocks = list(range(-(-len(token_ids) // runner.block_size)))
-    meta = build_attention_metadata([len(token_ids)], [0], [blocks], runner.block_size,
-                                    engine.model.config.num_queries_per_kv, runner.attention_tile_height,
-                                    engine.device)
+    config = engine.model.config
+    meta = build_attention_metadata([len(token_ids)], [0], [blocks], runner.block_size, config.num_kv_heads,
+                                    config.num_queries_per_kv, runner.attention_tile_height, engine.device,
+                                    with_tiles=engine.model.attention_uses_tiles)
     hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta)
     return engine.model.compute_logits(hidden)
 

@@ -26,3 +26,11 @@ def test_reduced_precision_is_batch_invariant(make_tiny_engine, dtype):
     prompts = {f"p{i}": ([4 + i] * (3 + 5 * i), params) for i in range(6)}
     alone = {k: run_to_completion(make_tiny_engine(dtype=dtype), {k: v})[k] for k, v in prompts.items()}
     assert run_to_completion(make_tiny_engine(dtype=dtype), prompts) == alone
+
+
+def test_invariance_can_be_turned_off(make_tiny_engine):
+    """batch_invariant=False uses plain GEMMs; the engine still serves every request to the end."""
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    results = run_to_completion(make_tiny_engine(batch_invariant=False, prepack_weights=False),
+                                {f"q{i}": ([4 + i] * (2 + i), params) for i in range(5)})
+    assert sorted(len(t) for t in results.values()) == [10] * 5

@@ -27,7 +27,7 @@ def new_cache(num_blocks=32, dtype=torch.float32):
 def run(kernel, tiles, cache, chunks):
     """chunks: list of (q [L,H,D], k [L,Hkv,D], v, start, block_table). Writes K/V, returns outputs."""
     meta = build_attention_metadata([c[0].shape[0] for c in chunks], [c[3] for c in chunks], [c[4] for c in chunks],
-                                    BLOCK, GROUP, 8, torch.device("cpu"), with_tiles=tiles)
+                                    BLOCK, KV_HEADS, GROUP, 8, torch.device("cpu"), with_tiles=tiles)
     write_kv(cache, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]), meta)
     out = kernel(torch.cat([c[0] for c in chunks]), cache, meta, DIM ** -0.5)
     return out.split([c[0].shape[0] for c in chunks])

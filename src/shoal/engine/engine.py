@@ -64,9 +64,9 @@ class LLMEngine:
         if self.max_model_len > model_config.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"{model_config.max_position_embeddings} positions")
-        self.tile_rows = default_tile_rows(self.dtype) if config.batch_invariant else 0
+        tile_rows = default_tile_rows(self.dtype) if config.batch_invariant else 0
         weights = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in self.checkpoint.weights.items()}
-        self.model = LlamaModel(model_config, weights, self.tile_rows, self.device, config.prepack_weights,
+        self.model = LlamaModel(model_config, weights, tile_rows, self.device, config.prepack_weights,
                                 config.attention_kernel)
         budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
         blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),

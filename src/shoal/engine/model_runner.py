@@ -38,6 +38,7 @@ class ModelRunner:
             start_positions=[c.start for c in chunks],
             block_tables=[c.seq.block_table for c in chunks],
             block_size=self.block_size,
+            num_kv_heads=self.model.config.num_kv_heads,
             queries_per_kv=self.model.config.num_queries_per_kv,
             tile_height=self.attention_tile_height,
             device=device,

@@ -71,7 +71,6 @@ class LlamaModel:
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], tile_rows: int,
                  device: torch.device | str = "cpu", prepack: bool = False, attention_kernel: str = "auto"):
         self.config = config
-        self.tile_rows = tile_rows
         self.device = torch.device(device)
         weights = {name: t.to(self.device) for name, t in weights.items()}
         self.dtype = weights["model.embed_tokens.weight"].dtype

@@ -22,7 +22,7 @@ import torch
 class AttentionMetadata:
     """Index tensors for one forward step (built by `build_attention_metadata`).
 
-    slot_blocks, slot_offsets: [T] cache block and offset in it of each new token.
+    slot_rows: [T * Hkv] row of each new (token, kv head) in the caches viewed as [-1, D].
     block_tables: [S, B] block table of each sequence, padded with block 0; token_sequences and
         token_positions: [T] each token's sequence (row of block_tables) and absolute position.
     The tile fields below are built only for the tiled kernel (with_tiles=True):
@@ -32,8 +32,7 @@ class AttentionMetadata:
     score_bias: [W, B, 1, R, block_size] 0 where a tile row may see a key, -inf elsewhere.
     """
 
-    slot_blocks: torch.Tensor
-    slot_offsets: torch.Tensor
+    slot_rows: torch.Tensor
     block_tables: torch.Tensor
     token_sequences: torch.Tensor
     token_positions: torch.Tensor
@@ -48,21 +47,21 @@ def build_attention_metadata(
     start_positions: list[int],
     block_tables: list[list[int]],
     block_size: int,
+    num_kv_heads: int,
     queries_per_kv: int,
     tile_height: int,
     device: torch.device,
     with_tiles: bool = True,
 ) -> AttentionMetadata:
     """Describes a step in which sequence i computes query_lens[i] tokens from start_positions[i]."""
-    slot_blocks: list[int] = []
-    slot_offsets: list[int] = []
+    slot_rows: list[int] = []
     token_sequences: list[int] = []
     token_positions: list[int] = []
     visible_tables: list[list[int]] = []
     for index, (length, start, table) in enumerate(zip(query_lens, start_positions, block_tables)):
         for pos in range(start, start + length):
-            slot_blocks.append(table[pos // block_size])
-            slot_offsets.append(pos % block_size)
+            first_row = table[pos // block_size] * num_kv_heads * block_size + pos % block_size
+            slot_rows.extend(range(first_row, first_row + num_kv_heads * block_size, block_size))
         token_sequences.extend([index] * length)
         token_positions.extend(range(start, start + length))
         visible_tables.append(table[:-(-(start + length) // block_size)])
@@ -72,7 +71,7 @@ def build_attention_metadata(
     def as_tensor(values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
-    meta = AttentionMetadata(as_tensor(slot_blocks), as_tensor(slot_offsets), as_tensor(padded_tables),
+    meta = AttentionMetadata(as_tensor(slot_rows), as_tensor(padded_tables),
                              as_tensor(token_sequences), as_tensor(token_positions))
     if not with_tiles:
         return meta
@@ -112,8 +111,9 @@ def write_kv(cache: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch
              meta: AttentionMetadata) -> None:
     """Stores new keys/values [T, Hkv, D] in their blocks."""
     k_cache, v_cache = cache
-    k_cache[meta.slot_blocks, :, meta.slot_offsets] = k.to(k_cache.dtype)
-    v_cache[meta.slot_blocks, :, meta.slot_offsets, :-1] = v.to(v_cache.dtype)
+    head_dim = k.shape[-1]
+    k_cache.view(-1, head_dim).index_copy_(0, meta.slot_rows, k.reshape(-1, head_dim).to(k_cache.dtype))
+    v_cache.view(-1, head_dim + 1)[:, :head_dim].index_copy_(0, meta.slot_rows, v.reshape(-1, head_dim).to(v_cache.dtype))
 
 
 def tiled_paged_attention(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
