@@ -244,19 +244,38 @@ def bench_shoal(dtype: str, args: argparse.Namespace, prompts_for: dict[int, lis
                 pool: PromptPool, log: Callable[[str], None]) -> dict[str, Any]:
     from shoal import LLM
 
+    def new_engine() -> Any:
+        return LLM(MODEL, dtype=dtype, device="cpu", kv_cache_bytes=args.kv_cache_bytes,
+                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+
     t = time.perf_counter()
-    llm = LLM(MODEL, dtype=dtype, device="cpu", kv_cache_bytes=args.kv_cache_bytes, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
+    llm = new_engine()
     load_s = time.perf_counter() - t
-    # Warm-up: the largest batch and a single stream, on prompts no measured request uses.
-    for c in sorted({max(args.concurrency), 1}):
-        shoal_run(llm, pool.take(c), min(8, args.new_tokens), f"warm-{dtype}-{c}")
-    result: dict[str, Any] = {"dtype": dtype, "load_s": load_s, "runs": {}, "outputs": {}}
+    attention = "tiled torch kernel"
+    try:  # which attention implementation this build of shoal runs on the CPU
+        from shoal.model.cpu_attention import load_cpu_attention
+        if load_cpu_attention() is not None:
+            attention = "compiled CPU kernel (shoal.model.cpu_attention)"
+    except ImportError:
+        pass
+    # Warm-up: every concurrency with a few tokens, on prompts no measured request uses.
     for c in args.concurrency:
-        # A repeat needs fresh prompts: the first attempt's are in the prefix cache now.
-        m, outs = measured(f"shoal {dtype} c={c}", lambda attempt: shoal_run(
-            llm, prompts_for[c] if attempt == 0 else pool.take(c), args.new_tokens, f"bench-{dtype}-{c}-{attempt}"),
-            args, log)
+        shoal_run(llm, pool.take(c), min(8, args.new_tokens), f"warm-{dtype}-{c}")
+    result: dict[str, Any] = {"dtype": dtype, "load_s": load_s, "attention": attention, "runs": {}, "outputs": {}}
+    log(f"  shoal {dtype}: loaded in {load_s:.1f} s; attention: {attention}")
+    def attempt_run(c: int, attempt: int) -> tuple[dict[str, Any], list[list[int]]]:
+        nonlocal llm
+        if attempt:
+            # A repeat runs the same prompts on a fresh engine (the first attempt's prompts are in the
+            # prefix cache of the old one), warmed up again on other prompts.
+            del llm
+            gc.collect()
+            llm = new_engine()
+            shoal_run(llm, pool.take(c), min(8, args.new_tokens), f"rewarm-{dtype}-{c}-{attempt}")
+        return shoal_run(llm, prompts_for[c], args.new_tokens, f"bench-{dtype}-{c}-{attempt}")
+
+    for c in args.concurrency:
+        m, outs = measured(f"shoal {dtype} c={c}", lambda attempt: attempt_run(c, attempt), args, log)
         result["runs"][c] = m
         result["outputs"][c] = outs
         log(f"  shoal {dtype:8s} c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
@@ -297,7 +316,8 @@ def bench_hf(dtype: str, gguf_path: Path, args: argparse.Namespace, prompts_for:
     model.eval()
     load_s = time.perf_counter() - t
     pad_id = eos_id
-    hf_generate(model, prompts_for[min(args.concurrency)][:2], 4, pad_id, eos_id)  # warm-up
+    for c in args.concurrency:  # warm-up: every batch size, a few tokens
+        hf_generate(model, prompts_for[c], 2, pad_id, eos_id)
     result: dict[str, Any] = {"dtype": dtype, "load_s": load_s, "attn_implementation": model.config._attn_implementation,
                               "linear_types": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__}),
                               "runs": {}, "outputs": {}}
@@ -317,7 +337,8 @@ def bench_hf(dtype: str, gguf_path: Path, args: argparse.Namespace, prompts_for:
 def hf_run(model: Any, prompts: list[list[int]], n: int, pad_id: int, eos_id: int) -> tuple[dict[str, Any], Any]:
     c = len(prompts)
     with CpuMonitor() as mon:
-        t1, _ = hf_generate(model, prompts, 1, pad_id, eos_id)
+        # prefill + first token: best of two calls (the first after an idle wait can find cold caches)
+        t1 = min(hf_generate(model, prompts, 1, pad_id, eos_id)[0] for _ in range(2))
         tn, outs = hf_generate(model, prompts, n, pad_id, eos_id)
     m = {
         "requests": c, "output_tokens": c * n, "prompt_tokens": sum(map(len, prompts)),
@@ -391,6 +412,7 @@ def bench_llama_single(gguf_path: Path, args: argparse.Namespace, prompts: list[
         restore()
 
     def stream(prompt: list[int], count: int) -> tuple[float, list[float], list[int]]:
+        llm.reset()  # forget the previous prompt: generate() would otherwise reuse its KV for a common prefix
         t0 = time.perf_counter()
         times, toks = [], []
         for tok in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
@@ -438,13 +460,15 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
         c = len(prompts)
         prompt_total = sum(map(len, prompts))
         cp = lc.llama_context_default_params()
-        cp.n_ctx = prompt_total + c * (count + 8) + 256
+        # One KV stream per sequence (kv_unified off): each request attends over its own cells only.
+        per_seq = -(-(max(map(len, prompts)) + count + 8) // 256) * 256
+        cp.n_ctx = c * per_seq
         cp.n_batch = max(prompt_total, c, 512)
         cp.n_ubatch = 512
         cp.n_seq_max = c
         cp.n_threads = args.threads
         cp.n_threads_batch = args.threads
-        cp.kv_unified = True
+        cp.kv_unified = False
         cp.no_perf = True
         ctx = lc.llama_init_from_model(model, cp)
         if not ctx:
@@ -464,8 +488,10 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
                 return int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).argmax())
 
             # Warm this context (first decodes allocate and plan graphs), then empty its KV cache.
-            for width in (min(prompt_total, 512), c):
-                fill([(1, pos, 0, pos == width - 1) for pos in range(width)])
+            k = max(1, min(512, prompt_total) // c)  # fits the batch and each sequence's cells
+            for entries in ([(1, pos, s, pos == k - 1) for s in range(c) for pos in range(k)],
+                            [(1, k, s, True) for s in range(c)]):
+                fill(entries)
                 if lc.llama_decode(ctx, batch) != 0:
                     raise RuntimeError("llama_decode failed (warm-up)")
             lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
@@ -504,6 +530,9 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
     run(warm_prompts, 8)
     result: dict[str, Any] = {"runs": {}, "outputs": {}}
     for c in args.concurrency:
+        if c > lc.llama_max_parallel_sequences():
+            log(f"  llama.cpp batched c={c}: above llama.cpp's {lc.llama_max_parallel_sequences()} sequences; skipped")
+            continue
         m, outs = measured(f"llama.cpp batched c={c}", lambda attempt: run(prompts_for[c], n), args, log)
         result["runs"][c] = m
         result["outputs"][c] = outs
@@ -550,9 +579,17 @@ class ModelShape:
 
 def measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Path, context: float,
                      log: Callable[[str], None]) -> dict[str, Any]:
+    torch.set_flush_denormal(True)  # reinterpreted bfloat16 bits below may look like float32 denormals
+    try:
+        return _measure_ceilings(args, shape, gguf_path, context, log)
+    finally:
+        torch.set_flush_denormal(False)  # the default; the engines run with it
+
+
+def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Path, context: float,
+                      log: Callable[[str], None]) -> dict[str, Any]:
     from shoal.model.loader import load_checkpoint
 
-    torch.set_flush_denormal(True)  # reinterpreted bfloat16 bits below may look like float32 denormals
     reps = args.ceiling_repeats
     out: dict[str, Any] = {"bandwidth": {}, "gemm": {}, "matmul_model_shapes": {}}
     bw = out["bandwidth"]
@@ -672,11 +709,15 @@ def machine_info() -> dict[str, Any]:
 def git_info() -> dict[str, Any]:
     def git(*a: str) -> str:
         return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True).stdout.strip()
-    diff = git("diff", "HEAD", "--", "src")
     import hashlib
+    import importlib.util
+
+    diff = git("diff", "HEAD", "--", "src")
     return {"commit": git("log", "-1", "--format=%h"), "src_dirty": bool(diff),
             "src_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None,
-            "src_changed_files": git("diff", "HEAD", "--name-only", "--", "src").split()}
+            "src_changed_files": git("diff", "HEAD", "--name-only", "--", "src").split(),
+            "benchmark_script_sha1": hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12],
+            "shoal_imported_from": str(Path(importlib.util.find_spec("shoal").origin).parent)}
 
 
 def fmt(v: Any, width: int, prec: int = 1) -> str:
@@ -710,7 +751,8 @@ def table_text(rows: list[dict[str, Any]]) -> str:
     cols = [("engine", "engine", 22, None), ("dtype", "dtype", 8, None), ("c", "conc", 4, None),
             ("end_to_end_tok_s", "e2e tok/s", 9, 1), ("gen_tok_s", "gen tok/s", 9, 1),
             ("ttft_ms_mean", "TTFT ms", 8, 1), ("itl_ms_mean", "ITL mean", 8, 2), ("itl_ms_p50", "ITL p50", 8, 2),
-            ("itl_ms_p90", "ITL p90", 8, 2), ("per_token_ms", "wall/N ms", 9, 2), ("other_cores", "others", 6, 2)]
+            ("itl_ms_p90", "ITL p90", 8, 2), ("per_token_ms", "wall/N ms", 9, 2), ("prefix_cached_tokens", "cached", 6, 0),
+            ("other_cores", "others", 6, 2)]
     lines = ["  ".join(h.rjust(w) if p is not None else h.ljust(w) for _, h, w, p in cols)]
     lines.append("  ".join("-" * w for _, _, w, _ in cols))
     for r in rows:
@@ -845,6 +887,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retries", type=int, default=2, help="repeats of a disturbed measurement (the least disturbed is kept)")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--no-json", action="store_true")
+    p.add_argument("--markdown", metavar="RESULTS_JSON",
+                   help="print Markdown tables for a saved results file (runs nothing)")
     args = p.parse_args(argv)
     if args.quick:
         args.concurrency, args.new_tokens = "1,8", 32
@@ -856,8 +900,79 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def markdown_report(results: dict[str, Any]) -> str:
+    """Markdown tables (results, ceilings, ratios, targets) from a saved results JSON."""
+    def num(v: Any, prec: int = 1) -> str:
+        return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.{prec}f}"
+
+    out = ["| engine | dtype | conc | e2e tok/s | gen tok/s | TTFT ms | ITL mean ms | ITL p50 ms | ITL p90 ms "
+           "| wall/N ms | cached | others |",
+           "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    for r in results["table"]:
+        cached = r.get("prefix_cached_tokens")
+        out.append(f"| {r['engine']} | {r['dtype']} | {r['c']} | {num(r['end_to_end_tok_s'])} | {num(r['gen_tok_s'])} "
+                   f"| {num(r['ttft_ms_mean'])} | {num(r.get('itl_ms_mean'), 2)} | {num(r.get('itl_ms_p50'), 2)} "
+                   f"| {num(r.get('itl_ms_p90'), 2)} | {num(r.get('per_token_ms'), 2)} "
+                   f"| {'-' if cached is None else cached} | {num(r.get('other_cores'), 2)} |")
+    ceil = results.get("ceilings", {})
+    if "bandwidth" in ceil:
+        bw, f = ceil["bandwidth"], ceil["flops_per_token"]
+        out += ["", "| ceiling | measured | tokens/s |", "|---|---|--:|"]
+        for name in ("float32", "bfloat16"):
+            b = bw[name]
+            out.append(f"| weight stream, {name} ({b['weight_bytes'] / 1e6:.0f} MB) | {b['best_ms']:.2f} ms = "
+                       f"{b['GB_s']:.1f} GB/s (one flat buffer; per-tensor sums: {1e3 / b['per_tensor_ceiling_tok_s']:.2f} ms) "
+                       f"| {b['ceiling_tok_s']:.1f} (per-tensor {b['per_tensor_ceiling_tok_s']:.1f}) |")
+        q = bw.get("gguf_q4_1", {})
+        if "ceiling_tok_s" in q:
+            out.append(f"| weight stream, GGUF Q4_1 ({q['weight_bytes'] / 1e6:.1f} MB) | at {q['GB_s_assumed']:.1f} GB/s "
+                       f"(computed, not timed) | {q['ceiling_tok_s']:.1f} |")
+        out.append(f"| DRAM probe ({bw['dram_probe']['bytes'] / 2 ** 20:.0f} MiB buffer sum) | "
+                   f"{bw['dram_probe']['GB_s']:.1f} GB/s | - |")
+        for name, g in ceil["gemm"].items():
+            out.append(f"| GEMM {g['size']}x{g['size']}x{g['size']}, {name} | {g['GFLOP_s']:.0f} GFLOP/s "
+                       f"/ {f['total'] / 1e6:.1f} MFLOP per token | {g['roofline_tok_s']:.0f} |")
+        for name, res in ceil.get("matmul_model_shapes", {}).items():
+            out.append(f"| torch matmuls only (model shapes), {name} | "
+                       + ", ".join(f"c={c}: {r['best_ms']:.1f} ms" for c, r in res.items()) + " | "
+                       + ", ".join(f"c={c}: {r['tok_s']:.0f}" for c, r in res.items()) + " |")
+        out.append("")
+        out.append(f"FLOPs per token: {f['linear'] / 1e6:.1f} M in the linear layers (2 x {results['model']['matmul_params'] / 1e6:.2f} M "
+                   f"matmul parameters: q/k/v/o, gate/up/down in {results['model']['layers']} layers, and the lm_head, which "
+                   f"is the tied embedding) + {f['attention'] / 1e6:.2f} M in attention (4 x layers x heads x head_dim x "
+                   f"context, context {f['context']:.0f} = mean prompt + half the new tokens) = {f['total'] / 1e6:.1f} M. "
+                   f"Norms, RoPE, activations and sampling are not counted.")
+    ratios = results.get("ratios", {})
+    out += ["", "| shoal dtype | conc | vs transformers same dtype (e2e / gen) | vs best transformers (e2e / gen) "
+            "| vs llama.cpp Q4_1 (e2e / gen) |", "|---|--:|---|---|---|"]
+    for dtype, per_c in ratios.get("vs_transformers", {}).items():
+        vl = ratios.get("vs_llama_cpp", {}).get(dtype, {})
+        for c, e in per_c.items():
+            same = f"{num(e.get('same_dtype_e2e'), 2)} / {num(e.get('same_dtype_gen'), 2)}"
+            best = f"{num(e.get('best_e2e'), 2)} / {num(e.get('best_gen'), 2)} ({e.get('best_dtype', '-')})"
+            ll = f"{num(vl.get(f'c{c}_batched_e2e'), 2)} / {num(vl.get(f'c{c}_batched_gen'), 2)} (batch API)"
+            if str(c) == "1" and "c1_e2e" in vl:
+                ll += f"; {num(vl['c1_e2e'], 2)} / {num(vl['c1_gen'], 2)} (Llama API)"
+            out.append(f"| {dtype} | {c} | {same} | {best} | {ll} |")
+    out += ["", "| shoal dtype | measure | fraction |", "|---|---|--:|"]
+    for dtype, vc in ratios.get("vs_ceilings", {}).items():
+        for k, v in vc.items():
+            out.append(f"| {dtype} | {k.replace('_', ' ')} | {v * 100:.1f}% |")
+    out += ["", "| shoal dtype | target | measured | goal | result |", "|---|---|--:|--:|---|"]
+    for t in ratios.get("targets", []):
+        verdict = "n/a" if t["pass"] is None else ("pass" if t["pass"] else "**miss**")
+        out.append(f"| {t['dtype']} | {t['target']} | {num(t['value'], 2)} | {t['goal']} | {verdict} |")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = parse_args(argv)
+    if args.markdown:
+        print(markdown_report(json.loads(Path(args.markdown).read_text())))
+        return 0
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -948,6 +1063,10 @@ def main(argv: list[str] | None = None) -> int:
                 checks[f"shoal-{sd}_vs_transformers-{hd}"] = {
                     c: agreement(sr["outputs"][c], hr["outputs"][c]) for c in args.concurrency
                     if c in sr["outputs"] and c in hr["outputs"]}
+    ll = results["llama_cpp"]
+    if "outputs" in ll.get("single", {}) and 1 in ll.get("batched", {}).get("outputs", {}):
+        checks["llama.cpp-Llama-API_vs_llama.cpp-batch-API"] = {1: agreement(ll["single"]["outputs"][1],
+                                                                             ll["batched"]["outputs"][1])}
     results["token_agreement"] = checks
 
     rows = build_rows(results)
@@ -956,14 +1075,21 @@ def main(argv: list[str] | None = None) -> int:
     results["total_runtime_s"] = time.perf_counter() - started
 
     print()
-    print(f"shoal benchmark  commit {results['git']['commit']}{' (+uncommitted src changes)' if results['git']['src_dirty'] else ''}"
+    g = results["git"]
+    if Path(g["shoal_imported_from"]) != REPO / "src" / "shoal":
+        code = f"shoal imported from {g['shoal_imported_from']} (checkout at commit {g['commit']})"
+    else:
+        code = f"commit {g['commit']}{' (+uncommitted src changes)' if g['src_dirty'] else ''}"
+    print(f"shoal benchmark  {code}"
           f"  {results['machine'].get('Model name', '?')}  torch {torch.__version__}  threads {torch.get_num_threads()}")
     print(f"{args.new_tokens} new tokens/request, greedy, ignore_eos; prompts {min(lens)}-{max(lens)} tokens; "
           f"all requests submitted at once")
     print()
     print(table_text(rows))
-    print("  (gen tok/s: after every request has its first token; transformers' gen = (N-1 tokens) / (t_N - t_1);"
-          " ITL for transformers = decode time per step; 'others' = cores used by other processes)")
+    print("  gen tok/s: tokens after every request has its first token / time from then to the last token;"
+          " transformers: c*(N-1) / (t_N - t_1).\n  ITL for transformers: (t_N - t_1)/(N-1); wall/N: batch wall time / N;"
+          " cached: prompt tokens served from shoal's prefix cache;\n  others: cores used by other processes during"
+          " the measurement.")
     ceil = results.get("ceilings", {})
     if "bandwidth" in ceil:
         print()
@@ -991,9 +1117,10 @@ def main(argv: list[str] | None = None) -> int:
     print(ratios_text(ratios, ceil))
     if checks:
         print()
-        print("Greedy token agreement (fraction of identical 64-token outputs):")
+        print(f"Greedy token agreement (identical {args.new_tokens}-token outputs; mean common prefix in tokens):")
         for k, v in checks.items():
-            print(f"  {k}: " + "  ".join(f"c={c}: {a['identical']:.2f}" for c, a in v.items()))
+            print(f"  {k}: " + "  ".join(f"c={c}: {a['identical']:.2f} / {a['mean_common_prefix']:.1f}"
+                                         for c, a in v.items()))
     if results["errors"]:
         print()
         print("Errors:", *[f"  {e['section']}: {e['error']}" for e in results["errors"]], sep="\n")
@@ -1010,7 +1137,8 @@ def main(argv: list[str] | None = None) -> int:
         for section_results in (results["shoal"], results["transformers"], results["llama_cpp"]):
             for r in section_results.values():
                 if isinstance(r, dict):
-                    r.pop("outputs", None)  # keep the JSON small; agreement is recorded above
+                    if "outputs" in r:  # keep the JSON small: only the single-stream tokens
+                        r["outputs"] = {c: v for c, v in r["outputs"].items() if c == 1}
         path.write_text(json.dumps(results, indent=1, default=str))
         print(f"Wrote {path}")
     return 1 if results["errors"] else 0
