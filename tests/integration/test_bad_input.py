@@ -48,3 +48,22 @@ def test_abort_frees_blocks_and_reports(make_tiny_engine):
     while engine.has_unfinished_requests():
         engine.step()
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def test_a_sequence_that_outgrows_the_whole_cache_finishes_with_length(make_tiny_engine):
+    per_token = make_tiny_engine().model.kv_bytes_per_token()
+    engine = make_tiny_engine(kv_cache_bytes=8 * 4 * per_token)  # 32 token slots in all
+    engine.add_request("big", list(range(3, 13)), SamplingParams(max_tokens=100, ignore_eos=True))
+    engine.add_request("small", [5, 6], SamplingParams(max_tokens=4, ignore_eos=True))
+    finished = {}
+    for _ in range(500):
+        for output in engine.step():
+            if output.finished:
+                finished[output.request_id] = output
+        engine.check_integrity()
+        if not engine.has_unfinished_requests():
+            break
+    assert set(finished) == {"big", "small"}
+    big = finished["big"].outputs[0]
+    assert big.finish_reason == "length" and 10 + len(big.token_ids) >= 28
+    assert len(finished["small"].outputs[0].token_ids) == 4

@@ -139,8 +139,10 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         """Runs one iteration: schedule, forward, sample, detokenize, retire finished requests."""
         chunks = self.scheduler.schedule(self.batch_controller.limit)
+        outputs = [self._output(seq, [], self.streams[seq.request_id].take_new_text()) for seq in self.scheduler.outgrown]
+        self.scheduler.outgrown.clear()
         if not chunks:
-            return []
+            return outputs
         started = time.perf_counter()
         logits = self.runner.execute(chunks)
         completing = [c for c in chunks if c.completes_sequence]
@@ -153,7 +155,6 @@ class LLMEngine:
             self.block_manager.commit_computed(chunk.seq)
             # Everything but the newest sampled token is prompt (or recomputed) work.
             self.prompt_tokens_computed += chunk.length - (chunk.completes_sequence and bool(chunk.seq.output_token_ids))
-        outputs = []
         for chunk, token in zip(completing, sampled):
             seq = chunk.seq
             seq.output_token_ids.append(token.token_id)

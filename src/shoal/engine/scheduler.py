@@ -38,6 +38,8 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        # Sequences finished because they no longer fit the whole KV cache; the engine reports them.
+        self.outgrown: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -90,13 +92,21 @@ class Scheduler:
             if not self.block_manager.append_slots(seq, length):
                 self.block_manager.free(seq)
                 seq.num_computed_tokens = 0
-                break
+                if self.running or not self._outgrew_the_cache(seq):
+                    break
+                # Alone with the whole cache and still too long: it has used all the room there is.
+                self.finish(seq, "length")
+                self.outgrown.append(seq)
+                continue
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
             budget -= length
         return chunks
+
+    def _outgrew_the_cache(self, seq: Sequence) -> bool:
+        return self.block_manager.blocks_needed(seq.num_tokens) > self.block_manager.num_blocks
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
