@@ -1,0 +1,17 @@
+"""Without prepacking, the engine computes straight from the memory-mapped cache file's pages."""
+from __future__ import annotations
+
+
+def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine):
+    engine = make_tiny_engine(prepack_weights=False)
+    mapped = engine.checkpoint.weights
+    layer = engine.model.layers[0]
+    assert layer.down.weights[0].data_ptr() == mapped["model.layers.0.mlp.down_proj.weight"].data_ptr()
+    assert [w.data_ptr() for w in layer.qkv.weights] == [
+        mapped[f"model.layers.0.self_attn.{p}_proj.weight"].data_ptr() for p in "qkv"]
+    assert engine.model.embed.data_ptr() == mapped["model.embed_tokens.weight"].data_ptr()
+
+
+def test_prepacked_engine_uses_packed_kernels(make_tiny_engine):
+    assert make_tiny_engine().model.layers[0].down.backend == "mkl"  # float32 on the MKL torch build
+    assert make_tiny_engine(dtype="bfloat16").model.layers[0].down.backend == "onednn"
