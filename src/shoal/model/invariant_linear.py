@@ -52,7 +52,7 @@ class InvariantLinear:
         rows, tile = x.shape[0], self.tile_rows
         padded = -(-rows // tile) * tile
         if padded != rows:
-            x = torch.cat([x, x.new_zeros(padded - rows, x.shape[1])])
+            x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
         if padded == tile:
             return self._multiply(x)[:rows]
         return torch.cat([self._multiply(x[start:start + tile]) for start in range(0, padded, tile)])[:rows]

@@ -35,7 +35,7 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Precomputed cos/sin tables indexed by absolute position.
+    """Precomputed cos and sign-folded sin tables indexed by absolute position.
 
     Uses the Hugging Face half-split layout (rotate_half), which is the layout all loaders produce.
     """
@@ -48,16 +48,17 @@ class RotaryEmbedding(torch.nn.Module):
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        # rotate_half(x) * sin == roll(x, D/2) * signed_sin, with the first half of sin negated.
+        half = config.head_dim // 2
+        self.register_buffer("signed_sin", torch.cat([-emb[:, :half].sin(), emb[:, half:].sin()], dim=-1),
+                             persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin for the given positions, [T, 1, D] each; computed once per step."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        """cos and signed sin for the given positions, [T, 1, D] each; computed once per step."""
+        return self.cos[positions].unsqueeze(1), self.signed_sin[positions].unsqueeze(1)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
     """Rotates x [T, heads, D] by the per-token tables; math in float32, result in x's dtype."""
-    half = x.shape[-1] // 2
     xf = x.float()
-    rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
-    return (xf * cos + rotated * sin).to(x.dtype)
+    return (xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * signed_sin).to(x.dtype)
