@@ -69,6 +69,19 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from shoal.engine.async_engine import AsyncLLMEngine
+    from shoal.worker.server import create_app
+
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                    kv_cache_bytes=args.kv_cache_bytes))
+    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -79,6 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     _engine_args(gen_parser)
     gen_parser.add_argument("prompts", nargs="+")
     gen_parser.set_defaults(run=generate)
+    worker_parser = commands.add_parser("worker", help="serve one replica over OpenAI-compatible HTTP")
+    _engine_args(worker_parser)
+    worker_parser.add_argument("--host", default="127.0.0.1")
+    worker_parser.add_argument("--port", type=int, default=8000)
+    worker_parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    worker_parser.add_argument("--served-model-name", default=None)
+    worker_parser.set_defaults(run=worker)
     args = parser.parse_args(argv)
     return args.run(args)
 
