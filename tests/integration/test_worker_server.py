@@ -105,3 +105,18 @@ def test_malformed_json_is_a_400(worker_url):
     response = httpx.post(worker_url + "/v1/completions", content=b"{not json", timeout=30,
                           headers={"content-type": "application/json"})
     assert response.status_code == 400
+
+
+def test_client_disconnect_mid_stream_frees_the_request(worker_url):
+    body = {"model": MODEL, "prompt": "a long story", "max_tokens": 400, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", worker_url + "/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        assert httpx.get(worker_url + "/load").json()["running"] == 1
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        load = httpx.get(worker_url + "/load").json()
+        if load["running"] == 0 and load["waiting"] == 0:
+            break
+        time.sleep(0.1)
+    assert load["running"] == 0 and load["free_kv_blocks"] == load["num_kv_blocks"]

@@ -51,6 +51,16 @@ def create_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
     async def health() -> dict:
         return {}
 
+    @app.get("/load")
+    async def load() -> dict:
+        """Compact load report for routers (read without locking: each figure is one atomic read)."""
+        stats = engine.engine.stats()
+        block_manager = engine.engine.block_manager
+        return {"model": model_name, "max_model_len": max_model_len, "running": stats.num_running,
+                "waiting": stats.num_waiting, "free_kv_blocks": block_manager.num_free_blocks,
+                "num_kv_blocks": stats.num_kv_blocks, "block_size": block_manager.block_size,
+                "kv_cache_usage": stats.kv_cache_usage}
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "shoal",
