@@ -73,12 +73,15 @@ def worker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shoal.engine.async_engine import AsyncLLMEngine
+    from shoal.worker.drain import DrainingServer, DrainState
     from shoal.worker.server import create_app
 
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     kv_cache_bytes=args.kv_cache_bytes))
-    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    drain = DrainState()
+    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model, drain)
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    DrainingServer(config, drain, args.drain_grace_s).run()
     return 0
 
 
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--port", type=int, default=8000)
     worker_parser.add_argument("--kv-cache-bytes", type=int, default=None)
     worker_parser.add_argument("--served-model-name", default=None)
+    worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
+                               help="on SIGTERM, how long in-flight requests may take to finish")
     worker_parser.set_defaults(run=worker)
     args = parser.parse_args(argv)
     return args.run(args)

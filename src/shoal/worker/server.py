@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.outputs import RequestOutput
 from shoal.errors import InvalidRequestError
+from shoal.worker.drain import DrainState, InFlightMiddleware
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
@@ -27,9 +28,11 @@ class ModelNotFound(Exception):
     pass
 
 
-def create_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
+def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None = None) -> FastAPI:
     """The worker's ASGI app. Invariant: a client's mistake is a 4xx for that request only."""
     app = FastAPI(title="shoal worker")
+    drain = drain or DrainState()
+    app.add_middleware(InFlightMiddleware, state=drain)
     tokenizer = engine.engine.tokenizer
     max_model_len = engine.engine.max_model_len
 
@@ -50,6 +53,10 @@ def create_app(engine: AsyncLLMEngine, model_name: str) -> FastAPI:
     @app.get("/health")
     async def health() -> dict:
         return {}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        return JSONResponse({"ready": not drain.draining}, status_code=503 if drain.draining else 200)
 
     @app.get("/load")
     async def load() -> dict:

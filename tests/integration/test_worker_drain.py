@@ -1,0 +1,53 @@
+"""SIGTERM drains a worker: not ready, new requests get 503 + Retry-After, the in-flight stream
+finishes whole, and the process exits 0."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from tests.integration.test_worker_server import free_port
+
+
+def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shoal.cli", "worker", "--dtype", "bfloat16", "--port", str(port),
+         "--served-model-name", "m", "--kv-cache-bytes", str(32 << 20)],
+        env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "stream": True, "ignore_eos": True}
+        tokens, finish = [], None
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            first = next(line for line in lines if line.startswith("data:"))
+            tokens += json.loads(first[5:])["choices"][0]["token_ids"]
+            process.send_signal(signal.SIGTERM)
+            time.sleep(0.1)
+            assert httpx.get(url + "/ready", timeout=5).status_code == 503
+            refused = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=5)
+            assert refused.status_code == 503 and refused.headers["retry-after"]
+            for line in lines:
+                if line.startswith("data:") and line != "data: [DONE]":
+                    choice = json.loads(line[5:])["choices"][0]
+                    tokens += choice["token_ids"]
+                    finish = choice["finish_reason"] or finish
+        assert len(tokens) == 64 and finish == "length"
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
