@@ -120,3 +120,18 @@ def test_client_disconnect_mid_stream_frees_the_request(worker_url):
             break
         time.sleep(0.1)
     assert load["running"] == 0 and load["free_kv_blocks"] == load["num_kv_blocks"]
+
+
+def test_logprobs_in_completions_and_chat(client):
+    completion = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0, logprobs=2,
+                                           extra_body={"ignore_eos": True})
+    lp = completion.choices[0].logprobs
+    assert len(lp.token_logprobs) == 3 and all(v <= 0 for v in lp.token_logprobs)
+    assert all(len(top) == 2 for top in lp.top_logprobs)
+    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
+                                          temperature=0, logprobs=True, top_logprobs=2,
+                                          extra_body={"ignore_eos": True})
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
+    # Greedy: the sampled token is the most likely one.
+    assert all(c.logprob == max(t.logprob for t in c.top_logprobs) for c in content)

@@ -111,12 +111,13 @@ async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: lis
     # Start every choice before answering, so that bad input is a 400 and not a broken stream.
     firsts = [await _first(s) for s in streams]
     meta = {"id": request_id, "created": int(time.time()), "model": model_name}
+    render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage),
+        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render),
                                  media_type="text/event-stream")
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
-    return _full_response(finals, meta, chat, len(prompt_ids))
+    return _full_response(finals, meta, chat, len(prompt_ids), render)
 
 
 async def _first(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -135,18 +136,18 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_tokens: int) -> dict:
+def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_tokens: int,
+                   render: LogprobRenderer) -> dict:
     choices = []
     for index, final in enumerate(finals):
         out = final.outputs[0]
         choice = {"index": index, "finish_reason": _finish(out.finish_reason), "token_ids": out.token_ids,
                   "seed": final.seed}
+        choice["logprobs"] = render(out.token_ids, out.logprobs)
         if chat:
             choice["message"] = {"role": "assistant", "content": out.text}
-            choice["logprobs"] = None
         else:
             choice["text"] = out.text
-            choice["logprobs"] = None
         choices.append(choice)
     completion_tokens = sum(len(f.outputs[0].token_ids) for f in finals)
     return {**meta, "object": "chat.completion" if chat else "text_completion", "choices": choices,
@@ -157,7 +158,8 @@ def _finish(reason: str | None) -> str | None:
     return {"abort": "abort"}.get(reason, reason)
 
 
-async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool):
+async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool,
+               render: LogprobRenderer):
     """Merges the choices' outputs into SSE chunks; abandoning it (client gone) aborts every choice."""
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -184,11 +186,13 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
             completion_tokens += len(output.new_token_ids)
             choice = {"index": index, "finish_reason": _finish(output.outputs[0].finish_reason) if output.finished
                       else None, "token_ids": output.new_token_ids, "seed": output.seed}
+            new = len(output.new_token_ids)
+            entries = output.outputs[0].logprobs
+            choice["logprobs"] = render(output.new_token_ids, entries[len(entries) - new:] if entries else None)
             if chat:
                 choice["delta"] = {"content": output.new_text} if output.new_text else {}
             else:
                 choice["text"] = output.new_text
-                choice["logprobs"] = None
             yield _event({**meta, "object": kind, "choices": [choice]})
         if include_usage:
             yield _event({**meta, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
@@ -198,6 +202,33 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
             task.cancel()
         for stream in streams:
             await stream.aclose()
+
+
+class LogprobRenderer:
+    """Engine logprobs ({sampled id: lp, top ids...} per token) in OpenAI's completion or chat shape."""
+
+    def __init__(self, tokenizer, top: int | None, chat: bool):
+        self.tokenizer = tokenizer
+        self.top = top
+        self.chat = chat
+
+    def _piece(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+    def __call__(self, token_ids: list[int], entries: list[dict[int, float]] | None) -> dict | None:
+        if self.top is None or entries is None:
+            return None
+        pieces = [self._piece(t) for t in token_ids]
+        tops = [sorted(e.items(), key=lambda kv: -kv[1])[:self.top] for e in entries]
+        sampled = [e.get(t) for t, e in zip(token_ids, entries)]
+        if self.chat:
+            return {"content": [
+                {"token": piece, "logprob": lp, "bytes": list(piece.encode()),
+                 "top_logprobs": [{"token": self._piece(i), "logprob": v, "bytes": list(self._piece(i).encode())}
+                                  for i, v in top]}
+                for piece, lp, top in zip(pieces, sampled, tops)]}
+        return {"tokens": pieces, "token_logprobs": sampled,
+                "top_logprobs": [{self._piece(i): v for i, v in top} for top in tops], "text_offset": []}
 
 
 def _event(payload: dict) -> str:
