@@ -3,33 +3,18 @@ finishes whole, and the process exits 0."""
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import httpx
 
-from tests.integration.test_worker_server import free_port
+from tests.integration.test_worker_server import start_worker
 
 
 def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shoal.cli", "worker", "--dtype", "bfloat16", "--port", str(port),
-         "--served-model-name", "m", "--kv-cache-bytes", str(32 << 20)],
-        env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir)}, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE)
+    process, url = start_worker(["--dtype", "bfloat16", "--served-model-name", "m", "--kv-cache-bytes",
+                                 str(32 << 20)], shoal_cache_dir)
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "stream": True, "ignore_eos": True}
         tokens, finish = [], None
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:

@@ -20,25 +20,28 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def worker_url(tiny_model_dir, shoal_cache_dir):
+def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
+    """Starts `shoal worker ARGS` on a free loopback port; returns once /ready answers 200."""
     port = free_port()
-    env = {**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir)}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shoal.cli", "worker", "--model", str(tiny_model_dir), "--dtype", "float32",
-         "--port", str(port), "--served-model-name", MODEL, "--kv-cache-bytes", str(8 << 20)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
+                               env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                break
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return process, url
         except httpx.HTTPError:
             time.sleep(0.2)
-    else:
-        process.kill()
-        pytest.fail(f"worker did not start: {process.stderr.read().decode()[-2000:]}")
+    process.kill()
+    pytest.fail(f"worker did not start: {process.stderr.read().decode()[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def worker_url(tiny_model_dir, shoal_cache_dir):
+    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
+                                 "--kv-cache-bytes", str(8 << 20)], shoal_cache_dir)
     yield url
     process.terminate()
     process.wait(timeout=30)
