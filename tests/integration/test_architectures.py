@@ -4,9 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from shoal import LLM
 from tests.conftest import write_tiny_tokenizer
-from tests.integration.test_golden_transformers import forward_logits
+from tests.integration.test_golden_transformers import max_logit_difference
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
@@ -35,9 +34,4 @@ def test_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
             p.normal_(0, 0.2)
     reference.save_pretrained(tmp_path)
     write_tiny_tokenizer(tmp_path)
-    llm = LLM(str(tmp_path), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4,
-              cache_dir=str(shoal_cache_dir))
-    ids = list(range(3, 123))
-    with torch.no_grad():
-        expected = reference(torch.tensor([ids])).logits[0]
-    assert (forward_logits(llm, ids) - expected).abs().max().item() <= 1e-3
+    assert max_logit_difference(reference, tmp_path, shoal_cache_dir, list(range(3, 123))) <= 1e-3

@@ -33,6 +33,15 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     return engine.model.compute_logits(hidden)
 
 
+def max_logit_difference(reference, model_dir, cache_dir, ids: list[int]) -> float:
+    """Largest |shoal - transformers| logit over a prompt, for a tiny checkpoint directory."""
+    llm = LLM(str(model_dir), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4,
+              cache_dir=str(cache_dir))
+    with torch.no_grad():
+        expected = reference(torch.tensor([ids])).logits[0]
+    return (forward_logits(llm, ids) - expected).abs().max().item()
+
+
 @pytest.fixture(scope="module")
 def smollm2_source() -> Path:
     return resolve_model("smollm2-135m-instruct").path
@@ -57,12 +66,7 @@ def test_tiny_model_logits_match(tiny_model_dir, shoal_cache_dir):
     import transformers
 
     reference = transformers.AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32).eval()
-    llm = LLM(str(tiny_model_dir), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4,
-              cache_dir=str(shoal_cache_dir))
-    ids = list(range(3, 60))
-    with torch.no_grad():
-        expected = reference(torch.tensor([ids])).logits[0]
-    assert (forward_logits(llm, ids) - expected).abs().max().item() <= 1e-3
+    assert max_logit_difference(reference, tiny_model_dir, shoal_cache_dir, list(range(3, 60))) <= 1e-3
 
 
 def test_smollm2_logits_match(smollm2_transformers, shoal_cache_dir):

@@ -23,7 +23,7 @@ class OutputStream:
         self.max_total_tokens = max_model_len
         self.num_prompt_tokens = len(prompt_token_ids)
         self.holdback = max((len(s) for s in params.stop), default=1) - 1
-        self.token_ids: list[int] = []
+        self.num_tokens = 0
         self.logprobs: list[dict[int, float]] | None = [] if params.logprobs is not None else None
         self.cumulative_logprob = 0.0
         self.text = ""
@@ -34,7 +34,7 @@ class OutputStream:
     def resume(self, token_ids: list[int]) -> None:
         """Takes output tokens generated elsewhere as already produced and already handed out."""
         for token in token_ids:
-            self.token_ids.append(token)
+            self.num_tokens += 1
             if self.logprobs is not None:
                 self.logprobs.append({})
             self.text += self.detokenizer.add(token)
@@ -42,12 +42,12 @@ class OutputStream:
 
     def banned_token_ids(self) -> tuple[int, ...]:
         """Tokens that may not be sampled yet (stop tokens before min_tokens)."""
-        return tuple(sorted(self.stop_ids)) if len(self.token_ids) < self.params.min_tokens else ()
+        return tuple(sorted(self.stop_ids)) if self.num_tokens < self.params.min_tokens else ()
 
     def append(self, sampled: SampledToken) -> None:
         """Adds one token; sets finish_reason when the request is done."""
         token = sampled.token_id
-        self.token_ids.append(token)
+        self.num_tokens += 1
         if self.logprobs is not None:
             self.logprobs.append({token: sampled.logprob, **(sampled.top_logprobs or {})})
             self.cumulative_logprob += sampled.logprob
@@ -58,7 +58,7 @@ class OutputStream:
         self.text += self.detokenizer.add(token)
         if self.params.stop and self._truncate_at_stop_string():
             return
-        if len(self.token_ids) >= self.params.max_tokens or self.num_prompt_tokens + len(self.token_ids) >= self.max_total_tokens:
+        if self.num_tokens >= self.params.max_tokens or self.num_prompt_tokens + self.num_tokens >= self.max_total_tokens:
             self.finish_reason = "length"
             self.text += self.detokenizer.flush()
 

@@ -141,7 +141,7 @@ def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_t
     choices = []
     for index, final in enumerate(finals):
         out = final.outputs[0]
-        choice = {"index": index, "finish_reason": _finish(out.finish_reason), "token_ids": out.token_ids,
+        choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids,
                   "seed": final.seed}
         choice["logprobs"] = render(out.token_ids, out.logprobs)
         if chat:
@@ -152,10 +152,6 @@ def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_t
     completion_tokens = sum(len(f.outputs[0].token_ids) for f in finals)
     return {**meta, "object": "chat.completion" if chat else "text_completion", "choices": choices,
             "usage": _usage(prompt_tokens, completion_tokens)}
-
-
-def _finish(reason: str | None) -> str | None:
-    return {"abort": "abort"}.get(reason, reason)
 
 
 async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool,
@@ -184,7 +180,7 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
                 remaining -= 1
                 continue
             completion_tokens += len(output.new_token_ids)
-            choice = {"index": index, "finish_reason": _finish(output.outputs[0].finish_reason) if output.finished
+            choice = {"index": index, "finish_reason": output.outputs[0].finish_reason if output.finished
                       else None, "token_ids": output.new_token_ids, "seed": output.seed}
             new = len(output.new_token_ids)
             entries = output.outputs[0].logprobs
