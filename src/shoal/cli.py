@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import sys
 from collections.abc import Iterator
 
@@ -69,17 +71,39 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+
+
+def kv_cache_budget(text: str) -> dict:
+    """`--kv-cache` as EngineConfig fields: a fraction of free memory ("0.3") or a size ("512MiB", "2GB")."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    unit = match and match.group(2).upper()
+    if not match or unit not in SIZE_UNITS:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction like 0.3 nor a size like 512MiB")
+    value = float(match.group(1))
+    if not unit and value < 1:
+        if value <= 0:
+            raise argparse.ArgumentTypeError("the KV-cache fraction must be positive")
+        return {"kv_cache_fraction": value}
+    return {"kv_cache_bytes": int(value * SIZE_UNITS[unit])}
+
+
 def worker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shoal.engine.async_engine import AsyncLLMEngine
+    from shoal.engine.calibration import calibrate
+    from shoal.worker.admission import AdmissionLimits
     from shoal.worker.drain import DrainingServer, DrainState
     from shoal.worker.server import create_app
 
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                    kv_cache_bytes=args.kv_cache_bytes))
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, **(args.kv_cache or {})))
+    calibration = calibrate(engine)
+    logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
-    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model, drain)
+    limits = AdmissionLimits(max_body_bytes=args.max_body_bytes, max_waiting_requests=args.max_waiting_requests)
+    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model, drain, calibration, limits)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     DrainingServer(config, drain, args.drain_grace_s).run()
     return 0
@@ -99,7 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     _engine_args(worker_parser)
     worker_parser.add_argument("--host", default="127.0.0.1")
     worker_parser.add_argument("--port", type=int, default=8000)
-    worker_parser.add_argument("--kv-cache-bytes", type=int, default=None)
+    worker_parser.add_argument("--kv-cache", type=kv_cache_budget, default=None,
+                               help="KV-cache budget: a size (512MiB, 2GB) or a fraction of free memory (0.3)")
+    worker_parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
+                               help="larger request bodies are refused with 413")
+    worker_parser.add_argument("--max-waiting-requests", type=int, default=1024,
+                               help="beyond this many queued requests, new ones get 503 + Retry-After")
     worker_parser.add_argument("--served-model-name", default=None)
     worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
                                help="on SIGTERM, how long in-flight requests may take to finish")

@@ -30,3 +30,7 @@ class InvalidSamplingParamsError(InvalidRequestError):
 
 class DuplicateRequestError(InvalidRequestError):
     """A request with this id is already running."""
+
+
+class EngineRequestError(ShoalError):
+    """The engine failed while computing this request (maps to HTTP 500); other requests go on."""

@@ -12,8 +12,7 @@ from tests.integration.test_worker_server import start_worker
 
 
 def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):
-    process, url = start_worker(["--dtype", "bfloat16", "--served-model-name", "m", "--kv-cache-bytes",
-                                 str(32 << 20)], shoal_cache_dir)
+    process, url = start_worker(["--dtype", "bfloat16", "--served-model-name", "m", "--kv-cache", "32MiB"], shoal_cache_dir)
     try:
         body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "stream": True, "ignore_eos": True}
         tokens, finish = [], None

@@ -10,6 +10,7 @@ import time
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 MODEL = "tiny"
 
@@ -41,7 +42,7 @@ def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
 @pytest.fixture(scope="module")
 def worker_url(tiny_model_dir, shoal_cache_dir):
     process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-                                 "--kv-cache-bytes", str(8 << 20)], shoal_cache_dir)
+                                 "--kv-cache", "8MiB"], shoal_cache_dir)
     yield url
     process.terminate()
     process.wait(timeout=30)
@@ -110,19 +111,92 @@ def test_malformed_json_is_a_400(worker_url):
     assert response.status_code == 400
 
 
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as {series name with labels: value}, label-free names for single series."""
+    values = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "le")}
+            key = sample.name + ("" if not labels else str(sorted(labels.items())))
+            if "le" not in sample.labels:
+                values[key] = sample.value
+    return values
+
+
 def test_client_disconnect_mid_stream_frees_the_request(worker_url):
     body = {"model": MODEL, "prompt": "a long story", "max_tokens": 400, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", worker_url + "/v1/completions", json=body, timeout=30) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
-        assert httpx.get(worker_url + "/load").json()["running"] == 1
+        during = scrape(worker_url)
+        assert during["shoal:num_requests_running"] == 1 and during["shoal:kv_cache_usage_perc"] > 0
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        load = httpx.get(worker_url + "/load").json()
-        if load["running"] == 0 and load["waiting"] == 0:
+        after = scrape(worker_url)
+        if after["shoal:num_requests_running"] == 0 and after["shoal:kv_cache_usage_perc"] == 0:
             break
         time.sleep(0.1)
+    assert after["shoal:num_requests_running"] == 0 and after["shoal:num_requests_waiting"] == 0
+    assert after["shoal:kv_cache_usage_perc"] == 0
+    load = httpx.get(worker_url + "/load").json()
     assert load["running"] == 0 and load["free_kv_blocks"] == load["num_kv_blocks"]
+
+
+def test_metrics_have_vllm_names_and_count_what_was_served(worker_url, client):
+    before = scrape(worker_url)
+    for name in ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries_total",
+                 "prefix_cache_hits_total", "prompt_tokens_total", "generation_tokens_total",
+                 "num_preemptions_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count",
+                 "e2e_request_latency_seconds_count", "process_resident_memory_bytes"]:
+        assert f"shoal:{name}" in before, name
+    assert 0 <= before["shoal:device_utilization_perc[('device', 'cpu')]"] <= 1
+    assert before["shoal:device_memory_total_bytes[('device', 'cpu')]"] > 0
+    result = client.completions.create(model=MODEL, prompt="hello", max_tokens=6, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    after = scrape(worker_url)
+
+    def delta(name: str) -> float:
+        return after[f"shoal:{name}"] - before.get(f"shoal:{name}", 0)
+
+    assert delta("prompt_tokens_total") == result.usage.prompt_tokens == 5
+    assert delta("generation_tokens_total") == 6
+    assert delta("prefix_cache_queries_total") == 5
+    assert delta("time_to_first_token_seconds_count") == 1 and delta("e2e_request_latency_seconds_count") == 1
+    assert delta("inter_token_latency_seconds_count") == 5
+    assert delta("request_success_total[('finished_reason', 'length')]") == 1
+
+
+def test_canary_generates_one_token_within_its_deadline(worker_url):
+    response = httpx.get(worker_url + "/health/canary", params={"timeout_s": 30}, timeout=40)
+    assert response.status_code == 200
+    body = response.json()
+    assert body["ok"] is True and len(body["token_ids"]) == 1 and body["latency_s"] < 30
+
+
+def test_load_report_has_queue_memory_speed_and_capability(worker_url):
+    load = httpx.get(worker_url + "/load").json()
+    assert load["model"] == MODEL and load["max_model_len"] > 0 and load["block_size"] > 0
+    for key in ("running", "waiting", "outstanding_prefill_tokens", "outstanding_decode_tokens", "free_kv_blocks"):
+        assert isinstance(load[key], int) and load[key] >= 0, key
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "capability"):
+        assert load[key] > 0, key
+    assert load["calibration"]["batch"] >= 1 and load["draining"] is False
+
+
+def test_outstanding_tokens_are_reported_while_a_request_runs(worker_url):
+    body = {"model": MODEL, "prompt": "count", "max_tokens": 500, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", worker_url + "/v1/completions", json=body, timeout=30) as response:
+        lines = response.iter_lines()  # kept: dropping the iterator would close the stream
+        assert next(line for line in lines if line.startswith("data:"))
+        load = httpx.get(worker_url + "/load").json()
+    assert load["running"] == 1 and 0 < load["outstanding_decode_tokens"] < 500
+
+
+def test_oversized_body_is_a_413(worker_url, client):
+    body = {"model": MODEL, "prompt": "x" * (5 << 20)}
+    response = httpx.post(worker_url + "/v1/completions", json=body, timeout=30)
+    assert response.status_code == 413 and response.json()["error"]["code"] == 413
+    assert client.completions.create(model=MODEL, prompt="ok", max_tokens=2).choices[0].text is not None
 
 
 def test_logprobs_in_completions_and_chat(client):

@@ -2,6 +2,8 @@
 
 All engine state is touched by that thread only; callers talk to it through a command queue and get
 outputs through per-request asyncio queues, so a slow step never blocks the caller's event loop.
+Other threads read the engine's figures from `stats`, a snapshot the engine thread republishes after
+every command and step.
 """
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from shoal.engine.engine import LLMEngine
+from shoal.engine.engine import EngineStats, LLMEngine
 from shoal.engine.outputs import RequestOutput
 from shoal.engine.sampling_params import SamplingParams
+from shoal.errors import EngineRequestError
 
 log = logging.getLogger(__name__)
 
@@ -38,17 +41,20 @@ class AsyncLLMEngine:
         self._commands: queue.Queue = queue.Queue()
         self._subscribers: dict[str, _Subscriber] = {}
         self._stopped = threading.Event()
+        self.stats: EngineStats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="shoal-engine", daemon=True)
         self._thread.start()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
-                       request_id: str | None = None) -> AsyncIterator[RequestOutput]:
-        """Yields one RequestOutput per step that produced tokens for this request."""
+                       request_id: str | None = None, jump_queue: bool = False) -> AsyncIterator[RequestOutput]:
+        """Yields one RequestOutput per step that produced tokens for this request. Raises the
+        request's InvalidRequestError before the first output, or EngineRequestError if the engine
+        failed this request."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         accepted = loop.create_future()
         subscriber = _Subscriber(loop, asyncio.Queue())
-        self._commands.put(("add", request_id, prompt, params, subscriber, accepted))
+        self._commands.put(("add", request_id, prompt, params, jump_queue, subscriber, accepted))
         await accepted
         finished = False
         try:
@@ -57,6 +63,8 @@ class AsyncLLMEngine:
                 if isinstance(item, BaseException):
                     raise item
                 finished = item.finished
+                if item.error:
+                    raise EngineRequestError(item.error)
                 yield item
         finally:
             if not finished:
@@ -82,13 +90,16 @@ class AsyncLLMEngine:
                 self._handle(command)
             elif not idle:
                 self._step()
+            else:
+                continue
+            self.stats = self.engine.stats()
 
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, prompt, params, subscriber, accepted = command
+            _, request_id, prompt, params, jump_queue, subscriber, accepted = command
             try:
-                self.engine.add_request(request_id, prompt, params)
+                self.engine.add_request(request_id, prompt, params, jump_queue=jump_queue)
             except Exception as exc:  # bad input: reported to this caller only
                 subscriber.loop.call_soon_threadsafe(_settle, accepted, exc)
                 return

@@ -13,12 +13,14 @@ from shoal.engine.block_manager import BlockManager
 from shoal.engine.config import EngineConfig
 from shoal.engine.memory import free_memory_bytes, num_kv_blocks
 from shoal.engine.model_runner import ModelRunner
+from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
-from shoal.engine.sampler import SamplingRow, sample
+from shoal.engine.sampler import SampledToken, SamplingRow, sample
 from shoal.engine.sampling_params import SamplingParams
-from shoal.engine.scheduler import Scheduler
+from shoal.engine.scheduler import ScheduledChunk, Scheduler
 from shoal.engine.sequence import Sequence
+from shoal.engine.speed import SpeedEstimator
 from shoal.errors import DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError
 from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
@@ -29,19 +31,33 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineStats:
-    """Counters and gauges for metrics. prefix_cache_hit_tokens counts prompt tokens found cached."""
+    """Counters and gauges for metrics and load reports.
+
+    prefix_cache_hit_tokens counts prompt tokens found cached; prompt_tokens counts the prompt tokens
+    of requests that reached their first token (vLLM's meaning), prompt_tokens_computed the tokens
+    actually run through prefill (recomputation included). Outstanding prefill tokens are prompt
+    tokens not yet in the KV cache; outstanding decode tokens are what max_tokens still allows.
+    """
 
     num_running: int
     num_waiting: int
     kv_cache_usage: float
     num_kv_blocks: int
+    num_free_blocks: int
+    block_size: int
     max_cached_tokens: int
     prefix_cache_query_tokens: int
     prefix_cache_hit_tokens: int
     num_preemptions: int
     batch_size_limit: int
+    prompt_tokens: int
     prompt_tokens_computed: int
     generation_tokens: int
+    outstanding_prefill_tokens: int
+    outstanding_decode_tokens: int
+    prefill_tokens_per_s: float | None
+    decode_tokens_per_s: float | None
+    decode_step_s: float | None
 
 
 class LLMEngine:
@@ -80,10 +96,19 @@ class LLMEngine:
         self.streams: dict[str, OutputStream] = {}
         self.prompts: dict[str, str | None] = {}
         self._seed_source = random.Random(config.seed)
-        self.prompt_tokens_computed = 0
-        self.generation_tokens = 0
+        self.speed = SpeedEstimator()
+        self.observer: RequestObserver | None = None
+        self.reset_counters()
         log.info("engine ready: model=%s dtype=%s device=%s kv_blocks=%d (%d tokens)", config.model,
                  self.dtype, self.device, blocks, self.max_cached_tokens)
+
+    def reset_counters(self) -> None:
+        """Zeroes the cumulative counters (after calibration, so metrics count served work only)."""
+        self.prompt_tokens = 0
+        self.prompt_tokens_computed = 0
+        self.generation_tokens = 0
+        self.block_manager.prefix_queries = self.block_manager.prefix_hits = 0
+        self.scheduler.num_preemptions = 0
 
     @property
     def max_cached_tokens(self) -> int:
@@ -91,7 +116,7 @@ class LLMEngine:
         return self.block_manager.num_blocks * self.block_manager.block_size
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    resume_token_ids: list[int] | None = None) -> Sequence:
+                    resume_token_ids: list[int] | None = None, jump_queue: bool = False) -> Sequence:
         """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input.
 
         resume_token_ids continues a request that another engine started: those output tokens are
@@ -112,7 +137,7 @@ class LLMEngine:
         self.sequences[request_id] = seq
         self.streams[request_id] = stream
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
-        self.scheduler.add(seq)
+        self.scheduler.add(seq, front=jump_queue)
         return seq
 
     def _validate_prompt(self, token_ids: list[int], resumed: list[int], params: SamplingParams) -> None:
@@ -137,28 +162,38 @@ class LLMEngine:
         return self.scheduler.has_work()
 
     def step(self) -> list[RequestOutput]:
-        """Runs one iteration: schedule, forward, sample, detokenize, retire finished requests."""
+        """Runs one iteration: schedule, forward, sample, detokenize, retire finished requests.
+
+        If the forward pass or sampling raises, the failure is pinned on the requests that fail
+        alone (those finish with an error); the others keep their state and continue next step.
+        """
         chunks = self.scheduler.schedule(self.batch_controller.limit)
         outputs = [self._output(seq, [], self.streams[seq.request_id].take_new_text()) for seq in self.scheduler.outgrown]
         self.scheduler.outgrown.clear()
         if not chunks:
             return outputs
         started = time.perf_counter()
-        logits = self.runner.execute(chunks)
         completing = [c for c in chunks if c.completes_sequence]
-        rows = [SamplingRow(c.seq.params, c.seq.seed, c.seq.num_tokens, c.seq.prompt_token_ids,
-                            c.seq.output_token_ids, self.streams[c.seq.request_id].banned_token_ids())
-                for c in completing]
-        sampled = sample(logits, rows)
+        try:
+            sampled = self._forward_and_sample(chunks)
+        except Exception as exc:
+            return outputs + self._fail_culprits(chunks, exc)
+        elapsed = time.perf_counter() - started
+        decode_tokens = 0
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.length
             self.block_manager.commit_computed(chunk.seq)
             # Everything but the newest sampled token is prompt (or recomputed) work.
-            self.prompt_tokens_computed += chunk.length - (chunk.completes_sequence and bool(chunk.seq.output_token_ids))
+            is_decode = chunk.completes_sequence and bool(chunk.seq.output_token_ids)
+            decode_tokens += is_decode
+            self.prompt_tokens_computed += chunk.length - is_decode
+        self.speed.observe(sum(c.length for c in chunks) - decode_tokens, decode_tokens, elapsed)
+        now = time.monotonic()
         for chunk, token in zip(completing, sampled):
             seq = chunk.seq
             seq.output_token_ids.append(token.token_id)
             self.generation_tokens += 1
+            self._observe_token(seq, now)
             stream = self.streams[seq.request_id]
             stream.append(token)
             if stream.finish_reason:
@@ -166,9 +201,47 @@ class LLMEngine:
                 seq.stop_reason = stream.stop_reason
             outputs.append(self._output(seq, [token.token_id], stream.take_new_text()))
         if any(c.length == 1 for c in completing):
-            self.batch_controller.observe((time.perf_counter() - started) * 1e3, len(chunks),
-                                          len(self.scheduler.waiting))
+            self.batch_controller.observe(elapsed * 1e3, len(chunks), len(self.scheduler.waiting))
         return outputs
+
+    def _forward_and_sample(self, chunks: list[ScheduledChunk]) -> list[SampledToken]:
+        logits = self.runner.execute(chunks)
+        rows = [SamplingRow(c.seq.params, c.seq.seed, c.seq.num_tokens, c.seq.prompt_token_ids,
+                            c.seq.output_token_ids, self.streams[c.seq.request_id].banned_token_ids())
+                for c in chunks if c.completes_sequence]
+        return sample(logits, rows)
+
+    def _fail_culprits(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:
+        """Re-runs each chunk alone (nothing is committed, so this only costs time) and fails the
+        requests that still raise. If none does, the fault is not any one request's: the whole
+        batch fails, and the engine carries on with the next requests."""
+        log.warning("engine step failed (%s: %s); isolating the failing requests", type(exc).__name__, exc)
+        culprits = []
+        for chunk in chunks:
+            try:
+                self._forward_and_sample([chunk])
+            except Exception as alone:
+                culprits.append((chunk.seq, alone))
+        if not culprits:
+            culprits = [(chunk.seq, exc) for chunk in chunks]
+        outputs = []
+        for seq, error in culprits:
+            log.error("request %s failed in the engine: %s: %s", seq.request_id, type(error).__name__, error)
+            self.scheduler.finish(seq, "error")
+            output = self._output(seq, [], "")
+            output.error = f"{type(error).__name__}: {error}"
+            outputs.append(output)
+        return outputs
+
+    def _observe_token(self, seq: Sequence, now: float) -> None:
+        if seq.first_token_time is None:
+            seq.first_token_time = now
+            self.prompt_tokens += seq.num_tokens - 1
+            if self.observer:
+                self.observer.first_token(seq, now - seq.arrival_time)
+        elif self.observer:
+            self.observer.next_token(seq, now - seq.last_token_time)
+        seq.last_token_time = now
 
     def _output(self, seq: Sequence, new_tokens: list[int], new_text: str) -> RequestOutput:
         stream = self.streams[seq.request_id]
@@ -180,6 +253,8 @@ class LLMEngine:
         out = RequestOutput(seq.request_id, self.prompts[seq.request_id], seq.prompt_token_ids, [completion],
                             seq.is_finished, seq.seed, seq.num_cached_tokens, new_tokens, new_text)
         if seq.is_finished:
+            if self.observer:
+                self.observer.finished(seq, time.monotonic() - seq.arrival_time)
             self._forget(seq.request_id)
         return out
 
@@ -187,13 +262,21 @@ class LLMEngine:
         del self.sequences[request_id], self.streams[request_id], self.prompts[request_id]
 
     def stats(self) -> EngineStats:
+        """A snapshot; call it from the thread that steps the engine."""
         bm = self.block_manager
+        live = list(self.scheduler.running) + list(self.scheduler.waiting)
+        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
+        decode = sum(s.params.max_tokens - len(s.output_token_ids) for s in live)
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=bm.usage(), num_kv_blocks=bm.num_blocks, max_cached_tokens=self.max_cached_tokens,
+            kv_cache_usage=bm.usage(), num_kv_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+            block_size=bm.block_size, max_cached_tokens=self.max_cached_tokens,
             prefix_cache_query_tokens=bm.prefix_queries, prefix_cache_hit_tokens=bm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions, batch_size_limit=self.batch_controller.limit,
-            prompt_tokens_computed=self.prompt_tokens_computed, generation_tokens=self.generation_tokens)
+            prompt_tokens=self.prompt_tokens, prompt_tokens_computed=self.prompt_tokens_computed,
+            generation_tokens=self.generation_tokens, outstanding_prefill_tokens=prefill,
+            outstanding_decode_tokens=decode, prefill_tokens_per_s=self.speed.prefill_tokens_per_s,
+            decode_tokens_per_s=self.speed.decode_tokens_per_s, decode_step_s=self.speed.decode_step_s)
 
     def check_integrity(self) -> None:
         """Asserts the block manager's and scheduler's invariants (used by tests)."""

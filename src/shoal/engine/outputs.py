@@ -23,7 +23,8 @@ class RequestOutput:
     """One step's news for one request: the deltas plus the cumulative state.
 
     `seed` is the seed actually used (drawn by the engine if the request had none); resubmitting
-    prompt + token_ids with that seed continues the stream exactly.
+    prompt + token_ids with that seed continues the stream exactly. `error` is set (and
+    finish_reason is "error") when the engine failed this request and only this one.
     """
 
     request_id: str
@@ -35,3 +36,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
+    error: str | None = None

@@ -42,8 +42,12 @@ class Scheduler:
         self.outgrown: list[Sequence] = []
         self.num_preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, seq: Sequence, front: bool = False) -> None:
+        """Queues a sequence; `front` puts it ahead of everything waiting (health probes)."""
+        if front:
+            self.waiting.appendleft(seq)
+        else:
+            self.waiting.append(seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

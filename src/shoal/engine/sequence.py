@@ -28,6 +28,9 @@ class Sequence:
     params: SamplingParams
     seed: int
     arrival_time: float = field(default_factory=time.monotonic)
+    # Monotonic times of this engine's first and latest sampled token for the request.
+    first_token_time: float | None = None
+    last_token_time: float | None = None
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

@@ -1,5 +1,5 @@
-"""Graceful drain on SIGTERM: stop taking work (ready=false, 503 + Retry-After), let in-flight
-requests finish within a grace period, then exit 0."""
+"""Graceful drain on SIGTERM: stop taking work (ready=false; admission answers 503 + Retry-After),
+let in-flight requests finish within a grace period, then exit 0."""
 from __future__ import annotations
 
 import signal
@@ -26,41 +26,6 @@ class DrainState:
     def leave(self) -> None:
         with self.lock:
             self.in_flight -= 1
-
-
-class InFlightMiddleware:
-    """ASGI middleware: counts requests until their last body message is sent, and answers new
-    /v1/ requests with 503 + Retry-After once draining."""
-
-    def __init__(self, app, state: DrainState, retry_after_s: int = 5):
-        self.app = app
-        self.state = state
-        self.retry_after = str(retry_after_s).encode()
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        if self.state.draining and scope["path"].startswith("/v1/"):
-            body = b'{"error": {"message": "this worker is draining", "type": "service_unavailable", "code": 503}}'
-            await send({"type": "http.response.start", "status": 503, "headers": [
-                (b"content-type", b"application/json"), (b"retry-after", self.retry_after)]})
-            await send({"type": "http.response.body", "body": body})
-            return
-        self.state.enter()
-        finished = False
-
-        async def tracking_send(message):
-            nonlocal finished
-            await send(message)
-            if message["type"] == "http.response.body" and not message.get("more_body", False) and not finished:
-                finished = True
-                self.state.leave()
-
-        try:
-            await self.app(scope, receive, tracking_send)
-        finally:
-            if not finished:
-                self.state.leave()
 
 
 class DrainingServer(uvicorn.Server):

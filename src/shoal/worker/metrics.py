@@ -1,0 +1,89 @@
+"""Prometheus metrics of one worker: vLLM's names and meanings with the `shoal:` prefix.
+
+Latency histograms are fed by the engine thread (the worker is the engine's RequestObserver);
+gauges and counters are read from the engine's published stats snapshot at scrape time, so a
+scrape never touches engine state.
+"""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from shoal.engine.async_engine import AsyncLLMEngine
+from shoal.engine.sequence import Sequence
+from shoal.worker.device_metrics import DeviceCollector
+
+disable_created_metrics()  # no *_created series, as in vLLM
+
+# vLLM's bucket boundaries, so dashboards built for it read shoal the same way.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+
+
+class EngineCollector(Collector):
+    """Gauges and counters from the engine's latest stats snapshot."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+        self.engine = engine
+        self.labels = {"model_name": model_name}
+
+    def _family(self, kind, name: str, documentation: str, value: float):
+        family = kind(f"shoal:{name}", documentation, labels=list(self.labels))
+        family.add_metric(list(self.labels.values()), value)
+        return family
+
+    def collect(self):
+        stats = self.engine.stats
+        yield self._family(GaugeMetricFamily, "num_requests_running", "Requests in the running batch.",
+                           stats.num_running)
+        yield self._family(GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.",
+                           stats.num_waiting)
+        yield self._family(GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
+                           stats.kv_cache_usage)
+        yield self._family(CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                           stats.prefix_cache_query_tokens)
+        yield self._family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                           stats.prefix_cache_hit_tokens)
+        yield self._family(CounterMetricFamily, "prompt_tokens", "Prompt tokens of requests that were prefilled.",
+                           stats.prompt_tokens)
+        yield self._family(CounterMetricFamily, "generation_tokens", "Tokens generated.", stats.generation_tokens)
+        yield self._family(CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).",
+                           stats.num_preemptions)
+
+
+class WorkerMetrics:
+    """The worker's registry; also the engine's RequestObserver (called from the engine thread,
+    which prometheus-client's metric objects allow)."""
+
+    def __init__(self, engine: AsyncLLMEngine, model_name: str):
+        self.registry = CollectorRegistry()
+        self.registry.register(EngineCollector(engine, model_name))
+        self.registry.register(DeviceCollector(engine.engine.device))
+        labels = ["model_name"]
+        self.ttft = Histogram("shoal:time_to_first_token_seconds", "Time to first token.", labels,
+                              buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
+        self.itl = Histogram("shoal:inter_token_latency_seconds", "Time between consecutive tokens.", labels,
+                             buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
+        self.e2e = Histogram("shoal:e2e_request_latency_seconds", "Arrival to finish of a request.", labels,
+                             buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
+        self.successes = Counter("shoal:request_success", "Finished requests by finish reason.",
+                                 ["model_name", "finished_reason"], registry=self.registry)
+        self.model_name = model_name
+
+    def first_token(self, seq: Sequence, time_to_first_token_s: float) -> None:
+        self.ttft.observe(time_to_first_token_s)
+
+    def next_token(self, seq: Sequence, inter_token_latency_s: float) -> None:
+        self.itl.observe(inter_token_latency_s)
+
+    def finished(self, seq: Sequence, e2e_latency_s: float) -> None:
+        self.e2e.observe(e2e_latency_s)
+        self.successes.labels(self.model_name, seq.finish_reason or "unknown").inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,138 @@
+"""Completion and chat completion responses from engine streams: one JSON body, or server-sent
+events. Every choice carries its token ids and seed, so a router can resume the request elsewhere
+(prompt + token ids, same seed)."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+
+from shoal.engine.async_engine import AsyncLLMEngine
+from shoal.engine.outputs import RequestOutput
+from shoal.errors import EngineRequestError, InvalidRequestError
+from shoal.worker.logprobs import LogprobRenderer
+from shoal.worker.protocol import SamplingFields
+
+
+async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
+                  logprobs: int | None, chat: bool, model_name: str, max_model_len: int):
+    """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
+    anything is sent, so a broken request never turns into a broken stream."""
+    request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+    room = max_model_len - len(prompt_ids)
+    if max_tokens is not None and max_tokens > room:
+        raise InvalidRequestError(f"max_tokens={max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
+                                  f"and the context window {max_model_len}", param="max_tokens")
+    max_tokens = max_tokens or max(1, room)
+    streams = [engine.generate(prompt_ids, body.sampling_params(
+        max_tokens, logprobs, None if body.seed is None else body.seed + i), request_id=f"{request_id}-{i}")
+        for i in range(body.n)]
+    try:
+        firsts = [await _first(s) for s in streams]
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()
+        raise
+    meta = {"id": request_id, "created": int(time.time()), "model": model_name}
+    render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render),
+                                 media_type="text/event-stream")
+    finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
+    return _full_response(finals, meta, chat, len(prompt_ids), render)
+
+
+async def _first(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
+    return await stream.__anext__()
+
+
+async def _last(stream: AsyncIterator[RequestOutput], first: RequestOutput) -> RequestOutput:
+    last = first
+    async for output in stream:
+        last = output
+    return last
+
+
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_tokens: int,
+                   render: LogprobRenderer) -> dict:
+    choices = []
+    for index, final in enumerate(finals):
+        out = final.outputs[0]
+        choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids,
+                  "seed": final.seed}
+        choice["logprobs"] = render(out.token_ids, out.logprobs)
+        if chat:
+            choice["message"] = {"role": "assistant", "content": out.text}
+        else:
+            choice["text"] = out.text
+        choices.append(choice)
+    completion_tokens = sum(len(f.outputs[0].token_ids) for f in finals)
+    return {**meta, "object": "chat.completion" if chat else "text_completion", "choices": choices,
+            "usage": _usage(prompt_tokens, completion_tokens)}
+
+
+async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool,
+               render: LogprobRenderer):
+    """Merges the choices' outputs into SSE chunks; abandoning it (client gone) aborts every choice."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream, first: RequestOutput) -> None:
+        await queue.put((index, first))
+        try:
+            async for output in stream:
+                await queue.put((index, output))
+        except EngineRequestError as exc:
+            await queue.put((index, exc))
+        await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s, f)) for i, (s, f) in enumerate(zip(streams, firsts))]
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    completion_tokens = 0
+    try:
+        if chat:
+            for index in range(len(streams)):
+                yield _event({**meta, "object": kind, "choices": [
+                    {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+        remaining = len(streams)
+        while remaining:
+            index, output = await queue.get()
+            if output is None:
+                remaining -= 1
+                continue
+            if isinstance(output, EngineRequestError):
+                yield _event({"error": {"message": str(output), "type": "internal_error", "param": None,
+                                        "code": 500}})
+                continue
+            completion_tokens += len(output.new_token_ids)
+            choice = {"index": index, "finish_reason": output.outputs[0].finish_reason if output.finished
+                      else None, "token_ids": output.new_token_ids, "seed": output.seed}
+            new = len(output.new_token_ids)
+            entries = output.outputs[0].logprobs
+            choice["logprobs"] = render(output.new_token_ids, entries[len(entries) - new:] if entries else None)
+            if chat:
+                choice["delta"] = {"content": output.new_text} if output.new_text else {}
+            else:
+                choice["text"] = output.new_text
+            yield _event({**meta, "object": kind, "choices": [choice]})
+        if include_usage:
+            yield _event({**meta, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+        yield "data: [DONE]\n\n"
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            await stream.aclose()
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
