@@ -10,6 +10,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.calibration import Calibration
@@ -51,6 +52,11 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         return error_response(400, f"invalid request: {first.get('msg', 'malformed body')}", param=param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), kind=kind)
 
     @app.exception_handler(InvalidRequestError)
     async def invalid_request(_: Request, exc: InvalidRequestError) -> JSONResponse:
