@@ -25,35 +25,33 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
                480.0, 960.0, 1920.0, 7680.0)
 
 
+# (kind, name under shoal:, help, EngineStats field); counters get "_total" appended on exposition.
+ENGINE_SERIES = (
+    (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", "num_running"),
+    (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
+    (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", "kv_cache_usage"),
+    (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+     "prefix_cache_query_tokens"),
+    (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hit_tokens"),
+    (CounterMetricFamily, "prompt_tokens", "Prompt tokens of requests that were prefilled.", "prompt_tokens"),
+    (CounterMetricFamily, "generation_tokens", "Tokens generated.", "generation_tokens"),
+    (CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).", "num_preemptions"),
+)
+
+
 class EngineCollector(Collector):
     """Gauges and counters from the engine's latest stats snapshot."""
 
     def __init__(self, engine: AsyncLLMEngine, model_name: str):
         self.engine = engine
-        self.labels = {"model_name": model_name}
-
-    def _family(self, kind, name: str, documentation: str, value: float):
-        family = kind(f"shoal:{name}", documentation, labels=list(self.labels))
-        family.add_metric(list(self.labels.values()), value)
-        return family
+        self.model_name = model_name
 
     def collect(self):
         stats = self.engine.stats
-        yield self._family(GaugeMetricFamily, "num_requests_running", "Requests in the running batch.",
-                           stats.num_running)
-        yield self._family(GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.",
-                           stats.num_waiting)
-        yield self._family(GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).",
-                           stats.kv_cache_usage)
-        yield self._family(CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                           stats.prefix_cache_query_tokens)
-        yield self._family(CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.",
-                           stats.prefix_cache_hit_tokens)
-        yield self._family(CounterMetricFamily, "prompt_tokens", "Prompt tokens of requests that were prefilled.",
-                           stats.prompt_tokens)
-        yield self._family(CounterMetricFamily, "generation_tokens", "Tokens generated.", stats.generation_tokens)
-        yield self._family(CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).",
-                           stats.num_preemptions)
+        for kind, name, documentation, field in ENGINE_SERIES:
+            family = kind(f"shoal:{name}", documentation, labels=["model_name"])
+            family.add_metric([self.model_name], getattr(stats, field))
+            yield family
 
 
 class WorkerMetrics:
