@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.engine import LLMEngine
-from shoal.engine.sampling_params import SamplingParams
+if TYPE_CHECKING:  # the engine (and torch) load only for the commands that run one
+    from shoal.engine.engine import LLMEngine
+    from shoal.engine.sampling_params import SamplingParams
 
 
 def _engine_args(parser: argparse.ArgumentParser) -> None:
@@ -23,10 +25,15 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace) -> LLMEngine:
+    from shoal.engine.config import EngineConfig
+    from shoal.engine.engine import LLMEngine
+
     return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
 
 
 def _params(args: argparse.Namespace) -> SamplingParams:
+    from shoal.engine.sampling_params import SamplingParams
+
     return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed)
 
 
@@ -93,19 +100,48 @@ def worker(args: argparse.Namespace) -> int:
 
     from shoal.engine.async_engine import AsyncLLMEngine
     from shoal.engine.calibration import calibrate
+    from shoal.engine.config import EngineConfig
+    from shoal.engine.engine import LLMEngine
     from shoal.worker.admission import AdmissionLimits
     from shoal.worker.drain import DrainingServer, DrainState
-    from shoal.worker.server import create_app
+    from shoal.worker.server import RouterLink, create_app
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device, **(args.kv_cache or {})))
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                                    step_delay_ms=args.step_delay_ms, **(args.kv_cache or {})))
     calibration = calibrate(engine)
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
     limits = AdmissionLimits(max_body_bytes=args.max_body_bytes, max_waiting_requests=args.max_waiting_requests)
-    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model, drain, calibration, limits)
+    router = None
+    if args.router:
+        secret = os.environ.get("SHOAL_CLUSTER_SECRET")
+        if not secret:
+            print("shoal worker: --router needs the cluster secret in $SHOAL_CLUSTER_SECRET", file=sys.stderr)
+            return 2
+        router = RouterLink(args.router, args.advertise_url or f"http://{args.host}:{args.port}", secret)
+    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model, drain, calibration, limits, router)
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
     DrainingServer(config, drain, args.drain_grace_s).run()
+    return 0
+
+
+def router(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from shoal.router.app import create_router_app
+    from shoal.router.config import RouterConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "policy": args.policy}.items() if v is not None}
+    if args.worker:
+        overrides["workers"] = [{"url": url} for url in args.worker]
+    try:
+        config = RouterConfig.from_file(args.config, **overrides) if args.config else RouterConfig(**overrides)
+    except (ValueError, OSError) as exc:
+        print(f"shoal router: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    uvicorn.run(create_router_app(config), host=config.host, port=config.port, log_level="warning")
     return 0
 
 
@@ -132,7 +168,21 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--served-model-name", default=None)
     worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
                                help="on SIGTERM, how long in-flight requests may take to finish")
+    worker_parser.add_argument("--step-delay-ms", type=float, default=0.0,
+                               help="added to every engine step, to emulate a slower machine")
+    worker_parser.add_argument("--router", default=None, metavar="URL",
+                               help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET)")
+    worker_parser.add_argument("--advertise-url", default=None,
+                               help="the URL the router should use for this worker (default http://HOST:PORT)")
     worker_parser.set_defaults(run=worker)
+    router_parser = commands.add_parser("router", help="one OpenAI endpoint in front of many workers")
+    router_parser.add_argument("--host", default=None)
+    router_parser.add_argument("--port", type=int, default=None)
+    router_parser.add_argument("--worker", action="append", metavar="URL", help="a worker to poll (repeatable)")
+    router_parser.add_argument("--policy", default=None, help="cost (default), round_robin, least_outstanding_tokens, "
+                               "power_of_two, cache_aware, session_affinity")
+    router_parser.add_argument("--config", default=None, help="YAML file with every router setting")
+    router_parser.set_defaults(run=router)
     args = parser.parse_args(argv)
     return args.run(args)
 

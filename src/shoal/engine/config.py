@@ -19,6 +19,7 @@ class EngineConfig:
     the device is used. itl_target_ms turns on the adaptive batch size. prepack_weights trades the
     page sharing of memory-mapped weights for faster CPU matrix multiplies. attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
+    step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -38,6 +39,7 @@ class EngineConfig:
     seed: int = 0
     num_threads: int | None = None
     cache_dir: str | None = None
+    step_delay_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

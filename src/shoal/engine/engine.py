@@ -178,6 +178,8 @@ class LLMEngine:
             sampled = self._forward_and_sample(chunks)
         except Exception as exc:
             return outputs + self._fail_culprits(chunks, exc)
+        if self.config.step_delay_ms:
+            time.sleep(self.config.step_delay_ms / 1e3)
         elapsed = time.perf_counter() - started
         decode_tokens = 0
         for chunk in chunks:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from dataclasses import dataclass
 
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -18,6 +20,7 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import EngineRequestError, InvalidRequestError
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.drain import DrainState
+from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.metrics import WorkerMetrics
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from shoal.worker.responses import respond
@@ -33,12 +36,48 @@ class ModelNotFound(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class RouterLink:
+    """Where this worker registers: the router's URL, the URL it advertises, the cluster secret."""
+
+    url: str
+    advertise_url: str
+    secret: str
+
+
 def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None = None,
-               calibration: Calibration | None = None, limits: AdmissionLimits | None = None) -> FastAPI:
+               calibration: Calibration | None = None, limits: AdmissionLimits | None = None,
+               router: RouterLink | None = None) -> FastAPI:
     """The worker's ASGI app. Invariants: a client's mistake is a 4xx for that request only; an
-    engine failure is a 500 for the requests it hit only."""
-    app = FastAPI(title="shoal worker")
+    engine failure is a 500 for the requests it hit only. With `router`, the worker registers
+    there and heartbeats its load report while it runs."""
     drain = drain or DrainState()
+
+    def load_report() -> dict:
+        """The compact load report for routers (from the engine's latest stats snapshot)."""
+        stats = engine.stats
+        return {"model": model_name, "max_model_len": max_model_len, "draining": drain.draining,
+                "running": stats.num_running, "waiting": stats.num_waiting,
+                "outstanding_prefill_tokens": stats.outstanding_prefill_tokens,
+                "outstanding_decode_tokens": stats.outstanding_decode_tokens,
+                "free_kv_blocks": stats.num_free_blocks, "num_kv_blocks": stats.num_kv_blocks,
+                "block_size": stats.block_size, "kv_cache_usage": stats.kv_cache_usage,
+                "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
+                "decode_step_s": stats.decode_step_s,
+                "capability": calibration.capability if calibration else None,
+                "calibration": calibration.as_dict() if calibration else None}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        task = None
+        if router:
+            heartbeat = RouterHeartbeat(router.url, router.advertise_url, model_name, router.secret, load_report)
+            task = asyncio.create_task(heartbeat.run())
+        yield
+        if task:
+            task.cancel()
+
+    app = FastAPI(title="shoal worker", lifespan=lifespan)
     app.add_middleware(AdmissionMiddleware, state=drain, limits=limits or AdmissionLimits(),
                        waiting_requests=lambda: engine.stats.num_waiting)
     metrics = WorkerMetrics(engine, model_name)
@@ -97,18 +136,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
 
     @app.get("/load")
     async def load() -> dict:
-        """The compact load report routers poll (from the engine's latest stats snapshot)."""
-        stats = engine.stats
-        return {"model": model_name, "max_model_len": max_model_len, "draining": drain.draining,
-                "running": stats.num_running, "waiting": stats.num_waiting,
-                "outstanding_prefill_tokens": stats.outstanding_prefill_tokens,
-                "outstanding_decode_tokens": stats.outstanding_decode_tokens,
-                "free_kv_blocks": stats.num_free_blocks, "num_kv_blocks": stats.num_kv_blocks,
-                "block_size": stats.block_size, "kv_cache_usage": stats.kv_cache_usage,
-                "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
-                "decode_step_s": stats.decode_step_s,
-                "capability": calibration.capability if calibration else None,
-                "calibration": calibration.as_dict() if calibration else None}
+        return load_report()
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

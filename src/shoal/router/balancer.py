@@ -1,0 +1,56 @@
+"""Places requests: eligible workers, the policy's choice, and the bookkeeping that follows it
+(prefix index and in-flight accounting)."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from shoal.router.membership import Membership, WorkerState
+from shoal.router.policies import Policy, eligible
+from shoal.router.prefix_index import PrefixIndex
+from shoal.router.views import RouteRequest, RoutingContext
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A routing decision: the worker, the ticket of its in-flight entry, and the prompt tokens
+    estimated to be found in its prefix cache."""
+
+    worker: WorkerState
+    ticket: int
+    cached_tokens: int
+
+
+class Balancer:
+    """Invariant: every Placement returned has an in-flight entry on its worker until `release`."""
+
+    def __init__(self, policy: Policy, membership: Membership, seed: int | None = None):
+        self.policy = policy
+        self.membership = membership
+        self.prefix_index = PrefixIndex()
+        self.rng = random.Random(seed)
+        self.decisions = 0
+
+    def place(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Placement | None:
+        """None when no worker can take the request (unknown model, all unhealthy, too long)."""
+        views = [w for w in self.membership.views() if w.worker_id not in exclude]
+        candidates = eligible(request, views)
+        if not candidates:
+            return None
+        matched = self.prefix_index.matched_blocks(request.prefix_blocks, [w.worker_id for w in candidates])
+        context = RoutingContext(self.rng, self.decisions, matched)
+        self.decisions += 1
+        chosen = self.policy.choose(request, candidates, context)
+        cached = context.cached_tokens(request, chosen)
+        capacity_tokens = chosen.kv_capacity_tokens or 1 << 20
+        self.prefix_index.record(chosen.worker_id, request.prefix_blocks,
+                                 int(capacity_tokens * request.chars_per_token / request.block_chars))
+        state = self.membership.workers[chosen.worker_id]
+        ticket = state.start(request.prompt_tokens - cached, request.expected_decode_tokens)
+        return Placement(state, ticket, cached)
+
+    def release(self, placement: Placement) -> None:
+        placement.worker.finish(placement.ticket)
+
+    def forget(self, worker_id: str) -> None:
+        self.prefix_index.forget(worker_id)

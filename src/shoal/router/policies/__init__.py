@@ -1,0 +1,24 @@
+"""Balancing policies by name. Each is a small class whose choose() is a pure function of
+(request, eligible worker views, routing context)."""
+from __future__ import annotations
+
+from shoal.router.policies.base import Policy, eligible
+from shoal.router.policies.cache_aware import CacheAware
+from shoal.router.policies.cost import CostPolicy
+from shoal.router.policies.least_outstanding import LeastOutstandingTokens
+from shoal.router.policies.power_of_two import PowerOfTwoChoices
+from shoal.router.policies.round_robin import RoundRobin
+from shoal.router.policies.session_affinity import SessionAffinity
+
+POLICIES = {policy.name: policy for policy in (RoundRobin, LeastOutstandingTokens, PowerOfTwoChoices, CacheAware,
+                                               SessionAffinity, CostPolicy)}
+
+
+def make_policy(name: str, **options) -> Policy:
+    """Builds a policy by name; unknown names and options are errors that say what exists."""
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
+    return POLICIES[name](**options)
+
+
+__all__ = ["POLICIES", "Policy", "eligible", "make_policy"]

@@ -1,0 +1,61 @@
+"""The default policy: send the request where it is estimated to finish first.
+
+    time(worker) = queued prefill tokens / prefill speed + queued decode tokens / decode throughput
+                 + this request's uncached prompt tokens / prefill speed
+                 + its expected decode tokens x per-token time
+
+per-token time = max(decode step time, (running + 1) / decode throughput). Load (the queue),
+cache (uncached tokens only) and hardware (each worker's own measured speeds) enter one formula: a
+worker twice as fast drains its queue twice as fast, so it is picked until its queue is about twice
+as long. Speeds a worker does not report are taken as the fleet's median, so unknown workers are
+treated as typical rather than as free.
+"""
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from shoal.router.views import RouteRequest, RoutingContext, WorkerView
+
+DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
+DEFAULT_DECODE_TOKENS_PER_S = 100.0
+DEFAULT_DECODE_STEP_S = 0.05
+
+
+@dataclass(frozen=True)
+class Speeds:
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    decode_step_s: float
+
+
+def _median_or(values: list[float | None], default: float) -> float:
+    known = [v for v in values if v]
+    return statistics.median(known) if known else default
+
+
+def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
+    """The worker's measured speeds, the fleet's median where it has none, defaults if nobody has."""
+    throughput = worker.capability or worker.decode_tokens_per_s
+    return Speeds(
+        worker.prefill_tokens_per_s or _median_or([w.prefill_tokens_per_s for w in fleet], DEFAULT_PREFILL_TOKENS_PER_S),
+        throughput or _median_or([w.capability or w.decode_tokens_per_s for w in fleet], DEFAULT_DECODE_TOKENS_PER_S),
+        worker.decode_step_s or _median_or([w.decode_step_s for w in fleet], DEFAULT_DECODE_STEP_S))
+
+
+def estimated_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView],
+                      context: RoutingContext) -> float:
+    speed = speeds(worker, fleet)
+    queued = (worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
+              + worker.outstanding_decode_tokens / speed.decode_tokens_per_s)
+    uncached = request.prompt_tokens - context.cached_tokens(request, worker)
+    per_token = max(speed.decode_step_s, (worker.running + 1) / speed.decode_tokens_per_s)
+    return queued + uncached / speed.prefill_tokens_per_s + request.expected_decode_tokens * per_token
+
+
+class CostPolicy:
+    name = "cost"
+
+    def choose(self, request: RouteRequest, workers: Sequence[WorkerView], context: RoutingContext) -> WorkerView:
+        return min(workers, key=lambda w: (estimated_seconds(request, w, workers, context), w.worker_id))

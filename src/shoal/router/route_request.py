@@ -1,0 +1,49 @@
+"""Turns a client's OpenAI request body into the RouteRequest policies reason about."""
+from __future__ import annotations
+
+from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_blocks
+from shoal.router.views import RouteRequest
+
+SESSION_HEADERS = ("x-session-id", "x-shoal-session")
+PRIORITIES = ("critical", "standard", "sheddable")
+# Chat templates add a few tokens per message (role markers, separators).
+TEMPLATE_TOKENS_PER_MESSAGE = 4
+
+
+class RequestError(ValueError):
+    """The body cannot be routed; `param` names the field (maps to HTTP 400)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def route_request(body: dict, headers: dict[str, str], chat: bool, chars_per_token: float,
+                  default_decode_tokens: int) -> RouteRequest:
+    """Raises RequestError for what the router itself needs and cannot find (model, prompt)."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("`model` is required and must be a string", "model")
+    if chat:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError("`messages` must be a non-empty list", "messages")
+        text = chat_prompt_text(messages)
+        prompt_tokens = int(len(text) / chars_per_token) + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
+    else:
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
+            text, prompt_tokens = " ".join(map(str, prompt)), len(prompt)
+        elif isinstance(prompt, str):
+            text, prompt_tokens = prompt, int(len(prompt) / chars_per_token) + 1
+        else:
+            raise RequestError("`prompt` must be a string or a list of token ids", "prompt")
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    decode = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else default_decode_tokens
+    priority = headers.get("x-shoal-priority") or body.get("priority") or "standard"
+    if priority not in PRIORITIES:
+        raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
+    session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None) or body.get("user")
+    return RouteRequest(model=model, prompt_tokens=max(1, prompt_tokens), expected_decode_tokens=decode,
+                        prefix_blocks=prefix_blocks(text), chars_per_token=chars_per_token, block_chars=BLOCK_CHARS,
+                        session_key=session if isinstance(session, str) else None, priority=priority)

@@ -1,0 +1,82 @@
+"""What a routing policy sees: the request (as the router understands it, without a tokenizer) and
+one immutable view per worker. Policies are pure functions of these, so a simulator can drive them."""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RouteRequest:
+    """One request to place.
+
+    prompt_tokens is exact for token-id prompts and estimated from characters otherwise;
+    expected_decode_tokens is max_tokens when given, else the model's typical completion length.
+    prefix_blocks are chained hashes of the prompt's fixed-size text blocks (see prefix_index).
+    """
+
+    model: str
+    prompt_tokens: int
+    expected_decode_tokens: int
+    prefix_blocks: tuple[bytes, ...] = ()
+    chars_per_token: float = 4.0
+    block_chars: int = 32
+    session_key: str | None = None
+    priority: str = "standard"
+
+    @property
+    def total_tokens(self) -> int:
+        return self.prompt_tokens + self.expected_decode_tokens
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A worker's state as the router knows it now.
+
+    Load figures merge the worker's latest report with the router's own accounting of what it sent
+    since (whichever is larger), so a burst between two reports is not invisible. Speeds are None
+    when neither a report nor calibration gave them. Invariant: all counts are non-negative.
+    """
+
+    worker_id: str
+    url: str
+    models: frozenset[str]
+    healthy: bool = True
+    running: int = 0
+    waiting: int = 0
+    in_flight: int = 0
+    outstanding_prefill_tokens: int = 0
+    outstanding_decode_tokens: int = 0
+    free_kv_tokens: int | None = None
+    kv_capacity_tokens: int | None = None
+    max_model_len: int | None = None
+    prefill_tokens_per_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    decode_step_s: float | None = None
+    capability: float | None = None
+    cached_prefix_blocks: int = 0
+
+    @property
+    def outstanding_tokens(self) -> int:
+        return self.outstanding_prefill_tokens + self.outstanding_decode_tokens
+
+    @property
+    def load(self) -> int:
+        """Requests on the worker (running, queued, or sent by this router and not yet reported)."""
+        return max(self.running + self.waiting, self.in_flight)
+
+
+@dataclass
+class RoutingContext:
+    """Everything a policy may use besides the request and the views: a random source (power of
+    two choices), the router's request counter (round robin) and each worker's matched prefix length
+    for this request, in blocks (cache-aware, cost). Built fresh per decision by the balancer."""
+
+    rng: random.Random = field(default_factory=random.Random)
+    sequence_number: int = 0
+    matched_blocks: dict[str, int] = field(default_factory=dict)
+
+    def cached_tokens(self, request: RouteRequest, worker: WorkerView) -> int:
+        """Estimated prompt tokens the worker already holds in its prefix cache."""
+        chars = self.matched_blocks.get(worker.worker_id, 0) * request.block_chars
+        return min(request.prompt_tokens, int(chars / request.chars_per_token))

@@ -1,0 +1,149 @@
+"""Routing policies on synthetic worker views: each routes as specified, and all respect the hard
+constraints (model, health, context, KV room)."""
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from shoal.router.policies import POLICIES, eligible, make_policy
+from shoal.router.policies.cache_aware import CacheAware
+from shoal.router.policies.cost import CostPolicy, estimated_seconds
+from shoal.router.policies.session_affinity import SessionAffinity
+from shoal.router.prefix_index import PrefixIndex, chat_prompt_text, prefix_blocks
+from shoal.router.views import RouteRequest, RoutingContext, WorkerView
+
+M = "m"
+
+
+def worker(name: str, **fields) -> WorkerView:
+    return WorkerView(**{"worker_id": name, "url": f"http://{name}", "models": frozenset({M}), **fields})
+
+
+def request(prompt_tokens: int = 100, decode: int = 50, text: str = "", **fields) -> RouteRequest:
+    return RouteRequest(model=M, prompt_tokens=prompt_tokens, expected_decode_tokens=decode,
+                        prefix_blocks=prefix_blocks(text), **fields)
+
+
+def test_eligibility_filters_model_health_context_and_prefers_free_kv():
+    workers = [worker("sick", healthy=False), worker("other", models=frozenset({"x"})),
+               worker("short", max_model_len=100), worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000),
+               worker("roomy", free_kv_tokens=5_000, kv_capacity_tokens=10_000)]
+    assert [w.worker_id for w in eligible(request(), workers)] == ["roomy"]
+    # Nobody has the room free now: those whose whole cache could hold it queue it.
+    tiny = [worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000), worker("small", free_kv_tokens=0,
+                                                                                 kv_capacity_tokens=50)]
+    assert [w.worker_id for w in eligible(request(), tiny)] == ["full"]
+
+
+def test_round_robin_cycles():
+    policy = make_policy("round_robin")
+    workers = [worker("a"), worker("b"), worker("c")]
+    picks = [policy.choose(request(), workers, RoutingContext(sequence_number=i)).worker_id for i in range(6)]
+    assert picks == ["a", "b", "c", "a", "b", "c"]
+
+
+def test_least_outstanding_tokens_picks_the_least_work():
+    workers = [worker("a", outstanding_decode_tokens=500), worker("b", outstanding_prefill_tokens=100),
+               worker("c", outstanding_decode_tokens=300)]
+    assert make_policy("least_outstanding_tokens").choose(request(), workers, RoutingContext()).worker_id == "b"
+
+
+def test_power_of_two_never_picks_the_worst_of_its_pair():
+    workers = [worker(str(i), outstanding_decode_tokens=100 * i) for i in range(5)]
+    policy = make_policy("power_of_two")
+    rng = random.Random(1)
+    picks = Counter(policy.choose(request(), workers, RoutingContext(rng=rng)).worker_id for _ in range(500))
+    assert "4" not in picks and picks["0"] > picks["3"]
+
+
+def test_cost_policy_sends_about_twice_the_work_to_a_twice_as_fast_worker():
+    """Simulate: place 300 requests, each worker's queue grows by what it gets and drains at its speed."""
+    speed = {"fast": 2.0, "slow": 1.0}
+    queued = {"fast": 0, "slow": 0}
+    counts = Counter()
+    policy = CostPolicy()
+    for _ in range(300):
+        views = [worker(n, outstanding_decode_tokens=queued[n], capability=100 * speed[n],
+                        prefill_tokens_per_s=1000 * speed[n], decode_step_s=0.02 / speed[n]) for n in speed]
+        chosen = policy.choose(request(), views, RoutingContext()).worker_id
+        counts[chosen] += 1
+        queued[chosen] += 50
+        for n in queued:  # each worker drains in proportion to its speed
+            queued[n] = max(0, queued[n] - int(15 * speed[n]))
+    assert 1.6 < counts["fast"] / counts["slow"] < 2.5, counts
+
+
+def test_cost_policy_counts_only_uncached_prefill_and_prefers_fast_prefill_for_long_prompts():
+    text = "shared system prompt " * 40
+    req = request(prompt_tokens=2000, decode=10, text=text)
+    a, b = worker("a"), worker("b")
+    context = RoutingContext(matched_blocks={"a": len(req.prefix_blocks), "b": 0})
+    assert estimated_seconds(req, a, [a, b], context) < estimated_seconds(req, b, [a, b], context)
+    assert CostPolicy().choose(req, [a, b], context).worker_id == "a"
+    fast_prefill = worker("p", prefill_tokens_per_s=10_000, capability=100)
+    slow_prefill = worker("q", prefill_tokens_per_s=500, capability=150)
+    assert CostPolicy().choose(req, [fast_prefill, slow_prefill], RoutingContext()).worker_id == "p"
+
+
+def test_cache_aware_follows_the_prefix_until_load_wins():
+    text = "a long shared prefix " * 20
+    req = request(text=text)
+    full = {"a": len(req.prefix_blocks), "b": 0}
+    policy = CacheAware(balance_abs_threshold=8, balance_rel_threshold=1.5)
+    balanced = [worker("a", running=5), worker("b", running=3)]
+    assert policy.choose(req, balanced, RoutingContext(matched_blocks=full)).worker_id == "a"
+    hot = [worker("a", running=30), worker("b", running=2)]
+    assert policy.choose(req, hot, RoutingContext(matched_blocks=full)).worker_id == "b"
+    # A miss goes to the least loaded worker.
+    assert policy.choose(request(text="something else entirely, nothing cached " * 3), balanced,
+                         RoutingContext(matched_blocks={})).worker_id == "b"
+
+
+def test_session_affinity_is_sticky_bounded_and_moves_few_keys():
+    policy = SessionAffinity()
+    four = [worker(n) for n in "abcd"]
+    keys = [f"user-{i}" for i in range(2000)]
+    before = {k: policy.choose(request(session_key=k), four, RoutingContext()).worker_id for k in keys}
+    again = {k: policy.choose(request(session_key=k), four, RoutingContext()).worker_id for k in keys}
+    assert before == again
+    five = four + [worker("e")]
+    after = {k: policy.choose(request(session_key=k), five, RoutingContext()).worker_id for k in keys}
+    moved = sum(before[k] != after[k] for k in keys) / len(keys)
+    assert moved < 0.3 and all(after[k] == "e" for k in keys if before[k] != after[k])
+    # Bounded load: a key whose home worker is far over the average spills to another worker.
+    key = keys[0]
+    home = before[key]
+    loaded = [worker(n, running=40 if n == home else 1) for n in "abcd"]
+    assert policy.choose(request(session_key=key), loaded, RoutingContext()).worker_id != home
+
+
+def test_session_affinity_without_a_key_uses_the_cost_policy():
+    workers = [worker("a", outstanding_decode_tokens=5000), worker("b")]
+    assert SessionAffinity().choose(request(), workers, RoutingContext()).worker_id == "b"
+
+
+def test_prefix_index_matches_leading_blocks_and_respects_capacity():
+    index = PrefixIndex()
+    first = chat_prompt_text([{"role": "system", "content": "You are helpful. " * 8},
+                              {"role": "user", "content": "hello there, how are you today?"}])
+    second = first + chat_prompt_text([{"role": "assistant", "content": "fine thanks " * 5},
+                                       {"role": "user", "content": "and now?"}])
+    index.record("w", prefix_blocks(first), capacity_blocks=1000)
+    matched = index.matched_blocks(prefix_blocks(second), ["w", "v"])
+    assert matched["w"] == len(prefix_blocks(first)) and matched["v"] == 0
+    index.record("w", prefix_blocks(second), capacity_blocks=3)
+    assert index.size("w") == 3
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_every_policy_returns_an_eligible_worker(name):
+    workers = [worker(n, running=i, outstanding_decode_tokens=10 * i) for i, n in enumerate("abc")]
+    chosen = make_policy(name).choose(request(session_key="s"), workers, RoutingContext(rng=random.Random(0)))
+    assert chosen in workers
+
+
+def test_unknown_policy_names_the_choices():
+    with pytest.raises(ValueError, match="round_robin"):
+        make_policy("fastest")
