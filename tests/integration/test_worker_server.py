@@ -21,15 +21,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
-    """Starts `shoal worker ARGS` on a free loopback port; returns once /ready answers 200."""
+def spawn_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
+    """Launches `shoal worker ARGS` on a free loopback port without waiting for it."""
     port = free_port()
     process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
                                env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{port}"
+    return process, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(process: subprocess.Popen, url: str) -> tuple[subprocess.Popen, str]:
+    """Returns once the worker's /ready answers 200; fails the test with its stderr if it never does."""
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and process.poll() is None:
         try:
             if httpx.get(url + "/ready", timeout=1).status_code == 200:
                 return process, url
@@ -37,6 +41,11 @@ def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
             time.sleep(0.2)
     process.kill()
     pytest.fail(f"worker did not start: {process.stderr.read().decode()[-2000:]}")
+
+
+def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
+    """Starts `shoal worker ARGS` on a free loopback port; returns once /ready answers 200."""
+    return wait_ready(*spawn_worker(args, cache_dir))
 
 
 @pytest.fixture(scope="module")

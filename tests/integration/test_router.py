@@ -1,0 +1,172 @@
+"""A real router process in front of real tiny workers on loopback, driven with the openai client."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import openai
+import pytest
+
+from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
+
+SECRET = "test-cluster-secret"
+
+
+def start_router(args: list[str]) -> tuple[subprocess.Popen, str]:
+    """Starts `shoal router ARGS` on a free port; returns once it answers /health (its static
+    workers were polled during start-up)."""
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "router", "--port", str(port), *args],
+                               env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET}, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"router did not start: {process.stderr.read().decode()[-2000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    process.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir, shoal_cache_dir):
+    """Two ordinary tiny workers and one slowed by 40 ms per step, all serving MODEL."""
+    common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB"]
+    spawned = [spawn_worker(common, shoal_cache_dir), spawn_worker(common, shoal_cache_dir),
+               spawn_worker(common + ["--step-delay-ms", "40"], shoal_cache_dir)]
+    started = [wait_ready(*worker) for worker in spawned]
+    yield [url for _, url in started]
+    for process, _ in started:
+        stop(process)
+
+
+@pytest.fixture
+def router_for(fleet):
+    """Factory: a router with the given policy over the chosen workers of the fleet."""
+    routers = []
+
+    def make(policy: str, workers: list[str]) -> str:
+        args = ["--policy", policy]
+        for url in workers:
+            args += ["--worker", url]
+        process, url = start_router(args)
+        routers.append(process)
+        return url
+
+    yield make
+    for process in routers:
+        stop(process)
+
+
+def served_by(url: str, path: str, body: dict, headers: dict | None = None) -> str:
+    response = httpx.post(url + path, json=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+    return response.headers["x-shoal-worker"]
+
+
+def test_openai_client_through_the_router(fleet, router_for):
+    url = router_for("cost", fleet[:2])
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "route me"}], max_tokens=10, seed=3,
+                temperature=0.8, extra_body={"ignore_eos": True})
+    full = client.chat.completions.create(**args)
+    chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
+    assert chunks[-1].usage.completion_tokens == 10 == full.usage.completion_tokens
+    completion = client.completions.create(model=MODEL, prompt="abc", max_tokens=4, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert len(completion.choices[0].model_extra["token_ids"]) == 4
+
+
+@pytest.mark.parametrize("body,status", [
+    (b"{not json", 400), (b"[1, 2]", 400), (b'{"prompt": "x"}', 400), (b'{"model": "nope", "prompt": "x"}', 404),
+    (b'{"model": "tiny", "prompt": "x", "max_tokens": -1}', 400),
+])
+def test_bad_requests_get_openai_errors(fleet, router_for, body, status):
+    url = router_for("round_robin", fleet[:1])
+    response = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == status and response.json()["error"]["code"] == status
+
+
+def test_round_robin_alternates(fleet, router_for):
+    url = router_for("round_robin", fleet[:2])
+    body = {"model": MODEL, "prompt": "x", "max_tokens": 2}
+    picks = [served_by(url, "/v1/completions", body) for _ in range(6)]
+    assert picks[0::2] == [picks[0]] * 3 and picks[1::2] == [picks[1]] * 3 and picks[0] != picks[1]
+
+
+def test_session_affinity_keeps_a_user_on_one_worker(fleet, router_for):
+    url = router_for("session_affinity", fleet[:2])
+    for user in ("alice", "bob", "carol", "dave"):
+        body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": user}
+        assert len({served_by(url, "/v1/completions", body) for _ in range(4)}) == 1
+    header_picks = {served_by(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2},
+                              {"x-session-id": "s-1"}) for _ in range(4)}
+    assert len(header_picks) == 1
+
+
+@pytest.mark.parametrize("policy", ["cache_aware", "cost"])
+def test_a_conversation_follows_its_prefix_cache(fleet, router_for, policy):
+    url = router_for(policy, fleet[:2])
+    system = {"role": "system", "content": "You are a tiny test model with a long shared system prompt. " * 3}
+    for conversation in range(3):
+        messages = [system, {"role": "user", "content": f"conversation {conversation} opens with a question"}]
+        homes = set()
+        for turn in range(3):
+            homes.add(served_by(url, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 4}))
+            messages = messages + [{"role": "assistant", "content": f"answer {turn} " * 4},
+                                   {"role": "user", "content": f"follow-up number {turn}"}]
+        assert len(homes) == 1, (conversation, homes)
+
+
+def test_the_cost_policy_gives_the_fast_worker_more_work(fleet, router_for):
+    fast, slow = fleet[0], fleet[2]
+    url = router_for("cost", [fast, slow])
+    time.sleep(1.5)  # a few load polls, so the router has both workers' measured speeds
+    body = {"model": MODEL, "prompt": "spread me", "max_tokens": 24, "ignore_eos": True}
+    with ThreadPoolExecutor(8) as pool:
+        picks = Counter(pool.map(lambda _: served_by(url, "/v1/completions", body), range(48)))
+    assert picks[fast] >= 2 * picks[slow], picks
+
+
+def test_workers_register_with_the_secret_and_leave_when_their_lease_expires(tiny_model_dir, shoal_cache_dir):
+    router, url = start_router(["--policy", "round_robin"])
+    try:
+        assert httpx.post(url + "/admin/workers", json={"url": "http://x", "models": ["m"]},
+                          headers={"authorization": "Bearer wrong"}).status_code == 401
+        port = free_port()
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), "--model", str(tiny_model_dir),
+             "--dtype", "float32", "--served-model-name", "joiner", "--kv-cache", "8MiB", "--router", url],
+            env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir), "SHOAL_CLUSTER_SECRET": SECRET},
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "joiner" not in str(httpx.get(url + "/v1/models").json()):
+            time.sleep(0.3)
+        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["joiner"]
+        body = {"model": "joiner", "prompt": "hello", "max_tokens": 3}
+        assert served_by(url, "/v1/completions", body) == f"http://127.0.0.1:{port}"
+        worker.kill()
+        worker.wait(timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and httpx.get(url + "/v1/models").json()["data"]:
+            time.sleep(0.3)
+        assert httpx.get(url + "/v1/models").json()["data"] == []
+        assert httpx.post(url + "/v1/completions", json=body).status_code == 404
+    finally:
+        stop(router)
