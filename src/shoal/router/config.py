@@ -25,6 +25,39 @@ class ModelSettings(Frozen):
     fallbacks: list[str] = []
 
 
+class RateLimits(Frozen):
+    """Per-key limits; None is unlimited."""
+
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+
+
+class ApiKey(RateLimits):
+    """A client key, stored as the hex SHA-256 of the key (never the key itself)."""
+
+    name: str | None = None
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+
+class AdmissionSettings(Frozen):
+    """Requests in flight per healthy worker before the rest queue; queue bound per priority class;
+    how long a request may wait; the max_tokens a degraded sheddable request is cut to."""
+
+    max_in_flight_per_worker: int = Field(64, ge=1)
+    queue_limits: dict[str, int] = {"critical": 256, "standard": 128, "sheddable": 32}
+    queue_timeout_s: float = Field(30.0, gt=0)
+    retry_after_s: int = Field(2, ge=1)
+    degrade_max_tokens: int | None = Field(64, ge=1)
+
+    @field_validator("queue_limits")
+    @classmethod
+    def every_class(cls, limits: dict[str, int]) -> dict[str, int]:
+        expected = {"critical", "standard", "sheddable"}
+        if set(limits) != expected or any(v < 0 for v in limits.values()):
+            raise ValueError(f"queue_limits needs non-negative limits for exactly {sorted(expected)}")
+        return limits
+
+
 class RouterConfig(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -40,7 +73,13 @@ class RouterConfig(Frozen):
     chars_per_token: float = Field(4.0, gt=0)
     default_decode_tokens: int = Field(256, ge=1)
     cluster_secret_env: str = "SHOAL_CLUSTER_SECRET"
+    admin_token_env: str = "SHOAL_ADMIN_TOKEN"
+    api_keys: list[ApiKey] = []
+    api_keys_env: str | None = "SHOAL_API_KEYS"
+    default_rate_limits: RateLimits = RateLimits()
+    admission: AdmissionSettings = AdmissionSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
+    max_header_bytes: int = Field(16 << 10, ge=1024)
     seed: int | None = None
 
     @field_validator("policy")

@@ -10,6 +10,7 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -167,8 +168,9 @@ class Membership:
         (await self.client.get(state.url + "/v1/models", timeout=2)).raise_for_status()
         return None
 
-    async def run(self) -> None:
-        """Polls static workers and expires registered workers' leases, forever."""
+    async def run(self, after_poll: Callable[[], None] | None = None) -> None:
+        """Polls static workers and expires registered workers' leases, forever; `after_poll` runs
+        after each round (capacity may have changed)."""
         while True:
             now = time.monotonic()
             for state in list(self.workers.values()):
@@ -176,4 +178,6 @@ class Membership:
                     log.warning("worker %s missed its heartbeats; removed", state.url)
                     self.remove(state.worker_id)
             await asyncio.gather(*(self.poll(s) for s in list(self.workers.values()) if not s.registered))
+            if after_poll:
+                after_poll()
             await asyncio.sleep(self.poll_interval_s)

@@ -24,8 +24,10 @@ def error_response(status: int, message: str, kind: str, param: str | None = Non
 
 
 async def forward(client: httpx.AsyncClient, placement: Placement, path: str, body: bytes,
-                  headers: dict[str, str], release: Callable[[Placement], None]) -> Response:
-    """Returns the worker's response; 502 if the worker cannot be reached or fails mid-way."""
+                  headers: dict[str, str], release: Callable[[Placement], None],
+                  extra_headers: dict[str, str] | None = None) -> Response:
+    """Returns the worker's response (with `extra_headers` and x-shoal-worker added); 502 if the
+    worker cannot be reached or fails mid-way."""
     worker = placement.worker
     outgoing = {k: v for k, v in headers.items() if k in FORWARDED_HEADERS}
     request = client.build_request("POST", worker.url + path, content=body, headers=outgoing)
@@ -35,7 +37,7 @@ async def forward(client: httpx.AsyncClient, placement: Placement, path: str, bo
         release(placement)
         return error_response(502, f"worker {worker.worker_id} failed: {type(exc).__name__}", "upstream_error")
     worker.first_byte(placement.ticket)
-    reply_headers = {"x-shoal-worker": worker.worker_id}
+    reply_headers = {"x-shoal-worker": worker.worker_id, **(extra_headers or {})}
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
         return StreamingResponse(_relay(upstream, placement, release), status_code=upstream.status_code,
                                  media_type="text/event-stream", headers=reply_headers)

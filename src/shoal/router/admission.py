@@ -1,0 +1,112 @@
+"""Admission control: a bounded number of requests in flight per model, and bounded queues per
+priority class for the rest.
+
+Classes, in order: critical, standard, sheddable. A request is admitted at once if its model has a
+free slot and nobody of its class or a higher one is waiting for that model; otherwise it waits in
+its class's queue, FIFO, until a slot frees or its queue timeout passes (503 + Retry-After). A full
+queue refuses with 429 + Retry-After, except for critical requests, which evict the newest waiting
+sheddable request, then the newest standard one, and are refused only when neither exists. So a
+critical request is never shed while a lower-class one is still queued.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PRIORITY_ORDER = ("critical", "standard", "sheddable")
+
+
+class Refused(Exception):
+    """Not admitted: `status` is 429 (queue full, shed) or 503 (timed out waiting)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int):
+        super().__init__(message)
+        self.status = status
+        self.retry_after_s = retry_after_s
+
+
+@dataclass
+class Waiter:
+    model: str
+    priority: str
+    admitted: asyncio.Future
+
+
+class Admission:
+    """Invariants: admitted[m] counts requests of model m holding a slot (admitted, not released);
+    it exceeds capacity(m) only when capacity shrank under it; every queued waiter's future is
+    pending."""
+
+    def __init__(self, capacity: Callable[[str], int], queue_limits: dict[str, int], queue_timeout_s: float,
+                 retry_after_s: int = 2):
+        self.capacity = capacity
+        self.queue_limits = queue_limits
+        self.queue_timeout_s = queue_timeout_s
+        self.retry_after_s = retry_after_s
+        self.admitted: Counter[str] = Counter()
+        self.queues: dict[str, deque[Waiter]] = {p: deque() for p in PRIORITY_ORDER}
+        self.shed: Counter[str] = Counter()
+
+    def has_room(self, model: str) -> bool:
+        return self.admitted[model] < self.capacity(model)
+
+    def _waiting_ahead(self, model: str, priority: str) -> bool:
+        ahead = PRIORITY_ORDER[:PRIORITY_ORDER.index(priority) + 1]
+        return any(w.model == model for p in ahead for w in self.queues[p])
+
+    async def admit(self, model: str, priority: str) -> None:
+        """Returns once the request holds a slot (release() it afterwards); raises Refused."""
+        if self.has_room(model) and not self._waiting_ahead(model, priority):
+            self.admitted[model] += 1
+            return
+        queue = self.queues[priority]
+        if len(queue) >= self.queue_limits[priority] and not (priority == "critical" and self._evict_lower()):
+            self.shed[priority] += 1
+            raise Refused(429, f"the {priority} queue is full; try again later", self.retry_after_s)
+        waiter = Waiter(model, priority, asyncio.get_running_loop().create_future())
+        queue.append(waiter)
+        try:
+            await asyncio.wait_for(asyncio.shield(waiter.admitted), self.queue_timeout_s)
+        except TimeoutError:
+            if waiter in queue:
+                queue.remove(waiter)
+            if not waiter.admitted.done():
+                self.shed[priority] += 1
+                raise Refused(503, f"no capacity for {model!r} within {self.queue_timeout_s} s",
+                              self.retry_after_s) from None
+        except asyncio.CancelledError:  # the client went away while queued
+            if waiter in queue:
+                queue.remove(waiter)
+            elif waiter.admitted.done() and not waiter.admitted.exception():
+                self.release(model)
+            raise
+        waiter.admitted.result()  # raises Refused if it was evicted
+
+    def _evict_lower(self) -> bool:
+        for priority in reversed(PRIORITY_ORDER[1:]):
+            if self.queues[priority]:
+                victim = self.queues[priority].pop()
+                self.shed[priority] += 1
+                victim.admitted.set_exception(Refused(429, "shed for higher-priority work; try again later",
+                                                      self.retry_after_s))
+                return True
+        return False
+
+    def release(self, model: str) -> None:
+        self.admitted[model] -= 1
+        self.wake()
+
+    def wake(self) -> None:
+        """Admits waiters, highest class first, while their models have room (also after capacity grows)."""
+        for priority in PRIORITY_ORDER:
+            queue = self.queues[priority]
+            for waiter in list(queue):
+                if self.has_room(waiter.model):
+                    queue.remove(waiter)
+                    self.admitted[waiter.model] += 1
+                    waiter.admitted.set_result(None)
+
+    def queued(self) -> dict[str, int]:
+        return {p: len(q) for p, q in self.queues.items()}

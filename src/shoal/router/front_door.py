@@ -1,0 +1,113 @@
+"""The path of one client request through the router: authenticate, parse, rate-limit, degrade if
+saturated, admit, place, forward. Each step answers with an OpenAI-shaped error when it refuses."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import httpx
+from starlette.requests import Request
+from starlette.responses import Response
+
+from shoal.router.admission import Admission, Refused
+from shoal.router.auth import ApiKeys
+from shoal.router.balancer import Balancer, Placement
+from shoal.router.config import RouterConfig
+from shoal.router.membership import Membership
+from shoal.router.proxy import error_response, forward
+from shoal.router.rate_limit import RateLimiter
+from shoal.router.route_request import RequestError, route_request
+from shoal.router.views import RouteRequest
+
+
+class FrontDoor:
+    """Invariant: an admitted request releases its admission slot and its placement exactly once,
+    when its response ends (or at once if it never reaches a worker)."""
+
+    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, client: httpx.AsyncClient):
+        self.config = config
+        self.membership = membership
+        self.balancer = balancer
+        self.client = client
+        self.api_keys = ApiKeys(config)
+        self.rate_limiter = RateLimiter()
+        settings = config.admission
+        self.admission = Admission(self.capacity, settings.queue_limits, settings.queue_timeout_s,
+                                   settings.retry_after_s)
+
+    def capacity(self, model: str) -> int:
+        """Slots for a model: max_in_flight_per_worker for each healthy worker serving it."""
+        healthy = sum(1 for v in self.membership.views() if v.healthy and model in v.models)
+        return healthy * self.config.admission.max_in_flight_per_worker
+
+    def fallbacks(self, model: str) -> list[str]:
+        settings = self.config.models.get(model)
+        return list(settings.fallbacks) if settings else []
+
+    async def handle(self, request: Request, path: str, chat: bool) -> Response:
+        client = self.api_keys.authenticate(request.headers.get("authorization"))
+        if client is None:
+            return error_response(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                  "authentication_error")
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.config.max_body_bytes:
+            return self._too_large()
+        raw = await request.body()
+        if len(raw) > self.config.max_body_bytes:
+            return self._too_large()
+        try:
+            body = json.loads(raw)
+            if not isinstance(body, dict):
+                raise RequestError("the body must be a JSON object")
+            routed = route_request(body, request.headers, chat, self.config.chars_per_token,
+                                   self.config.default_decode_tokens)
+        except ValueError as exc:  # JSONDecodeError and RequestError
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", getattr(exc, "param", None))
+        served = self.membership.models()
+        if routed.model not in served and not any(m in served for m in self.fallbacks(routed.model)):
+            return error_response(404, f"model {routed.model!r} is not served by this cluster", "not_found_error",
+                                  "model")
+        wait = self.rate_limiter.check(client.name, client.requests_per_minute, client.tokens_per_minute,
+                                       routed.total_tokens)
+        if wait:
+            return error_response(429, f"rate limit exceeded for {client.name}", "rate_limit_error",
+                                  headers={"retry-after": str(math.ceil(wait)) if math.isfinite(wait) else "60"})
+        degraded = None
+        if routed.priority == "sheddable" and not self.admission.has_room(routed.model):
+            routed, body, degraded = self._degrade(routed, body)
+            raw = json.dumps(body).encode()
+        try:
+            await self.admission.admit(routed.model, routed.priority)
+        except Refused as refused:
+            return error_response(refused.status, str(refused), "rate_limit_error" if refused.status == 429
+                                  else "service_unavailable", headers={"retry-after": str(refused.retry_after_s)})
+        placement = self.balancer.place(routed)
+        if placement is None:
+            self.admission.release(routed.model)
+            return error_response(503, f"no worker can take this request for {routed.model!r} now",
+                                  "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
+        model = routed.model
+
+        def release(done: Placement) -> None:
+            self.balancer.release(done)
+            self.admission.release(model)
+
+        extra = {"x-shoal-degraded": degraded} if degraded else {}
+        return await forward(self.client, placement, path, raw, dict(request.headers), release, extra)
+
+    def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:
+        """A sheddable request under saturation: the first fallback model with room, else a shorter
+        output. Returns the new request, body and what was done (for the x-shoal-degraded header)."""
+        for fallback in self.fallbacks(routed.model):
+            if self.admission.has_room(fallback):
+                return replace(routed, model=fallback), {**body, "model": fallback}, f"fallback={fallback}"
+        cap = self.config.admission.degrade_max_tokens
+        if cap and routed.expected_decode_tokens > cap:
+            capped = {**body, "max_tokens": cap}
+            capped.pop("max_completion_tokens", None)
+            return replace(routed, expected_decode_tokens=cap), capped, f"max_tokens={cap}"
+        return routed, body, None
+
+    def _too_large(self) -> Response:
+        return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes", "invalid_request_error")

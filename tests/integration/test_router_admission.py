@@ -1,0 +1,133 @@
+"""Priorities, degradation, shedding, API keys and rate limits through a real router (configured
+from a YAML file) in front of real, deliberately slow tiny workers."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+import yaml
+
+from shoal.router.auth import key_hash
+from tests.integration.test_router import start_router, stop
+from tests.integration.test_worker_server import spawn_worker, wait_ready
+
+KEY, OTHER_KEY = "sk-test-alpha", "sk-test-beta"
+
+
+@pytest.fixture(scope="module")
+def slow_pair(tiny_model_dir, shoal_cache_dir):
+    """Worker "big" and worker "small", both 30 ms per step, so requests overlap for a while."""
+    common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--kv-cache", "8MiB", "--step-delay-ms", "30"]
+    spawned = [spawn_worker(common + ["--served-model-name", name], shoal_cache_dir) for name in ("big", "small")]
+    started = [wait_ready(*w) for w in spawned]
+    yield {"big": started[0][1], "small": started[1][1]}
+    for process, _ in started:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+@pytest.fixture
+def router(slow_pair, tmp_path):
+    config = {
+        "policy": "cost",
+        "workers": [{"url": slow_pair["big"]}, {"url": slow_pair["small"]}],
+        "models": {"big": {"fallbacks": ["small"]}},
+        "admission": {"max_in_flight_per_worker": 1, "queue_limits": {"critical": 2, "standard": 2, "sheddable": 1},
+                      "queue_timeout_s": 20, "degrade_max_tokens": 3},
+        "api_keys": [{"name": "alpha", "sha256": key_hash(KEY)},
+                     {"name": "beta", "sha256": key_hash(OTHER_KEY), "requests_per_minute": 2}],
+    }
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    process, url = start_router(["--config", str(path)])
+    yield url, process
+    stop(process)
+
+
+def post(url: str, body: dict, key: str = KEY, priority: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}"}
+    if priority:
+        headers["x-shoal-priority"] = priority
+    return httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
+
+
+def long_request(model: str) -> dict:
+    return {"model": model, "prompt": "hold the slot", "max_tokens": 150, "ignore_eos": True}
+
+
+def in_background(fn, *args) -> tuple[threading.Thread, list]:
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(fn(*args)))
+    thread.start()
+    return thread, result
+
+
+def test_api_keys_are_required_and_rate_limits_answer_429(router):
+    url, process = router
+    body = {"model": "small", "prompt": "x", "max_tokens": 1}
+    assert httpx.post(url + "/v1/completions", json=body).status_code == 401
+    assert post(url, body, key="sk-wrong").status_code == 401
+    assert post(url, body, key=OTHER_KEY).status_code == 200
+    assert post(url, body, key=OTHER_KEY).status_code == 200
+    limited = post(url, body, key=OTHER_KEY)
+    assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
+    assert limited.json()["error"]["type"] == "rate_limit_error"
+    assert post(url, body).status_code == 200  # another key is not limited
+    stop(process)
+    logs = process.stderr.read().decode()
+    assert KEY not in logs and OTHER_KEY not in logs
+
+
+def test_sheddable_degrades_to_the_fallback_then_to_a_shorter_output_then_is_shed(router):
+    url, _ = router
+    holder, _ = in_background(post, url, long_request("big"))
+    time.sleep(0.5)
+    fallback = post(url, {"model": "big", "prompt": "degrade me", "max_tokens": 8}, priority="sheddable")
+    assert fallback.status_code == 200 and fallback.json()["model"] == "small"
+    assert fallback.headers["x-shoal-degraded"] == "fallback=small"
+    small_holder, _ = in_background(post, url, long_request("small"))
+    time.sleep(0.5)
+    # Both models busy: the next sheddable request is cut short and queued (the queue holds one).
+    shortened, result = in_background(post, url, {"model": "big", "prompt": "cut me", "max_tokens": 30,
+                                                  "ignore_eos": True}, KEY, "sheddable")
+    time.sleep(0.3)
+    shed = post(url, {"model": "big", "prompt": "no room", "max_tokens": 30}, priority="sheddable")
+    assert shed.status_code == 429 and shed.headers["retry-after"]
+    for thread in (holder, small_holder, shortened):
+        thread.join(timeout=60)
+    response = result[0]
+    assert response.status_code == 200 and response.headers["x-shoal-degraded"] == "max_tokens=3"
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
+def test_critical_requests_go_ahead_of_standard_ones(router):
+    url, _ = router
+    holder, _ = in_background(post, url, long_request("big"))
+    time.sleep(0.5)
+    finished: list[str] = []
+
+    def request(name: str, priority: str) -> None:
+        response = post(url, {"model": "big", "prompt": name, "max_tokens": 10, "ignore_eos": True}, priority=priority)
+        assert response.status_code == 200
+        finished.append(name)
+
+    standard, _ = in_background(request, "standard", "standard")
+    time.sleep(0.3)
+    critical, _ = in_background(request, "critical", "critical")
+    for thread in (holder, standard, critical):
+        thread.join(timeout=60)
+    assert finished == ["critical", "standard"]
+
+
+def test_bad_configs_are_refused_with_the_reason(tmp_path):
+    import subprocess
+    import sys
+
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"policy": "fastest", "admission": {"max_in_flight_per_worker": 0}}))
+    result = subprocess.run([sys.executable, "-m", "shoal.cli", "router", "--config", str(path)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "unknown policy 'fastest'" in result.stderr and "max_in_flight_per_worker" in result.stderr
