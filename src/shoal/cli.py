@@ -141,8 +141,7 @@ def router(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"shoal router: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(create_router_app(config), host=config.host, port=config.port, log_level="warning",
-                h11_max_incomplete_event_size=config.max_header_bytes)
+    uvicorn.run(create_router_app(config), host=config.host, port=config.port, log_level="warning")
     return 0
 
 

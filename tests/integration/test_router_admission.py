@@ -121,6 +121,15 @@ def test_critical_requests_go_ahead_of_standard_ones(router):
     assert finished == ["critical", "standard"]
 
 
+def test_oversized_bodies_and_headers_are_refused(router):
+    url, _ = router
+    body = {"model": "small", "prompt": "x" * (5 << 20)}
+    assert post(url, body).status_code == 413
+    huge_header = httpx.post(url + "/v1/completions", json={"model": "small", "prompt": "x"},
+                             headers={"authorization": f"Bearer {KEY}", "x-padding": "p" * (20 << 10)})
+    assert huge_header.status_code == 431 and huge_header.json()["error"]["code"] == 431
+
+
 def test_bad_configs_are_refused_with_the_reason(tmp_path):
     import subprocess
     import sys

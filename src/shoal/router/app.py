@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 from shoal.router.balancer import Balancer
 from shoal.router.config import RouterConfig
 from shoal.router.front_door import FrontDoor
+from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.membership import Membership
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
@@ -49,6 +50,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         await client.aclose()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
+    app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
 
     @app.get("/health")
