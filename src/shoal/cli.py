@@ -108,7 +108,8 @@ def worker(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                    step_delay_ms=args.step_delay_ms, **(args.kv_cache or {})))
+                                    step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
+                                    **(args.kv_cache or {})))
     calibration = calibrate(engine)
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--served-model-name", default=None)
     worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
                                help="on SIGTERM, how long in-flight requests may take to finish")
+    worker_parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
     worker_parser.add_argument("--step-delay-ms", type=float, default=0.0,
                                help="added to every engine step, to emulate a slower machine")
     worker_parser.add_argument("--router", default=None, metavar="URL",

@@ -1,0 +1,183 @@
+"""Routing quality: the default cost policy against round robin (and any other policy named) on
+a multi-turn chat workload with shared system prompts, over 3+ real workers.
+
+Per policy, fresh workers and a fresh router are started (so no policy inherits another's caches),
+then conversations run concurrently, each turn waiting for the previous reply (which joins the
+history). Reported per policy: the workers' prefix-cache hit rate (hit tokens / queried tokens, from
+their /metrics), time to first token p50/p99 as the client sees it, and completion tokens/s.
+
+    .venv/bin/python benchmarks/routing_quality.py [--workers 3] [--policies cost,round_robin]
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+RESULTS = Path(__file__).parent / "results"
+TOPICS = ["astronomy", "cooking", "gardening", "chess", "sailing", "geology", "music theory", "carpentry",
+          "beekeeping", "photography", "cycling", "birdwatching", "pottery", "weather", "origami", "rowing"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited with {process.returncode}")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not come up")
+
+
+def system_prompt(topic: str, rng: random.Random) -> str:
+    facts = " ".join(f"Rule {i + 1}: when asked about {topic}, mention detail number {rng.randrange(1000)} and keep "
+                     f"answers short, friendly and precise." for i in range(8))
+    return f"You are an expert assistant on {topic}. {facts}"
+
+
+def make_conversations(args) -> list[tuple[str, list[str]]]:
+    rng = random.Random(args.seed)
+    systems = [system_prompt(topic, rng) for topic in TOPICS[:args.system_prompts]]
+    return [(systems[i % len(systems)], [f"Question {turn + 1} of conversation {i}: tell me something about "
+                                         f"item {rng.randrange(10_000)}." for turn in range(args.turns)])
+            for i in range(args.conversations)]
+
+
+def prefix_counters(worker_urls: list[str]) -> tuple[float, float]:
+    hits = queries = 0.0
+    for url in worker_urls:
+        for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
+            for sample in family.samples:
+                if sample.name == "shoal:prefix_cache_hits_total":
+                    hits += sample.value
+                elif sample.name == "shoal:prefix_cache_queries_total":
+                    queries += sample.value
+    return hits, queries
+
+
+async def run_conversations(router_url: str, conversations, args) -> dict:
+    gate = asyncio.Semaphore(args.concurrency)
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def converse(client: httpx.AsyncClient, system: str, questions: list[str]) -> None:
+        nonlocal tokens
+        messages = [{"role": "system", "content": system}]
+        for question in questions:
+            messages.append({"role": "user", "content": question})
+            body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0,
+                    "ignore_eos": True, "stream": True}
+            async with gate:
+                started, first, reply = time.perf_counter(), None, []
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    response.raise_for_status()
+                    async for line in response.aiter_lines():
+                        if not line.startswith("data: ") or line == "data: [DONE]":
+                            continue
+                        choice = json.loads(line[6:])["choices"][0]
+                        if choice.get("token_ids"):
+                            first = first or time.perf_counter()
+                            tokens += len(choice["token_ids"])
+                        reply.append(choice.get("delta", {}).get("content") or "")
+                ttfts.append(first - started)
+            messages.append({"role": "assistant", "content": "".join(reply)})
+
+    started = time.perf_counter()
+    async with httpx.AsyncClient(base_url=router_url, timeout=600,
+                                 limits=httpx.Limits(max_connections=args.concurrency + 4)) as client:
+        await asyncio.gather(*(converse(client, s, q) for s, q in conversations))
+    seconds = time.perf_counter() - started
+    ordered = sorted(ttfts)
+    return {"requests": len(ttfts), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "ttft_p50_s": ordered[len(ordered) // 2], "ttft_p99_s": ordered[min(len(ordered) - 1,
+                                                                                int(0.99 * len(ordered)))]}
+
+
+def measure(policy: str, conversations, args) -> dict:
+    env = {**os.environ}
+    workers, urls = [], []
+    try:
+        for _ in range(args.workers):
+            port = free_port()
+            command = [sys.executable, "-m", "shoal.cli", "worker", "--model", args.model, "--port", str(port),
+                       "--served-model-name", "bench", "--kv-cache", args.kv_cache, "--num-threads",
+                       str(args.threads_per_worker)]
+            workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            urls.append(f"http://127.0.0.1:{port}")
+        for process, url in zip(workers, urls):
+            wait_for(url + "/ready", process)
+        port = free_port()
+        command = [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--policy", policy]
+        for url in urls:
+            command += ["--worker", url]
+        workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        router_url = f"http://127.0.0.1:{port}"
+        wait_for(router_url + "/ready", workers[-1])
+        hits_before, queries_before = prefix_counters(urls)
+        result = asyncio.run(run_conversations(router_url, conversations, args))
+        hits, queries = prefix_counters(urls)
+        result["prefix_hit_rate"] = (hits - hits_before) / max(1.0, queries - queries_before)
+        return result
+    finally:
+        for process in workers:
+            process.terminate()
+        for process in workers:
+            process.wait(timeout=60)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--workers", type=int, default=3)
+    parser.add_argument("--threads-per-worker", type=int, default=1)
+    parser.add_argument("--kv-cache", default="256MiB")
+    parser.add_argument("--policies", default="cost,round_robin")
+    parser.add_argument("--system-prompts", type=int, default=12)
+    parser.add_argument("--conversations", type=int, default=36)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=6)
+    parser.add_argument("--seed", type=int, default=3)
+    args = parser.parse_args()
+    conversations = make_conversations(args)
+    results = {}
+    for policy in args.policies.split(","):
+        results[policy] = measure(policy, conversations, args)
+        r = results[policy]
+        print(f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
+              f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.0f} s)", flush=True)
+    policies = list(results)
+    if "round_robin" in results and policies[0] != "round_robin":
+        base, rr = results[policies[0]], results["round_robin"]
+        print(f"{policies[0]} / round_robin: hit rate x{base['prefix_hit_rate'] / max(rr['prefix_hit_rate'], 1e-9):.2f}, "
+              f"TTFT p99 x{base['ttft_p99_s'] / rr['ttft_p99_s']:.2f}, tok/s x{base['tokens_per_s'] / rr['tokens_per_s']:.2f}")
+    RESULTS.mkdir(exist_ok=True)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    out = RESULTS / f"routing-quality-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
+    out.write_text(json.dumps({"args": vars(args), "commit": commit, "results": results}, indent=2))
+    print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
