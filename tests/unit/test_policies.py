@@ -59,19 +59,24 @@ def test_power_of_two_never_picks_the_worst_of_its_pair():
 
 
 def test_cost_policy_sends_about_twice_the_work_to_a_twice_as_fast_worker():
-    """Simulate: place 300 requests, each worker's queue grows by what it gets and drains at its speed."""
+    """Simulated continuous batching under saturating load (357 tokens/s asked of 300 available):
+    every tick one request of 50 tokens arrives; each worker decodes its running requests at
+    min(1 / step time, aggregate rate / batch) tokens/s each."""
     speed = {"fast": 2.0, "slow": 1.0}
-    queued = {"fast": 0, "slow": 0}
+    active: dict[str, list[float]] = {n: [] for n in speed}
     counts = Counter()
-    policy = CostPolicy()
-    for _ in range(300):
-        views = [worker(n, outstanding_decode_tokens=queued[n], capability=100 * speed[n],
-                        prefill_tokens_per_s=1000 * speed[n], decode_step_s=0.02 / speed[n]) for n in speed]
-        chosen = policy.choose(request(), views, RoutingContext()).worker_id
+    policy, tick_s = CostPolicy(), 0.14
+    for _ in range(400):
+        views = [worker(n, running=len(active[n]), outstanding_decode_tokens=int(sum(active[n])),
+                        capability=100 * speed[n], decode_step_s=0.02 / speed[n], prefill_tokens_per_s=1000 * speed[n])
+                 for n in speed]
+        chosen = policy.choose(request(decode=50), views, RoutingContext()).worker_id
         counts[chosen] += 1
-        queued[chosen] += 50
-        for n in queued:  # each worker drains in proportion to its speed
-            queued[n] = max(0, queued[n] - int(15 * speed[n]))
+        active[chosen].append(50.0)
+        for n, running in active.items():
+            if running:
+                each = tick_s * min(speed[n] / 0.02, 100 * speed[n] / len(running))
+                active[n] = [r - each for r in running if r > each]
     assert 1.6 < counts["fast"] / counts["slow"] < 2.5, counts
 
 
@@ -120,7 +125,7 @@ def test_session_affinity_is_sticky_bounded_and_moves_few_keys():
 
 
 def test_session_affinity_without_a_key_uses_the_cost_policy():
-    workers = [worker("a", outstanding_decode_tokens=5000), worker("b")]
+    workers = [worker("a", running=30), worker("b")]
     assert SessionAffinity().choose(request(), workers, RoutingContext()).worker_id == "b"
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
+from shoal.engine.speed import SpeedEstimator
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,6 @@ def calibrate(engine: LLMEngine, prompt_tokens: int = 256, decode_steps: int = 8
     single = decode_steps / run([prompt(16)], decode_steps + 1)
     batched = batch * decode_steps / run([prompt(16) for _ in range(batch)], decode_steps + 1)
     engine.reset_counters()
-    engine.speed.prefill_tokens_per_s = prefill
-    engine.speed.decode_tokens_per_s = batched
-    engine.speed.decode_step_s = batch / batched
+    engine.speed = SpeedEstimator(engine.speed.decay)
+    engine.speed.seed(prefill, batched, batch / batched)
     return Calibration(prefill, single, batched, batch, time.perf_counter() - started)

@@ -1,34 +1,65 @@
-"""Measured throughput of one engine: moving averages of prefill and decode speed."""
+"""Measured throughput of one engine: moving prefill and decode speeds from step timings."""
 from __future__ import annotations
 
 
-class SpeedEstimator:
-    """Exponential moving averages from step timings.
+class DecayedRate:
+    """tokens / seconds over recent observations, each older one weighing (1 - decay) less.
 
-    A step that computes P prompt tokens and D decode tokens in t seconds is split in two: a pure
-    decode step sets the decode figures directly (D / t tokens/s, and t as the inter-token latency
-    at that batch size); a step with prompt work charges D tokens at the current decode cost and
-    the rest of t to prefill (at least a tenth of t, so noise cannot make prefill look free).
-    Invariant: every figure is None until observed (or seeded by calibration), then positive.
+    A ratio of sums, not a mean of ratios: a step that computes few tokens weighs little, so the
+    fixed cost of a step cannot make a handful of tokens look like a fast rate."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.tokens = 0.0
+        self.seconds = 0.0
+
+    def add(self, tokens: float, seconds: float) -> None:
+        self.tokens = self.tokens * (1 - self.decay) + tokens
+        self.seconds = self.seconds * (1 - self.decay) + seconds
+
+    @property
+    def rate(self) -> float | None:
+        return self.tokens / self.seconds if self.seconds > 0 and self.tokens > 0 else None
+
+
+class SpeedEstimator:
+    """Prefill and decode speeds of this engine, as routers use them.
+
+    A pure decode step (D tokens in t seconds) feeds the decode rate and the decode step time (the
+    inter-token latency at the current batch). A step with P prompt tokens charges its D decode
+    tokens at the current decode rate and the rest of t to prefill. Invariant: figures are None
+    until observed or seeded by calibration, then positive.
     """
 
-    def __init__(self, alpha: float = 0.2):
-        self.alpha = alpha
-        self.prefill_tokens_per_s: float | None = None
-        self.decode_tokens_per_s: float | None = None
+    def __init__(self, decay: float = 0.05):
+        self.decay = decay
+        self.prefill = DecayedRate(decay)
+        self.decode = DecayedRate(decay)
         self.decode_step_s: float | None = None
 
-    def _average(self, current: float | None, sample: float) -> float:
-        return sample if current is None else current + self.alpha * (sample - current)
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        return self.prefill.rate
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode.rate
 
     def observe(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
         if seconds <= 0:
             return
         if prefill_tokens == 0:
             if decode_tokens:
-                self.decode_tokens_per_s = self._average(self.decode_tokens_per_s, decode_tokens / seconds)
-                self.decode_step_s = self._average(self.decode_step_s, seconds)
+                self.decode.add(decode_tokens, seconds)
+                step = self.decode_step_s
+                self.decode_step_s = seconds if step is None else step + self.decay * (seconds - step)
             return
-        decode_share = decode_tokens / self.decode_tokens_per_s if self.decode_tokens_per_s else 0.0
-        prefill_seconds = max(seconds - decode_share, 0.1 * seconds)
-        self.prefill_tokens_per_s = self._average(self.prefill_tokens_per_s, prefill_tokens / prefill_seconds)
+        decode_rate = self.decode.rate
+        decode_share = decode_tokens / decode_rate if decode_rate else 0.0
+        self.prefill.add(prefill_tokens, max(0.0, seconds - decode_share))
+
+    def seed(self, prefill_tokens_per_s: float, decode_tokens_per_s: float, decode_step_s: float) -> None:
+        """Starts from calibrated figures (worth one second of observations each)."""
+        self.prefill.add(prefill_tokens_per_s, 1.0)
+        self.decode.add(decode_tokens_per_s, 1.0)
+        self.decode_step_s = decode_step_s

@@ -21,6 +21,7 @@ class LoadReport:
 
     running: int = 0
     waiting: int = 0
+    max_num_seqs: int | None = None
     outstanding_prefill_tokens: int | None = None
     outstanding_decode_tokens: int | None = None
     free_kv_tokens: int | None = None
@@ -38,7 +39,7 @@ class LoadReport:
         block_size = int(report.get("block_size") or 0)
         return cls(
             running=int(report.get("running", 0)), waiting=int(report.get("waiting", 0)),
-            outstanding_prefill_tokens=report.get("outstanding_prefill_tokens"),
+            max_num_seqs=report.get("max_num_seqs"), outstanding_prefill_tokens=report.get("outstanding_prefill_tokens"),
             outstanding_decode_tokens=report.get("outstanding_decode_tokens"),
             free_kv_tokens=int(report["free_kv_blocks"]) * block_size if "free_kv_blocks" in report else None,
             kv_capacity_tokens=int(report["num_kv_blocks"]) * block_size if "num_kv_blocks" in report else None,

@@ -65,7 +65,7 @@ class WorkerState:
         return WorkerView(
             worker_id=self.worker_id, url=self.url, models=self.models,
             healthy=self.healthy and not report.draining, running=report.running, waiting=report.waiting,
-            in_flight=len(self.in_flight),
+            max_num_seqs=report.max_num_seqs, in_flight=len(self.in_flight),
             outstanding_prefill_tokens=max(prefill, report.outstanding_prefill_tokens or 0),
             outstanding_decode_tokens=max(decode, report.outstanding_decode_tokens or 0),
             free_kv_tokens=report.free_kv_tokens, kv_capacity_tokens=report.kv_capacity_tokens,

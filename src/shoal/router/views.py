@@ -44,6 +44,7 @@ class WorkerView:
     healthy: bool = True
     running: int = 0
     waiting: int = 0
+    max_num_seqs: int | None = None
     in_flight: int = 0
     outstanding_prefill_tokens: int = 0
     outstanding_decode_tokens: int = 0

@@ -58,6 +58,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         stats = engine.stats
         return {"model": model_name, "max_model_len": max_model_len, "draining": drain.draining,
                 "running": stats.num_running, "waiting": stats.num_waiting,
+                "max_num_seqs": engine.engine.config.max_num_seqs,
                 "outstanding_prefill_tokens": stats.outstanding_prefill_tokens,
                 "outstanding_decode_tokens": stats.outstanding_decode_tokens,
                 "free_kv_blocks": stats.num_free_blocks, "num_kv_blocks": stats.num_kv_blocks,

@@ -1,14 +1,21 @@
 """The default policy: send the request where it is estimated to finish first.
 
-    time(worker) = queued prefill tokens / prefill speed + queued decode tokens / decode throughput
-                 + this request's uncached prompt tokens / prefill speed
-                 + its expected decode tokens x per-token time
+Workers batch continuously: a new request does not wait for the running ones to finish, it joins
+their batch and every sequence's steps get slower. So for a worker, the estimate is
 
-per-token time = max(decode step time, (running + 1) / decode throughput). Load (the queue),
-cache (uncached tokens only) and hardware (each worker's own measured speeds) enter one formula: a
-worker twice as fast drains its queue twice as fast, so it is picked until its queue is about twice
-as long. Speeds a worker does not report are taken as the fleet's median, so unknown workers are
-treated as typical rather than as free.
+    time = work queued ahead of this request's prefill  (outstanding prompt tokens / prefill speed,
+           plus, when the batch is full, the wait for a slot: a running request's remaining
+           decode tokens x per-token time)
+         + this request's uncached prompt tokens / prefill speed
+         + its expected decode tokens x per-token time
+
+per-token time = max(decode step time, (running + 1) / decode throughput): the step time the
+batch has now, or the batch's share of the worker's aggregate decode rate once it is saturated.
+
+Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
+speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
+batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
+taken as the fleet's median, so unknown workers are treated as typical rather than as free.
 """
 from __future__ import annotations
 
@@ -47,11 +54,13 @@ def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
 def estimated_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView],
                       context: RoutingContext) -> float:
     speed = speeds(worker, fleet)
-    queued = (worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
-              + worker.outstanding_decode_tokens / speed.decode_tokens_per_s)
+    running = max(worker.running, worker.in_flight - worker.waiting)
+    per_token = max(speed.decode_step_s, (running + 1) / speed.decode_tokens_per_s)
+    ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
+    if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
+        ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
     uncached = request.prompt_tokens - context.cached_tokens(request, worker)
-    per_token = max(speed.decode_step_s, (worker.running + 1) / speed.decode_tokens_per_s)
-    return queued + uncached / speed.prefill_tokens_per_s + request.expected_decode_tokens * per_token
+    return ahead + uncached / speed.prefill_tokens_per_s + request.expected_decode_tokens * per_token
 
 
 class CostPolicy:
