@@ -137,6 +137,8 @@ def measure(policy: str, conversations, args) -> dict:
         result = asyncio.run(run_conversations(router_url, conversations, args))
         hits, queries = prefix_counters(urls)
         result["prefix_hit_rate"] = (hits - hits_before) / max(1.0, queries - queries_before)
+        speeds = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_s", "capability")
+        result["worker_speeds_at_end"] = [{k: httpx.get(u + "/load").json()[k] for k in speeds} for u in urls]
         return result
     finally:
         for process in workers:

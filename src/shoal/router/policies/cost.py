@@ -12,6 +12,11 @@ their batch and every sequence's steps get slower. So for a worker, the estimate
 per-token time = max(decode step time, (running + 1) / decode throughput): the step time the
 batch has now, or the batch's share of the worker's aggregate decode rate once it is saturated.
 
+Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
+affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
+another is estimated faster by more than `affinity_margin` (25%). Without it, identical workers
+trade conversations on noise and every trade re-computes a whole history.
+
 Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
@@ -63,8 +68,16 @@ def estimated_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence
     return ahead + uncached / speed.prefill_tokens_per_s + request.expected_decode_tokens * per_token
 
 
+@dataclass(frozen=True)
 class CostPolicy:
-    name = "cost"
+    affinity_margin: float = 0.25
+    name: str = "cost"
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView], context: RoutingContext) -> WorkerView:
-        return min(workers, key=lambda w: (estimated_seconds(request, w, workers, context), w.worker_id))
+        estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in workers}
+        fastest = min(workers, key=lambda w: (estimates[w.worker_id], w.worker_id))
+        home = max(workers, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -estimates[w.worker_id]))
+        if (context.matched_blocks.get(home.worker_id, 0) > context.matched_blocks.get(fastest.worker_id, 0)
+                and estimates[home.worker_id] <= (1 + self.affinity_margin) * estimates[fastest.worker_id]):
+            return home
+        return fastest
