@@ -14,6 +14,7 @@ Installs what it needs when missing: nginx-light and wrk (apt), LiteLLM's proxy 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -34,6 +35,9 @@ COMPLETION = {"id": "chatcmpl-bench", "object": "chat.completion", "created": 0,
               "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
               "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
 REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 1}
+# Both shoal and LiteLLM check this client key (LiteLLM refuses to start without one).
+API_KEY = "sk-router-bench-0123456789abcdef"
+HEADERS = {"authorization": f"Bearer {API_KEY}"}
 
 
 def free_port() -> int:
@@ -69,7 +73,7 @@ def wait_up(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None
         if process.poll() is not None:
             raise RuntimeError(f"{url}: process exited with {process.returncode}")
         try:
-            if httpx.post(url + "/v1/chat/completions", json=REQUEST, timeout=2).status_code == 200:
+            if httpx.post(url + "/v1/chat/completions", json=REQUEST, headers=HEADERS, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -79,7 +83,7 @@ def wait_up(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None
 
 def latency(url: str, requests: int) -> dict:
     samples = []
-    with httpx.Client(base_url=url, timeout=30) as client:
+    with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
         for i in range(requests + 200):
             started = time.perf_counter()
             response = client.post("/v1/chat/completions", json=REQUEST)
@@ -94,7 +98,8 @@ def latency(url: str, requests: int) -> dict:
 def throughput(url: str, seconds: int, conf_dir: Path) -> float:
     script = conf_dir / "post.lua"
     script.write_text(f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(REQUEST))}\n'
-                      'wrk.headers["Content-Type"] = "application/json"\n')
+                      'wrk.headers["Content-Type"] = "application/json"\n'
+                      f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n')
     out = subprocess.run(["taskset", "-c", "0", "wrk", "-t1", "-c64", f"-d{seconds}s", "-s", str(script),
                           url + "/v1/chat/completions"], capture_output=True, text=True, check=True).stdout
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
@@ -124,7 +129,8 @@ def main() -> int:
         targets = {"direct": upstream}
         shoal_port = free_port()
         config = conf_dir / "router.yaml"
-        config.write_text(json.dumps({"workers": [{"url": upstream, "models": ["bench"]}]}))
+        config.write_text(json.dumps({"workers": [{"url": upstream, "models": ["bench"]}],
+                                      "api_keys": [{"sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]}))
         processes.append(subprocess.Popen(["taskset", "-c", "1", sys.executable, "-m", "shoal.cli", "router",
                                            "--port", str(shoal_port), "--config", str(config)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -145,7 +151,7 @@ def main() -> int:
         processes.append(subprocess.Popen(
             ["taskset", "-c", "1", str(LITELLM_VENV / "bin" / "litellm"), "--config", str(litellm_config),
              "--port", str(litellm_port), "--num_workers", "1"],
-            env={**os.environ, "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR"},
+            env={**os.environ, "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": API_KEY},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         targets["litellm"] = f"http://127.0.0.1:{litellm_port}"
         wait_up(targets["litellm"], processes[-1], timeout_s=300)

@@ -78,6 +78,14 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def configure_logging() -> None:
+    """INFO for shoal's own loggers; HTTP client libraries only when something goes wrong (they
+    would log every heartbeat and poll)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 
 
@@ -106,7 +114,7 @@ def worker(args: argparse.Namespace) -> int:
     from shoal.worker.drain import DrainingServer, DrainState
     from shoal.worker.server import RouterLink, create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
                                     **(args.kv_cache or {})))
@@ -133,7 +141,7 @@ def router(args: argparse.Namespace) -> int:
     from shoal.router.app import create_router_app
     from shoal.router.config import RouterConfig
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     overrides = {k: v for k, v in {"host": args.host, "port": args.port, "policy": args.policy}.items() if v is not None}
     if args.worker:
         overrides["workers"] = [{"url": url} for url in args.worker]

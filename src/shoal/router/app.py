@@ -9,7 +9,7 @@ import hmac
 import logging
 import os
 
-import httpx
+import aiohttp
 from fastapi import FastAPI, Request
 from starlette.responses import JSONResponse, Response
 
@@ -31,23 +31,24 @@ def _bearer_matches(request: Request, secret: str | None) -> bool:
 
 def create_router_app(config: RouterConfig) -> FastAPI:
     """Invariant: every response to a client is the worker's own or an OpenAI-shaped error."""
-    client = httpx.AsyncClient(timeout=httpx.Timeout(config.read_timeout_s, connect=config.connect_timeout_s),
-                               limits=httpx.Limits(max_connections=None, max_keepalive_connections=512))
-    membership = Membership(client, config.load_poll_interval_s, config.unhealthy_after_failures,
-                            config.heartbeat_lease_s)
+    membership = Membership(config.load_poll_interval_s, config.unhealthy_after_failures, config.heartbeat_lease_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
-    front_door = FrontDoor(config, membership, balancer, client)
+    front_door = FrontDoor(config, membership, balancer)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0),
+            timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s))
+        membership.session = front_door.session = session
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
         task = asyncio.create_task(membership.run(after_poll=front_door.admission.wake))
         yield
         task.cancel()
-        await client.aclose()
+        await session.close()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)

@@ -6,7 +6,7 @@ import json
 import math
 from dataclasses import replace
 
-import httpx
+import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -25,11 +25,11 @@ class FrontDoor:
     """Invariant: an admitted request releases its admission slot and its placement exactly once,
     when its response ends (or at once if it never reaches a worker)."""
 
-    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, client: httpx.AsyncClient):
+    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer):
         self.config = config
         self.membership = membership
         self.balancer = balancer
-        self.client = client
+        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
         self.api_keys = ApiKeys(config)
         self.rate_limiter = RateLimiter()
         settings = config.admission
@@ -94,7 +94,7 @@ class FrontDoor:
             self.admission.release(model)
 
         extra = {"x-shoal-degraded": degraded} if degraded else {}
-        return await forward(self.client, placement, path, raw, dict(request.headers), release, extra)
+        return await forward(self.session, placement, path, raw, request.headers, release, extra)
 
     def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:
         """A sheddable request under saturation: the first fallback model with room, else a shorter

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from shoal.router.load_report import LoadReport
 from shoal.router.views import WorkerView
@@ -81,9 +82,8 @@ def normalize_url(url: str) -> str:
 class Membership:
     """Invariant: worker ids are their normalized URLs, unique in `workers`."""
 
-    def __init__(self, client: httpx.AsyncClient, poll_interval_s: float = 0.5, unhealthy_after_failures: int = 3,
-                 lease_s: float = 3.0):
-        self.client = client
+    def __init__(self, poll_interval_s: float = 0.5, unhealthy_after_failures: int = 3, lease_s: float = 3.0):
+        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
         self.poll_interval_s = poll_interval_s
         self.unhealthy_after_failures = unhealthy_after_failures
         self.lease_s = lease_s
@@ -128,18 +128,22 @@ class Membership:
     def remove(self, worker_id: str) -> WorkerState | None:
         return self.workers.pop(normalize_url(worker_id), None)
 
+    async def _get(self, url: str) -> tuple[int, bytes]:
+        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+            return response.status, await response.read()
+
     async def _discover_models(self, state: WorkerState) -> None:
         try:
-            response = await self.client.get(state.url + "/v1/models", timeout=5)
-            state.models = frozenset(m["id"] for m in response.json()["data"])
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+            _, body = await self._get(state.url + "/v1/models")
+            state.models = frozenset(m["id"] for m in json.loads(body)["data"])
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             log.warning("cannot list the models of %s: %s", state.url, exc)
 
     async def poll(self, state: WorkerState) -> None:
         """Refreshes one polled worker's load report and health."""
         try:
             report = await self._read_load(state)
-        except httpx.HTTPError as exc:
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             state.failures += 1
             if state.healthy and state.failures >= self.unhealthy_after_failures:
                 state.healthy = False
@@ -153,19 +157,21 @@ class Membership:
 
     async def _read_load(self, state: WorkerState) -> LoadReport | None:
         if state.load_source in (None, "shoal"):
-            response = await self.client.get(state.url + "/load", timeout=2)
-            if response.status_code == 200:
+            status, body = await self._get(state.url + "/load")
+            if status == 200:
                 state.load_source = "shoal"
-                return LoadReport.from_shoal(response.json())
+                return LoadReport.from_shoal(json.loads(body))
             state.load_source = "prometheus"
         if state.load_source == "prometheus":
-            response = await self.client.get(state.url + "/metrics", timeout=2)
-            report = LoadReport.from_prometheus(response.text) if response.status_code == 200 else None
+            status, body = await self._get(state.url + "/metrics")
+            report = LoadReport.from_prometheus(body.decode()) if status == 200 else None
             if report is not None:
                 return report
             state.load_source = "router"
         # Only the router's own in-flight counts; still prove the server answers.
-        (await self.client.get(state.url + "/v1/models", timeout=2)).raise_for_status()
+        status, _ = await self._get(state.url + "/v1/models")
+        if status != 200:
+            raise aiohttp.ClientError(f"/v1/models answered {status}")
         return None
 
     async def run(self, after_poll: Callable[[], None] | None = None) -> None:
