@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import openai
 import pytest
+import yaml
 
 from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
 
@@ -44,9 +45,11 @@ def stop(process: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tiny_model_dir, shoal_cache_dir):
-    """Two ordinary tiny workers and one slowed by 40 ms per step, all serving MODEL."""
+    """Two tiny workers at 10 ms per step and one four times slower, all serving MODEL. The delay
+    keeps long requests running for seconds, so load is visible to the router."""
     common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB"]
-    spawned = [spawn_worker(common, shoal_cache_dir), spawn_worker(common, shoal_cache_dir),
+    spawned = [spawn_worker(common + ["--step-delay-ms", "10"], shoal_cache_dir),
+               spawn_worker(common + ["--step-delay-ms", "10"], shoal_cache_dir),
                spawn_worker(common + ["--step-delay-ms", "40"], shoal_cache_dir)]
     started = [wait_ready(*worker) for worker in spawned]
     yield [url for _, url in started]
@@ -55,21 +58,39 @@ def fleet(tiny_model_dir, shoal_cache_dir):
 
 
 @pytest.fixture
-def router_for(fleet):
-    """Factory: a router with the given policy over the chosen workers of the fleet."""
+def router_for(fleet, tmp_path):
+    """Factory: a router with the given policy (and its options) over the chosen workers of the fleet."""
     routers = []
 
-    def make(policy: str, workers: list[str]) -> str:
-        args = ["--policy", policy]
-        for url in workers:
-            args += ["--worker", url]
-        process, url = start_router(args)
+    def make(policy: str, workers: list[str], **options) -> str:
+        config = tmp_path / f"router-{len(routers)}.yaml"
+        config.write_text(yaml.safe_dump({"policy": policy, "policy_options": options,
+                                          "workers": [{"url": url} for url in workers]}))
+        process, url = start_router(["--config", str(config)])
         routers.append(process)
         return url
 
     yield make
     for process in routers:
         stop(process)
+
+
+def occupy(url: str, count: int, worker_hint: dict) -> list:
+    """Starts `count` long streaming requests through the router; returns the open streams."""
+    streams = []
+    for i in range(count):
+        body = {"model": MODEL, "prompt": f"occupy {i}", "max_tokens": 400, "ignore_eos": True, "stream": True,
+                **worker_hint}
+        stream = httpx.stream("POST", url + "/v1/completions", json=body, timeout=60)
+        response = stream.__enter__()
+        streams.append((stream, response))
+        assert response.status_code == 200
+    return streams
+
+
+def release(streams: list) -> None:
+    for stream, _ in streams:
+        stream.__exit__(None, None, None)
 
 
 def served_by(url: str, path: str, body: dict, headers: dict | None = None) -> str:
@@ -132,6 +153,54 @@ def test_a_conversation_follows_its_prefix_cache(fleet, router_for, policy):
             messages = messages + [{"role": "assistant", "content": f"answer {turn} " * 4},
                                    {"role": "user", "content": f"follow-up number {turn}"}]
         assert len(homes) == 1, (conversation, homes)
+
+
+@pytest.mark.parametrize("policy", ["least_outstanding_tokens", "power_of_two"])
+def test_load_policies_avoid_the_busy_worker(fleet, router_for, policy):
+    url = router_for(policy, fleet[:2])
+    streams = occupy(url, 1, {})
+    try:
+        busy = streams[0][1].headers["x-shoal-worker"]
+        time.sleep(1.0)  # a load poll sees it
+        picks = {served_by(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2}) for _ in range(4)}
+        assert busy not in picks
+    finally:
+        release(streams)
+
+
+def test_session_affinity_yields_when_its_worker_is_overloaded(fleet, router_for):
+    url = router_for("session_affinity", fleet[:2])
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": "erin"}
+    home = served_by(url, "/v1/completions", body)
+    streams = occupy(url, 4, {"user": "erin"})  # the same session piles onto its home worker
+    try:
+        assert all(r.headers["x-shoal-worker"] == home for _, r in streams[:2])
+        assert any(r.headers["x-shoal-worker"] != home for _, r in streams)  # bounded load spills over
+    finally:
+        release(streams)
+    time.sleep(1.0)
+    assert served_by(url, "/v1/completions", body) == home  # and comes back once the load is gone
+
+
+def test_prefix_affinity_yields_to_load_beyond_the_thresholds(fleet, router_for):
+    url = router_for("cache_aware", fleet[:2], balance_abs_threshold=2, balance_rel_threshold=1.5)
+    system = {"role": "system", "content": "A long shared system prompt that makes a strong prefix. " * 4}
+
+    def chat(question: str, **extra) -> dict:
+        return {"model": MODEL, "messages": [system, {"role": "user", "content": question}], **extra}
+
+    home = served_by(url, "/v1/chat/completions", chat("first", max_tokens=2))
+    streams = []
+    try:
+        for i in range(3):  # same prefix, long outputs: they follow the cache to the home worker
+            stream = httpx.stream("POST", url + "/v1/chat/completions",
+                                  json=chat(f"q{i}", max_tokens=200, ignore_eos=True, stream=True), timeout=60)
+            streams.append((stream, stream.__enter__()))
+        assert [(r.status_code, r.headers["x-shoal-worker"]) for _, r in streams] == [(200, home)] * 3
+        # Three in flight against none: past both thresholds, load wins over the cached prefix.
+        assert served_by(url, "/v1/chat/completions", chat("q-next", max_tokens=2)) != home
+    finally:
+        release(streams)
 
 
 def test_the_cost_policy_gives_the_fast_worker_more_work(fleet, router_for):
