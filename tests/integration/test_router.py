@@ -13,7 +13,7 @@ import openai
 import pytest
 import yaml
 
-from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
+from tests.integration.test_worker_server import MODEL, free_port, scrape, spawn_worker, wait_ready
 
 SECRET = "test-cluster-secret"
 
@@ -112,6 +112,20 @@ def test_openai_client_through_the_router(fleet, router_for):
     completion = client.completions.create(model=MODEL, prompt="abc", max_tokens=4, temperature=0,
                                            extra_body={"ignore_eos": True})
     assert len(completion.choices[0].model_extra["token_ids"]) == 4
+
+
+def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, router_for):
+    """400 tokens take the worker over 4 s; the abort must come long before that."""
+    url = router_for("round_robin", fleet[:1])
+    aborted_before = scrape(fleet[0]).get("shoal:request_success_total[('finished_reason', 'abort')]", 0)
+    body = {"model": MODEL, "prompt": "leave early", "max_tokens": 400, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+        lines = response.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+    time.sleep(1.0)
+    after = scrape(fleet[0])
+    assert after["shoal:request_success_total[('finished_reason', 'abort')]"] == aborted_before + 1
+    assert after["shoal:num_requests_running"] == 0 and after["shoal:kv_cache_usage_perc"] == 0
 
 
 @pytest.mark.parametrize("body,status", [

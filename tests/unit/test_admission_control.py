@@ -116,3 +116,15 @@ def test_api_keys_by_hash_and_from_the_environment(monkeypatch):
     assert keys.authenticate("Bearer nope") is None and keys.authenticate(None) is None
     monkeypatch.delenv("SHOAL_API_KEYS")
     assert ApiKeys(RouterConfig()).authenticate(None).name == "anonymous"
+
+
+def test_the_readme_router_config_is_valid():
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = re.search(r"```yaml\n(.*?)```", readme[readme.index("## Router"):], re.S).group(1)
+    config = RouterConfig(**yaml.safe_load(block))
+    assert config.policy == "cost" and config.models["llama-70b"].fallbacks == ["llama-8b"]
