@@ -221,3 +221,22 @@ def test_logprobs_in_completions_and_chat(client):
     assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
     # Greedy: the sampled token is the most likely one.
     assert all(c.logprob == max(t.logprob for t in c.top_logprobs) for c in content)
+
+
+def test_resume_continues_a_stream_token_for_token(worker_url, client):
+    args = dict(model=MODEL, prompt="resume me", max_tokens=14, temperature=0.9, seed=11,
+                extra_body={"ignore_eos": True})
+    full = client.completions.create(**args).choices[0]
+    head = full.model_extra["token_ids"][:5]
+    head_text = client.completions.create(**{**args, "max_tokens": 5}).choices[0].text
+    chunks = list(client.completions.create(**{**args, "extra_body": {"ignore_eos": True, "resume_token_ids": head}},
+                                            stream=True, stream_options={"include_usage": True}))
+    tail_ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
+    tail_text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert head + tail_ids == full.model_extra["token_ids"]
+    assert head_text + tail_text == full.text
+    assert chunks[-1].usage.completion_tokens == 14
+    # Text the client did not get yet (offset short of the head's text) is handed out again.
+    partial = list(client.completions.create(**{**args, "extra_body": {
+        "ignore_eos": True, "resume_token_ids": head, "resume_text_offset": len(head_text) - 2}}, stream=True))
+    assert "".join(c.choices[0].text for c in partial) == full.text[len(head_text) - 2:]

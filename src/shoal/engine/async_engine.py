@@ -23,6 +23,15 @@ from shoal.errors import EngineRequestError
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class Resume:
+    """Continue a request another engine started: its output tokens so far, and how much of their
+    text the client already received (None: all of it)."""
+
+    token_ids: list[int]
+    text_offset: int | None = None
+
+
 @dataclass
 class _Subscriber:
     loop: asyncio.AbstractEventLoop
@@ -46,7 +55,8 @@ class AsyncLLMEngine:
         self._thread.start()
 
     async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
-                       request_id: str | None = None, jump_queue: bool = False) -> AsyncIterator[RequestOutput]:
+                       request_id: str | None = None, jump_queue: bool = False,
+                       resume: Resume | None = None) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step that produced tokens for this request. Raises the
         request's InvalidRequestError before the first output, or EngineRequestError if the engine
         failed this request."""
@@ -54,7 +64,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         accepted = loop.create_future()
         subscriber = _Subscriber(loop, asyncio.Queue())
-        self._commands.put(("add", request_id, prompt, params, jump_queue, subscriber, accepted))
+        self._commands.put(("add", request_id, prompt, params, jump_queue, resume, subscriber, accepted))
         await accepted
         finished = False
         try:
@@ -97,9 +107,11 @@ class AsyncLLMEngine:
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, prompt, params, jump_queue, subscriber, accepted = command
+            _, request_id, prompt, params, jump_queue, resume, subscriber, accepted = command
             try:
-                self.engine.add_request(request_id, prompt, params, jump_queue=jump_queue)
+                self.engine.add_request(request_id, prompt, params, jump_queue=jump_queue,
+                                        resume_token_ids=resume.token_ids if resume else None,
+                                        resume_text_offset=resume.text_offset if resume else None)
             except Exception as exc:  # bad input: reported to this caller only
                 subscriber.loop.call_soon_threadsafe(_settle, accepted, exc)
                 return

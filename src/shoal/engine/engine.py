@@ -116,7 +116,8 @@ class LLMEngine:
         return self.block_manager.num_blocks * self.block_manager.block_size
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    resume_token_ids: list[int] | None = None, jump_queue: bool = False) -> Sequence:
+                    resume_token_ids: list[int] | None = None, jump_queue: bool = False,
+                    resume_text_offset: int | None = None) -> Sequence:
         """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input.
 
         resume_token_ids continues a request that another engine started: those output tokens are
@@ -133,7 +134,7 @@ class LLMEngine:
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         seq = Sequence(request_id, token_ids, params, seed, output_token_ids=resumed)
         stream = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len)
-        stream.resume(resumed)
+        stream.resume(resumed, resume_text_offset)
         self.sequences[request_id] = seq
         self.streams[request_id] = stream
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None

@@ -31,14 +31,16 @@ class OutputStream:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
-    def resume(self, token_ids: list[int]) -> None:
-        """Takes output tokens generated elsewhere as already produced and already handed out."""
+    def resume(self, token_ids: list[int], text_offset: int | None = None) -> None:
+        """Takes output tokens generated elsewhere as already produced. `text_offset` is how much of
+        their text was already handed out (None: all of it); the rest, held back there for a
+        possible stop string or an unfinished character, is handed out from here."""
         for token in token_ids:
             self.num_tokens += 1
             if self.logprobs is not None:
                 self.logprobs.append({})
             self.text += self.detokenizer.add(token)
-        self.emitted = len(self.text)
+        self.emitted = len(self.text) if text_offset is None else min(text_offset, len(self.text))
 
     def banned_token_ids(self) -> tuple[int, ...]:
         """Tokens that may not be sampled yet (stop tokens before min_tokens)."""

@@ -34,6 +34,10 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    # shoal extension, for failover: continue after these output tokens (n must be 1), of whose
+    # text the client already has resume_text_offset characters (default: all).
+    resume_token_ids: list[int] | None = None
+    resume_text_offset: int | None = Field(None, ge=0)
 
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from shoal.engine.async_engine import AsyncLLMEngine
+from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
 from shoal.errors import EngineRequestError, InvalidRequestError
 from shoal.worker.logprobs import LogprobRenderer
@@ -28,9 +28,15 @@ async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list
         raise InvalidRequestError(f"max_tokens={max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
                                   f"and the context window {max_model_len}", param="max_tokens")
     max_tokens = max_tokens or max(1, room)
+    resume = None
+    if body.resume_token_ids is not None:
+        if body.n != 1:
+            raise InvalidRequestError("resume_token_ids needs n=1", param="resume_token_ids")
+        resume = Resume(body.resume_token_ids, body.resume_text_offset)
     streams = [engine.generate(prompt_ids, body.sampling_params(
-        max_tokens, logprobs, None if body.seed is None else body.seed + i), request_id=f"{request_id}-{i}")
-        for i in range(body.n)]
+        max_tokens, logprobs, None if body.seed is None else body.seed + i), request_id=f"{request_id}-{i}",
+        resume=resume) for i in range(body.n)]
+    resumed = len(body.resume_token_ids or ())
     try:
         firsts = [await _first(s) for s in streams]
     except BaseException:
@@ -41,7 +47,7 @@ async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render),
+        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render, resumed),
                                  media_type="text/event-stream")
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
     return _full_response(finals, meta, chat, len(prompt_ids), render)
@@ -82,8 +88,9 @@ def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_t
 
 
 async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool,
-               render: LogprobRenderer):
-    """Merges the choices' outputs into SSE chunks; abandoning it (client gone) aborts every choice."""
+               render: LogprobRenderer, resumed: int):
+    """Merges the choices' outputs into SSE chunks; abandoning it (client gone) aborts every choice.
+    Usage counts the `resumed` tokens too: the client's completion includes them."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, stream, first: RequestOutput) -> None:
@@ -97,7 +104,7 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
 
     tasks = [asyncio.create_task(pump(i, s, f)) for i, (s, f) in enumerate(zip(streams, firsts))]
     kind = "chat.completion.chunk" if chat else "text_completion"
-    completion_tokens = 0
+    completion_tokens = resumed
     try:
         if chat:
             for index in range(len(streams)):
