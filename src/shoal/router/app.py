@@ -42,7 +42,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s))
-        membership.session = front_door.session = session
+        membership.session = session
+        front_door.open(session)
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
         task = asyncio.create_task(membership.run(after_poll=front_door.admission.wake))

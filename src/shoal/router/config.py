@@ -58,6 +58,14 @@ class AdmissionSettings(Frozen):
         return limits
 
 
+class FailoverSettings(Frozen):
+    """max_attempts bounds the workers one request may try (first placement included) and the
+    migrations of one stream; a stream with no event for token_deadline_s is taken as hung."""
+
+    max_attempts: int = Field(3, ge=1)
+    token_deadline_s: float = Field(10.0, gt=0)
+
+
 class RouterConfig(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -78,6 +86,7 @@ class RouterConfig(Frozen):
     api_keys_env: str | None = "SHOAL_API_KEYS"
     default_rate_limits: RateLimits = RateLimits()
     admission: AdmissionSettings = AdmissionSettings()
+    failover: FailoverSettings = FailoverSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_header_bytes: int = Field(16 << 10, ge=1024)
     seed: int | None = None

@@ -18,6 +18,7 @@ from shoal.router.membership import Membership
 from shoal.router.proxy import error_response, forward
 from shoal.router.rate_limit import RateLimiter
 from shoal.router.route_request import RequestError, route_request
+from shoal.router.stream_failover import StreamFailover
 from shoal.router.views import RouteRequest
 
 
@@ -29,12 +30,18 @@ class FrontDoor:
         self.config = config
         self.membership = membership
         self.balancer = balancer
-        self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
+        self.session: aiohttp.ClientSession | None = None
+        self.failover: StreamFailover | None = None
         self.api_keys = ApiKeys(config)
         self.rate_limiter = RateLimiter()
         settings = config.admission
         self.admission = Admission(self.capacity, settings.queue_limits, settings.queue_timeout_s,
                                    settings.retry_after_s)
+
+    def open(self, session: aiohttp.ClientSession) -> None:
+        """Called by the app's lifespan, inside the event loop, with the upstream session."""
+        self.session = session
+        self.failover = StreamFailover(session, self.balancer, self.membership, self.config.failover)
 
     def capacity(self, model: str) -> int:
         """Slots for a model: max_in_flight_per_worker for each healthy worker serving it."""
@@ -88,12 +95,15 @@ class FrontDoor:
             return error_response(503, f"no worker can take this request for {routed.model!r} now",
                                   "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
         model = routed.model
+        extra = {"x-shoal-degraded": degraded} if degraded else {}
+        if body.get("stream") is True and body.get("n", 1) == 1:
+            return await self.failover.relay(routed, body, path, request.headers, placement,
+                                             lambda: self.admission.release(model), extra)
 
         def release(done: Placement) -> None:
             self.balancer.release(done)
             self.admission.release(model)
 
-        extra = {"x-shoal-degraded": degraded} if degraded else {}
         return await forward(self.session, placement, path, raw, request.headers, release, extra)
 
     def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:

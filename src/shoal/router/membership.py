@@ -125,6 +125,16 @@ class Membership:
             state.report, state.load_source = LoadReport.from_shoal(report), "shoal"
         return True
 
+    def mark_failed(self, worker_id: str, reason: str) -> None:
+        """Passive detection: a request saw the worker fail (never for a 4xx). It gets no new work
+        until a poll or heartbeat finds it healthy again."""
+        state = self.workers.get(worker_id)
+        if state is not None:
+            if state.healthy:
+                log.warning("worker %s failed a request (%s); no new work until it answers again", worker_id, reason)
+            state.healthy = False
+            state.failures += 1
+
     def remove(self, worker_id: str) -> WorkerState | None:
         return self.workers.pop(normalize_url(worker_id), None)
 

@@ -1,0 +1,86 @@
+"""Workers die (kill -9) or hang (SIGSTOP) in the middle of streams; the client's stream goes on
+elsewhere and, with a seed, is token-for-token the stream of a run without the failure."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.test_router import start_router, stop
+from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
+
+MAX_TOKENS = 150
+
+
+@pytest.fixture
+def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
+    """Two identical workers at 10 ms per step behind a router with a 1 s token deadline."""
+    common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB",
+              "--step-delay-ms", "10"]
+    workers = [wait_ready(*w) for w in [spawn_worker(common, shoal_cache_dir) for _ in range(2)]]
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers],
+                                      "failover": {"token_deadline_s": 1.0}}))
+    router, url = start_router(["--config", str(config)])
+    yield url, {worker_url: process for process, worker_url in workers}
+    stop(router)
+    for process, _ in workers:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGCONT)
+            process.kill()
+        process.wait(timeout=30)
+
+
+def chat(seed: int | None) -> dict:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a long story"}],
+            "max_tokens": MAX_TOKENS, "temperature": 0.8, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    return body if seed is None else {**body, "seed": seed}
+
+
+def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
+    """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived."""
+    ids, text, response_ids, usage, roles = [], [], set(), None, 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        worker = response.headers["x-shoal-worker"]
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            response_ids.add(event["id"])
+            usage = event.get("usage") or usage
+            for choice in event["choices"]:
+                ids += choice.get("token_ids") or []
+                roles += "role" in choice.get("delta", {})
+                text.append(choice.get("delta", {}).get("content") or "")
+            if fault and len(ids) >= after_tokens:
+                fault(worker)
+                fault = None
+    return {"ids": ids, "text": "".join(text), "response_ids": response_ids, "usage": usage, "roles": roles,
+            "worker": worker}
+
+
+@pytest.mark.parametrize("fault_signal", [signal.SIGKILL, signal.SIGSTOP])
+def test_a_stream_survives_its_worker_dying_or_hanging_token_for_token(pair, fault_signal):
+    url, processes = pair
+    clean = read_stream(url, chat(seed=7))
+    assert len(clean["ids"]) == MAX_TOKENS
+    started = time.monotonic()
+    faulty = read_stream(url, chat(seed=7), fault=lambda worker: os.kill(processes[worker].pid, fault_signal))
+    assert faulty["ids"] == clean["ids"] and faulty["text"] == clean["text"]
+    assert faulty["usage"]["completion_tokens"] == MAX_TOKENS and len(faulty["response_ids"]) == 1
+    assert faulty["roles"] == 1
+    assert time.monotonic() - started < 30
+
+
+def test_without_a_seed_the_continuation_uses_the_drawn_one(pair):
+    url, processes = pair
+    faulty = read_stream(url, chat(seed=None), fault=lambda worker: processes[worker].kill())
+    assert len(faulty["ids"]) == MAX_TOKENS and faulty["usage"]["completion_tokens"] == MAX_TOKENS
