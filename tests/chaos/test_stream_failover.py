@@ -84,3 +84,30 @@ def test_without_a_seed_the_continuation_uses_the_drawn_one(pair):
     url, processes = pair
     faulty = read_stream(url, chat(seed=None), fault=lambda worker: processes[worker].kill())
     assert len(faulty["ids"]) == MAX_TOKENS and faulty["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_a_non_streamed_request_survives_its_worker_dying(pair):
+    import threading
+
+    url, processes = pair
+    body = {**chat(seed=5), "stream": False}
+    body.pop("stream_options")
+    clean = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()
+    result = []
+    thread = threading.Thread(target=lambda: result.append(
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=60)))
+    thread.start()
+    deadline = time.monotonic() + 10
+    busy = None
+    while busy is None and time.monotonic() < deadline:
+        busy = next((w for w in processes if httpx.get(w + "/load").json()["running"]), None)
+    assert busy, "the request never started"
+    time.sleep(0.3)
+    processes[busy].kill()
+    thread.join(timeout=60)
+    response = result[0]
+    assert response.status_code == 200
+    faulty = response.json()
+    assert faulty["choices"][0]["token_ids"] == clean["choices"][0]["token_ids"]
+    assert faulty["choices"][0]["message"]["content"] == clean["choices"][0]["message"]["content"]
+    assert faulty["usage"] == clean["usage"] and faulty["usage"]["completion_tokens"] == MAX_TOKENS

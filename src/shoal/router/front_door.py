@@ -96,9 +96,13 @@ class FrontDoor:
                                   "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
         model = routed.model
         extra = {"x-shoal-degraded": degraded} if degraded else {}
-        if body.get("stream") is True and body.get("n", 1) == 1:
-            return await self.failover.relay(routed, body, path, request.headers, placement,
-                                             lambda: self.admission.release(model), extra)
+        def done() -> None:
+            self.admission.release(model)
+
+        if body.get("n", 1) == 1:
+            if body.get("stream") is True:
+                return await self.failover.relay(routed, body, path, request.headers, placement, done, extra)
+            return await self.failover.collect(routed, body, path, request.headers, placement, done, extra, chat)
 
         def release(done: Placement) -> None:
             self.balancer.release(done)

@@ -31,12 +31,14 @@ class LoadReport:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
+    single_step_s: float | None = None
     capability: float | None = None
     draining: bool = False
 
     @classmethod
     def from_shoal(cls, report: dict) -> "LoadReport":
         block_size = int(report.get("block_size") or 0)
+        single_rate = (report.get("calibration") or {}).get("decode_tokens_per_s")
         return cls(
             running=int(report.get("running", 0)), waiting=int(report.get("waiting", 0)),
             max_num_seqs=report.get("max_num_seqs"), outstanding_prefill_tokens=report.get("outstanding_prefill_tokens"),
@@ -46,7 +48,7 @@ class LoadReport:
             kv_cache_usage=report.get("kv_cache_usage"), max_model_len=report.get("max_model_len"),
             prefill_tokens_per_s=report.get("prefill_tokens_per_s"),
             decode_tokens_per_s=report.get("decode_tokens_per_s"), decode_step_s=report.get("decode_step_s"),
-            capability=report.get("capability"), draining=bool(report.get("draining", False)))
+            single_step_s=1.0 / single_rate if single_rate else None, capability=report.get("capability"), draining=bool(report.get("draining", False)))
 
     @classmethod
     def from_prometheus(cls, text: str) -> "LoadReport | None":

@@ -72,7 +72,7 @@ class WorkerState:
             free_kv_tokens=report.free_kv_tokens, kv_capacity_tokens=report.kv_capacity_tokens,
             max_model_len=report.max_model_len, prefill_tokens_per_s=report.prefill_tokens_per_s,
             decode_tokens_per_s=report.decode_tokens_per_s, decode_step_s=report.decode_step_s,
-            capability=report.capability)
+            single_step_s=report.single_step_s, capability=report.capability)
 
 
 def normalize_url(url: str) -> str:

@@ -1,4 +1,4 @@
-"""Token-exact failover of streamed completions.
+"""Token-exact failover of completions, streamed or not.
 
 The router reads the worker's server-sent events as it relays them, keeping the token ids, the seed
 and how much text the client has received. If the worker dies (connection error, or the stream ends
@@ -6,7 +6,8 @@ without `[DONE]`), hangs (no event within the token deadline) or fails the reque
 the request continues on another worker from the prompt plus those token ids, with the same seed
 (shoal's `resume_token_ids` / `resume_text_offset` extension). The client sees one stream: the same
 response id, no repeated role chunk, no missing or repeated tokens; with a seed, the same tokens as
-a run without the failure. Migrations are bounded per request.
+a run without the failure. Migrations are bounded per request. Non-streaming clients get the same
+protection: the router streams from the worker and assembles the response itself.
 """
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.config import FailoverSettings
 from shoal.router.membership import Membership
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
+from shoal.router.response_assembly import assemble
 from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
@@ -84,9 +86,10 @@ class StreamFailover:
         self.balancer.release(placement)
         self.membership.mark_failed(placement.worker.worker_id, reason)
 
-    async def relay(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                    placement: Placement, done: Callable[[], None], extra_headers: dict[str, str]) -> Response:
-        failed: set[str] = set()
+    async def _start(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
+                     placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
+                     failed: set[str]) -> Response | tuple[Placement, aiohttp.ClientResponse]:
+        """Opens the stream; a Response (the worker's refusal, or 503) when there is none to relay."""
         placement, upstream = await self.open(routed, body, path, headers, placement, failed)
         if upstream is None:
             done()
@@ -99,9 +102,40 @@ class StreamFailover:
             done()
             return Response(content, status_code=upstream.status, media_type=upstream.headers.get("content-type"),
                             headers={"x-shoal-worker": placement.worker.worker_id, **extra_headers})
+        return placement, upstream
+
+    async def relay(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
+                    placement: Placement, done: Callable[[], None], extra_headers: dict[str, str]) -> Response:
+        """A streaming client: the events are relayed as they come."""
+        failed: set[str] = set()
+        started = await self._start(routed, body, path, headers, placement, done, extra_headers, failed)
+        if isinstance(started, Response):
+            return started
+        placement, upstream = started
         reply_headers = {"x-shoal-worker": placement.worker.worker_id, **extra_headers}
         return StreamingResponse(self._events(routed, body, path, headers, placement, upstream, failed, done),
                                  media_type="text/event-stream", headers=reply_headers)
+
+    async def collect(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
+                      placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
+                      chat: bool) -> Response:
+        """A non-streaming client: the worker streams to the router (so a failure can be continued
+        elsewhere) and the router answers with one assembled response."""
+        failed: set[str] = set()
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        started = await self._start(routed, body, path, headers, placement, done, extra_headers, failed)
+        if isinstance(started, Response):
+            return started
+        placement, upstream = started
+        reply_headers = {"x-shoal-worker": placement.worker.worker_id, **extra_headers}
+        events = [json.loads(chunk[6:]) async for chunk in
+                  self._events(routed, body, path, headers, placement, upstream, failed, done)
+                  if chunk.startswith(b"data: {")]
+        errors = [e["error"] for e in events if "error" in e]
+        if errors or not events:
+            message = errors[0]["message"] if errors else "the worker sent no events"
+            return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **reply_headers})
+        return JSONResponse(assemble(events, chat), headers=reply_headers)
 
     async def _events(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
                       placement: Placement, upstream: aiohttp.ClientResponse, failed: set[str],

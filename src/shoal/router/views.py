@@ -54,8 +54,8 @@ class WorkerView:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
+    single_step_s: float | None = None
     capability: float | None = None
-    cached_prefix_blocks: int = 0
 
     @property
     def outstanding_tokens(self) -> int:

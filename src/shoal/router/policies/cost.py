@@ -10,7 +10,8 @@ their batch and every sequence's steps get slower. So for a worker, the estimate
          + its expected decode tokens x per-token time
 
 per-token time = max(decode step time, (running + 1) / decode throughput): the step time the
-batch has now, or the batch's share of the worker's aggregate decode rate once it is saturated.
+batch has now (for an idle worker, its calibrated single-stream step: the last measured one is stale),
+or the batch's share of the worker's aggregate decode rate once it is saturated.
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
@@ -60,7 +61,8 @@ def estimated_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence
                       context: RoutingContext) -> float:
     speed = speeds(worker, fleet)
     running = max(worker.running, worker.in_flight - worker.waiting)
-    per_token = max(speed.decode_step_s, (running + 1) / speed.decode_tokens_per_s)
+    step = speed.decode_step_s if running or not worker.single_step_s else worker.single_step_s
+    per_token = max(step, (running + 1) / speed.decode_tokens_per_s)
     ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
     if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
         ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
