@@ -154,9 +154,15 @@ class StreamFailover:
                     if progress.migrations >= self.settings.max_attempts:
                         yield _error_event("the request failed on every worker tried")
                         return
+                    if progress.text_chars and not progress.token_ids:
+                        yield _error_event("the worker failed mid-stream and sent no token ids to resume from")
+                        return
                     progress.migrations += 1
                     log.warning("migrating a stream after %d tokens (%s)", len(progress.token_ids), broken)
-                    next_placement = self.balancer.place(routed, exclude=frozenset(failed))
+                    # Only shoal workers understand resume_token_ids; others could only start over.
+                    others = {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
+                    exclude = failed | others if progress.token_ids else failed
+                    next_placement = self.balancer.place(routed, exclude=frozenset(exclude))
                     if next_placement is not None:
                         placement, upstream = await self.open(routed, progress.resume_body(body), path, headers,
                                                               next_placement, failed)
