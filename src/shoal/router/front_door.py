@@ -96,17 +96,19 @@ class FrontDoor:
                                   "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
         model = routed.model
         extra = {"x-shoal-degraded": degraded} if degraded else {}
-        def done() -> None:
+
+        def release_slot() -> None:
             self.admission.release(model)
 
-        if body.get("n", 1) == 1:
+        if body.get("n", 1) == 1:  # failover-capable: the router follows the tokens
             if body.get("stream") is True:
-                return await self.failover.relay(routed, body, path, request.headers, placement, done, extra)
-            return await self.failover.collect(routed, body, path, request.headers, placement, done, extra, chat)
+                return await self.failover.relay(routed, body, path, request.headers, placement, release_slot, extra)
+            return await self.failover.collect(routed, body, path, request.headers, placement, release_slot, extra,
+                                               chat)
 
-        def release(done: Placement) -> None:
-            self.balancer.release(done)
-            self.admission.release(model)
+        def release(finished: Placement) -> None:
+            self.balancer.release(finished)
+            release_slot()
 
         return await forward(self.session, placement, path, raw, request.headers, release, extra)
 
