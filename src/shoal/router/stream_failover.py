@@ -88,8 +88,9 @@ class StreamFailover:
 
     async def _start(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
                      placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
-                     failed: set[str]) -> Response | tuple[Placement, aiohttp.ClientResponse]:
-        """Opens the stream; a Response (the worker's refusal, or 503) when there is none to relay."""
+                     failed: set[str]) -> Response | tuple[Placement, aiohttp.ClientResponse, dict[str, str]]:
+        """Opens the stream: (placement, upstream, reply headers), or a Response (the worker's
+        refusal, or 503) when there is none to relay."""
         placement, upstream = await self.open(routed, body, path, headers, placement, failed)
         if upstream is None:
             done()
@@ -102,7 +103,7 @@ class StreamFailover:
             done()
             return Response(content, status_code=upstream.status, media_type=upstream.headers.get("content-type"),
                             headers={"x-shoal-worker": placement.worker.worker_id, **extra_headers})
-        return placement, upstream
+        return placement, upstream, {"x-shoal-worker": placement.worker.worker_id, **extra_headers}
 
     async def relay(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
                     placement: Placement, done: Callable[[], None], extra_headers: dict[str, str]) -> Response:
@@ -111,8 +112,7 @@ class StreamFailover:
         started = await self._start(routed, body, path, headers, placement, done, extra_headers, failed)
         if isinstance(started, Response):
             return started
-        placement, upstream = started
-        reply_headers = {"x-shoal-worker": placement.worker.worker_id, **extra_headers}
+        placement, upstream, reply_headers = started
         return StreamingResponse(self._events(routed, body, path, headers, placement, upstream, failed, done),
                                  media_type="text/event-stream", headers=reply_headers)
 
@@ -126,8 +126,7 @@ class StreamFailover:
         started = await self._start(routed, body, path, headers, placement, done, extra_headers, failed)
         if isinstance(started, Response):
             return started
-        placement, upstream = started
-        reply_headers = {"x-shoal-worker": placement.worker.worker_id, **extra_headers}
+        placement, upstream, reply_headers = started
         events = [json.loads(chunk[6:]) async for chunk in
                   self._events(routed, body, path, headers, placement, upstream, failed, done)
                   if chunk.startswith(b"data: {")]
