@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
 import aiohttp
@@ -11,7 +12,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from shoal.router.admission import Admission, Refused
-from shoal.router.auth import ApiKeys
+from shoal.router.auth import ApiKeys, Client
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.config import RouterConfig
 from shoal.router.membership import Membership
@@ -53,6 +54,14 @@ class FrontDoor:
         return list(settings.fallbacks) if settings else []
 
     async def handle(self, request: Request, path: str, chat: bool) -> Response:
+        read = await self.read(request)
+        if isinstance(read, Response):
+            return read
+        client, body = read
+        return await self.dispatch(body, request.headers, path, chat, client)
+
+    async def read(self, request: Request) -> Response | tuple[Client, object]:
+        """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
         client = self.api_keys.authenticate(request.headers.get("authorization"))
         if client is None:
             return error_response(401, "a valid API key is required (Authorization: Bearer KEY)",
@@ -64,13 +73,21 @@ class FrontDoor:
         if len(raw) > self.config.max_body_bytes:
             return self._too_large()
         try:
-            body = json.loads(raw)
+            return client, json.loads(raw)
+        except ValueError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error")
+
+    async def dispatch(self, body: object, headers: Mapping[str, str], path: str, chat: bool,
+                       client: Client) -> Response:
+        """Routes one parsed OpenAI request body from an authenticated client (also the entry point
+        of APIs built on completions, such as /v1/responses)."""
+        try:
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
-            routed = route_request(body, request.headers, chat, self.config.chars_per_token,
+            routed = route_request(body, headers, chat, self.config.chars_per_token,
                                    self.config.default_decode_tokens)
-        except ValueError as exc:  # JSONDecodeError and RequestError
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", getattr(exc, "param", None))
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
         served = self.membership.models()
         if routed.model not in served and not any(m in served for m in self.fallbacks(routed.model)):
             return error_response(404, f"model {routed.model!r} is not served by this cluster", "not_found_error",
@@ -83,7 +100,6 @@ class FrontDoor:
         degraded = None
         if routed.priority == "sheddable" and not self.admission.has_room(routed.model):
             routed, body, degraded = self._degrade(routed, body)
-            raw = json.dumps(body).encode()
         try:
             await self.admission.admit(routed.model, routed.priority)
         except Refused as refused:
@@ -102,15 +118,14 @@ class FrontDoor:
 
         if body.get("n", 1) == 1:  # failover-capable: the router follows the tokens
             if body.get("stream") is True:
-                return await self.failover.relay(routed, body, path, request.headers, placement, release_slot, extra)
-            return await self.failover.collect(routed, body, path, request.headers, placement, release_slot, extra,
-                                               chat)
+                return await self.failover.relay(routed, body, path, headers, placement, release_slot, extra)
+            return await self.failover.collect(routed, body, path, headers, placement, release_slot, extra, chat)
 
         def release(finished: Placement) -> None:
             self.balancer.release(finished)
             release_slot()
 
-        return await forward(self.session, placement, path, raw, request.headers, release, extra)
+        return await forward(self.session, placement, path, json.dumps(body).encode(), headers, release, extra)
 
     def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:
         """A sheddable request under saturation: the first fallback model with room, else a shorter
