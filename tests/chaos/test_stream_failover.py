@@ -25,7 +25,7 @@ def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
     workers = [wait_ready(*w) for w in [spawn_worker(common, shoal_cache_dir) for _ in range(2)]]
     config = tmp_path / "router.yaml"
     config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers],
-                                      "failover": {"token_deadline_s": 1.0}}))
+                                      "failover": {"token_deadline_min_s": 1.0}}))
     router, url = start_router(["--config", str(config)])
     yield url, {worker_url: process for process, worker_url in workers}
     stop(router)

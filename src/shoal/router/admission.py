@@ -56,8 +56,10 @@ class Admission:
         ahead = PRIORITY_ORDER[:PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
-    async def admit(self, model: str, priority: str) -> None:
-        """Returns once the request holds a slot (release() it afterwards); raises Refused."""
+    async def admit(self, model: str, priority: str, timeout_s: float | None = None) -> None:
+        """Returns once the request holds a slot (release() it afterwards), waiting at most
+        timeout_s (default: the queue timeout); raises Refused."""
+        timeout_s = self.queue_timeout_s if timeout_s is None else timeout_s
         if self.has_room(model) and not self._waiting_ahead(model, priority):
             self.admitted[model] += 1
             return
@@ -68,13 +70,13 @@ class Admission:
         waiter = Waiter(model, priority, asyncio.get_running_loop().create_future())
         queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter.admitted), self.queue_timeout_s)
+            await asyncio.wait_for(asyncio.shield(waiter.admitted), timeout_s)
         except TimeoutError:
             if waiter in queue:
                 queue.remove(waiter)
             if not waiter.admitted.done():
                 self.shed[priority] += 1
-                raise Refused(503, f"no capacity for {model!r} within {self.queue_timeout_s} s",
+                raise Refused(503, f"no capacity for {model!r} within {timeout_s:g} s",
                               self.retry_after_s) from None
         except asyncio.CancelledError:  # the client went away while queued
             if waiter in queue:

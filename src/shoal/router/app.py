@@ -11,13 +11,16 @@ import os
 
 import aiohttp
 from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import JSONResponse, Response
 
 from shoal.router.balancer import Balancer
 from shoal.router.config import RouterConfig
 from shoal.router.front_door import FrontDoor
 from shoal.router.header_limit import HeaderLimitMiddleware
-from shoal.router.membership import Membership
+from shoal.router.health_events import HealthEvents
+from shoal.router.health_monitor import HealthMonitor
+from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 
@@ -29,11 +32,23 @@ def _bearer_matches(request: Request, secret: str | None) -> bool:
     return bool(secret) and hmac.compare_digest(offered.encode(), secret.encode())
 
 
+def _describe(state: WorkerState) -> dict:
+    view = state.view()
+    return {"worker_id": state.worker_id, "models": sorted(state.models), "healthy": state.available,
+            "down": state.down, "ejected": state.ejected_until is not None, "breaker": str(state.breaker.state),
+            "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
+            "outstanding_tokens": view.outstanding_tokens, "capability": view.capability,
+            "ttft_s": state.latency.ttft_s, "itl_s": state.latency.itl_s}
+
+
 def create_router_app(config: RouterConfig) -> FastAPI:
     """Invariant: every response to a client is the worker's own or an OpenAI-shaped error."""
-    membership = Membership(config.load_poll_interval_s, config.unhealthy_after_failures, config.heartbeat_lease_s)
+    registry = CollectorRegistry()
+    events = HealthEvents(registry)
+    membership = Membership(config.health, events, config.load_poll_interval_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
-    front_door = FrontDoor(config, membership, balancer)
+    monitor = HealthMonitor(membership, config.health, events, balancer.forget)
+    front_door = FrontDoor(config, membership, balancer, monitor)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
 
@@ -46,9 +61,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         front_door.open(session)
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
-        task = asyncio.create_task(membership.run(after_poll=front_door.admission.wake))
+        tasks = [asyncio.create_task(membership.run()),
+                 asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake))]
         yield
-        task.cancel()
+        for task in tasks:
+            task.cancel()
+        await monitor.close()
         await session.close()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
@@ -61,8 +79,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        serving = any(v.healthy for v in membership.views())
+        serving = any(w.available for w in membership.workers.values())
         return JSONResponse({"ready": serving}, status_code=200 if serving else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -91,7 +113,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         except (ValueError, KeyError, TypeError) as exc:
             return error_response(400, f"invalid registration: {exc}", "invalid_request_error")
         front_door.admission.wake()
-        return JSONResponse({"worker_id": state.worker_id, "lease_s": config.heartbeat_lease_s})
+        return JSONResponse({"worker_id": state.worker_id, "lease_s": config.health.lease_s,
+                             "heartbeat_interval_s": config.health.heartbeat_interval_s})
 
     @app.post("/admin/workers/heartbeat")
     async def heartbeat(request: Request) -> Response:
@@ -109,13 +132,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     @app.get("/admin/workers")
     async def list_workers(request: Request) -> Response:
-        """The fleet as the router sees it, with the admission queues (admin token)."""
+        """The fleet as the router sees it: each worker's load and health, the admission queues and
+        the latest health changes (admin token)."""
         if not _bearer_matches(request, admin_token):
             return unauthorized("admin token")
-        return JSONResponse({"queued": front_door.admission.queued(), "workers": [
-            {"worker_id": v.worker_id, "models": sorted(v.models), "healthy": v.healthy, "running": v.running,
-             "waiting": v.waiting, "in_flight": v.in_flight, "outstanding_tokens": v.outstanding_tokens,
-             "capability": v.capability} for v in membership.views()]})
+        return JSONResponse({"queued": front_door.admission.queued(), "events": list(events.recent),
+                             "workers": [_describe(w) for w in membership.workers.values()]})
 
     @app.delete("/admin/workers/{worker_id:path}")
     async def remove_worker(worker_id: str, request: Request) -> Response:

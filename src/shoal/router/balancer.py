@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 from shoal.router.membership import Membership, WorkerState
@@ -46,6 +47,7 @@ class Balancer:
         self.prefix_index.record(chosen.worker_id, request.prefix_blocks,
                                  int(capacity_tokens * request.chars_per_token / request.block_chars))
         state = self.membership.workers[chosen.worker_id]
+        state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, request.expected_decode_tokens)
         return Placement(state, ticket, cached)
 

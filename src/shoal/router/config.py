@@ -41,11 +41,14 @@ class ApiKey(RateLimits):
 
 class AdmissionSettings(Frozen):
     """Requests in flight per healthy worker before the rest queue; queue bound per priority class;
-    how long a request may wait; the max_tokens a degraded sheddable request is cut to."""
+    how long a request may wait (its x-shoal-deadline-s header may shorten it); how long it waits
+    when no healthy worker serves its model at all (then it falls back along the model's chain, or
+    gets 503); the max_tokens a degraded sheddable request is cut to."""
 
     max_in_flight_per_worker: int = Field(64, ge=1)
     queue_limits: dict[str, int] = {"critical": 256, "standard": 128, "sheddable": 32}
     queue_timeout_s: float = Field(30.0, gt=0)
+    unavailable_wait_s: float = Field(10.0, ge=0)
     retry_after_s: int = Field(2, ge=1)
     degrade_max_tokens: int | None = Field(64, ge=1)
 
@@ -59,11 +62,65 @@ class AdmissionSettings(Frozen):
 
 
 class FailoverSettings(Frozen):
-    """max_attempts bounds the workers one request may try (first placement included) and the
-    migrations of one stream; a stream with no event for token_deadline_s is taken as hung."""
+    """Retries and migrations. A request that fails before its first byte is retried on another
+    worker, up to `attempts[priority]` workers in all, sleeping base × 2^k (capped, half of it
+    jittered) between tries; critical requests then fall back along the model's chain. A stream
+    migrates at most `max_migrations` times. A stream with no event for
+    clamp(token_deadline_factor × the worker's expected inter-token latency, min, max) is taken as
+    hung (before its first token: token_deadline_max_s)."""
 
-    max_attempts: int = Field(3, ge=1)
-    token_deadline_s: float = Field(10.0, gt=0)
+    attempts: dict[str, int] = {"critical": 5, "standard": 3, "sheddable": 2}
+    backoff_base_s: float = Field(0.05, ge=0)
+    backoff_max_s: float = Field(1.0, ge=0)
+    max_migrations: int = Field(3, ge=0)
+    token_deadline_factor: float = Field(20.0, gt=0)
+    token_deadline_min_s: float = Field(2.0, gt=0)
+    token_deadline_max_s: float = Field(30.0, gt=0)
+
+    @field_validator("attempts")
+    @classmethod
+    def every_priority(cls, attempts: dict[str, int]) -> dict[str, int]:
+        expected = {"critical", "standard", "sheddable"}
+        if set(attempts) != expected or any(v < 1 for v in attempts.values()):
+            raise ValueError(f"attempts needs a positive count for exactly {sorted(expected)}")
+        return attempts
+
+
+class BreakerSettings(Frozen):
+    """Consecutive failures that open a worker's breaker; how long it stays open before a probe
+    (doubling after each failed probe, up to max_open_s)."""
+
+    failure_threshold: int = Field(5, ge=1)
+    open_s: float = Field(5.0, gt=0)
+    max_open_s: float = Field(60.0, gt=0)
+
+
+class OutlierSettings(Frozen):
+    """A worker whose time to first token or inter-token latency exceeds factor × the fleet median
+    (per model, with at least min_samples samples each, among at least min_workers workers) is
+    ejected for ejection_s × the number of times it was ejected; at most max_ejected_fraction of a
+    model's workers are ejected at once."""
+
+    factor: float = Field(3.0, gt=1)
+    min_workers: int = Field(3, ge=3)
+    min_samples: int = Field(20, ge=1)
+    ejection_s: float = Field(30.0, gt=0)
+    max_ejected_fraction: float = Field(0.5, ge=0, le=1)
+
+
+class HealthSettings(Frozen):
+    """Workers heartbeat (registered) or are polled (static); one silent for missed_heartbeats ×
+    heartbeat_interval_s is down (its streams migrate) until it answers again, and a registered one
+    silent for lease_s is forgotten. Shoal workers also get a canary generation every
+    canary_interval_s: a 200 from /health does not prove that generation works."""
+
+    heartbeat_interval_s: float = Field(1.0, gt=0)
+    missed_heartbeats: int = Field(2, ge=1)
+    lease_s: float = Field(3.0, gt=0)
+    canary_interval_s: float = Field(10.0, gt=0)
+    canary_timeout_s: float = Field(5.0, gt=0)
+    breaker: BreakerSettings = BreakerSettings()
+    outliers: OutlierSettings = OutlierSettings()
 
 
 class RouterConfig(Frozen):
@@ -74,8 +131,7 @@ class RouterConfig(Frozen):
     policy_options: dict = {}
     models: dict[str, ModelSettings] = {}
     load_poll_interval_s: float = Field(0.5, gt=0)
-    unhealthy_after_failures: int = Field(3, ge=1)
-    heartbeat_lease_s: float = Field(3.0, gt=0)
+    health: HealthSettings = HealthSettings()
     connect_timeout_s: float = Field(2.0, gt=0)
     read_timeout_s: float = Field(300.0, gt=0)
     chars_per_token: float = Field(4.0, gt=0)

@@ -15,6 +15,7 @@ from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, Client
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.config import RouterConfig
+from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership
 from shoal.router.proxy import error_response, forward
 from shoal.router.rate_limit import RateLimiter
@@ -27,10 +28,11 @@ class FrontDoor:
     """Invariant: an admitted request releases its admission slot and its placement exactly once,
     when its response ends (or at once if it never reaches a worker)."""
 
-    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer):
+    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, monitor: HealthMonitor):
         self.config = config
         self.membership = membership
         self.balancer = balancer
+        self.monitor = monitor
         self.session: aiohttp.ClientSession | None = None
         self.failover: StreamFailover | None = None
         self.api_keys = ApiKeys(config)
@@ -42,12 +44,13 @@ class FrontDoor:
     def open(self, session: aiohttp.ClientSession) -> None:
         """Called by the app's lifespan, inside the event loop, with the upstream session."""
         self.session = session
-        self.failover = StreamFailover(session, self.balancer, self.membership, self.config.failover)
+        self.failover = StreamFailover(session, self.balancer, self.membership, self.monitor, self.config.failover,
+                                       self.fallbacks, self.config.admission.unavailable_wait_s)
 
     def capacity(self, model: str) -> int:
-        """Slots for a model: max_in_flight_per_worker for each healthy worker serving it."""
-        healthy = sum(1 for v in self.membership.views() if v.healthy and model in v.models)
-        return healthy * self.config.admission.max_in_flight_per_worker
+        """Slots for a model: max_in_flight_per_worker for each available worker serving it."""
+        available = sum(1 for w in self.membership.workers.values() if w.available and model in w.models)
+        return available * self.config.admission.max_in_flight_per_worker
 
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
@@ -88,10 +91,14 @@ class FrontDoor:
                                    self.config.default_decode_tokens)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        served = self.membership.models()
-        if routed.model not in served and not any(m in served for m in self.fallbacks(routed.model)):
+        known = self.membership.known_models | set(self.config.models)
+        if routed.model not in known and not any(m in known for m in self.fallbacks(routed.model)):
             return error_response(404, f"model {routed.model!r} is not served by this cluster", "not_found_error",
                                   "model")
+        try:
+            deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
         wait = self.rate_limiter.check(client.name, client.requests_per_minute, client.tokens_per_minute,
                                        routed.total_tokens)
         if wait:
@@ -100,11 +107,17 @@ class FrontDoor:
         degraded = None
         if routed.priority == "sheddable" and not self.admission.has_room(routed.model):
             routed, body, degraded = self._degrade(routed, body)
+        if self.capacity(routed.model) == 0:  # nothing serves it now: wait a little for a worker to return
+            deadline_s = min(deadline_s, self.config.admission.unavailable_wait_s)
         try:
-            await self.admission.admit(routed.model, routed.priority)
+            await self.admission.admit(routed.model, routed.priority, deadline_s)
         except Refused as refused:
-            return error_response(refused.status, str(refused), "rate_limit_error" if refused.status == 429
-                                  else "service_unavailable", headers={"retry-after": str(refused.retry_after_s)})
+            fallback = next((m for m in self.fallbacks(routed.model) if self.admission.has_room(m)), None)
+            if refused.status != 503 or fallback is None:
+                return error_response(refused.status, str(refused), "rate_limit_error" if refused.status == 429
+                                      else "service_unavailable", headers={"retry-after": str(refused.retry_after_s)})
+            routed, body, degraded = replace(routed, model=fallback), {**body, "model": fallback}, f"fallback={fallback}"
+            self.admission.admitted[fallback] += 1
         placement = self.balancer.place(routed)
         if placement is None:
             self.admission.release(routed.model)
@@ -142,3 +155,18 @@ class FrontDoor:
 
     def _too_large(self) -> Response:
         return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes", "invalid_request_error")
+
+
+def _deadline(headers: Mapping[str, str], default_s: float) -> float:
+    """The most seconds the client lets the request wait for capacity: x-shoal-deadline-s, at most
+    the configured queue timeout."""
+    raw = headers.get("x-shoal-deadline-s")
+    if raw is None:
+        return default_s
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not (seconds >= 0 and math.isfinite(seconds)):
+        raise RequestError("x-shoal-deadline-s must be a non-negative number of seconds", "x-shoal-deadline-s")
+    return min(seconds, default_s)

@@ -1,8 +1,9 @@
 """Which workers the router knows, what each is doing, and whether it may get work.
 
 Workers come from the static list (polled for load) or register themselves (and then push their
-load in heartbeats; a worker whose lease runs out is dropped). Load comes from shoal's /load, else
-from Prometheus metrics of other servers, else from the router's own accounting alone.
+load in heartbeats). Load comes from shoal's /load, else from Prometheus metrics of other servers,
+else from the router's own accounting alone. Whether a worker may get work is decided by the
+health monitor (health_monitor.py) from the contact recorded here and the worker's breaker.
 """
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import itertools
 import json
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
 
+from shoal.router.circuit_breaker import BreakerState, CircuitBreaker
+from shoal.router.config import HealthSettings
+from shoal.router.health_events import HealthEvents
+from shoal.router.latency_stats import LatencyStats
 from shoal.router.load_report import LoadReport
 from shoal.router.views import WorkerView
 
@@ -32,20 +36,34 @@ class InFlight:
 
 @dataclass
 class WorkerState:
-    """Mutable record of one worker. Invariant: `in_flight` holds exactly the requests this router
-    has sent to it whose responses have not ended."""
+    """Mutable record of one worker. Invariants: `in_flight` holds exactly the requests this router
+    has sent to it whose responses have not ended; `streams` the upstream responses open on it now;
+    `down_since` is set exactly when `down`; `refused_at` is when a poll last found nobody listening."""
 
     worker_id: str
     url: str
     models: frozenset[str]
+    breaker: CircuitBreaker
     registered: bool = False
     load_source: str | None = None  # "shoal", "prometheus" or "router" once known
     report: LoadReport | None = None
-    healthy: bool = True
-    failures: int = 0
+    last_seen: float = field(default_factory=time.monotonic)
+    down: bool = False
+    down_since: float | None = None
+    refused_at: float | None = None
+    ejected_until: float | None = None
+    ejections: int = 0
     lease_expires: float | None = None
+    latency: LatencyStats = field(default_factory=LatencyStats)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
+    streams: set[aiohttp.ClientResponse] = field(default_factory=set)
     _tickets: itertools.count = field(default_factory=itertools.count)
+
+    @property
+    def available(self) -> bool:
+        """May get new work: answering, not ejected, breaker letting requests through, not draining."""
+        draining = self.report is not None and self.report.draining
+        return not self.down and self.ejected_until is None and self.breaker.allows() and not draining
 
     def start(self, prefill_tokens: int, decode_tokens: int) -> int:
         ticket = next(self._tickets)
@@ -59,13 +77,23 @@ class WorkerState:
     def finish(self, ticket: int) -> None:
         self.in_flight.pop(ticket, None)
 
+    def sever(self) -> None:
+        """Closes the connections of every stream open on this worker, so each fails over now."""
+        for upstream in list(self.streams):
+            upstream.close()
+
+    def expected_itl_s(self) -> float | None:
+        """The gap between tokens a stream on this worker should see: measured, else reported."""
+        report = self.report or LoadReport()
+        return self.latency.itl_s or report.decode_step_s or report.single_step_s
+
     def view(self) -> WorkerView:
         report = self.report or LoadReport()
         prefill = sum(f.prefill_tokens for f in self.in_flight.values())
         decode = sum(f.decode_tokens for f in self.in_flight.values())
         return WorkerView(
             worker_id=self.worker_id, url=self.url, models=self.models,
-            healthy=self.healthy and not report.draining, running=report.running, waiting=report.waiting,
+            healthy=self.available, running=report.running, waiting=report.waiting,
             max_num_seqs=report.max_num_seqs, in_flight=len(self.in_flight),
             outstanding_prefill_tokens=max(prefill, report.outstanding_prefill_tokens or 0),
             outstanding_decode_tokens=max(decode, report.outstanding_decode_tokens or 0),
@@ -80,25 +108,43 @@ def normalize_url(url: str) -> str:
 
 
 class Membership:
-    """Invariant: worker ids are their normalized URLs, unique in `workers`."""
+    """Invariant: worker ids are their normalized URLs, unique in `workers`. Membership records
+    contact (polls, heartbeats); the health monitor decides what contact means."""
 
-    def __init__(self, poll_interval_s: float = 0.5, unhealthy_after_failures: int = 3, lease_s: float = 3.0):
+    def __init__(self, settings: HealthSettings, events: HealthEvents, poll_interval_s: float = 0.5):
         self.session: aiohttp.ClientSession | None = None  # opened by the app's lifespan
+        self.settings = settings
+        self.events = events
         self.poll_interval_s = poll_interval_s
-        self.unhealthy_after_failures = unhealthy_after_failures
-        self.lease_s = lease_s
         self.workers: dict[str, WorkerState] = {}
+        self.known_models: set[str] = set()  # every model a worker ever served here
+        self._polls: dict[str, asyncio.Task] = {}
 
     def models(self) -> set[str]:
         return {m for w in self.workers.values() for m in w.models}
 
+    def _set_models(self, state: WorkerState, models: frozenset[str]) -> None:
+        state.models = models
+        self.known_models |= models
+
     def views(self) -> list[WorkerView]:
         return [w.view() for w in self.workers.values()]
+
+    def _new_state(self, url: str, models: frozenset[str], registered: bool) -> WorkerState:
+        breaker_settings = self.settings.breaker
+
+        def breaker_changed(old: BreakerState, new: BreakerState, reason: str) -> None:
+            self.events.record(url, f"breaker_{new}", reason)
+
+        breaker = CircuitBreaker(breaker_settings.failure_threshold, breaker_settings.open_s,
+                                 breaker_settings.max_open_s, breaker_changed)
+        return WorkerState(url, url, models, breaker, registered=registered)
 
     async def add_static(self, url: str, models: list[str] | None = None) -> WorkerState:
         """Adds a polled worker; its models are asked from /v1/models unless given."""
         url = normalize_url(url)
-        state = WorkerState(url, url, frozenset(models or ()))
+        state = self._new_state(url, frozenset(), registered=False)
+        self._set_models(state, frozenset(models or ()))
         self.workers[url] = state
         if not models:
             await self._discover_models(state)
@@ -108,63 +154,55 @@ class Membership:
     def register(self, url: str, models: list[str], report: dict | None) -> WorkerState:
         """A worker announcing itself; it must then heartbeat within every lease."""
         url = normalize_url(url)
-        state = self.workers.get(url) or WorkerState(url, url, frozenset(models), registered=True)
-        state.models = frozenset(models)
-        self.workers[url] = state
+        state = self.workers.get(url)
+        if state is None:
+            state = self.workers[url] = self._new_state(url, frozenset(), registered=True)
+        self._set_models(state, frozenset(models))
         self.heartbeat(url, report)
-        log.info("worker registered: %s serving %s", url, sorted(models))
+        self.events.record(url, "registered", f"serving {', '.join(sorted(models))}")
         return state
 
     def heartbeat(self, worker_id: str, report: dict | None) -> bool:
         state = self.workers.get(normalize_url(worker_id))
         if state is None:
             return False
-        state.lease_expires = time.monotonic() + self.lease_s
-        state.healthy, state.failures = True, 0
+        state.last_seen = time.monotonic()
+        state.lease_expires = state.last_seen + self.settings.lease_s
         if report is not None:
             state.report, state.load_source = LoadReport.from_shoal(report), "shoal"
         return True
 
-    def mark_failed(self, worker_id: str, reason: str) -> None:
-        """Passive detection: a request saw the worker fail (never for a 4xx). It gets no new work
-        until a poll or heartbeat finds it healthy again."""
-        state = self.workers.get(worker_id)
-        if state is not None:
-            if state.healthy:
-                log.warning("worker %s failed a request (%s); no new work until it answers again", worker_id, reason)
-            state.healthy = False
-            state.failures += 1
-
     def remove(self, worker_id: str) -> WorkerState | None:
-        return self.workers.pop(normalize_url(worker_id), None)
+        state = self.workers.pop(normalize_url(worker_id), None)
+        poll = self._polls.pop(normalize_url(worker_id), None)
+        if poll is not None:
+            poll.cancel()
+        return state
 
     async def _get(self, url: str) -> tuple[int, bytes]:
-        async with self.session.get(url, timeout=aiohttp.ClientTimeout(total=2)) as response:
+        timeout = aiohttp.ClientTimeout(total=self.settings.heartbeat_interval_s * self.settings.missed_heartbeats)
+        async with self.session.get(url, timeout=timeout) as response:
             return response.status, await response.read()
 
     async def _discover_models(self, state: WorkerState) -> None:
         try:
             _, body = await self._get(state.url + "/v1/models")
-            state.models = frozenset(m["id"] for m in json.loads(body)["data"])
+            self._set_models(state, frozenset(m["id"] for m in json.loads(body)["data"]))
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             log.warning("cannot list the models of %s: %s", state.url, exc)
 
     async def poll(self, state: WorkerState) -> None:
-        """Refreshes one polled worker's load report and health."""
+        """Refreshes one polled worker's load report; an answer is contact (last_seen)."""
         try:
             report = await self._read_load(state)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-            state.failures += 1
-            if state.healthy and state.failures >= self.unhealthy_after_failures:
-                state.healthy = False
-                log.warning("worker %s unhealthy after %d failed polls: %s", state.url, state.failures, exc)
+            log.debug("poll of %s failed: %s", state.url, exc)
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                state.refused_at = time.monotonic()
             return
-        if not state.healthy:
-            log.info("worker %s healthy again", state.url)
-        state.report, state.healthy, state.failures = report, True, 0
+        state.report, state.last_seen = report, time.monotonic()
         if not state.models:
             await self._discover_models(state)
-
     async def _read_load(self, state: WorkerState) -> LoadReport | None:
         if state.load_source in (None, "shoal"):
             status, body = await self._get(state.url + "/load")
@@ -184,16 +222,12 @@ class Membership:
             raise aiohttp.ClientError(f"/v1/models answered {status}")
         return None
 
-    async def run(self, after_poll: Callable[[], None] | None = None) -> None:
-        """Polls static workers and expires registered workers' leases, forever; `after_poll` runs
-        after each round (capacity may have changed)."""
+    async def run(self) -> None:
+        """Polls each static worker every poll interval, forever; a worker whose last poll has not
+        answered yet is not polled again, so one hung worker delays nobody."""
         while True:
-            now = time.monotonic()
-            for state in list(self.workers.values()):
-                if state.registered and state.lease_expires is not None and state.lease_expires < now:
-                    log.warning("worker %s missed its heartbeats; removed", state.url)
-                    self.remove(state.worker_id)
-            await asyncio.gather(*(self.poll(s) for s in list(self.workers.values()) if not s.registered))
-            if after_poll:
-                after_poll()
+            for worker_id, state in list(self.workers.items()):
+                poll = self._polls.get(worker_id)
+                if not state.registered and (poll is None or poll.done()):
+                    self._polls[worker_id] = asyncio.create_task(self.poll(state))
             await asyncio.sleep(self.poll_interval_s)

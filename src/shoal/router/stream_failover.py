@@ -1,37 +1,51 @@
 """Token-exact failover of completions, streamed or not.
 
-The router reads the worker's server-sent events as it relays them, keeping the token ids, the seed
-and how much text the client has received. If the worker dies (connection error, or the stream ends
-without `[DONE]`), hangs (no event within the token deadline) or fails the request (an error event),
-the request continues on another worker from the prompt plus those token ids, with the same seed
-(shoal's `resume_token_ids` / `resume_text_offset` extension). The client sees one stream: the same
-response id, no repeated role chunk, no missing or repeated tokens; with a seed, the same tokens as
-a run without the failure. Migrations are bounded per request. Non-streaming clients get the same
-protection: the router streams from the worker and assembles the response itself.
+Before the first byte, a failed request (connection error, 5xx) is retried on another worker, never
+one that already failed it, with exponential backoff and jitter, up to its priority's number of
+attempts; critical requests then fall back along the model's chain. After that, the router reads
+the worker's server-sent events as it relays them, keeping the token ids, the seed and how much
+text the client has received. If the worker dies (connection error, or the stream ends without
+`[DONE]`), hangs (no event within a deadline derived from its expected inter-token latency), is
+found down or ejected by the health monitor (which severs its streams), or fails the request (an
+error event), the request continues on another worker from the prompt plus those token ids, with
+the same seed (shoal's `resume_token_ids` / `resume_text_offset` extension). The client sees one
+stream: the same response id, no repeated role chunk, no missing or repeated tokens; with a seed,
+the same tokens as a run without the failure. Migrations are bounded per request. Non-streaming
+clients get the same protection: the router streams from the worker and assembles the response.
 """
 from __future__ import annotations
 
 import asyncio
 import json
 import logging
+import random
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import aiohttp
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.config import FailoverSettings
-from shoal.router.membership import Membership
+from shoal.router.health_monitor import HealthMonitor
+from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.response_assembly import assemble
 from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
 
+# Errors that mean the worker's process or host is gone, not merely slow or failing requests.
+CONNECTION_LOST = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)
+
 
 class StreamBroken(Exception):
-    """The worker stopped streaming before `[DONE]`."""
+    """The worker stopped streaming before `[DONE]`; `connection_lost` when its connection broke."""
+
+    def __init__(self, message: str, connection_lost: bool = False):
+        super().__init__(message)
+        self.connection_lost = connection_lost
 
 
 @dataclass
@@ -49,72 +63,145 @@ class StreamProgress:
                 "seed": self.seed if self.seed is not None else body.get("seed")}
 
 
+@dataclass
+class Attempt:
+    """The request as it stands: where it runs, and the model and body it runs with (a critical
+    request may have fallen back to another model before its first byte)."""
+
+    routed: RouteRequest
+    body: dict
+    placement: Placement | None = None
+    upstream: aiohttp.ClientResponse | None = None
+
+
 class StreamFailover:
     """Invariant: at any time the request holds at most one placement; it is released when the
-    worker is abandoned or the stream ends, and `done` runs exactly once at the end."""
+    worker is abandoned or the stream ends, and `done` runs exactly once at the end. An open
+    upstream is in its worker's `streams` (so the health monitor can sever it) until released."""
 
     def __init__(self, session: aiohttp.ClientSession, balancer: Balancer, membership: Membership,
-                 settings: FailoverSettings):
+                 monitor: HealthMonitor, settings: FailoverSettings, fallbacks: Callable[[str], list[str]],
+                 unavailable_wait_s: float):
         self.session = session
         self.balancer = balancer
         self.membership = membership
+        self.monitor = monitor
         self.settings = settings
+        self.fallbacks = fallbacks
+        self.unavailable_wait_s = unavailable_wait_s
 
-    async def open(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                   placement: Placement, failed: set[str]) -> tuple[Placement | None, aiohttp.ClientResponse | None]:
+    async def open(self, attempt: Attempt, path: str, headers: Mapping[str, str], failed: set[str],
+                   resuming: bool) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
-        answers 5xx. Returns (None, None) when no worker is left to try."""
+        answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
         outgoing = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
-        for _ in range(self.settings.max_attempts):
+        for tried in range(self.settings.attempts[attempt.routed.priority]):
+            if attempt.placement is None:
+                return False
+            if tried:
+                await asyncio.sleep(self._backoff(tried))
+            worker = attempt.placement.worker
+            sent = time.monotonic()
             try:
-                upstream = await self.session.post(placement.worker.url + path, json=body, headers=outgoing)
+                upstream = await self.session.post(worker.url + path, json=attempt.body, headers=outgoing)
                 if upstream.status < 500:
-                    placement.worker.first_byte(placement.ticket)
-                    return placement, upstream
+                    if upstream.status == 200 and not resuming:  # shoal workers answer at the first token
+                        worker.latency.observe_ttft(time.monotonic() - sent)
+                    worker.first_byte(attempt.placement.ticket)
+                    self.monitor.request_succeeded(worker)
+                    attempt.upstream = upstream
+                    worker.streams.add(upstream)
+                    return True
                 upstream.release()
-                reason = f"answered {upstream.status}"
+                reason, lost = f"answered {upstream.status}", False
             except (aiohttp.ClientError, TimeoutError) as exc:
-                reason = type(exc).__name__
-            self._abandon(placement, failed, reason)
-            placement = self.balancer.place(routed, exclude=frozenset(failed))
-            if placement is None:
-                break
-        return None, None
+                reason, lost = type(exc).__name__, isinstance(exc, CONNECTION_LOST)
+            self._abandon(attempt, failed, reason, lost)
+            attempt.placement = await self._place(attempt, failed, resuming, wait=False)
+        return False
 
-    def _abandon(self, placement: Placement, failed: set[str], reason: str) -> None:
-        failed.add(placement.worker.worker_id)
-        self.balancer.release(placement)
-        self.membership.mark_failed(placement.worker.worker_id, reason)
+    def _backoff(self, tried: int) -> float:
+        """Exponential, capped, half of it jittered."""
+        delay = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (tried - 1))
+        return delay / 2 + random.uniform(0, delay / 2)
 
-    async def _start(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                     placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
-                     failed: set[str]) -> Response | tuple[Placement, aiohttp.ClientResponse, dict[str, str]]:
-        """Opens the stream: (placement, upstream, reply headers), or a Response (the worker's
-        refusal, or 503) when there is none to relay."""
-        placement, upstream = await self.open(routed, body, path, headers, placement, failed)
-        if upstream is None:
+    async def _place(self, attempt: Attempt, failed: set[str], resuming: bool, wait: bool) -> Placement | None:
+        """Another worker for the request: of its model (a resumed stream only on shoal workers, the
+        only ones that take resume_token_ids), else for a critical request one of a fallback model
+        (never mid-stream: token ids are the model's own). With `wait`, waits up to
+        unavailable_wait_s for one to become available."""
+        deadline = time.monotonic() + (self.unavailable_wait_s if wait else 0)
+        while True:
+            exclude = set(failed)
+            if resuming:
+                exclude |= {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
+            placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude))
+            if placement is None and not resuming and attempt.routed.priority == "critical":
+                for model in self.fallbacks(attempt.routed.model):
+                    placement = self.balancer.place(replace(attempt.routed, model=model), exclude=frozenset(failed))
+                    if placement is not None:
+                        log.warning("critical request falls back from %s to %s", attempt.routed.model, model)
+                        attempt.routed = replace(attempt.routed, model=model)
+                        attempt.body = {**attempt.body, "model": model}
+                        break
+            if placement is not None or time.monotonic() >= deadline:
+                return placement
+            await asyncio.sleep(0.05)
+
+    def _abandon(self, attempt: Attempt, failed: set[str], reason: str, connection_lost: bool) -> None:
+        """Gives up the current worker for this request; counts the failure unless the health
+        monitor itself took the worker out (and severed the stream)."""
+        worker = attempt.placement.worker
+        failed.add(worker.worker_id)
+        if attempt.upstream is not None:
+            worker.streams.discard(attempt.upstream)
+            attempt.upstream.release()
+            attempt.upstream = None
+        self.balancer.release(attempt.placement)
+        attempt.placement = None
+        if not worker.down and worker.ejected_until is None:
+            self.monitor.request_failed(worker, reason, connection_lost)
+
+    def _finish(self, attempt: Attempt) -> None:
+        if attempt.upstream is not None:
+            attempt.placement.worker.streams.discard(attempt.upstream)
+            attempt.upstream.release()
+            attempt.upstream = None
+        if attempt.placement is not None:
+            self.balancer.release(attempt.placement)
+            attempt.placement = None
+
+    async def _start(self, attempt: Attempt, path: str, headers: Mapping[str, str], done: Callable[[], None],
+                     extra_headers: dict[str, str], failed: set[str]) -> Response | dict[str, str]:
+        """Opens the stream: the reply headers, or a Response (the worker's refusal, or 503) when
+        there is nothing to relay."""
+        requested = attempt.routed.model
+        if not await self.open(attempt, path, headers, failed, resuming=False):
             done()
             return error_response(503, "no worker could take this request", "service_unavailable",
                                   headers={"retry-after": "1"})
+        upstream, worker = attempt.upstream, attempt.placement.worker
+        reply_headers = {"x-shoal-worker": worker.worker_id, **extra_headers}
+        if attempt.routed.model != requested:
+            reply_headers["x-shoal-degraded"] = f"fallback={attempt.routed.model}"
         if upstream.status != 200 or not upstream.headers.get("content-type", "").startswith("text/event-stream"):
             content = await upstream.read()
-            upstream.release()
-            self.balancer.release(placement)
+            self._finish(attempt)
             done()
             return Response(content, status_code=upstream.status, media_type=upstream.headers.get("content-type"),
-                            headers={"x-shoal-worker": placement.worker.worker_id, **extra_headers})
-        return placement, upstream, {"x-shoal-worker": placement.worker.worker_id, **extra_headers}
+                            headers=reply_headers)
+        return reply_headers
 
     async def relay(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
                     placement: Placement, done: Callable[[], None], extra_headers: dict[str, str]) -> Response:
         """A streaming client: the events are relayed as they come."""
         failed: set[str] = set()
-        started = await self._start(routed, body, path, headers, placement, done, extra_headers, failed)
+        attempt = Attempt(routed, body, placement)
+        started = await self._start(attempt, path, headers, done, extra_headers, failed)
         if isinstance(started, Response):
             return started
-        placement, upstream, reply_headers = started
-        return StreamingResponse(self._events(routed, body, path, headers, placement, upstream, failed, done),
-                                 media_type="text/event-stream", headers=reply_headers)
+        return StreamingResponse(self._events(attempt, path, headers, failed, done), media_type="text/event-stream",
+                                 headers=started)
 
     async def collect(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
                       placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
@@ -122,35 +209,31 @@ class StreamFailover:
         """A non-streaming client: the worker streams to the router (so a failure can be continued
         elsewhere) and the router answers with one assembled response."""
         failed: set[str] = set()
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        started = await self._start(routed, body, path, headers, placement, done, extra_headers, failed)
+        attempt = Attempt(routed, {**body, "stream": True, "stream_options": {"include_usage": True}}, placement)
+        started = await self._start(attempt, path, headers, done, extra_headers, failed)
         if isinstance(started, Response):
             return started
-        placement, upstream, reply_headers = started
-        events = [json.loads(chunk[6:]) async for chunk in
-                  self._events(routed, body, path, headers, placement, upstream, failed, done)
+        events = [json.loads(chunk[6:]) async for chunk in self._events(attempt, path, headers, failed, done)
                   if chunk.startswith(b"data: {")]
         errors = [e["error"] for e in events if "error" in e]
         if errors or not events:
             message = errors[0]["message"] if errors else "the worker sent no events"
-            return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **reply_headers})
-        return JSONResponse(assemble(events, chat), headers=reply_headers)
+            return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **started})
+        return JSONResponse(assemble(events, chat), headers=started)
 
-    async def _events(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                      placement: Placement, upstream: aiohttp.ClientResponse, failed: set[str],
+    async def _events(self, attempt: Attempt, path: str, headers: Mapping[str, str], failed: set[str],
                       done: Callable[[], None]) -> AsyncIterator[bytes]:
-        progress = StreamProgress(seed=body.get("seed"))
+        progress = StreamProgress(seed=attempt.body.get("seed"))
+        original_body = attempt.body
         try:
             while True:
                 try:
-                    async for event in self._read(upstream, progress):
+                    async for event in self._read(attempt.upstream, attempt.placement.worker, progress):
                         yield event
                     return
                 except StreamBroken as broken:
-                    upstream.release()
-                    self._abandon(placement, failed, str(broken))
-                    placement, upstream = None, None
-                    if progress.migrations >= self.settings.max_attempts:
+                    self._abandon(attempt, failed, str(broken), broken.connection_lost)
+                    if progress.migrations >= self.settings.max_migrations:
                         yield _error_event("the request failed on every worker tried")
                         return
                     if progress.text_chars and not progress.token_ids:
@@ -158,35 +241,41 @@ class StreamFailover:
                         return
                     progress.migrations += 1
                     log.warning("migrating a stream after %d tokens (%s)", len(progress.token_ids), broken)
-                    # Only shoal workers understand resume_token_ids; others could only start over.
-                    others = {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
-                    exclude = failed | others if progress.token_ids else failed
-                    next_placement = self.balancer.place(routed, exclude=frozenset(exclude))
-                    if next_placement is not None:
-                        placement, upstream = await self.open(routed, progress.resume_body(body), path, headers,
-                                                              next_placement, failed)
-                    if upstream is None or upstream.status != 200:
+                    resuming = bool(progress.token_ids)
+                    attempt.body = progress.resume_body(original_body) if resuming else original_body
+                    attempt.placement = await self._place(attempt, failed, resuming, wait=True)
+                    if not await self.open(attempt, path, headers, failed, resuming) or attempt.upstream.status != 200:
                         yield _error_event("no worker left to continue this stream")
                         return
         finally:
-            if upstream is not None:
-                upstream.release()
-            if placement is not None:
-                self.balancer.release(placement)
+            self._finish(attempt)
             done()
 
-    async def _read(self, upstream: aiohttp.ClientResponse, progress: StreamProgress) -> AsyncIterator[bytes]:
-        """Relays one worker's events, updating progress; raises StreamBroken if it stops short."""
+    def _token_deadline(self, worker: WorkerState, first: bool) -> float:
+        """Seconds without an event after which the stream is taken as hung."""
+        expected = None if first else worker.expected_itl_s()
+        if expected is None:
+            return self.settings.token_deadline_max_s
+        return min(max(self.settings.token_deadline_factor * expected, self.settings.token_deadline_min_s),
+                   self.settings.token_deadline_max_s)
+
+    async def _read(self, upstream: aiohttp.ClientResponse, worker: WorkerState,
+                    progress: StreamProgress) -> AsyncIterator[bytes]:
+        """Relays one worker's events, updating progress and the worker's latency figures; raises
+        StreamBroken if it stops short."""
         resumed = progress.migrations > 0
+        last = time.monotonic()
+        first = True
         while True:
+            deadline = self._token_deadline(worker, first)
             try:
-                line = await asyncio.wait_for(upstream.content.readline(), self.settings.token_deadline_s)
+                line = await asyncio.wait_for(upstream.content.readline(), deadline)
             except TimeoutError:
-                raise StreamBroken(f"no event within {self.settings.token_deadline_s} s") from None
+                raise StreamBroken(f"no event within {deadline:.1f} s") from None
             except aiohttp.ClientError as exc:
-                raise StreamBroken(type(exc).__name__) from None
+                raise StreamBroken(type(exc).__name__, connection_lost=True) from None
             if not line:
-                raise StreamBroken("the stream ended without [DONE]")
+                raise StreamBroken("the stream ended without [DONE]", connection_lost=True)
             if not line.startswith(b"data: "):
                 continue
             payload = line[6:].strip()
@@ -198,6 +287,11 @@ class StreamFailover:
                 raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
             choice = (event.get("choices") or [{}])[0]
             token_ids = choice.get("token_ids") or []
+            if token_ids:
+                now = time.monotonic()
+                if not first:
+                    worker.latency.observe_itl((now - last) / len(token_ids))
+                last, first = now, False
             if resumed and event.get("choices") and not token_ids and not choice.get("finish_reason"):
                 continue  # the continuation's opening role chunk: the client has it already
             progress.token_ids += token_ids

@@ -1,6 +1,6 @@
 """A worker's membership in a router: register, then push the load report every interval.
 
-If the router answers 404 (it restarted, or dropped this worker after missed heartbeats) the worker
+The router's answer to the registration sets the interval. If the router answers 404 (it restarted, or dropped this worker after missed heartbeats) the worker
 registers again; if it cannot be reached, the worker keeps trying each interval and keeps serving.
 """
 from __future__ import annotations
@@ -46,4 +46,5 @@ class RouterHeartbeat:
                                                              "load": self.load_report()})
         response.raise_for_status()
         self.registered = True
+        self.interval_s = float(response.json().get("heartbeat_interval_s", self.interval_s))
         log.info("registered with router %s as %s", self.router_url, self.advertise_url)

@@ -1,0 +1,166 @@
+"""Decides which workers may get work, from everything the router learns about them.
+
+Detection, in order of speed: a refused or lost connection marks a worker down at once; a worker
+that has not answered a poll or sent a heartbeat for missed_heartbeats × heartbeat_interval_s is
+down; passive failures (5xx, timeouts, failed streams, failed canaries; never 4xx) feed its circuit
+breaker; a worker whose latency is an outlier against the fleet is ejected for a while. A down or
+ejected worker's streams are severed so they migrate now rather than at their token deadline.
+Down workers rejoin as soon as they answer again; ejected ones when their ejection ends; open
+breakers half-open after their open time and close on a successful probe (the canary, for shoal
+workers). Every change goes through HealthEvents.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from shoal.router.circuit_breaker import BreakerState
+from shoal.router.config import HealthSettings
+from shoal.router.health_events import HealthEvents
+from shoal.router.latency_stats import LatencyStats
+from shoal.router.membership import Membership, WorkerState
+from shoal.router.outlier_detection import normalised, outliers
+
+
+class HealthMonitor:
+    """Invariant: at most one canary per worker is in flight; a worker is `down` only between a
+    recorded "down" event and the next "up" (or its removal)."""
+
+    def __init__(self, membership: Membership, settings: HealthSettings, events: HealthEvents,
+                 forget: Callable[[str], None]):
+        self.membership = membership
+        self.settings = settings
+        self.events = events
+        self.forget = forget
+        self.next_outlier_check = 0.0
+        self.next_canary: dict[str, float] = {}
+        self.canaries: dict[str, asyncio.Task] = {}
+
+    # Passive detection, from the requests the router relays.
+
+    def request_failed(self, state: WorkerState, reason: str, connection_lost: bool) -> None:
+        now = time.monotonic()
+        state.breaker.record_failure(reason, now)
+        if connection_lost and not state.down:
+            self._mark_down(state, reason, now)
+
+    def request_succeeded(self, state: WorkerState) -> None:
+        state.breaker.record_success()
+
+    # The periodic check.
+
+    async def run(self, capacity_grew: Callable[[], None]) -> None:
+        """Checks every quarter heartbeat interval, forever; `capacity_grew` runs when a worker
+        may have become available again (so queued requests are admitted)."""
+        while True:
+            if self.check(time.monotonic()):
+                capacity_grew()
+            await asyncio.sleep(self.settings.heartbeat_interval_s / 4)
+
+    def check(self, now: float) -> bool:
+        """One round over the fleet; True when some worker may have become available."""
+        grew = False
+        silent_limit = self.settings.heartbeat_interval_s * self.settings.missed_heartbeats
+        for state in list(self.membership.workers.values()):
+            if state.registered and state.lease_expires is not None and state.lease_expires < now:
+                self._remove(state, f"no heartbeat for {self.settings.lease_s:g} s")
+                continue
+            silent = now - state.last_seen
+            if not state.down and state.refused_at is not None and state.refused_at > state.last_seen:
+                self._mark_down(state, "connection refused", now)
+            elif not state.down and silent > silent_limit:
+                self._mark_down(state, f"no answer for {silent:.1f} s", now)
+            elif state.down and state.last_seen > state.down_since:
+                state.down, state.down_since = False, None
+                self.events.record(state.worker_id, "up", "answering again")
+                grew = True
+            was_open = state.breaker.state is BreakerState.OPEN
+            state.breaker.tick(now)
+            grew |= was_open and state.breaker.state is not BreakerState.OPEN
+            if state.ejected_until is not None and now >= state.ejected_until:
+                state.ejected_until, state.latency = None, LatencyStats()
+                self.events.record(state.worker_id, "rejoined", "ejection ended")
+                grew = True
+            self._maybe_canary(state, now)
+        if now >= self.next_outlier_check:
+            self.next_outlier_check = now + self.settings.heartbeat_interval_s
+            self._eject_outliers(now)
+        return grew
+
+    def _mark_down(self, state: WorkerState, reason: str, now: float) -> None:
+        state.down, state.down_since = True, now
+        self.events.record(state.worker_id, "down", reason)
+        state.sever()
+
+    def _remove(self, state: WorkerState, reason: str) -> None:
+        self.membership.remove(state.worker_id)
+        self.forget(state.worker_id)
+        self.events.record(state.worker_id, "removed", reason)
+        state.sever()
+
+    # Gray failures.
+
+    def _eject_outliers(self, now: float) -> None:
+        settings = self.settings.outliers
+        for model in self.membership.models():
+            group = [s for s in self.membership.workers.values() if model in s.models and not s.down]
+            budget = int(settings.max_ejected_fraction * len(group)) - sum(s.ejected_until is not None for s in group)
+            serving = [s for s in group if s.ejected_until is None]
+            steps = {s.worker_id: s.report.single_step_s if s.report else None for s in serving}
+            for metric, label in (("itl", "inter-token latency"), ("ttft", "time to first token")):
+                measured = {s.worker_id: getattr(s.latency, f"{metric}_s") for s in serving
+                            if getattr(s.latency, f"{metric}_samples") >= settings.min_samples}
+                scores = normalised(measured, steps)
+                for worker_id in sorted(outliers(scores, settings.factor, settings.min_workers),
+                                        key=scores.get, reverse=True):
+                    state = self.membership.workers[worker_id]
+                    if budget <= 0 or state.ejected_until is not None:
+                        continue
+                    budget -= 1
+                    state.ejections += 1
+                    state.ejected_until = now + settings.ejection_s * state.ejections
+                    median = sorted(scores.values())[len(scores) // 2]
+                    self.events.record(worker_id, "ejected", f"{label} {measured[worker_id] * 1e3:.0f} ms, "
+                                                             f"{scores[worker_id] / median:.1f}x the fleet median")
+                    state.sever()
+
+    # Active probes: the canary generation of shoal workers.
+
+    def _maybe_canary(self, state: WorkerState, now: float) -> None:
+        if state.load_source != "shoal" or state.down:
+            return
+        running = self.canaries.get(state.worker_id)
+        if running is not None and not running.done():
+            return
+        probe = state.breaker.state is BreakerState.HALF_OPEN and state.breaker.allows()
+        due = self.next_canary.setdefault(state.worker_id, now + self.settings.canary_interval_s)
+        if not probe and now < due:
+            return
+        if probe:
+            state.breaker.take(now)
+        self.next_canary[state.worker_id] = now + self.settings.canary_interval_s
+        self.canaries[state.worker_id] = asyncio.create_task(self._canary(state))
+
+    async def _canary(self, state: WorkerState) -> None:
+        timeout_s = self.settings.canary_timeout_s
+        try:
+            async with self.membership.session.get(f"{state.url}/health/canary", params={"timeout_s": str(timeout_s)},
+                                                   timeout=aiohttp.ClientTimeout(total=timeout_s + 1)) as response:
+                ok = response.status == 200
+                reason = f"canary answered {response.status}"
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok, reason = False, f"canary failed: {type(exc).__name__}"
+        if ok:
+            state.breaker.record_success()
+        else:
+            state.breaker.record_failure(reason, time.monotonic())
+
+    async def close(self) -> None:
+        for task in self.canaries.values():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
