@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -18,24 +19,34 @@ from tests.integration.test_worker_server import MODEL, free_port, scrape, spawn
 SECRET = "test-cluster-secret"
 
 
-def start_router(args: list[str]) -> tuple[subprocess.Popen, str]:
+def start_router(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
     """Starts `shoal router ARGS` on a free port; returns once it answers /health (its static
-    workers were polled during start-up)."""
+    workers were polled during start-up). Its log goes to a temporary file, which a busy router
+    cannot fill up the way it would a pipe nobody reads."""
     port = free_port()
+    log = tempfile.TemporaryFile()
     process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "router", "--port", str(port), *args],
-                               env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+                               env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},
+                               stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
+                process.log_file = log
                 return process, url
         except httpx.HTTPError:
             pass
         time.sleep(0.2)
     process.kill()
-    pytest.fail(f"router did not start: {process.stderr.read().decode()[-2000:]}")
+    log.seek(0)
+    pytest.fail(f"router did not start: {log.read().decode()[-2000:]}")
+
+
+def router_log(process: subprocess.Popen) -> str:
+    """What a router started by start_router has logged so far."""
+    process.log_file.seek(0)
+    return process.log_file.read().decode()
 
 
 def stop(process: subprocess.Popen) -> None:

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from shoal.router.auth import key_hash
-from tests.integration.test_router import start_router, stop
+from tests.integration.test_router import router_log, start_router, stop
 from tests.integration.test_worker_server import spawn_worker, wait_ready
 
 KEY, OTHER_KEY = "sk-test-alpha", "sk-test-beta"
@@ -76,7 +76,7 @@ def test_api_keys_are_required_and_rate_limits_answer_429(router):
     assert limited.json()["error"]["type"] == "rate_limit_error"
     assert post(url, body).status_code == 200  # another key is not limited
     stop(process)
-    logs = process.stderr.read().decode()
+    logs = router_log(process)
     assert KEY not in logs and OTHER_KEY not in logs
 
 

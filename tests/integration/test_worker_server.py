@@ -21,12 +21,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
-    """Launches `shoal worker ARGS` on a free loopback port without waiting for it."""
-    port = free_port()
+def spawn_worker(args: list[str], cache_dir, port: int | None = None,
+                 stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+    """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for it."""
+    port = port or free_port()
     process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
                                env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE)
+                               stderr=stderr)
     return process, f"http://127.0.0.1:{port}"
 
 
@@ -40,7 +41,8 @@ def wait_ready(process: subprocess.Popen, url: str) -> tuple[subprocess.Popen, s
         except httpx.HTTPError:
             time.sleep(0.2)
     process.kill()
-    pytest.fail(f"worker did not start: {process.stderr.read().decode()[-2000:]}")
+    log = process.stderr.read().decode()[-2000:] if process.stderr else "(its log went to a file)"
+    pytest.fail(f"worker did not start: {log}")
 
 
 def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:

@@ -1,0 +1,222 @@
+"""Workers die, hang and fail under load; the router detects it, keeps every request and token, and
+takes the worker back when it recovers.
+
+Three tiny workers on fixed ports (so a killed one can come back at the same address) behind a
+router with a 0.5 s heartbeat interval. Every request has a seed, so a response can be compared
+token for token with the same request served without faults.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+import yaml
+
+from tests.integration.test_router import router_log, start_router, stop
+from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
+
+ADMIN = {"authorization": "Bearer test-admin-token"}
+HEARTBEAT_S = 0.5
+MAX_TOKENS = 100
+
+
+class Fleet:
+    """Workers that can be killed and started again on their port; their logs go to files."""
+
+    def __init__(self, args: list[str], cache_dir, log_dir, size: int):
+        self.args, self.cache_dir, self.log_dir = args, cache_dir, log_dir
+        self.ports = [free_port() for _ in range(size)]
+        self.processes = {}
+        for started in [self._spawn(port) for port in self.ports]:
+            wait_ready(*started)
+
+    def _spawn(self, port: int):
+        log = open(self.log_dir / f"worker-{port}.log", "ab")
+        process, url = spawn_worker(self.args, self.cache_dir, port=port, stderr=log)
+        self.processes[url] = process
+        return process, url
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.processes)
+
+    def signal(self, url: str, sig: int) -> None:
+        os.kill(self.processes[url].pid, sig)
+
+    def kill(self, url: str) -> None:
+        self.processes[url].kill()
+        self.processes[url].wait(timeout=30)
+
+    def restart(self, url: str) -> None:
+        wait_ready(*self._spawn(int(url.rsplit(":", 1)[1])))
+
+    def close(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.kill(process.pid, signal.SIGCONT)
+                process.kill()
+            process.wait(timeout=30)
+
+
+def router_config(tmp_path, urls: list[str], **sections) -> str:
+    config = {"workers": [{"url": url} for url in urls], "health": {"heartbeat_interval_s": HEARTBEAT_S},
+              "failover": {"token_deadline_min_s": 1.0}, **sections}
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+@pytest.fixture
+def fleet(tiny_model_dir, shoal_cache_dir, tmp_path):
+    workers = Fleet(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
+                     "--kv-cache", "8MiB", "--step-delay-ms", "10"], shoal_cache_dir, tmp_path, size=3)
+    yield workers
+    workers.close()
+
+
+def start(config: str):
+    return start_router(["--config", config], env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:]})
+
+
+def body(seed: int, stream: bool) -> dict:
+    return {"model": MODEL, "messages": [{"role": "user", "content": f"story number {seed}"}], "seed": seed,
+            "max_tokens": MAX_TOKENS, "temperature": 0.8, "ignore_eos": True, "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {})}
+
+
+def complete(url: str, seed: int, stream: bool, on_token=None) -> dict:
+    """One chat completion; returns its token ids, text and usage. Fails on any error."""
+    if not stream:
+        response = httpx.post(url + "/v1/chat/completions", json=body(seed, False), timeout=120)
+        assert response.status_code == 200, response.text
+        choice = response.json()["choices"][0]
+        return {"ids": choice["token_ids"], "text": choice["message"]["content"],
+                "completion_tokens": response.json()["usage"]["completion_tokens"]}
+    ids, text, usage = [], [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body(seed, True), timeout=120) as response:
+        assert response.status_code == 200
+        worker = response.headers["x-shoal-worker"]
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            usage = event.get("usage") or usage
+            for choice in event["choices"]:
+                ids += choice.get("token_ids") or []
+                text.append(choice.get("delta", {}).get("content") or "")
+            if on_token:
+                on_token(worker, len(ids))
+    return {"ids": ids, "text": "".join(text), "completion_tokens": usage["completion_tokens"]}
+
+
+def admin(url: str) -> dict:
+    return httpx.get(url + "/admin/workers", headers=ADMIN, timeout=10).json()
+
+
+def wait_for(predicate, timeout_s: float = 30):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError("condition not reached in time")
+
+
+def test_killing_workers_again_and_again_under_load_loses_no_request_and_no_token(fleet, tmp_path):
+    router, url = start(router_config(tmp_path, fleet.urls))
+    seeds = list(range(12))
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            reference = dict(zip(seeds, pool.map(lambda s: complete(url, s, stream=True), seeds)))
+        assert all(len(r["ids"]) == MAX_TOKENS for r in reference.values())
+        faults_done = threading.Event()
+        results, kills = [], []
+
+        def client(offset: int) -> None:
+            i = offset
+            while not faults_done.is_set() or i < offset + len(seeds) // 2:
+                seed = seeds[i % len(seeds)]
+                results.append((seed, complete(url, seed, stream=i % 3 != 0)))
+                i += 1
+
+        def chaos() -> None:
+            for _ in range(3):
+                time.sleep(1.0)
+                busiest = max(admin(url)["workers"], key=lambda w: w["in_flight"])  # kill where streams are
+                victim = busiest["worker_id"]
+                fleet.kill(victim)
+                kills.append(victim)
+                fleet.restart(victim)
+            faults_done.set()
+
+        with ThreadPoolExecutor(7) as pool:
+            futures = [pool.submit(client, k * 2) for k in range(6)] + [pool.submit(chaos)]
+            for future in futures:
+                future.result()
+        assert len(kills) == 3
+        for seed, result in results:
+            assert result["ids"] == reference[seed]["ids"], f"seed {seed} differs after failover"
+            assert result["text"] == reference[seed]["text"]
+            assert result["completion_tokens"] == MAX_TOKENS
+        downs = [e for e in admin(url)["events"] if e["change"] == "down"]
+        assert {e["worker_id"] for e in downs} >= set(kills)
+        migrations = router_log(router).count("migrating a stream")
+        assert migrations >= 1
+        print(f"{len(results)} requests, {migrations} migrations")
+    finally:
+        stop(router)
+
+
+def test_a_stopped_worker_is_detected_within_two_heartbeats_and_rejoins_when_continued(fleet, tmp_path):
+    router, url = start(router_config(tmp_path, fleet.urls))
+    try:
+        reference = complete(url, seed=5, stream=True)
+        stopped = {}
+
+        def stop_worker(worker: str, tokens: int) -> None:
+            if tokens >= 20 and not stopped:
+                fleet.signal(worker, signal.SIGSTOP)
+                stopped.update(worker=worker, at=time.time())
+
+        assert complete(url, seed=5, stream=True, on_token=stop_worker) == reference
+        worker = stopped["worker"]
+        down = wait_for(lambda: [e for e in admin(url)["events"] if e["worker_id"] == worker and e["change"] == "down"])
+        # Detected within two heartbeat intervals (plus the monitor's quarter-interval tick).
+        assert down[0]["time"] - stopped["at"] <= 2 * HEARTBEAT_S + HEARTBEAT_S / 4 + 0.5
+        assert not next(w for w in admin(url)["workers"] if w["worker_id"] == worker)["healthy"]
+        fleet.signal(worker, signal.SIGCONT)
+        wait_for(lambda: next(w for w in admin(url)["workers"] if w["worker_id"] == worker)["healthy"])
+        assert [e["change"] for e in admin(url)["events"] if e["worker_id"] == worker][-1] == "up"
+    finally:
+        stop(router)
+
+
+def test_all_workers_down_answers_503_quickly_and_a_returning_worker_serves_the_waiting_requests(fleet, tmp_path):
+    config = router_config(tmp_path, fleet.urls[:1], admission={"unavailable_wait_s": 120})
+    router, url = start(config)
+    worker = fleet.urls[0]
+    try:
+        fleet.kill(worker)
+        wait_for(lambda: not admin(url)["workers"][0]["healthy"])
+        started = time.monotonic()
+        refused = httpx.post(url + "/v1/chat/completions", json=body(1, False), timeout=30,
+                             headers={"x-shoal-deadline-s": "1"})
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        assert refused.json()["error"]["type"] == "service_unavailable"
+        assert time.monotonic() - started < 10
+        with ThreadPoolExecutor(2) as pool:
+            waiting = [pool.submit(complete, url, seed, False) for seed in (1, 2)]
+            time.sleep(0.5)
+            assert admin(url)["queued"]["standard"] == 2
+            fleet.restart(worker)
+            assert [len(f.result(timeout=120)["ids"]) for f in waiting] == [MAX_TOKENS, MAX_TOKENS]
+    finally:
+        stop(router)
