@@ -1,6 +1,6 @@
-"""The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door), health, and
-the control endpoints: workers join and heartbeat with the cluster secret; operators list, drain
-and remove workers with the admin token."""
+"""The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door, and
+responses_api for /v1/responses), health, and the control endpoints: workers join and heartbeat
+with the cluster secret; operators list, drain and remove workers with the admin token."""
 from __future__ import annotations
 
 import asyncio
@@ -20,6 +20,7 @@ from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.membership import Membership
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
+from shoal.router.responses_api.endpoints import ResponsesApi
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     membership = Membership(config.load_poll_interval_s, config.unhealthy_after_failures, config.heartbeat_lease_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
     front_door = FrontDoor(config, membership, balancer)
+    responses_api = ResponsesApi(front_door, config.responses)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
 
@@ -44,16 +46,19 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s))
         membership.session = session
         front_door.open(session)
+        await responses_api.open()
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
         task = asyncio.create_task(membership.run(after_poll=front_door.admission.wake))
         yield
         task.cancel()
+        await responses_api.close()
         await session.close()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
+    app.include_router(responses_api.routes())
 
     @app.get("/health")
     async def health() -> dict:
