@@ -139,18 +139,20 @@ def test_input_item_pages():
 
 
 class ChatStream:
-    """A chat completion SSE body, split at awkward places; records whether it was closed."""
+    """A chat completion SSE body, split at awkward places; records whether it was started and closed
+    (a generator closed before it started never runs its clean-up)."""
 
     def __init__(self, events: list[dict | str]):
         raw = b"".join(b"data: " + (e.encode() if isinstance(e, str) else json.dumps(e).encode()) + b"\n\n"
                        for e in events)
         self.chunks = [raw[i:i + 7] for i in range(0, len(raw), 7)]
-        self.closed = False
+        self.started = self.closed = False
 
     def __aiter__(self):
         return self
 
     async def __anext__(self) -> bytes:
+        self.started = True
         if not self.chunks:
             raise StopAsyncIteration
         return self.chunks.pop(0)
@@ -223,18 +225,19 @@ def test_a_store_failure_fails_the_streamed_response():
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and "down" in events[-2]["message"]
 
 
-def test_a_client_leaving_closes_the_chat_stream():
+@pytest.mark.parametrize("leave_at", [b"response.created", b"response.output_text.delta"])
+def test_a_client_leaving_closes_the_started_chat_stream(leave_at):
     async def keep(response: dict) -> None:
         raise AssertionError("nothing to keep")
 
     chat = ChatStream([chunk("a"), chunk("b"), chunk("c", "stop"), "[DONE]"])
 
-    async def leave_after_first_delta() -> None:
+    async def leave() -> None:
         events = response_events(chat, response_skeleton("resp_1", parse(), 0), "msg_1", keep)
         async for raw in events:
-            if b"output_text.delta" in raw:
+            if leave_at in raw:
                 break
         await events.aclose()
 
-    asyncio.run(leave_after_first_delta())
-    assert chat.closed
+    asyncio.run(leave())
+    assert chat.started and chat.closed

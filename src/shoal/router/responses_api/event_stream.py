@@ -43,13 +43,17 @@ async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: di
                 event("response.failed", response=failed_response(skeleton, message))]
 
     position = {"item_id": message_id, "output_index": 0, "content_index": 0}
-    yield event("response.created", response=skeleton)
-    yield event("response.in_progress", response=skeleton)
-    yield event("response.output_item.added", output_index=0, item=output_message(message_id, "in_progress", []))
-    yield event("response.content_part.added", **position, part=output_text_part(""))
+    # Sent once the chat stream has started: closing a chat stream that never started would not
+    # run its clean-up, and its worker would stay taken.
+    opening = [event("response.created", response=skeleton), event("response.in_progress", response=skeleton),
+               event("response.output_item.added", output_index=0, item=output_message(message_id, "in_progress", [])),
+               event("response.content_part.added", **position, part=output_text_part(""))]
     pieces, finish_reason, usage, model, error = [], None, None, None, None
     try:
         async for chat_event in _chat_events(chat_chunks):
+            for opened in opening:
+                yield opened
+            opening = []
             if "error" in chat_event:
                 error = chat_event["error"].get("message") or "the model failed the request"
                 break
@@ -64,7 +68,7 @@ async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: di
     finally:
         await chat_chunks.aclose()
     if error is not None or finish_reason is None:
-        for failed in failure(error or "the stream ended before the response was finished"):
+        for failed in opening + failure(error or "the stream ended before the response was finished"):
             yield failed
         return
     response = finished_response(skeleton, message_id, "".join(pieces), finish_reason, usage, model)
