@@ -62,7 +62,8 @@ def test_bad_input_names_the_field(raw, param):
 
 def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
     def stored(user: str, reply: str, previous: str | None) -> StoredTurn:
-        skeleton = response_skeleton(f"resp_{user}", parse(instructions=f"old {user}", previous_response_id=previous), 0)
+        request = parse(instructions=f"old {user}", previous_response_id=previous)
+        skeleton = response_skeleton(f"resp_{user}", request, 0)
         return StoredTurn(finished_response(skeleton, "msg_x", reply, "stop", None, None), normalize_input(user), "me")
 
     chain = [stored("one", "1", None), stored("two", "2", "resp_one")]

@@ -19,7 +19,8 @@ from tests.integration.test_worker_server import free_port
 
 def turn(previous: str | None = None, text: str = "hello") -> StoredTurn:
     response = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "previous_response_id": previous,
-                "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}]}
+                "output": [{"type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": text}]}]}
     items = [{"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "user",
               "content": [{"type": "input_text", "text": "héllo ✓"}]}]
     return StoredTurn(response, items, "anonymous")
