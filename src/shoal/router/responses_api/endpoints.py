@@ -91,13 +91,13 @@ class ResponsesApi:
         except StoreUnavailable as exc:
             return _store_unavailable(exc)
         response_id, message_id = new_response_id(), new_message_id()
+        skeleton = response_skeleton(response_id, parsed, int(time.time()))
         session = chain[0].response_id if chain else response_id
         chat_body = parsed.chat_body(conversation_messages(parsed.instructions, chain, parsed.input_items))
         answer = await self.front_door.dispatch(chat_body, {**request.headers, "x-shoal-session": session},
                                                 "/v1/chat/completions", True, client)
         if answer.status_code != 200 or not isinstance(answer, StreamingResponse if parsed.stream else JSONResponse):
             return answer
-        skeleton = response_skeleton(response_id, parsed, int(time.time()))
         shoal_headers = {k: v for k, v in answer.headers.items() if k.startswith("x-shoal-")}
 
         async def keep(response: dict) -> None:
