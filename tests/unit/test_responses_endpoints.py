@@ -1,35 +1,27 @@
-"""The /v1/responses endpoints over a front door whose dispatch is recorded instead of sent to
-workers: what the model is sent, the session each turn is routed by, and what is passed on."""
+"""The /v1/responses endpoints of the router app, with the front door's dispatch recorded instead
+of sent to workers: what the model is sent, the session each turn is routed by, what is passed on."""
 from __future__ import annotations
 
-import contextlib
 import json
 
 import pytest
-from fastapi import FastAPI
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.testclient import TestClient
 
-from shoal.router.balancer import Balancer
+from shoal.router.app import create_router_app
 from shoal.router.config import RouterConfig
-from shoal.router.front_door import FrontDoor
-from shoal.router.membership import Membership
-from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
-from shoal.router.responses_api.endpoints import ResponsesApi
 
 
-class RecordingFrontDoor(FrontDoor):
-    """The real front door (authentication, parsing) with a dispatch that records the chat request
-    and answers "reply N" for the N-th one, or the error it was told to give."""
+class RecordingDispatch:
+    """Stands in for FrontDoor.dispatch: records each chat request and answers "reply N" for the
+    N-th one (as JSON or as a chat stream), or the refusal it was given."""
 
-    def __init__(self, config: RouterConfig):
-        membership = Membership(1.0, 3, 3.0)
-        super().__init__(config, membership, Balancer(make_policy("cost"), membership))
+    def __init__(self):
         self.dispatched: list[tuple[dict, dict]] = []
         self.refusal = None
 
-    async def dispatch(self, body, headers, path, chat, client):
+    async def __call__(self, body, headers, path, chat, client):
         assert (path, chat) == ("/v1/chat/completions", True)
         self.dispatched.append((body, dict(headers)))
         if self.refusal is not None:
@@ -53,25 +45,15 @@ class RecordingFrontDoor(FrontDoor):
 
 @pytest.fixture
 def service(tmp_path):
-    """(test client, recording front door) for an app serving only the Responses API on SQLite."""
-    config = RouterConfig(responses={"sqlite_path": str(tmp_path / "responses.sqlite3")})
-    front_door = RecordingFrontDoor(config)
-    responses_api = ResponsesApi(front_door, config.responses)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_):
-        await responses_api.open()
-        yield
-        await responses_api.close()
-
-    app = FastAPI(lifespan=lifespan)
-    app.include_router(responses_api.routes())
+    """(test client, recorded dispatch) for a router app without workers, storing in SQLite."""
+    app = create_router_app(RouterConfig(responses={"sqlite_path": str(tmp_path / "responses.sqlite3")}))
+    app.state.front_door.dispatch = dispatch = RecordingDispatch()
     with TestClient(app) as client:
-        yield client, front_door
+        yield client, dispatch
 
 
 def test_each_turn_sends_the_whole_chain_and_is_routed_by_the_conversation(service):
-    client, front_door = service
+    client, dispatch = service
     first = client.post("/v1/responses", json={"model": "m", "input": "one", "instructions": "old"}).json()
     second = client.post("/v1/responses", json={"model": "m", "input": "two", "previous_response_id": first["id"],
                                                 "stream": True})
@@ -80,8 +62,8 @@ def test_each_turn_sends_the_whole_chain_and_is_routed_by_the_conversation(servi
     third = client.post("/v1/responses", json={"model": "m", "input": [{"role": "user", "content": "three"}],
                                                "instructions": "new", "previous_response_id": second["id"]})
     assert third.headers["x-shoal-worker"] == "w1"
-    assert [headers["x-shoal-session"] for _, headers in front_door.dispatched] == [first["id"]] * 3
-    assert front_door.dispatched[2][0]["messages"] == [
+    assert [headers["x-shoal-session"] for _, headers in dispatch.dispatched] == [first["id"]] * 3
+    assert dispatch.dispatched[2][0]["messages"] == [
         {"role": "system", "content": "new"}, {"role": "user", "content": "one"},
         {"role": "assistant", "content": "reply 1"}, {"role": "user", "content": "two"},
         {"role": "assistant", "content": "reply 2"}, {"role": "user", "content": "three"}]
@@ -89,8 +71,8 @@ def test_each_turn_sends_the_whole_chain_and_is_routed_by_the_conversation(servi
 
 
 def test_a_refusal_from_the_front_door_is_passed_on_unchanged(service):
-    client, front_door = service
-    front_door.refusal = error_response(429, "slow down", "rate_limit_error", headers={"retry-after": "3"})
+    client, dispatch = service
+    dispatch.refusal = error_response(429, "slow down", "rate_limit_error", headers={"retry-after": "3"})
     for stream in (False, True):
         refused = client.post("/v1/responses", json={"model": "m", "input": "x", "stream": stream})
         assert refused.status_code == 429 and refused.headers["retry-after"] == "3"
@@ -98,7 +80,7 @@ def test_a_refusal_from_the_front_door_is_passed_on_unchanged(service):
 
 
 def test_unknown_ids_and_bad_bodies_are_openai_errors(service):
-    client, front_door = service
+    client, dispatch = service
     for method, path in (("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"),
                          ("GET", "/v1/responses/resp_x/input_items")):
         missing = client.request(method, path)
@@ -110,4 +92,4 @@ def test_unknown_ids_and_bad_bodies_are_openai_errors(service):
     stored = client.post("/v1/responses", json={"model": "m", "input": "x"}).json()
     paged = client.get(f"/v1/responses/{stored['id']}/input_items", params={"limit": "0"})
     assert paged.status_code == 400 and paged.json()["error"]["param"] == "limit"
-    assert len(front_door.dispatched) == 1  # refused requests never reach the workers
+    assert len(dispatch.dispatched) == 1  # refused requests never reach the workers
