@@ -82,3 +82,14 @@ def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]
                 results[output.request_id] = output.outputs[0].token_ids
         engine.check_integrity()
     return results
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory) -> str:
+    """URL of a real redis-server for the whole session (installed first if missing)."""
+    from tests.redis_server import start_redis_server
+
+    process, url = start_redis_server(tmp_path_factory.mktemp("redis"))
+    yield url
+    process.terminate()
+    process.wait(timeout=30)

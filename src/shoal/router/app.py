@@ -1,6 +1,6 @@
-"""The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door), health, and
-the control endpoints: workers join and heartbeat with the cluster secret; operators list, drain
-and remove workers with the admin token."""
+"""The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door, and
+responses_api for /v1/responses), health, and the control endpoints: workers join and heartbeat
+with the cluster secret; operators list, drain and remove workers with the admin token."""
 from __future__ import annotations
 
 import asyncio
@@ -23,6 +23,7 @@ from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
+from shoal.router.responses_api.endpoints import ResponsesApi
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
     monitor = HealthMonitor(membership, config.health, events, balancer.forget)
     front_door = FrontDoor(config, membership, balancer, monitor)
+    responses_api = ResponsesApi(front_door, config.responses)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
 
@@ -59,6 +61,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s))
         membership.session = session
         front_door.open(session)
+        await responses_api.open()
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
         tasks = [asyncio.create_task(membership.run()),
@@ -67,11 +70,13 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         for task in tasks:
             task.cancel()
         await monitor.close()
+        await responses_api.close()
         await session.close()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
+    app.include_router(responses_api.routes())
 
     @app.get("/health")
     async def health() -> dict:

@@ -3,6 +3,7 @@ are errors that name the key."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -123,6 +124,16 @@ class HealthSettings(Frozen):
     outliers: OutlierSettings = OutlierSettings()
 
 
+class ResponsesSettings(Frozen):
+    """Where /v1/responses keeps stored responses: `sqlite` (one file on this host, survives a
+    restart; `~` is expanded and the directory created), `redis` (shared by every router pointing at
+    it) or `none` (nothing is stored, so nothing can be continued or retrieved)."""
+
+    store: Literal["sqlite", "redis", "none"] = "sqlite"
+    sqlite_path: str = "~/.local/state/shoal/responses.sqlite3"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+
+
 class RouterConfig(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -143,6 +154,7 @@ class RouterConfig(Frozen):
     default_rate_limits: RateLimits = RateLimits()
     admission: AdmissionSettings = AdmissionSettings()
     failover: FailoverSettings = FailoverSettings()
+    responses: ResponsesSettings = ResponsesSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_header_bytes: int = Field(16 << 10, ge=1024)
     seed: int | None = None

@@ -1,0 +1,179 @@
+"""The OpenAI Responses API on the router: `POST /v1/responses` (streamed or not),
+`GET` and `DELETE /v1/responses/{id}`, and `GET /v1/responses/{id}/input_items`.
+
+A new response is the chat completion of its conversation: this request's instructions, then every
+stored turn it continues (oldest first), then its input. It goes through the front door like any
+chat request (admission, placement, token-exact failover), with the conversation's first response
+id as its session, so a turn prefers the worker that holds the conversation's prefix cache; since
+the whole history is sent, any other worker (behind any router sharing the store) continues it as
+well.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from shoal.router.auth import Client
+from shoal.router.config import ResponsesSettings
+from shoal.router.front_door import FrontDoor
+from shoal.router.proxy import error_response
+from shoal.router.responses_api.event_stream import response_events
+from shoal.router.responses_api.ids import new_message_id, new_response_id
+from shoal.router.responses_api.input_items import conversation_messages, input_items_page
+from shoal.router.responses_api.open_store import open_store
+from shoal.router.responses_api.response_object import finished_response, response_skeleton
+from shoal.router.responses_api.responses_request import ResponsesRequest
+from shoal.router.responses_api.store import ResponseStore, StoredTurn, StoreUnavailable
+from shoal.router.route_request import RequestError
+
+log = logging.getLogger(__name__)
+
+
+class UnknownResponse(LookupError):
+    """No stored response with that id for this client (answered as 404 naming `param`)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
+
+
+def _not_found(response_id: str, param: str | None = None) -> UnknownResponse:
+    return UnknownResponse(f"no response found with id {response_id!r}", param)
+
+
+def _store_unavailable(exc: StoreUnavailable) -> Response:
+    log.warning("response store unavailable: %s", exc)
+    return error_response(503, str(exc), "service_unavailable", headers={"retry-after": "1"})
+
+
+class ResponsesApi:
+    """Invariants: only finished responses (completed or incomplete) are stored, and only when the
+    request asked for it; a client authenticates as for the other endpoints and sees only the
+    responses its own key created (another key's ids are unknown to it); every refusal is an
+    OpenAI-shaped error (400 bad input, 401, 404 unknown id, 503 store unavailable)."""
+
+    def __init__(self, front_door: FrontDoor, settings: ResponsesSettings):
+        self.front_door = front_door
+        self.settings = settings
+        self.store: ResponseStore | None = None
+
+    async def open(self) -> None:
+        """Called by the app's lifespan, inside the event loop."""
+        self.store = await open_store(self.settings)
+
+    async def close(self) -> None:
+        await self.store.close()
+
+    def routes(self) -> APIRouter:
+        routes = APIRouter()
+        routes.add_api_route("/v1/responses", self.create, methods=["POST"])
+        routes.add_api_route("/v1/responses/{response_id}", self.retrieve, methods=["GET"])
+        routes.add_api_route("/v1/responses/{response_id}", self.delete, methods=["DELETE"])
+        routes.add_api_route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"])
+        return routes
+
+    async def create(self, request: Request) -> Response:
+        read = await self.front_door.read(request)
+        if isinstance(read, Response):
+            return read
+        client, body = read
+        try:
+            parsed = ResponsesRequest.parse(body)
+            chain = await self._chain(parsed.previous_response_id, client)
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        except UnknownResponse as exc:
+            return error_response(404, str(exc), "not_found_error", exc.param)
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        response_id, message_id = new_response_id(), new_message_id()
+        skeleton = response_skeleton(response_id, parsed, int(time.time()))
+        session = chain[0].response_id if chain else response_id
+        chat_body = parsed.chat_body(conversation_messages(parsed.instructions, chain, parsed.input_items))
+        answer = await self.front_door.dispatch(chat_body, {**request.headers, "x-shoal-session": session},
+                                                "/v1/chat/completions", True, client)
+        if answer.status_code != 200 or not isinstance(answer, StreamingResponse if parsed.stream else JSONResponse):
+            return answer
+        shoal_headers = {k: v for k, v in answer.headers.items() if k.startswith("x-shoal-")}
+
+        async def keep(response: dict) -> None:
+            if parsed.store:
+                await self.store.put(StoredTurn(response, parsed.input_items, client.name))
+
+        if parsed.stream:
+            return StreamingResponse(response_events(answer.body_iterator, skeleton, message_id, keep),
+                                     media_type="text/event-stream", headers=shoal_headers)
+        completion = json.loads(answer.body)
+        choice = completion["choices"][0]
+        response = finished_response(skeleton, message_id, choice["message"]["content"], choice["finish_reason"],
+                                     completion.get("usage"), completion.get("model"))
+        try:
+            await keep(response)
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        return JSONResponse(response, headers=shoal_headers)
+
+    async def retrieve(self, response_id: str, request: Request) -> Response:
+        found = await self._lookup(response_id, request)
+        return found if isinstance(found, Response) else JSONResponse(found.response)
+
+    async def delete(self, response_id: str, request: Request) -> Response:
+        found = await self._lookup(response_id, request)
+        if isinstance(found, Response):
+            return found
+        try:
+            await self.store.delete(response_id)
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        return JSONResponse({"id": response_id, "object": "response", "deleted": True})
+
+    async def input_items(self, response_id: str, request: Request) -> Response:
+        found = await self._lookup(response_id, request)
+        if isinstance(found, Response):
+            return found
+        query = request.query_params
+        try:
+            page = input_items_page(found.input_items, query.get("order", "desc"), query.get("limit", "20"),
+                                    query.get("after"))
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        return JSONResponse(page)
+
+    async def _lookup(self, response_id: str, request: Request) -> StoredTurn | Response:
+        """The caller's stored turn, or the error to answer (401, 404, 503)."""
+        client = self.front_door.api_keys.authenticate(request.headers.get("authorization"))
+        if client is None:
+            return error_response(401, "a valid API key is required (Authorization: Bearer KEY)",
+                                  "authentication_error")
+        try:
+            return await self._owned(response_id, client)
+        except UnknownResponse as exc:
+            return error_response(404, str(exc), "not_found_error")
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+
+    async def _owned(self, response_id: str, client: Client, param: str | None = None) -> StoredTurn:
+        turn = await self.store.get(response_id)
+        if turn is None or turn.owner != client.name:
+            raise _not_found(response_id, param)
+        return turn
+
+    async def _chain(self, previous_response_id: str | None, client: Client) -> list[StoredTurn]:
+        """The stored turns a new response continues, oldest first. Raises UnknownResponse if the
+        previous response, or one it continues, is not stored (never stored, or deleted)."""
+        chain, next_id = [], previous_response_id
+        while next_id is not None:
+            try:
+                turn = await self._owned(next_id, client, "previous_response_id")
+            except UnknownResponse:
+                if next_id == previous_response_id:
+                    raise
+                raise UnknownResponse(f"response {previous_response_id!r} continues {next_id!r}, which is no "
+                                      f"longer stored", "previous_response_id") from None
+            chain.append(turn)
+            next_id = turn.previous_response_id
+        return chain[::-1]

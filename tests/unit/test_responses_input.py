@@ -1,0 +1,244 @@
+"""The Responses API's pure parts: request validation, input items to chat messages, pages of
+input items, and the event stream, checked against the official openai types."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pydantic
+import pytest
+from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
+
+from shoal.router.responses_api.event_stream import response_events
+from shoal.router.responses_api.input_items import conversation_messages, input_items_page, normalize_input
+from shoal.router.responses_api.response_object import finished_response, response_skeleton
+from shoal.router.responses_api.responses_request import ResponsesRequest
+from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
+from shoal.router.route_request import RequestError
+
+ITEMS = pydantic.TypeAdapter(list[ResponseItem])
+EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+def parse(**fields) -> ResponsesRequest:
+    return ResponsesRequest.parse({"model": "tiny", "input": "hi", **fields})
+
+
+def test_a_string_input_is_one_user_message():
+    [item] = normalize_input("hello")
+    assert item["id"].startswith("msg_") and item["role"] == "user" and item["status"] == "completed"
+    assert item["content"] == [{"type": "input_text", "text": "hello"}]
+    ITEMS.validate_python([item])
+
+
+def test_message_items_are_normalised_with_text_parts_by_role():
+    items = normalize_input([
+        {"role": "developer", "content": "be brief"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
+                                                        {"type": "input_text", "text": "b"}]},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "c", "annotations": []}]},
+    ])
+    assert [i["role"] for i in items] == ["developer", "user", "assistant"]
+    assert items[2]["content"] == [{"type": "output_text", "text": "c", "annotations": []}]
+    assert len({i["id"] for i in items}) == 3
+    ITEMS.validate_python(items)
+
+
+@pytest.mark.parametrize("raw,param", [
+    (None, "input"), ("", "input"), ([], "input"), ({"role": "user", "content": "x"}, "input"),
+    (["text"], "input[0]"),
+    ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}], "input[1].role"),
+    ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].type"),
+    ([{"role": "user"}], "input[0].content"), ([{"role": "user", "content": []}], "input[0].content"),
+    ([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}], "input[0].content[0].type"),
+    ([{"role": "user", "content": ["plain"]}], "input[0].content[0].type"),
+    ([{"role": "user", "content": [{"type": "input_text", "text": 3}]}], "input[0].content[0].text"),
+])
+def test_bad_input_names_the_field(raw, param):
+    with pytest.raises(RequestError) as refused:
+        normalize_input(raw)
+    assert refused.value.param == param and str(refused.value)
+
+
+def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
+    def stored(user: str, reply: str, previous: str | None) -> StoredTurn:
+        request = parse(instructions=f"old {user}", previous_response_id=previous)
+        skeleton = response_skeleton(f"resp_{user}", request, 0)
+        return StoredTurn(finished_response(skeleton, "msg_x", reply, "stop", None, None), normalize_input(user), "me")
+
+    chain = [stored("one", "1", None), stored("two", "2", "resp_one")]
+    messages = conversation_messages("new rules", chain, normalize_input([{"role": "user", "content": "three"}]))
+    assert messages == [{"role": "system", "content": "new rules"}, {"role": "user", "content": "one"},
+                        {"role": "assistant", "content": "1"}, {"role": "user", "content": "two"},
+                        {"role": "assistant", "content": "2"}, {"role": "user", "content": "three"}]
+    assert conversation_messages(None, [], normalize_input("x")) == [{"role": "user", "content": "x"}]
+
+
+@pytest.mark.parametrize("body,param", [
+    ([1], None), ({"input": "x"}, "model"), ({"model": 3, "input": "x"}, "model"),
+    ({"model": "m", "input": "x", "temperature": 3}, "temperature"),
+    ({"model": "m", "input": "x", "temperature": "hot"}, "temperature"),
+    ({"model": "m", "input": "x", "top_p": 0}, "top_p"),
+    ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "max_output_tokens": True}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "max_output_tokens": 1.5}, "max_output_tokens"),
+    ({"model": "m", "input": "x", "store": "yes"}, "store"),
+    ({"model": "m", "input": "x", "stream": 1}, "stream"),
+    ({"model": "m", "input": "x", "instructions": 5}, "instructions"),
+    ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
+    ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
+    ({"model": "m", "input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+    ({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+    ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
+    ({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
+    ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
+    ({"model": "m", "input": "x", "frobnicate": True}, "frobnicate"),
+    ({"model": "m"}, "input"),
+])
+def test_bad_requests_name_the_field(body, param):
+    with pytest.raises(RequestError) as refused:
+        ResponsesRequest.parse(body)
+    assert refused.value.param == param
+
+
+def test_the_chat_body_carries_only_what_was_given():
+    plain = parse().chat_body([{"role": "user", "content": "hi"}])
+    assert plain == {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
+    full = parse(max_output_tokens=9, temperature=0.5, top_p=0.9, seed=4, ignore_eos=True, user="u", stream=True,
+                 tools=[], tool_choice="auto", text={"format": {"type": "text"}}, metadata={"k": "v"}).chat_body([])
+    assert full == {"model": "tiny", "messages": [], "stream": True, "stream_options": {"include_usage": True},
+                    "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "seed": 4, "ignore_eos": True, "user": "u"}
+
+
+def test_response_objects_validate_as_the_official_type():
+    request = parse(instructions="sys", metadata={"k": "v"}, max_output_tokens=5)
+    skeleton = response_skeleton("resp_1", request, 123)
+    Response.model_validate(skeleton)
+    done = finished_response(skeleton, "msg_1", "out", "length", {"prompt_tokens": 7, "completion_tokens": 5}, "tiny")
+    parsed = Response.model_validate(done)
+    assert parsed.output_text == "out" and parsed.status == "incomplete"
+    assert parsed.incomplete_details.reason == "max_output_tokens"
+    assert (parsed.usage.input_tokens, parsed.usage.output_tokens, parsed.usage.total_tokens) == (7, 5, 12)
+    assert Response.model_validate(finished_response(skeleton, "m", "", "stop", None, None)).status == "completed"
+
+
+def test_input_item_pages():
+    items = normalize_input([{"role": "user", "content": str(i)} for i in range(5)])
+    ids = [item["id"] for item in items]
+    newest = input_items_page(items, "desc", "20", None)
+    assert [i["id"] for i in newest["data"]] == ids[::-1] and newest["has_more"] is False
+    first = input_items_page(items, "asc", "2", None)
+    assert [i["id"] for i in first["data"]] == ids[:2] and first["has_more"] and first["last_id"] == ids[1]
+    rest = input_items_page(items, "asc", "10", first["last_id"])
+    assert [i["id"] for i in rest["data"]] == ids[2:] and rest["has_more"] is False
+    for order, limit, after, param in [("up", "2", None, "order"), ("asc", "0", None, "limit"),
+                                       ("asc", "x", None, "limit"), ("asc", "101", None, "limit"),
+                                       ("asc", "2", "msg_nope", "after")]:
+        with pytest.raises(RequestError) as refused:
+            input_items_page(items, order, limit, after)
+        assert refused.value.param == param
+
+
+class ChatStream:
+    """A chat completion SSE body, split at awkward places; records whether it was started and closed
+    (a generator closed before it started never runs its clean-up)."""
+
+    def __init__(self, events: list[dict | str]):
+        raw = b"".join(b"data: " + (e.encode() if isinstance(e, str) else json.dumps(e).encode()) + b"\n\n"
+                       for e in events)
+        self.chunks = [raw[i:i + 7] for i in range(0, len(raw), 7)]
+        self.started = self.closed = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.started = True
+        if not self.chunks:
+            raise StopAsyncIteration
+        return self.chunks.pop(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def chunk(content: str | None = None, finish_reason: str | None = None, **extra) -> dict:
+    delta = {"content": content} if content is not None else {}
+    return {"id": "chatcmpl-1", "model": "tiny", "choices": [{"index": 0, "delta": delta,
+                                                              "finish_reason": finish_reason}], **extra}
+
+
+def run_events(chat: ChatStream, keep) -> list[dict]:
+    async def collect() -> list[dict]:
+        skeleton = response_skeleton("resp_1", parse(stream=True), 0)
+        return [json.loads(raw.decode().split("data: ", 1)[1])
+                async for raw in response_events(chat, skeleton, "msg_1", keep)]
+
+    events = asyncio.run(collect())
+    for event in events:
+        EVENT.validate_python(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    return events
+
+
+def test_a_chat_stream_becomes_response_events_and_is_kept_before_completion():
+    kept = []
+
+    async def keep(response: dict) -> None:
+        kept.append(response)
+
+    chat = ChatStream([chunk(""), chunk("Hel"), chunk(), chunk("lo", "stop"),
+                       {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+                       "[DONE]"])
+    events = run_events(chat, keep)
+    assert [e["type"] for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done", "response.completed"]
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Hel", "lo"]
+    final = events[-1]["response"]
+    assert kept == [final] and final["usage"]["input_tokens"] == 3 and final["status"] == "completed"
+    assert Response.model_validate(final).output_text == "Hello" and chat.closed
+
+
+def test_a_cut_stream_is_incomplete_and_an_error_fails_it_unkept():
+    kept = []
+
+    async def keep(response: dict) -> None:
+        kept.append(response)
+
+    cut = run_events(ChatStream([chunk("abc", "length"), "[DONE]"]), keep)
+    assert cut[-1]["type"] == "response.incomplete" and kept == [cut[-1]["response"]]
+    kept.clear()
+    for chat in (ChatStream([chunk("a"), {"error": {"message": "no worker left", "code": 503}}, "[DONE]"]),
+                 ChatStream([chunk("a")])):
+        failed = run_events(chat, keep)
+        assert [e["type"] for e in failed[-2:]] == ["error", "response.failed"]
+        assert failed[-1]["response"]["status"] == "failed" and failed[-1]["response"]["error"]["message"]
+        assert kept == [] and chat.closed
+
+
+def test_a_store_failure_fails_the_streamed_response():
+    async def keep(response: dict) -> None:
+        raise StoreUnavailable("down")
+
+    events = run_events(ChatStream([chunk("a", "stop"), "[DONE]"]), keep)
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and "down" in events[-2]["message"]
+
+
+@pytest.mark.parametrize("leave_at", [b"response.created", b"response.output_text.delta"])
+def test_a_client_leaving_closes_the_started_chat_stream(leave_at):
+    async def keep(response: dict) -> None:
+        raise AssertionError("nothing to keep")
+
+    chat = ChatStream([chunk("a"), chunk("b"), chunk("c", "stop"), "[DONE]"])
+
+    async def leave() -> None:
+        events = response_events(chat, response_skeleton("resp_1", parse(), 0), "msg_1", keep)
+        async for raw in events:
+            if leave_at in raw:
+                break
+        await events.aclose()
+
+    asyncio.run(leave())
+    assert chat.started and chat.closed

@@ -1,0 +1,124 @@
+"""The response stores against their real backends: SQLite on a temporary file, Redis on a real
+redis-server (see the redis_url fixture)."""
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import uuid
+
+import pytest
+
+from shoal.router.config import ResponsesSettings
+from shoal.router.responses_api.null_store import NullStore
+from shoal.router.responses_api.open_store import open_store
+from shoal.router.responses_api.redis_store import RedisStore
+from shoal.router.responses_api.sqlite_store import SQLiteStore
+from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
+from tests.integration.test_worker_server import free_port
+
+
+def turn(previous: str | None = None, text: str = "hello") -> StoredTurn:
+    response = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "previous_response_id": previous,
+                "output": [{"type": "message", "role": "assistant",
+                            "content": [{"type": "output_text", "text": text}]}]}
+    items = [{"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "user",
+              "content": [{"type": "input_text", "text": "héllo ✓"}]}]
+    return StoredTurn(response, items, "anonymous")
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def settings(request, tmp_path) -> ResponsesSettings:
+    if request.param == "sqlite":
+        return ResponsesSettings(store="sqlite", sqlite_path=str(tmp_path / "nested" / "responses.sqlite3"))
+    return ResponsesSettings(store="redis", redis_url=request.getfixturevalue("redis_url"))
+
+
+def test_a_stored_turn_reads_back_whole_until_deleted(settings):
+    async def scenario():
+        store = await open_store(settings)
+        first = turn()
+        second = turn(previous=first.response_id)
+        await store.put(first)
+        await store.put(second)
+        got = await store.get(second.response_id)
+        assert got == second and got.previous_response_id == first.response_id
+        assert await store.get("resp_unknown") is None
+        assert await store.delete(first.response_id) is True
+        assert await store.delete(first.response_id) is False
+        assert await store.get(first.response_id) is None
+        assert await store.get(second.response_id) == second
+        replaced = StoredTurn({**second.response, "status": "completed"}, second.input_items, second.owner)
+        await store.put(replaced)
+        assert await store.get(second.response_id) == replaced
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_sqlite_survives_a_reopen_and_runs_in_wal_mode(tmp_path):
+    path = tmp_path / "responses.sqlite3"
+    stored = turn()
+
+    async def write():
+        store = await SQLiteStore.open(path)
+        await store.put(stored)
+        await store.close()
+
+    async def read() -> StoredTurn | None:
+        store = await SQLiteStore.open(path)
+        try:
+            return await store.get(stored.response_id)
+        finally:
+            await store.close()
+
+    asyncio.run(write())
+    assert asyncio.run(read()) == stored
+    with sqlite3.connect(path) as connection:
+        assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_sqlite_expands_home_and_creates_the_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+
+    async def scenario():
+        store = await open_store(ResponsesSettings(sqlite_path="~/.local/state/shoal/responses.sqlite3"))
+        await store.close()
+
+    asyncio.run(scenario())
+    assert (tmp_path / ".local" / "state" / "shoal" / "responses.sqlite3").is_file()
+
+
+def test_two_redis_stores_share_one_server(redis_url):
+    async def scenario():
+        first, second = RedisStore.open(redis_url), RedisStore.open(redis_url)
+        stored = turn()
+        await first.put(stored)
+        assert await second.get(stored.response_id) == stored
+        assert await second.delete(stored.response_id) is True
+        assert await first.get(stored.response_id) is None
+        await first.close()
+        await second.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_unreachable_redis_is_store_unavailable():
+    async def scenario():
+        store = RedisStore.open(f"redis://127.0.0.1:{free_port()}/0")
+        for call in (store.get("resp_x"), store.put(turn()), store.delete("resp_x")):
+            with pytest.raises(StoreUnavailable):
+                await call
+        await store.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_null_store_keeps_nothing():
+    async def scenario():
+        store = await open_store(ResponsesSettings(store="none"))
+        assert isinstance(store, NullStore)
+        stored = turn()
+        await store.put(stored)
+        assert await store.get(stored.response_id) is None and await store.delete(stored.response_id) is False
+
+    asyncio.run(scenario())
