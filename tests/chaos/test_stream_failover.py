@@ -111,3 +111,34 @@ def test_a_non_streamed_request_survives_its_worker_dying(pair):
     assert faulty["choices"][0]["token_ids"] == clean["choices"][0]["token_ids"]
     assert faulty["choices"][0]["message"]["content"] == clean["choices"][0]["message"]["content"]
     assert faulty["usage"] == clean["usage"] and faulty["usage"]["completion_tokens"] == MAX_TOKENS
+
+
+def test_several_choices_fail_over_each_on_its_own_and_match_a_workers_own_answer(pair):
+    url, processes = pair
+    body = {**chat(seed=21), "n": 3, "stream": False}
+    body.pop("stream_options")
+    direct = httpx.post(next(iter(processes)) + "/v1/chat/completions", json=body, timeout=60).json()
+    routed = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()
+    assert [c["token_ids"] for c in routed["choices"]] == [c["token_ids"] for c in direct["choices"]]
+    assert routed["usage"] == direct["usage"]
+
+    ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
+    usage, killed, done = None, False, 0
+    with httpx.stream("POST", url + "/v1/chat/completions", timeout=60,
+                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+        for line in response.iter_lines():
+            if line == "data: [DONE]":
+                done += 1
+            if not line.startswith("data: {"):
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            usage = event.get("usage") or usage
+            for choice in event["choices"]:
+                ids[choice["index"]] += choice.get("token_ids") or []
+            if not killed and sum(map(len, ids.values())) >= 60:
+                processes[response.headers["x-shoal-worker"]].kill()
+                killed = True
+    assert killed and done == 1
+    assert [ids[i] for i in range(3)] == [c["token_ids"] for c in direct["choices"]]
+    assert usage == direct["usage"]

@@ -13,11 +13,11 @@ from starlette.responses import Response
 
 from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, Client
-from shoal.router.balancer import Balancer, Placement
+from shoal.router.balancer import Balancer
 from shoal.router.config import RouterConfig
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership
-from shoal.router.proxy import error_response, forward
+from shoal.router.proxy import error_response
 from shoal.router.rate_limit import RateLimiter
 from shoal.router.route_request import RequestError, route_request
 from shoal.router.stream_failover import StreamFailover
@@ -129,16 +129,7 @@ class FrontDoor:
         def release_slot() -> None:
             self.admission.release(model)
 
-        if body.get("n", 1) == 1:  # failover-capable: the router follows the tokens
-            if body.get("stream") is True:
-                return await self.failover.relay(routed, body, path, headers, placement, release_slot, extra)
-            return await self.failover.collect(routed, body, path, headers, placement, release_slot, extra, chat)
-
-        def release(finished: Placement) -> None:
-            self.balancer.release(finished)
-            release_slot()
-
-        return await forward(self.session, placement, path, json.dumps(body).encode(), headers, release, extra)
+        return await self.failover.serve(routed, body, path, headers, placement, release_slot, extra, chat)
 
     def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:
         """A sheddable request under saturation: the first fallback model with room, else a shorter

@@ -14,24 +14,30 @@ def _merge_logprobs(parts: list[dict | None], chat: bool) -> dict | None:
 
 
 def assemble(events: list[dict], chat: bool) -> dict:
-    """Invariant: text, token ids and logprobs are the concatenation of the events' deltas in order;
-    usage is the stream's final usage. Only choice 0 is assembled (failover streams have n = 1)."""
+    """Invariant: each choice's text, token ids and logprobs are the concatenation of its deltas in
+    order; usage is the stream's final usage."""
     first = events[0]
-    text, token_ids, logprobs = [], [], []
-    finish_reason, seed, usage = None, None, None
+    parts: dict[int, dict] = {}
+    usage = None
     for event in events:
         usage = event.get("usage") or usage
         for choice in event.get("choices") or []:
-            token_ids += choice.get("token_ids") or []
-            text.append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
-            logprobs.append(choice.get("logprobs"))
-            finish_reason = choice.get("finish_reason") or finish_reason
-            seed = choice.get("seed", seed)
-    choice = {"index": 0, "finish_reason": finish_reason, "token_ids": token_ids, "seed": seed,
-              "logprobs": _merge_logprobs(logprobs, chat)}
-    if chat:
-        choice["message"] = {"role": "assistant", "content": "".join(text)}
-    else:
-        choice["text"] = "".join(text)
+            part = parts.setdefault(choice.get("index", 0), {"text": [], "token_ids": [], "logprobs": [],
+                                                              "finish_reason": None, "seed": None})
+            part["token_ids"] += choice.get("token_ids") or []
+            part["text"].append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
+            part["logprobs"].append(choice.get("logprobs"))
+            part["finish_reason"] = choice.get("finish_reason") or part["finish_reason"]
+            part["seed"] = choice.get("seed", part["seed"])
+    choices = []
+    for index in sorted(parts):
+        part = parts[index]
+        choice = {"index": index, "finish_reason": part["finish_reason"], "token_ids": part["token_ids"],
+                  "seed": part["seed"], "logprobs": _merge_logprobs(part["logprobs"], chat)}
+        if chat:
+            choice["message"] = {"role": "assistant", "content": "".join(part["text"])}
+        else:
+            choice["text"] = "".join(part["text"])
+        choices.append(choice)
     return {"id": first.get("id"), "created": first.get("created"), "model": first.get("model"),
-            "object": "chat.completion" if chat else "text_completion", "choices": [choice], "usage": usage}
+            "object": "chat.completion" if chat else "text_completion", "choices": choices, "usage": usage}

@@ -24,9 +24,11 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import aiohttp
+from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.router.balancer import Balancer, Placement
+from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
@@ -171,58 +173,67 @@ class StreamFailover:
             self.balancer.release(attempt.placement)
             attempt.placement = None
 
-    async def _start(self, attempt: Attempt, path: str, headers: Mapping[str, str], done: Callable[[], None],
-                     extra_headers: dict[str, str], failed: set[str]) -> Response | dict[str, str]:
-        """Opens the stream: the reply headers, or a Response (the worker's refusal, or 503) when
-        there is nothing to relay."""
-        requested = attempt.routed.model
+    async def _start(self, attempt: Attempt, path: str, headers: Mapping[str, str],
+                     failed: set[str]) -> Response | None:
+        """Opens the stream; None when there is one to relay, else the Response to answer (the
+        worker's refusal, or 503)."""
         if not await self.open(attempt, path, headers, failed, resuming=False):
-            done()
             return error_response(503, "no worker could take this request", "service_unavailable",
                                   headers={"retry-after": "1"})
         upstream, worker = attempt.upstream, attempt.placement.worker
-        reply_headers = {"x-shoal-worker": worker.worker_id, **extra_headers}
-        if attempt.routed.model != requested:
-            reply_headers["x-shoal-degraded"] = f"fallback={attempt.routed.model}"
         if upstream.status != 200 or not upstream.headers.get("content-type", "").startswith("text/event-stream"):
             content = await upstream.read()
             self._finish(attempt)
-            done()
             return Response(content, status_code=upstream.status, media_type=upstream.headers.get("content-type"),
-                            headers=reply_headers)
-        return reply_headers
+                            headers={"x-shoal-worker": worker.worker_id})
+        return None
 
-    async def relay(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                    placement: Placement, done: Callable[[], None], extra_headers: dict[str, str]) -> Response:
-        """A streaming client: the events are relayed as they come."""
-        failed: set[str] = set()
-        attempt = Attempt(routed, body, placement)
-        started = await self._start(attempt, path, headers, done, extra_headers, failed)
-        if isinstance(started, Response):
-            return started
-        return StreamingResponse(self._events(attempt, path, headers, failed, done), media_type="text/event-stream",
-                                 headers=started)
+    async def serve(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
+                    placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
+                    chat: bool) -> Response:
+        """Serves a completion, streamed or not, with any number of choices; `done` runs once when
+        it is over (also when the client leaves before the stream is read)."""
+        streaming = body.get("stream") is True
+        bodies = choice_bodies(body, force_stream=not streaming)
+        attempts = [Attempt(routed, b, placement if i == 0 else self.balancer.place(routed))
+                    for i, b in enumerate(bodies)]
+        finished = False
 
-    async def collect(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                      placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
-                      chat: bool) -> Response:
-        """A non-streaming client: the worker streams to the router (so a failure can be continued
-        elsewhere) and the router answers with one assembled response."""
-        failed: set[str] = set()
-        attempt = Attempt(routed, {**body, "stream": True, "stream_options": {"include_usage": True}}, placement)
-        started = await self._start(attempt, path, headers, done, extra_headers, failed)
-        if isinstance(started, Response):
-            return started
-        events = [json.loads(chunk[6:]) async for chunk in self._events(attempt, path, headers, failed, done)
-                  if chunk.startswith(b"data: {")]
-        errors = [e["error"] for e in events if "error" in e]
-        if errors or not events:
+        def finish() -> None:
+            nonlocal finished
+            if not finished:
+                finished = True
+                for attempt in attempts:
+                    self._finish(attempt)
+                done()
+
+        failed_per_choice = [set() for _ in attempts]
+        for attempt, failed in zip(attempts, failed_per_choice):
+            refusal = await self._start(attempt, path, headers, failed)
+            if refusal is not None:
+                finish()
+                refusal.headers.update(extra_headers)
+                return refusal
+        reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **extra_headers}
+        if attempts[0].routed.model != routed.model:
+            reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
+        streams = [self._events(a, path, headers, f) for a, f in zip(attempts, failed_per_choice)]
+        events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
+        if streaming:
+            return StreamingResponse(_finally(events, finish), media_type="text/event-stream", headers=reply_headers,
+                                     background=BackgroundTask(finish))
+        try:
+            collected = [json.loads(chunk[6:]) async for chunk in events if chunk.startswith(b"data: {")]
+        finally:
+            finish()
+        errors = [e["error"] for e in collected if "error" in e]
+        if errors or not collected:
             message = errors[0]["message"] if errors else "the worker sent no events"
-            return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **started})
-        return JSONResponse(assemble(events, chat), headers=started)
+            return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **reply_headers})
+        return JSONResponse(assemble(collected, chat), headers=reply_headers)
 
-    async def _events(self, attempt: Attempt, path: str, headers: Mapping[str, str], failed: set[str],
-                      done: Callable[[], None]) -> AsyncIterator[bytes]:
+    async def _events(self, attempt: Attempt, path: str, headers: Mapping[str, str],
+                      failed: set[str]) -> AsyncIterator[bytes]:
         progress = StreamProgress(seed=attempt.body.get("seed"))
         original_body = attempt.body
         try:
@@ -249,7 +260,6 @@ class StreamFailover:
                         return
         finally:
             self._finish(attempt)
-            done()
 
     def _token_deadline(self, worker: WorkerState, first: bool) -> float:
         """Seconds without an event after which the stream is taken as hung."""
@@ -303,6 +313,18 @@ class StreamFailover:
                 event["id"] = progress.response_id
                 payload = json.dumps(event).encode()
             yield b"data: " + payload + b"\n\n"
+
+
+async def _finally(events: AsyncIterator[bytes], finish: Callable[[], None]) -> AsyncIterator[bytes]:
+    try:
+        async for event in events:
+            yield event
+    finally:
+        finish()
+
+
+def _wants_usage(body: dict) -> bool:
+    return bool((body.get("stream_options") or {}).get("include_usage"))
 
 
 def _error_event(message: str) -> bytes:

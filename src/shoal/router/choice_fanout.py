@@ -1,0 +1,77 @@
+"""Requests for n > 1 choices run as n single-choice streams, each failing over on its own, merged
+into one stream.
+
+Choice i runs with seed + i when the request has a seed, which is what a worker does for n choices,
+so the merged response is the one a single worker would have given. Merging keeps the first
+stream's response id, numbers each choice by its stream, and sums the usage (the prompt counted
+once).
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+
+
+def choice_bodies(body: dict, force_stream: bool) -> list[dict]:
+    """One worker request per choice. With force_stream (a non-streaming client) or n > 1, every
+    one streams with usage, so the router can follow its tokens and count them."""
+    n = body.get("n") or 1
+    if n == 1 and not force_stream:
+        return [body]
+    seed = body.get("seed")
+    return [{**body, "n": 1, "stream": True, "stream_options": {"include_usage": True},
+             **({"seed": seed + i} if isinstance(seed, int) else {})} for i in range(n)]
+
+
+async def merged(streams: list[AsyncIterator[bytes]], include_usage: bool) -> AsyncIterator[bytes]:
+    """Interleaves the choices' server-sent events as they come. Invariants: each choice's events
+    keep their order; exactly one `[DONE]`, last; one usage event before it if include_usage."""
+    queue: asyncio.Queue[tuple[int, bytes | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for chunk in stream:
+                await queue.put((index, chunk))
+        finally:
+            await queue.put((index, None))
+
+    pumps = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    response_id, usage, running = None, None, len(streams)
+    try:
+        while running:
+            index, chunk = await queue.get()
+            if chunk is None:
+                running -= 1
+                continue
+            if not chunk.startswith(b"data: {"):
+                continue  # each stream's [DONE]
+            event = json.loads(chunk[6:])
+            if "error" in event:
+                yield chunk.split(b"\n\n")[0] + b"\n\n"
+                continue
+            if event.get("usage") and not event.get("choices"):
+                usage = _add_usage(usage, event["usage"])
+                continue
+            response_id = response_id or event.get("id")
+            event["id"] = response_id
+            for choice in event.get("choices") or []:
+                choice["index"] = index
+            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+        if include_usage and usage is not None:
+            yield b"data: " + json.dumps({"id": response_id, "choices": [], "usage": usage}).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+    finally:
+        for task in pumps:
+            task.cancel()
+        for task in pumps:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
+def _add_usage(total: dict | None, usage: dict) -> dict:
+    if total is None:
+        return dict(usage)
+    completion = total["completion_tokens"] + usage["completion_tokens"]
+    return {**total, "completion_tokens": completion, "total_tokens": total["prompt_tokens"] + completion}
