@@ -7,7 +7,6 @@ token for token with the same request served without faults.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -18,6 +17,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.chaos.test_stream_failover import read_stream
 from tests.integration.test_router import router_log, start_router, stop
 from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
 
@@ -90,30 +90,17 @@ def body(seed: int, stream: bool) -> dict:
             **({"stream_options": {"include_usage": True}} if stream else {})}
 
 
-def complete(url: str, seed: int, stream: bool, on_token=None) -> dict:
-    """One chat completion; returns its token ids, text and usage. Fails on any error."""
-    if not stream:
-        response = httpx.post(url + "/v1/chat/completions", json=body(seed, False), timeout=120)
-        assert response.status_code == 200, response.text
-        choice = response.json()["choices"][0]
-        return {"ids": choice["token_ids"], "text": choice["message"]["content"],
-                "completion_tokens": response.json()["usage"]["completion_tokens"]}
-    ids, text, usage = [], [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body(seed, True), timeout=120) as response:
-        assert response.status_code == 200
-        worker = response.headers["x-shoal-worker"]
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            usage = event.get("usage") or usage
-            for choice in event["choices"]:
-                ids += choice.get("token_ids") or []
-                text.append(choice.get("delta", {}).get("content") or "")
-            if on_token:
-                on_token(worker, len(ids))
-    return {"ids": ids, "text": "".join(text), "completion_tokens": usage["completion_tokens"]}
+def complete(url: str, seed: int, stream: bool, fault=None) -> dict:
+    """One chat completion; its token ids, text and completion token count. Fails on any error.
+    `fault(worker_url)` runs once 20 tokens of a stream have arrived."""
+    if stream:
+        result = read_stream(url, body(seed, True), fault=fault, after_tokens=20)
+        return {"ids": result["ids"], "text": result["text"], "completion_tokens": result["usage"]["completion_tokens"]}
+    response = httpx.post(url + "/v1/chat/completions", json=body(seed, False), timeout=120)
+    assert response.status_code == 200, response.text
+    choice = response.json()["choices"][0]
+    return {"ids": choice["token_ids"], "text": choice["message"]["content"],
+            "completion_tokens": response.json()["usage"]["completion_tokens"]}
 
 
 def admin(url: str) -> dict:
@@ -181,12 +168,11 @@ def test_a_stopped_worker_is_detected_within_two_heartbeats_and_rejoins_when_con
         reference = complete(url, seed=5, stream=True)
         stopped = {}
 
-        def stop_worker(worker: str, tokens: int) -> None:
-            if tokens >= 20 and not stopped:
-                fleet.signal(worker, signal.SIGSTOP)
-                stopped.update(worker=worker, at=time.time())
+        def stop_worker(worker: str) -> None:
+            fleet.signal(worker, signal.SIGSTOP)
+            stopped.update(worker=worker, at=time.time())
 
-        assert complete(url, seed=5, stream=True, on_token=stop_worker) == reference
+        assert complete(url, seed=5, stream=True, fault=stop_worker) == reference
         worker = stopped["worker"]
         down = wait_for(lambda: [e for e in admin(url)["events"] if e["worker_id"] == worker and e["change"] == "down"])
         # Detected within two heartbeat intervals (plus the monitor's quarter-interval tick).

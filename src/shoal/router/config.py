@@ -40,6 +40,14 @@ class ApiKey(RateLimits):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
 
 
+def per_priority(name: str, values: dict[str, int], minimum: int) -> dict[str, int]:
+    """Checks a setting given per priority class: exactly the three classes, each at least `minimum`."""
+    expected = {"critical", "standard", "sheddable"}
+    if set(values) != expected or any(v < minimum for v in values.values()):
+        raise ValueError(f"{name} needs a value of at least {minimum} for exactly {sorted(expected)}")
+    return values
+
+
 class AdmissionSettings(Frozen):
     """Requests in flight per healthy worker before the rest queue; queue bound per priority class;
     how long a request may wait (its x-shoal-deadline-s header may shorten it); how long it waits
@@ -56,10 +64,7 @@ class AdmissionSettings(Frozen):
     @field_validator("queue_limits")
     @classmethod
     def every_class(cls, limits: dict[str, int]) -> dict[str, int]:
-        expected = {"critical", "standard", "sheddable"}
-        if set(limits) != expected or any(v < 0 for v in limits.values()):
-            raise ValueError(f"queue_limits needs non-negative limits for exactly {sorted(expected)}")
-        return limits
+        return per_priority("queue_limits", limits, minimum=0)
 
 
 class FailoverSettings(Frozen):
@@ -80,11 +85,8 @@ class FailoverSettings(Frozen):
 
     @field_validator("attempts")
     @classmethod
-    def every_priority(cls, attempts: dict[str, int]) -> dict[str, int]:
-        expected = {"critical", "standard", "sheddable"}
-        if set(attempts) != expected or any(v < 1 for v in attempts.values()):
-            raise ValueError(f"attempts needs a positive count for exactly {sorted(expected)}")
-        return attempts
+    def every_class(cls, attempts: dict[str, int]) -> dict[str, int]:
+        return per_priority("attempts", attempts, minimum=1)
 
 
 class BreakerSettings(Frozen):
