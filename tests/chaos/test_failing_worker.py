@@ -14,7 +14,7 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.chaos.test_worker_faults import admin, router_config, start, wait_for
+from tests.chaos.fleet import admin, router_config, start, wait_for
 from tests.integration.test_router import stop
 from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
 
@@ -108,3 +108,24 @@ def test_5xx_open_the_breaker_4xx_do_not_and_a_probe_closes_it(pair):
     assert changes[:2] == ["breaker_open", "breaker_half_open"] and changes[-1] == "breaker_closed"
     metrics = httpx.get(url + "/metrics").text
     assert f'shoal_router_worker_transitions_total{{change="breaker_open",worker="{scripted.url}"}}' in metrics
+
+
+def test_a_critical_request_falls_back_along_the_chain_when_its_model_fails(tiny_model_dir, shoal_cache_dir,
+                                                                             tmp_path):
+    small = wait_ready(*spawn_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name",
+                                      "small", "--kv-cache", "8MiB"], shoal_cache_dir))
+    scripted = ScriptedWorker()  # serves MODEL, answering 500
+    router, url = start(router_config(tmp_path, [scripted.url, small[1]], models={MODEL: {"fallbacks": ["small"]}}))
+    try:
+        request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+        standard = httpx.post(url + "/v1/chat/completions", json=request, timeout=60)
+        assert standard.status_code == 503 and standard.json()["error"]["type"] == "service_unavailable"
+        critical = httpx.post(url + "/v1/chat/completions", json=request, timeout=60,
+                              headers={"x-shoal-priority": "critical"})
+        assert critical.status_code == 200, critical.text
+        assert critical.headers["x-shoal-degraded"] == "fallback=small" and critical.json()["model"] == "small"
+        assert critical.headers["x-shoal-worker"] == small[1]
+    finally:
+        stop(router)
+        small[0].kill()
+        small[0].wait(timeout=30)

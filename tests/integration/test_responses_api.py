@@ -112,6 +112,43 @@ def test_two_routers_share_conversations_through_redis(worker, routers, redis_ur
     assert broken.value.body["param"] == "previous_response_id" and first.id in broken.value.body["message"]
 
 
+def test_the_next_turn_goes_to_the_worker_holding_the_conversation_and_survives_losing_it(
+        tiny_model_dir, shoal_cache_dir, tmp_path):
+    # 10 ms a step, like a real model's, so that timing noise does not swamp the routing estimates.
+    workers = [start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
+                             "--kv-cache", "8MiB", "--step-delay-ms", "10"], shoal_cache_dir) for _ in range(2)]
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "responses": {
+        "store": "sqlite", "sqlite_path": str(tmp_path / "responses.sqlite3")}}))
+    router, url = start_router(["--config", str(config)])
+    try:
+        def raw_turn(text: str, previous=None):
+            raw = client_for(url).responses.with_raw_response.create(
+                model=MODEL, instructions=INSTRUCTIONS, input=text, extra_body={"seed": SEED},
+                previous_response_id=previous.id if previous else openai.omit, **SAMPLING)
+            return raw.parse(), raw.headers["x-shoal-worker"]
+
+        # Other conversations in between: the cost policy alone spreads them; the prefix index
+        # brings each conversation's turns back to the worker that holds its history.
+        first, home = raw_turn("Tell me about the sea.")
+        raw_turn("Something else entirely, please.")
+        second, second_home = raw_turn("And the waves?", previous=first)
+        assert second_home == home
+        holder = next(process for process, worker_url in workers if worker_url == home)
+        holder.kill()
+        holder.wait(timeout=30)
+        third, third_home = raw_turn("Still there?", previous=second)
+        survivor = next(worker_url for _, worker_url in workers if worker_url != home)
+        assert third_home == survivor
+        expect_full_context(survivor, third, [("Tell me about the sea.", first), ("And the waves?", second)],
+                            "Still there?")
+    finally:
+        stop(router)
+        for process, _ in workers:
+            if process.poll() is None:
+                stop(process)
+
+
 def test_streamed_events_arrive_in_order_and_the_stored_response_is_the_final_one(worker, routers, tmp_path):
     _, url = routers({"sqlite_path": str(tmp_path / "responses.sqlite3")})
     first = turn(url, "Say something")

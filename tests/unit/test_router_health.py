@@ -108,15 +108,16 @@ def test_a_silent_worker_is_down_after_missed_heartbeats_and_up_when_it_answers(
     workers = monitor.membership.workers
     for state in workers.values():
         state.last_seen = 1.0
-    monitor.check(2.9)
+    monitor.check(2.7)
     assert all(s.available for s in workers.values())
-    workers["http://a"].last_seen = workers["http://b"].last_seen = 3.0
-    monitor.check(3.1)  # c silent for 2.1 s > 2 × 1 s
+    workers["http://a"].last_seen = workers["http://b"].last_seen = 2.8
+    monitor.check(2.8)  # c silent for 1.8 s: the next tick would be past 2 × 1 s
     assert not workers["http://c"].available and workers["http://c"].down
     assert events.transitions.labels("http://c", "down")._value.get() == 1
+    workers["http://c"].latency.observe_itl(5.0)
     workers["http://c"].last_seen = 3.5
     assert monitor.check(3.6) is True  # capacity grew
-    assert workers["http://c"].available
+    assert workers["http://c"].available and workers["http://c"].latency.itl_samples == 0
     assert changes(events) == [("http://c", "down"), ("http://c", "up")]
 
 

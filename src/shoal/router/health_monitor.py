@@ -39,6 +39,7 @@ class HealthMonitor:
         self.next_outlier_check = 0.0
         self.next_canary: dict[str, float] = {}
         self.canaries: dict[str, asyncio.Task] = {}
+        self.tick_s = settings.heartbeat_interval_s / 4
 
     # Passive detection, from the requests the router relays.
 
@@ -59,12 +60,13 @@ class HealthMonitor:
         while True:
             if self.check(time.monotonic()):
                 capacity_grew()
-            await asyncio.sleep(self.settings.heartbeat_interval_s / 4)
+            await asyncio.sleep(self.tick_s)
 
     def check(self, now: float) -> bool:
         """One round over the fleet; True when some worker may have become available."""
         grew = False
-        silent_limit = self.settings.heartbeat_interval_s * self.settings.missed_heartbeats
+        # Less one tick, so that a silence is noticed within missed_heartbeats intervals, not after.
+        silent_limit = self.settings.heartbeat_interval_s * self.settings.missed_heartbeats - self.tick_s
         for state in list(self.membership.workers.values()):
             if state.registered and state.lease_expires is not None and state.lease_expires < now:
                 self._remove(state, f"no heartbeat for {self.settings.lease_s:g} s")
@@ -75,7 +77,8 @@ class HealthMonitor:
             elif not state.down and silent > silent_limit:
                 self._mark_down(state, f"no answer for {silent:.1f} s", now)
             elif state.down and state.last_seen > state.down_since:
-                state.down, state.down_since = False, None
+                # Latencies from before it went down (often the cause) must not eject it now.
+                state.down, state.down_since, state.latency = False, None, LatencyStats()
                 self.events.record(state.worker_id, "up", "answering again")
                 grew = True
             was_open = state.breaker.state is BreakerState.OPEN

@@ -137,6 +137,8 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
     finally:
         for task in tasks:
             task.cancel()
+        # A pump may be inside its stream; it must have left before the stream can be closed.
+        await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()
 
