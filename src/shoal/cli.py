@@ -129,9 +129,12 @@ def worker(args: argparse.Namespace) -> int:
             print("shoal worker: --router needs the cluster secret in $SHOAL_CLUSTER_SECRET", file=sys.stderr)
             return 2
         router = RouterLink(args.router, args.advertise_url or f"http://{args.host}:{args.port}", secret)
-    app = create_app(AsyncLLMEngine(engine), args.served_model_name or args.model, drain, calibration, limits, router)
-    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning")
+    async_engine = AsyncLLMEngine(engine)
+    app = create_app(async_engine, args.served_model_name or args.model, drain, calibration, limits, router)
+    # Past the drain's grace, responses still open are cut (a router continues them elsewhere).
+    config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     DrainingServer(config, drain, args.drain_grace_s).run()
+    async_engine.shutdown()  # the engine thread must not be inside torch when the interpreter exits
     return 0
 
 

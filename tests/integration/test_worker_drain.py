@@ -35,3 +35,30 @@ def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir
     finally:
         if process.poll() is None:
             process.kill()
+
+
+def test_a_stream_outliving_the_grace_period_is_cut_and_the_worker_still_exits_cleanly(tiny_model_dir,
+                                                                                          shoal_cache_dir):
+    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", "m",
+                                 "--kv-cache", "8MiB", "--step-delay-ms", "20", "--drain-grace-s", "1"],
+                                shoal_cache_dir)
+    try:
+        body = {"model": "m", "prompt": "x", "max_tokens": 400, "stream": True, "ignore_eos": True}
+        tokens, done = 0, False
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
+            try:
+                for line in response.iter_lines():
+                    if line == "data: [DONE]":
+                        done = True
+                    elif line.startswith("data:"):
+                        tokens += len(json.loads(line[5:])["choices"][0]["token_ids"])
+                        if tokens == 1:
+                            process.send_signal(signal.SIGTERM)
+            except httpx.HTTPError:
+                pass  # the cut may surface as a broken chunked body
+        assert not done and tokens < 400
+        assert process.wait(timeout=60) == 0
+        assert b"terminate called" not in process.stderr.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
