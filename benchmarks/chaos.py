@@ -32,7 +32,6 @@ import random
 import re
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -42,63 +41,17 @@ from pathlib import Path
 import httpx
 import yaml
 
+from routing_quality import free_port, wait_for
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.tiny_model import write_tiny_model  # noqa: E402  (the repository root is not on the path of a script)
+
 RESULTS = Path(__file__).parent / "results"
 MODEL_NAME = "chaos"
 SUBJECTS = ["a lighthouse keeper", "a river", "an old clock", "a fox in winter", "the first snow", "a ship's cat",
             "a mountain road", "a lost key", "a garden at night", "a quiet library", "a storm at sea", "a baker"]
 MIGRATING = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*migrating a stream after (\d+) tokens \((.*)\)")
 DETECTED = ("down", "ejected")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited with {process.returncode}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not come up")
-
-
-def build_tiny_model(directory: Path) -> Path:
-    """A random 2-layer Llama (vocab 128, hidden 64) with a character-level tokenizer, as the
-    tests' tiny_model_dir fixture builds it."""
-    import torch
-    import transformers
-    from tokenizers import Tokenizer, models
-
-    torch.manual_seed(1234)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False, rms_norm_eps=1e-5)
-    model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    model.save_pretrained(directory)
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials + [chr(c) for c in range(32, 127)] + ["\n"])}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tokenizer.add_special_tokens(specials)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    template = ("{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-                "{% if add_generation_prompt %}<s>assistant\n{% endif %}")
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": template,
-        "add_bos_token": False}))
-    return directory
 
 
 def make_spec(index: int, args) -> dict:
@@ -611,7 +564,7 @@ def main() -> int:
         args.faults = max(1, round(args.duration_s / 8))
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="shoal-chaos-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    model = str(build_tiny_model(log_dir / "tiny-llama")) if tiny else args.model
+    model = str(write_tiny_model(log_dir / "tiny-llama")) if tiny else args.model
     load_before = os.getloadavg()
     shoal_from = subprocess.run([sys.executable, "-c", "import shoal; print(shoal.__file__)"], capture_output=True,
                                 text=True).stdout.strip()  # what the workers and the router will run

@@ -1,54 +1,16 @@
 """Shared fixtures: a tiny random Llama checkpoint on disk (real files, real loaders) and engines on it."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-import torch
 
-TINY_CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
-TINY_CHAT_TEMPLATE = (
-    "{% for m in messages %}<s>{{ m['role'] }}\n{{ m['content'] }}</s>\n{% endfor %}"
-    "{% if add_generation_prompt %}<s>assistant\n{% endif %}"
-)
-
-
-def write_tiny_tokenizer(directory: Path) -> None:
-    """A character-level BPE tokenizer with 3 special tokens; 99 ids in all."""
-    from tokenizers import Tokenizer, models
-
-    specials = ["<unk>", "<s>", "</s>"]
-    vocab = {tok: i for i, tok in enumerate(specials + TINY_CHARS)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
-    tokenizer.add_special_tokens(specials)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": TINY_CHAT_TEMPLATE,
-        "add_bos_token": False,
-    }))
+from tests.tiny_model import write_tiny_model
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """Hugging Face directory of a random 2-layer Llama (vocab 128, hidden 64, GQA 4/2 heads)."""
-    import transformers
-
-    directory = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(1234)
-    config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False, rms_norm_eps=1e-5)
-    model = transformers.LlamaForCausalLM(config)
-    # Larger weights than the init default so that logits are spread and greedy output varies.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.3)
-    model.save_pretrained(directory)
-    write_tiny_tokenizer(directory)
-    return directory
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.conftest import write_tiny_tokenizer
+from tests.tiny_model import write_tiny_tokenizer
 from tests.integration.test_golden_transformers import max_logit_difference
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
