@@ -122,15 +122,16 @@ def worker(args: argparse.Namespace) -> int:
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
     limits = AdmissionLimits(max_body_bytes=args.max_body_bytes, max_waiting_requests=args.max_waiting_requests)
-    router = None
+    routers = []
     if args.router:
         secret = os.environ.get("SHOAL_CLUSTER_SECRET")
         if not secret:
             print("shoal worker: --router needs the cluster secret in $SHOAL_CLUSTER_SECRET", file=sys.stderr)
             return 2
-        router = RouterLink(args.router, args.advertise_url or f"http://{args.host}:{args.port}", secret)
+        advertised = args.advertise_url or f"http://{args.host}:{args.port}"
+        routers = [RouterLink(url, advertised, secret) for url in args.router]
     async_engine = AsyncLLMEngine(engine)
-    app = create_app(async_engine, args.served_model_name or args.model, drain, calibration, limits, router)
+    app = create_app(async_engine, args.served_model_name or args.model, drain, calibration, limits, routers)
     # Past the drain's grace, responses still open are cut (a router continues them elsewhere).
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     DrainingServer(config, drain, args.drain_grace_s).run()
@@ -183,8 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
     worker_parser.add_argument("--step-delay-ms", type=float, default=0.0,
                                help="added to every engine step, to emulate a slower machine")
-    worker_parser.add_argument("--router", default=None, metavar="URL",
-                               help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET)")
+    worker_parser.add_argument("--router", action="append", default=[], metavar="URL",
+                               help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET); "
+                                    "repeat for redundant routers")
     worker_parser.add_argument("--advertise-url", default=None,
                                help="the URL the router should use for this worker (default http://HOST:PORT)")
     worker_parser.set_defaults(run=worker)

@@ -239,30 +239,36 @@ def test_the_cost_policy_gives_the_fast_worker_more_work(fleet, router_for):
 
 
 def test_workers_register_with_the_secret_and_leave_when_their_lease_expires(tiny_model_dir, shoal_cache_dir):
+    """Two redundant routers: the worker registers with both, and both forget it when it dies."""
     router, url = start_router(["--policy", "round_robin"])
+    spare, spare_url = start_router(["--policy", "round_robin"])
     try:
         assert httpx.post(url + "/admin/workers", json={"url": "http://x", "models": ["m"]},
                           headers={"authorization": "Bearer wrong"}).status_code == 401
         port = free_port()
         worker = subprocess.Popen(
             [sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), "--model", str(tiny_model_dir),
-             "--dtype", "float32", "--served-model-name", "joiner", "--kv-cache", "8MiB", "--router", url],
+             "--dtype", "float32", "--served-model-name", "joiner", "--kv-cache", "8MiB", "--router", url,
+             "--router", spare_url],
             env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir), "SHOAL_CLUSTER_SECRET": SECRET},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and "joiner" not in str(httpx.get(url + "/v1/models").json()):
+        while time.monotonic() < deadline and not all(
+                "joiner" in str(httpx.get(u + "/v1/models").json()) for u in (url, spare_url)):
             time.sleep(0.3)
-        assert [m["id"] for m in httpx.get(url + "/v1/models").json()["data"]] == ["joiner"]
         body = {"model": "joiner", "prompt": "hello", "max_tokens": 3}
-        assert served_by(url, "/v1/completions", body) == f"http://127.0.0.1:{port}"
+        for router_url in (url, spare_url):
+            assert [m["id"] for m in httpx.get(router_url + "/v1/models").json()["data"]] == ["joiner"]
+            assert served_by(router_url, "/v1/completions", body) == f"http://127.0.0.1:{port}"
         worker.kill()
         worker.wait(timeout=30)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and httpx.get(url + "/v1/models").json()["data"]:
+        while time.monotonic() < deadline and any(httpx.get(u + "/v1/models").json()["data"] for u in (url, spare_url)):
             time.sleep(0.3)
-        assert httpx.get(url + "/v1/models").json()["data"] == []
+        assert httpx.get(url + "/v1/models").json()["data"] == httpx.get(spare_url + "/v1/models").json()["data"] == []
         # A model this router has served is not unknown: with no worker left it is unavailable.
         gone = httpx.post(url + "/v1/completions", json=body, headers={"x-shoal-deadline-s": "0.5"})
         assert gone.status_code == 503 and "retry-after" in gone.headers
     finally:
         stop(router)
+        stop(spare)

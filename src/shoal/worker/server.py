@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Query, Request
@@ -47,10 +48,10 @@ class RouterLink:
 
 def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None = None,
                calibration: Calibration | None = None, limits: AdmissionLimits | None = None,
-               router: RouterLink | None = None) -> FastAPI:
+               routers: Sequence[RouterLink] = ()) -> FastAPI:
     """The worker's ASGI app. Invariants: a client's mistake is a 4xx for that request only; an
-    engine failure is a 500 for the requests it hit only. With `router`, the worker registers
-    there and heartbeats its load report while it runs."""
+    engine failure is a 500 for the requests it hit only. The worker registers with each of
+    `routers` (redundant routers serve the same workers) and heartbeats its load report to each."""
     drain = drain or DrainState()
 
     def load_report() -> dict:
@@ -70,12 +71,10 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        task = None
-        if router:
-            heartbeat = RouterHeartbeat(router.url, router.advertise_url, model_name, router.secret, load_report)
-            task = asyncio.create_task(heartbeat.run())
+        tasks = [asyncio.create_task(RouterHeartbeat(r.url, r.advertise_url, model_name, r.secret, load_report).run())
+                 for r in routers]
         yield
-        if task:
+        for task in tasks:
             task.cancel()
 
     app = FastAPI(title="shoal worker", lifespan=lifespan)
