@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/shoal chat
+	$(BIN)/shoal serve
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -6,6 +6,7 @@ import logging
 import os
 import re
 import sys
+from pathlib import Path
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -158,6 +159,37 @@ def router(args: argparse.Namespace) -> int:
     return 0
 
 
+def serve(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from shoal.cluster.config import DeploymentConfig, ModelDeployment, describe
+    from shoal.cluster.serve import serve as run
+
+    configure_logging()
+    overrides = {k: v for k, v in {"host": args.host, "port": args.port}.items() if v is not None}
+    try:
+        config = DeploymentConfig.from_file(args.config, **overrides) if args.config else DeploymentConfig(**overrides)
+        if args.model or args.workers is not None:  # one model, from the flags
+            first = config.models[0]
+            model = args.model or first.model
+            replicas = first.replicas if args.workers is None else args.workers
+            name = first.name if not args.model else Path(args.model).name.removesuffix(".gguf")
+            config = config.model_copy(update={"models": [ModelDeployment(name=name, model=model, replicas=replicas)]})
+    except ValidationError as exc:
+        print(f"shoal serve: invalid configuration:\n{describe(exc)}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as exc:
+        print(f"shoal serve: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    return run(config)
+
+
+def status(args: argparse.Namespace) -> int:
+    from shoal.cluster.status import status as show
+
+    return show(args.state_dir)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -198,6 +230,17 @@ def main(argv: list[str] | None = None) -> int:
                                "power_of_two, cache_aware, session_affinity")
     router_parser.add_argument("--config", default=None, help="YAML file with every router setting")
     router_parser.set_defaults(run=router)
+    serve_parser = commands.add_parser("serve", help="a router and supervised workers from one config "
+                                                     "(default: 2 workers of the bundled SmolLM2)")
+    serve_parser.add_argument("--config", default=None, help="YAML deployment config (see examples/)")
+    serve_parser.add_argument("--host", default=None)
+    serve_parser.add_argument("--port", type=int, default=None)
+    serve_parser.add_argument("--model", default=None, help="serve this one model (registry name, .gguf, HF dir)")
+    serve_parser.add_argument("--workers", type=int, default=None, help="replicas of that model")
+    serve_parser.set_defaults(run=serve)
+    status_parser = commands.add_parser("status", help="the cluster a running `shoal serve` supervises")
+    status_parser.add_argument("--state-dir", default="~/.local/state/shoal")
+    status_parser.set_defaults(run=status)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -1,0 +1,136 @@
+"""A whole deployment in one file: the models and their replicas, how each replica runs, the router's
+settings (policy, fault tolerance, admission, state store) and how replicas are supervised.
+
+One frozen pydantic model, validated up front; `describe` turns a validation failure into one line
+per bad key ("models.0.replicas: ..."). The router's own settings are RouterConfig's, less what
+the deployment decides itself (where it listens, its workers, the models' fallbacks).
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from shoal.router.config import ModelSettings, RouterConfig
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+SIZE = r"^\d+(\.\d+)?\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)$"
+
+
+class Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Parallelism(Frozen):
+    """Processes per replica: tensor-parallel ranks × pipeline stages (1 × 1: one process)."""
+
+    tensor: int = Field(1, ge=1)
+    pipeline: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def single_process(self) -> "Parallelism":
+        if self.tensor * self.pipeline != 1:
+            raise ValueError("replicas of more than one process (tensor or pipeline > 1) are not supported yet")
+        return self
+
+
+class Resources(Frozen):
+    """What one replica needs from a host."""
+
+    cpus: float = Field(1.0, gt=0)
+    gpus: float = Field(0.0, ge=0)
+    custom: dict[str, float] = {}
+
+
+class ModelDeployment(Frozen):
+    """One served model: `name` is what clients ask for; `model` is a registry name, a .gguf file
+    or a Hugging Face directory; `kv_cache` a size (256MiB) or a fraction of free memory (0.3)."""
+
+    name: str = Field(min_length=1)
+    model: str = DEFAULT_MODEL
+    replicas: int = Field(1, ge=0)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    device: str = "auto"
+    kv_cache: str | float | None = None
+    num_threads: int | None = Field(None, ge=1)
+    step_delay_ms: float = Field(0.0, ge=0)
+    drain_grace_s: float = Field(30.0, ge=0)
+    fallbacks: list[str] = []
+    parallelism: Parallelism = Parallelism()
+    resources: Resources = Resources()
+
+    @field_validator("kv_cache")
+    @classmethod
+    def size_or_fraction(cls, value: str | float | None) -> str | float | None:
+        if isinstance(value, float | int) and not 0 < value <= 1:
+            raise ValueError("a fraction of free memory must be in (0, 1]")
+        if isinstance(value, str) and not re.match(SIZE, value.strip()):
+            raise ValueError(f"{value!r} is not a size such as 256MiB or 2GB")
+        return value
+
+
+class SupervisorSettings(Frozen):
+    """A crashed worker is started again after restart_backoff_s, doubling with each crash in a row
+    up to max_restart_backoff_s; one that ran healthy_after_s before crashing starts from the base."""
+
+    restart_backoff_s: float = Field(1.0, ge=0)
+    max_restart_backoff_s: float = Field(30.0, ge=0)
+    healthy_after_s: float = Field(30.0, gt=0)
+
+
+class DeploymentConfig(Frozen):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    launcher: Literal["local"] = "local"
+    state_dir: str = "~/.local/state/shoal"
+    models: list[ModelDeployment] = [ModelDeployment(name=DEFAULT_MODEL, replicas=2)]
+    router: RouterConfig = RouterConfig()
+    supervisor: SupervisorSettings = SupervisorSettings()
+
+    @field_validator("router")
+    @classmethod
+    def deployment_decides(cls, router: RouterConfig) -> RouterConfig:
+        decided = {"host", "port", "workers", "models"} & router.model_fields_set
+        if decided:
+            raise ValueError(f"{', '.join(sorted(decided))}: set by the deployment (top-level host and port; "
+                             f"models with their fallbacks), not under router")
+        return router
+
+    @model_validator(mode="after")
+    def consistent_models(self) -> "DeploymentConfig":
+        names = [m.name for m in self.models]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"models: {', '.join(duplicates)} defined more than once")
+        for model in self.models:
+            unknown = [f for f in model.fallbacks if f not in names or f == model.name]
+            if unknown:
+                raise ValueError(f"models: the fallbacks of {model.name} must be other models of this "
+                                 f"deployment; not {', '.join(unknown)}")
+        return self
+
+    def router_config(self) -> RouterConfig:
+        """The router's settings for this deployment: its address and the models' fallback chains
+        (workers join it by registering)."""
+        return self.router.model_copy(update={"host": self.host, "port": self.port, "models": {
+            m.name: ModelSettings(fallbacks=m.fallbacks) for m in self.models}})
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides) -> "DeploymentConfig":
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a deployment config must be a mapping")
+        return cls(**{**raw, **overrides})
+
+
+def describe(error: ValidationError) -> str:
+    """One line per bad key: its dotted path, then why."""
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        why = "unknown key" if problem["type"] == "extra_forbidden" else problem["msg"].removeprefix("Value error, ")
+        lines.append(f"{where}: {why}")
+    return "\n".join(lines)

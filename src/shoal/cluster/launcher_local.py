@@ -1,0 +1,52 @@
+"""The local launcher: each worker a `shoal worker` subprocess on this host that registers with the
+router. Workers run in their own session, so a Ctrl-C in the terminal reaches `shoal serve` only,
+which then drains them; each writes its log to its own file."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from shoal.cluster.config import ModelDeployment
+
+
+@dataclass
+class LaunchedWorker:
+    process: subprocess.Popen
+    url: str
+    log_path: Path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class LocalLauncher:
+    def __init__(self, router_url: str, cluster_secret: str, log_dir: Path, host: str = "127.0.0.1"):
+        self.router_url = router_url
+        self.cluster_secret = cluster_secret
+        self.log_dir = log_dir
+        self.host = host
+
+    def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker:
+        port = free_port(self.host)
+        args = [sys.executable, "-m", "shoal.cli", "worker", "--model", deployment.model,
+                "--served-model-name", deployment.name, "--host", self.host, "--port", str(port),
+                "--dtype", deployment.dtype, "--device", deployment.device, "--router", self.router_url,
+                "--drain-grace-s", str(deployment.drain_grace_s), "--step-delay-ms", str(deployment.step_delay_ms)]
+        if deployment.kv_cache is not None:
+            args += ["--kv-cache", str(deployment.kv_cache).replace(" ", "")]
+        if deployment.num_threads:
+            args += ["--num-threads", str(deployment.num_threads)]
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log_path = self.log_dir / f"{deployment.name.replace('/', '_')}-{slot}.log"
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(args, env={**os.environ, "SHOAL_CLUSTER_SECRET": self.cluster_secret},
+                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+        return LaunchedWorker(process, f"http://{self.host}:{port}", log_path)

@@ -1,0 +1,43 @@
+"""`shoal status`: the cluster a running `shoal serve` supervises, as its router sees it."""
+from __future__ import annotations
+
+import json
+import sys
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from shoal.cluster.serve import run_dir
+
+
+def status(state_dir: str) -> int:
+    directory = run_dir(state_dir)
+    try:
+        serve = json.loads((directory / "serve.json").read_text())
+    except FileNotFoundError:
+        print(f"shoal status: no `shoal serve` is running here (no {directory / 'serve.json'})")
+        return 1
+    try:
+        fleet = httpx.get(serve["url"] + "/admin/workers", timeout=5,
+                          headers={"authorization": f"Bearer {serve['admin_token']}"}).json()
+    except httpx.HTTPError as exc:
+        print(f"shoal status: the router at {serve['url']} does not answer: {exc}")
+        return 1
+    slots = json.loads((directory / "workers.json").read_text()) if (directory / "workers.json").exists() else []
+    supervised = {slot["url"]: slot for slot in slots if slot["url"]}
+    table = Table(title=f"shoal at {serve['url']}/v1, {sum(fleet['queued'].values())} requests queued")
+    for column in ("model", "worker", "pid", "health", "breaker", "running", "waiting", "restarts"):
+        table.add_column(column)
+    for worker in fleet["workers"]:
+        slot = supervised.get(worker["worker_id"], {})
+        health = "healthy" if worker["healthy"] else "down" if worker["down"] else \
+            "ejected" if worker["ejected"] else "unavailable"
+        table.add_row(", ".join(worker["models"]), worker["worker_id"], str(slot.get("pid", "")), health,
+                      worker["breaker"], str(worker["running"]), str(worker["waiting"]), str(slot.get("restarts", "")))
+    for slot in slots:
+        if slot["state"] != "running" or slot["url"] not in {w["worker_id"] for w in fleet["workers"]}:
+            table.add_row(slot["model"], slot["url"] or "-", str(slot["pid"] or ""), slot["state"], "", "", "",
+                          str(slot["restarts"]))
+    Console(width=None if sys.stdout.isatty() else 160).print(table)
+    return 0

@@ -1,0 +1,54 @@
+"""Deployment configs are validated up front: each broken one gets a message naming the bad key
+and why; the shipped examples are valid."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from shoal.cluster.config import DeploymentConfig, describe
+
+EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
+
+BROKEN = [
+    ({"modles": []}, "modles: unknown key"),
+    ({"port": 70000}, "port: Input should be less than or equal to 65535"),
+    ({"models": [{"model": "x"}]}, "models.0.name: Field required"),
+    ({"models": [{"name": "a", "replicas": -1}]}, "models.0.replicas: Input should be greater than or equal to 0"),
+    ({"models": [{"name": "a", "kv_cache": "lots"}]}, "models.0.kv_cache: 'lots' is not a size such as 256MiB"),
+    ({"models": [{"name": "a", "kv_cache": 1.5}]}, "models.0.kv_cache: a fraction of free memory must be in (0, 1]"),
+    ({"models": [{"name": "a", "dtype": "int3"}]}, "models.0.dtype: Input should be 'auto', 'float32'"),
+    ({"models": [{"name": "a", "parallelism": {"tensor": 2}}]},
+     "models.0.parallelism: replicas of more than one process (tensor or pipeline > 1) are not supported yet"),
+    ({"models": [{"name": "a"}, {"name": "a"}]}, "models: a defined more than once"),
+    ({"models": [{"name": "a", "fallbacks": ["b"]}]}, "the fallbacks of a must be other models of this deployment; not b"),
+    ({"router": {"port": 9000}}, "router: port: set by the deployment"),
+    ({"router": {"policy": "fastest"}}, "router.policy: unknown policy 'fastest'"),
+    ({"router": {"failover": {"attempts": {"critical": 0, "standard": 1, "sheddable": 1}}}},
+     "router.failover.attempts: attempts needs a value of at least 1"),
+    ({"router": {"health": {"outliers": {"factor": 0.5}}}}, "router.health.outliers.factor: Input should be greater than 1"),
+    ({"launcher": "kubernetes"}, "launcher: Input should be 'local'"),
+    ({"supervisor": {"restart_backoff_s": -1}}, "supervisor.restart_backoff_s: Input should be greater than or equal to 0"),
+]
+
+
+@pytest.mark.parametrize(("raw", "message"), BROKEN, ids=[m.split(":")[0] for _, m in BROKEN])
+def test_each_broken_config_names_its_key_and_reason(raw, message):
+    with pytest.raises(ValidationError) as error:
+        DeploymentConfig(**raw)
+    assert message in describe(error.value)
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_the_examples_are_valid(example):
+    config = DeploymentConfig.from_file(example)
+    assert config.models and config.router_config().port == config.port
+
+
+def test_the_default_is_two_workers_of_the_bundled_model_and_fallbacks_reach_the_router():
+    default = DeploymentConfig()
+    assert [(m.name, m.model, m.replicas) for m in default.models] == [
+        ("smollm2-135m-instruct", "smollm2-135m-instruct", 2)]
+    config = DeploymentConfig(models=[{"name": "big", "fallbacks": ["small"]}, {"name": "small"}])
+    assert config.router_config().models["big"].fallbacks == ["small"]
