@@ -190,6 +190,12 @@ def status(args: argparse.Namespace) -> int:
     return show(args.state_dir)
 
 
+def restart(args: argparse.Namespace) -> int:
+    from shoal.cluster.status import restart as rolling_restart
+
+    return rolling_restart(args.state_dir, args.model)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -241,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     status_parser = commands.add_parser("status", help="the cluster a running `shoal serve` supervises")
     status_parser.add_argument("--state-dir", default="~/.local/state/shoal")
     status_parser.set_defaults(run=status)
+    restart_parser = commands.add_parser("restart", help="replace a model's replicas one by one (rolling restart)")
+    restart_parser.add_argument("model")
+    restart_parser.add_argument("--state-dir", default="~/.local/state/shoal")
+    restart_parser.set_defaults(run=restart)
     args = parser.parse_args(argv)
     return args.run(args)
 

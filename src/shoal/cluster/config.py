@@ -47,11 +47,13 @@ class Resources(Frozen):
 
 class ModelDeployment(Frozen):
     """One served model: `name` is what clients ask for; `model` is a registry name, a .gguf file
-    or a Hugging Face directory; `kv_cache` a size (256MiB) or a fraction of free memory (0.3)."""
+    or a Hugging Face directory; `kv_cache` a size (256MiB) or a fraction of free memory (0.3);
+    `warm_spares` workers load the model but wait outside the router until a replica fails."""
 
     name: str = Field(min_length=1)
     model: str = DEFAULT_MODEL
     replicas: int = Field(1, ge=0)
+    warm_spares: int = Field(0, ge=0)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     kv_cache: str | float | None = None

@@ -1,9 +1,8 @@
-"""The local launcher: each worker a `shoal worker` subprocess on this host that registers with the
-router. Workers run in their own session, so a Ctrl-C in the terminal reaches `shoal serve` only,
-which then drains them; each writes its log to its own file."""
+"""The local launcher: each worker a `shoal worker` subprocess on this host (the supervisor adds it
+to the router once it is ready). Workers run in their own session, so a Ctrl-C in the terminal
+reaches `shoal serve` only, which then drains them; each writes its log to its own file."""
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -27,9 +26,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 class LocalLauncher:
-    def __init__(self, router_url: str, cluster_secret: str, log_dir: Path, host: str = "127.0.0.1"):
-        self.router_url = router_url
-        self.cluster_secret = cluster_secret
+    def __init__(self, log_dir: Path, host: str = "127.0.0.1"):
         self.log_dir = log_dir
         self.host = host
 
@@ -37,7 +34,7 @@ class LocalLauncher:
         port = free_port(self.host)
         args = [sys.executable, "-m", "shoal.cli", "worker", "--model", deployment.model,
                 "--served-model-name", deployment.name, "--host", self.host, "--port", str(port),
-                "--dtype", deployment.dtype, "--device", deployment.device, "--router", self.router_url,
+                "--dtype", deployment.dtype, "--device", deployment.device,
                 "--drain-grace-s", str(deployment.drain_grace_s), "--step-delay-ms", str(deployment.step_delay_ms)]
         if deployment.kv_cache is not None:
             args += ["--kv-cache", str(deployment.kv_cache).replace(" ", "")]
@@ -46,7 +43,6 @@ class LocalLauncher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{deployment.name.replace('/', '_')}-{slot}.log"
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(args, env={**os.environ, "SHOAL_CLUSTER_SECRET": self.cluster_secret},
-                                       stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
         return LaunchedWorker(process, f"http://{self.host}:{port}", log_path)

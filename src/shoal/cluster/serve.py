@@ -1,6 +1,7 @@
 """`shoal serve`: the router (in this process) and its workers (supervised subprocesses) from one
-deployment config. Workers register with the router by themselves; Ctrl-C (or SIGTERM) stops the
-router and drains the workers.
+deployment config. The supervisor puts each worker into the router once it is ready and takes it
+out when it exits; Ctrl-C (or SIGTERM) stops the router and drains the workers. Operators restart a
+model's replicas one by one with `POST /admin/models/{model}/restart` (admin token; `shoal restart`).
 
 The run's facts go to STATE_DIR/serve/: serve.json (the endpoint, the admin token, this process)
 for `shoal status`, workers.json (the supervisor's view), logs/ (one file per worker).
@@ -8,6 +9,7 @@ for `shoal status`, workers.json (the supervisor's view), logs/ (one file per wo
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -16,12 +18,17 @@ import signal
 from pathlib import Path
 
 import uvicorn
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
 
 from shoal.cluster.config import DeploymentConfig
 from shoal.cluster.launcher_local import LocalLauncher
-from shoal.cluster.supervisor import Supervisor
+from shoal.cluster.supervisor import RouterLink, Supervisor
 from shoal.router.app import create_router_app
 from shoal.router.config import ResponsesSettings
+from shoal.router.front_door import FrontDoor
+from shoal.router.membership import normalize_url
+from shoal.router.proxy import error_response
 
 log = logging.getLogger(__name__)
 
@@ -47,15 +54,15 @@ def serve(config: DeploymentConfig) -> int:
     if "responses" not in config.router.model_fields_set:  # conversations live with the deployment's state
         sqlite_path = str(Path(config.state_dir).expanduser() / "responses.sqlite3")
         router_config = router_config.model_copy(update={"responses": ResponsesSettings(sqlite_path=sqlite_path)})
-    cluster_secret, admin_token = secrets.token_hex(16), secrets.token_hex(16)
-    os.environ[router_config.cluster_secret_env] = cluster_secret
+    admin_token = secrets.token_hex(16)
     os.environ[router_config.admin_token_env] = admin_token
     app = create_router_app(router_config)
     server = ServeServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
     connect_host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     url = f"http://{connect_host}:{config.port}"
-    supervisor = Supervisor(LocalLauncher(url, cluster_secret, directory / "logs"), config.models,
-                            config.supervisor, directory / "workers.json")
+    supervisor = Supervisor(LocalLauncher(directory / "logs"), config.models, config.supervisor,
+                            _router_link(app.state.front_door), directory / "workers.json")
+    app.include_router(_admin_routes(supervisor, admin_token))
     (directory / "serve.json").write_text(json.dumps({"url": url, "admin_token": admin_token, "pid": os.getpid()}))
     (directory / "serve.json").chmod(0o600)
     try:
@@ -65,11 +72,42 @@ def serve(config: DeploymentConfig) -> int:
     return 0
 
 
-async def _run(server: uvicorn.Server, supervisor: Supervisor, app, url: str, config: DeploymentConfig) -> None:
+def _router_link(front_door: FrontDoor) -> RouterLink:
+    async def join(url: str, model: str) -> None:
+        await front_door.membership.add_static(url, [model])
+        front_door.admission.wake()
+
+    def leave(url: str) -> None:
+        if front_door.membership.remove(url) is not None:
+            front_door.balancer.forget(normalize_url(url))
+
+    return RouterLink(join, leave)
+
+
+def _admin_routes(supervisor: Supervisor, admin_token: str) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.post("/admin/models/{model}/restart")
+    async def rolling_restart(model: str, request: Request) -> Response:
+        """Replaces the model's replicas one at a time, without dropping requests."""
+        offered = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(offered.encode(), admin_token.encode()):
+            return error_response(401, "a valid admin token is required", "authentication_error")
+        if model not in {slot.deployment.name for slot in supervisor.slots}:
+            return error_response(404, f"no model {model!r} in this deployment", "not_found_error")
+        return JSONResponse({"model": model, "replaced": await supervisor.rolling_restart(model)})
+
+    return routes
+
+
+async def _run(server: ServeServer, supervisor: Supervisor, app, url: str, config: DeploymentConfig) -> None:
+    serving = asyncio.create_task(server.serve())  # until Ctrl-C or SIGTERM
+    while not server.started and not serving.done():
+        await asyncio.sleep(0.05)
     supervising = asyncio.create_task(supervisor.run())
     announcing = asyncio.create_task(_announce_when_ready(app, url, config))
     try:
-        await server.serve()  # until Ctrl-C or SIGTERM
+        await serving
     finally:
         announcing.cancel()
         supervising.cancel()

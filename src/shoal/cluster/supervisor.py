@@ -1,7 +1,11 @@
-"""Keeps each model's replicas running: starts them, restarts crashed ones with exponential backoff,
-and stops them all with a drain (SIGTERM, then the drain grace, then SIGKILL).
+"""Keeps each model's replicas running: starts them, adds them to the router once ready, restarts
+crashed ones with exponential backoff, keeps warm spares, replaces replicas one by one (rolling
+restart), and stops them all with a drain (SIGTERM, then the drain grace, then SIGKILL).
 
-Its view of the workers is written to a JSON file after every change, for `shoal status`.
+A warm spare is a worker that has loaded and warmed up its model but is not in the router. When a
+serving replica of its model exits, the spare joins the router at once (no model load on the
+critical path) and the crashed slot comes back as the new spare. Its view of the workers is written
+to a JSON file after every change, for `shoal status`.
 """
 from __future__ import annotations
 
@@ -10,8 +14,12 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
+
+import httpx
 
 from shoal.cluster.config import ModelDeployment, SupervisorSettings
 from shoal.cluster.launcher_local import LaunchedWorker, LocalLauncher
@@ -19,14 +27,23 @@ from shoal.cluster.launcher_local import LaunchedWorker, LocalLauncher
 log = logging.getLogger(__name__)
 
 
+class SlotState(StrEnum):
+    WAITING = "waiting"    # no process; (re)starts at next_start
+    STARTING = "starting"  # process up, model loading
+    SPARE = "spare"        # ready, not in the router
+    SERVING = "serving"    # ready and in the router
+
+
 @dataclass
 class Slot:
-    """One replica position. Invariant: `worker` is None exactly while the slot waits to (re)start,
-    which happens at `next_start`."""
+    """One replica position. Invariants: `worker` is None exactly in WAITING; a SERVING slot's
+    worker is in the router, no other's is."""
 
     deployment: ModelDeployment
     index: int
+    spare: bool
     backoff_s: float
+    state: SlotState = SlotState.WAITING
     worker: LaunchedWorker | None = None
     started_at: float = 0.0
     next_start: float = 0.0
@@ -34,46 +51,123 @@ class Slot:
     last_exit: int | None = None
 
     def describe(self) -> dict:
-        running = self.worker is not None
-        return {"model": self.deployment.name, "slot": self.index, "state": "running" if running else "restarting",
-                "pid": self.worker.process.pid if running else None, "url": self.worker.url if running else None,
-                "log": str(self.worker.log_path) if running else None, "restarts": self.restarts,
+        worker = self.worker
+        return {"model": self.deployment.name, "slot": self.index, "state": str(self.state),
+                "pid": worker.process.pid if worker else None, "url": worker.url if worker else None,
+                "log": str(worker.log_path) if worker else None, "restarts": self.restarts,
                 "last_exit": self.last_exit}
+
+
+@dataclass(frozen=True)
+class RouterLink:
+    """How the supervisor puts a worker into the router and takes it out."""
+
+    join: Callable[[str, str], Awaitable[None]]  # (worker url, model name)
+    leave: Callable[[str], None]
 
 
 class Supervisor:
     def __init__(self, launcher: LocalLauncher, deployments: list[ModelDeployment], settings: SupervisorSettings,
-                 status_path: Path):
+                 router: RouterLink, status_path: Path):
         self.launcher = launcher
         self.settings = settings
+        self.router = router
         self.status_path = status_path
-        self.slots = [Slot(d, i, settings.restart_backoff_s) for d in deployments for i in range(d.replicas)]
+        self.slots = [Slot(d, i, spare=i >= d.replicas, backoff_s=settings.restart_backoff_s)
+                      for d in deployments for i in range(d.replicas + d.warm_spares)]
+        self.waiting_ready: set[asyncio.Task] = set()
 
     def check(self, now: float) -> bool:
-        """Starts what is due and notices exits; True when something changed."""
+        """Starts what is due and handles exits; True when something changed."""
         changed = False
         for slot in self.slots:
-            if slot.worker is None:
+            if slot.state is SlotState.WAITING:
                 if now >= slot.next_start:
-                    slot.worker, slot.started_at = self.launcher.start(slot.deployment, slot.index), now
-                    log.info("started %s replica %d at %s (pid %d)", slot.deployment.name, slot.index,
-                             slot.worker.url, slot.worker.process.pid)
+                    self._start(slot, now)
                     changed = True
-                continue
-            code = slot.worker.process.poll()
-            if code is None:
-                continue
-            ran = now - slot.started_at
-            if ran >= self.settings.healthy_after_s:
-                slot.backoff_s = self.settings.restart_backoff_s
-            log.warning("%s replica %d (pid %d) exited with %s after %.1f s; restarting in %.1f s",
-                        slot.deployment.name, slot.index, slot.worker.process.pid, code, ran, slot.backoff_s)
-            slot.worker, slot.last_exit, slot.restarts = None, code, slot.restarts + 1
-            slot.next_start = now + slot.backoff_s
-            slot.backoff_s = min(max(slot.backoff_s * 2, self.settings.restart_backoff_s),
-                                 self.settings.max_restart_backoff_s)
-            changed = True
+            elif slot.worker.process.poll() is not None:
+                self._exited(slot, now)
+                changed = True
         return changed
+
+    def _start(self, slot: Slot, now: float) -> None:
+        slot.worker, slot.started_at, slot.state = self.launcher.start(slot.deployment, slot.index), now, \
+            SlotState.STARTING
+        log.info("started %s %s %d at %s (pid %d)", slot.deployment.name, "spare" if slot.spare else "replica",
+                 slot.index, slot.worker.url, slot.worker.process.pid)
+        task = asyncio.create_task(self._when_ready(slot, slot.worker))
+        self.waiting_ready.add(task)
+        task.add_done_callback(self.waiting_ready.discard)
+
+    def _exited(self, slot: Slot, now: float) -> None:
+        code, ran = slot.worker.process.returncode, now - slot.started_at
+        if slot.state is SlotState.SERVING:
+            self.router.leave(slot.worker.url)
+        if ran >= self.settings.healthy_after_s:
+            slot.backoff_s = self.settings.restart_backoff_s
+        log.warning("%s %d (pid %d) exited with %s after %.1f s; restarting in %.1f s", slot.deployment.name,
+                    slot.index, slot.worker.process.pid, code, ran, slot.backoff_s)
+        if slot.state is SlotState.SERVING:
+            self._promote_spare(slot)
+        slot.worker, slot.state, slot.last_exit, slot.restarts = None, SlotState.WAITING, code, slot.restarts + 1
+        slot.next_start = now + slot.backoff_s
+        slot.backoff_s = min(max(slot.backoff_s * 2, self.settings.restart_backoff_s),
+                             self.settings.max_restart_backoff_s)
+
+    def _promote_spare(self, lost: Slot) -> None:
+        """A ready spare of the lost replica's model takes its place; the lost slot becomes a spare."""
+        spare = next((s for s in self.slots if s.deployment is lost.deployment and s.state is SlotState.SPARE), None)
+        if spare is None:
+            return
+        spare.spare, lost.spare = False, True
+        log.info("promoting warm spare %s to replace %s", spare.worker.url, lost.worker.url)
+        task = asyncio.create_task(self._serve(spare))
+        self.waiting_ready.add(task)
+        task.add_done_callback(self.waiting_ready.discard)
+
+    async def _serve(self, slot: Slot) -> None:
+        slot.state = SlotState.SERVING
+        await self.router.join(slot.worker.url, slot.deployment.name)
+        self.write_status()
+
+    async def _when_ready(self, slot: Slot, worker: LaunchedWorker) -> None:
+        """Waits for the worker's /ready; then it serves, or waits as a spare."""
+        async with httpx.AsyncClient(timeout=2) as client:
+            while worker.process.poll() is None:
+                try:
+                    if (await client.get(worker.url + "/ready")).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                await asyncio.sleep(0.2)
+        if slot.worker is not worker or worker.process.poll() is not None:
+            return  # it exited or was replaced meanwhile
+        if slot.spare:
+            slot.state = SlotState.SPARE
+            log.info("%s spare %d ready at %s", slot.deployment.name, slot.index, worker.url)
+            self.write_status()
+        else:
+            await self._serve(slot)
+
+    async def rolling_restart(self, model: str) -> int:
+        """Replaces each serving replica of `model` in turn: a new worker starts, becomes ready and
+        joins, then the old one leaves the router and drains. Returns the replicas replaced."""
+        replaced = 0
+        for slot in [s for s in self.slots if s.deployment.name == model and s.state is SlotState.SERVING]:
+            old = slot.worker
+            slot.worker, slot.state = self.launcher.start(slot.deployment, slot.index), SlotState.STARTING
+            slot.started_at = time.monotonic()
+            await self._when_ready(slot, slot.worker)
+            if slot.state is not SlotState.SERVING:
+                log.warning("rolling restart of %s stopped: the new replica %d did not become ready", model, slot.index)
+                old.process.kill()
+                return replaced
+            self.router.leave(old.url)
+            old.process.send_signal(signal.SIGTERM)
+            await asyncio.to_thread(old.process.wait)
+            replaced += 1
+            self.write_status()
+        return replaced
 
     def write_status(self) -> None:
         self.status_path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +184,8 @@ class Supervisor:
 
     async def stop(self) -> None:
         """Drains every worker: SIGTERM, then up to its drain grace (+5 s) to exit, then SIGKILL."""
+        for task in self.waiting_ready:
+            task.cancel()
         running = [slot for slot in self.slots if slot.worker is not None]
         for slot in running:
             slot.worker.process.send_signal(signal.SIGTERM)
@@ -98,7 +194,7 @@ class Supervisor:
             await asyncio.sleep(0.1)
         for slot in running:
             if slot.worker.process.poll() is None:
-                log.warning("%s replica %d did not drain in time; killed", slot.deployment.name, slot.index)
+                log.warning("%s %d did not drain in time; killed", slot.deployment.name, slot.index)
                 slot.worker.process.kill()
                 slot.worker.process.wait()
         self.status_path.unlink(missing_ok=True)
