@@ -45,14 +45,15 @@ def deploy(tiny_model_dir, shoal_cache_dir, tmp_path):
     endpoint, state directory, output file)."""
     started = []
 
-    def start(replicas: int, warm_spares: int = 0):
+    def start(replicas: int, warm_spares: int = 0, router: dict | None = None, **model_options):
         port = free_port()
         config = tmp_path / "shoal.yaml"
         config.write_text(yaml.safe_dump({
             "port": port, "state_dir": str(tmp_path / "state"),
             "models": [{"name": "tiny", "model": str(tiny_model_dir), "replicas": replicas,
-                        "warm_spares": warm_spares, "dtype": "float32", "kv_cache": "8MiB", "drain_grace_s": 5}],
-            "supervisor": {"restart_backoff_s": 0.5}}))
+                        "warm_spares": warm_spares, "dtype": "float32", "kv_cache": "8MiB", "drain_grace_s": 5,
+                        **model_options}],
+            "supervisor": {"restart_backoff_s": 0.5}, **({"router": router} if router else {})}))
         output = tmp_path / "serve.out"
         with open(output, "wb") as out:
             process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--config", str(config)],

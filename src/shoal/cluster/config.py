@@ -45,15 +45,41 @@ class Resources(Frozen):
     custom: dict[str, float] = {}
 
 
+class Autoscaling(Frozen):
+    """Replicas between min and max, from the model's load against targets. Pressure (any signal
+    over its target) for upscale_delay_s adds a replica; quiet (every signal under half its target)
+    for downscale_delay_s removes one, drained first. With min_replicas 0 the model scales to zero
+    when it gets no requests, and the first request waits (admission.unavailable_wait_s) while a
+    replica starts. A target left out (None) is not watched."""
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    target_queued_per_replica: float | None = Field(2.0, gt=0)
+    target_outstanding_tokens_per_replica: float | None = Field(None, gt=0)
+    target_kv_cache_usage: float | None = Field(0.8, gt=0, le=1)
+    target_ttft_s: float | None = Field(None, gt=0)
+    target_itl_s: float | None = Field(None, gt=0)
+    upscale_delay_s: float = Field(5.0, ge=0)
+    downscale_delay_s: float = Field(60.0, ge=0)
+
+    @model_validator(mode="after")
+    def ordered(self) -> "Autoscaling":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
+        return self
+
+
 class ModelDeployment(Frozen):
     """One served model: `name` is what clients ask for; `model` is a registry name, a .gguf file
     or a Hugging Face directory; `kv_cache` a size (256MiB) or a fraction of free memory (0.3);
-    `warm_spares` workers load the model but wait outside the router until a replica fails."""
+    `warm_spares` workers load the model but wait outside the router until a replica fails;
+    with `autoscaling`, `replicas` is where it starts."""
 
     name: str = Field(min_length=1)
     model: str = DEFAULT_MODEL
     replicas: int = Field(1, ge=0)
     warm_spares: int = Field(0, ge=0)
+    autoscaling: Autoscaling | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
     kv_cache: str | float | None = None
@@ -63,6 +89,14 @@ class ModelDeployment(Frozen):
     fallbacks: list[str] = []
     parallelism: Parallelism = Parallelism()
     resources: Resources = Resources()
+
+    @model_validator(mode="after")
+    def replicas_within_bounds(self) -> "ModelDeployment":
+        bounds = self.autoscaling
+        if bounds and not bounds.min_replicas <= self.replicas <= bounds.max_replicas:
+            raise ValueError(f"replicas ({self.replicas}) must be within autoscaling.min_replicas "
+                             f"({bounds.min_replicas}) and max_replicas ({bounds.max_replicas})")
+        return self
 
     @field_validator("kv_cache")
     @classmethod

@@ -21,6 +21,7 @@ import uvicorn
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from shoal.cluster.autoscaler import Autoscaler
 from shoal.cluster.config import DeploymentConfig
 from shoal.cluster.launcher_local import LocalLauncher
 from shoal.cluster.supervisor import RouterLink, Supervisor
@@ -104,13 +105,14 @@ async def _run(server: ServeServer, supervisor: Supervisor, app, url: str, confi
     serving = asyncio.create_task(server.serve())  # until Ctrl-C or SIGTERM
     while not server.started and not serving.done():
         await asyncio.sleep(0.05)
-    supervising = asyncio.create_task(supervisor.run())
-    announcing = asyncio.create_task(_announce_when_ready(app, url, config))
+    tasks = [asyncio.create_task(supervisor.run()), asyncio.create_task(_announce_when_ready(app, url, config))]
+    if any(m.autoscaling for m in config.models):
+        tasks.append(asyncio.create_task(Autoscaler(config.models, supervisor, app.state.front_door).run()))
     try:
         await serving
     finally:
-        announcing.cancel()
-        supervising.cancel()
+        for task in tasks:
+            task.cancel()
         print("shoal: stopping: draining the workers", flush=True)
         await supervisor.stop()
 

@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -73,12 +74,15 @@ class Supervisor:
         self.settings = settings
         self.router = router
         self.status_path = status_path
+        self.deployments = {d.name: d for d in deployments}
         self.slots = [Slot(d, i, spare=i >= d.replicas, backoff_s=settings.restart_backoff_s)
                       for d in deployments for i in range(d.replicas + d.warm_spares)]
         self.waiting_ready: set[asyncio.Task] = set()
+        self.draining: list[subprocess.Popen] = []  # removed by a scale-down, finishing their requests
 
     def check(self, now: float) -> bool:
         """Starts what is due and handles exits; True when something changed."""
+        self.draining = [process for process in self.draining if process.poll() is None]
         changed = False
         for slot in self.slots:
             if slot.state is SlotState.WAITING:
@@ -149,6 +153,28 @@ class Supervisor:
         else:
             await self._serve(slot)
 
+    def replicas(self, model: str) -> int:
+        return sum(1 for s in self.slots if s.deployment.name == model and not s.spare)
+
+    def scale(self, model: str, replicas: int) -> None:
+        """Adds replica slots (they start at the next check) or removes them: those not serving yet
+        first, then the newest; a serving one leaves the router and drains."""
+        slots = [s for s in self.slots if s.deployment.name == model and not s.spare]
+        if replicas > len(slots):
+            deployment = self.deployments[model]
+            first = max((s.index for s in self.slots if s.deployment is deployment), default=-1) + 1
+            self.slots += [Slot(deployment, first + i, spare=False, backoff_s=self.settings.restart_backoff_s)
+                           for i in range(replicas - len(slots))]
+        for slot in sorted(slots, key=lambda s: (s.state is SlotState.SERVING, s.index))[:max(len(slots) - replicas, 0)]:
+            self.slots.remove(slot)
+            if slot.worker is None:
+                continue
+            if slot.state is SlotState.SERVING:
+                self.router.leave(slot.worker.url)
+            slot.worker.process.send_signal(signal.SIGTERM)
+            self.draining.append(slot.worker.process)
+        self.write_status()
+
     async def rolling_restart(self, model: str) -> int:
         """Replaces each serving replica of `model` in turn: a new worker starts, becomes ready and
         joins, then the old one leaves the router and drains. Returns the replicas replaced."""
@@ -186,15 +212,16 @@ class Supervisor:
         """Drains every worker: SIGTERM, then up to its drain grace (+5 s) to exit, then SIGKILL."""
         for task in self.waiting_ready:
             task.cancel()
-        running = [slot for slot in self.slots if slot.worker is not None]
-        for slot in running:
-            slot.worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + max((s.deployment.drain_grace_s for s in running), default=0) + 5
-        while any(s.worker.process.poll() is None for s in running) and time.monotonic() < deadline:
+        running = [slot.worker.process for slot in self.slots if slot.worker is not None]
+        for process in running:
+            process.send_signal(signal.SIGTERM)
+        processes = running + self.draining
+        deadline = time.monotonic() + max((d.drain_grace_s for d in self.deployments.values()), default=0) + 5
+        while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
-        for slot in running:
-            if slot.worker.process.poll() is None:
-                log.warning("%s %d did not drain in time; killed", slot.deployment.name, slot.index)
-                slot.worker.process.kill()
-                slot.worker.process.wait()
+        for process in processes:
+            if process.poll() is None:
+                log.warning("worker pid %d did not drain in time; killed", process.pid)
+                process.kill()
+                process.wait()
         self.status_path.unlink(missing_ok=True)
