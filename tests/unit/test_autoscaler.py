@@ -52,3 +52,13 @@ def test_scale_to_zero_when_idle_and_back_at_once_for_a_waiting_request():
     assert decide(signals(replicas=1), targets, trend, now=130) == 0
     assert decide(signals(replicas=0), targets, trend, now=131) == 0
     assert decide(signals(replicas=0, queued=1), targets, trend, now=132) == 1
+
+
+def test_nothing_is_scaled_down_while_a_replica_is_still_starting():
+    targets = TARGETS.model_copy(update={"min_replicas": 0})
+    trend = Trend()
+    starting = Signals(1, 0, 0, 0, None, None, None, starting=1)
+    assert decide(starting, targets, trend, now=0) == 1
+    assert decide(starting, targets, trend, now=1000) == 1
+    assert decide(signals(replicas=1), targets, trend, now=1001) == 1  # the idle time counts from here
+    assert decide(signals(replicas=1), targets, trend, now=1031) == 0

@@ -4,7 +4,7 @@ Signals per model (over its available workers): requests queued at the router pl
 workers, per replica; outstanding tokens per replica; mean KV-cache usage; and, while requests run,
 the mean time to first token and inter-token latency the router measures. Pressure (any signal over
 its target) held for upscale_delay_s adds a replica; quiet (every signal under half its target, the
-hysteresis band) held for downscale_delay_s removes one. A model at zero replicas with a request
+hysteresis band) held for downscale_delay_s removes one, never while a replica is still starting. A model at zero replicas with a request
 waiting gets one at once (the request waits for it); one with min_replicas 0 that has no request
 at all for downscale_delay_s goes to zero.
 """
@@ -31,6 +31,7 @@ class Signals:
     kv_cache_usage: float | None
     ttft_s: float | None
     itl_s: float | None
+    starting: int = 0  # replicas not serving yet
 
 
 def _mean(values: list[float]) -> float | None:
@@ -64,8 +65,9 @@ def decide(signals: Signals, targets: Autoscaling, trend: Trend, now: float) -> 
         return 1 if signals.queued and targets.max_replicas else 0
     measured = ratios(signals, targets)
     pressure = any(r > 1 for r in measured)
-    quiet = all(r < 0.5 for r in measured)
-    idle = not signals.in_flight and not signals.queued
+    settled = not signals.starting  # a replica still starting is not a replica to spare
+    quiet = settled and all(r < 0.5 for r in measured)
+    idle = settled and not signals.in_flight and not signals.queued
     if not pressure:
         trend.pressure_since = None
     elif trend.pressure_since is None:
@@ -113,7 +115,8 @@ class Autoscaler:
             outstanding_tokens=sum(v.outstanding_tokens for v in views),
             kv_cache_usage=_mean([r.kv_cache_usage for r in reports if r.kv_cache_usage is not None]),
             ttft_s=_mean([w.latency.ttft_s for w in workers if w.latency.ttft_s is not None]),
-            itl_s=_mean([w.latency.itl_s for w in workers if w.latency.itl_s is not None]))
+            itl_s=_mean([w.latency.itl_s for w in workers if w.latency.itl_s is not None]),
+            starting=self.supervisor.starting(model))
 
     def step(self, now: float) -> None:
         for model, targets in self.targets.items():

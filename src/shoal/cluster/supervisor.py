@@ -156,6 +156,11 @@ class Supervisor:
     def replicas(self, model: str) -> int:
         return sum(1 for s in self.slots if s.deployment.name == model and not s.spare)
 
+    def starting(self, model: str) -> int:
+        """Replicas of the model that are not serving yet."""
+        return sum(1 for s in self.slots if s.deployment.name == model and not s.spare
+                   and s.state is not SlotState.SERVING)
+
     def scale(self, model: str, replicas: int) -> None:
         """Adds replica slots (they start at the next check) or removes them: those not serving yet
         first, then the newest; a serving one leaves the router and drains."""
