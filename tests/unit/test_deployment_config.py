@@ -28,6 +28,11 @@ BROKEN = [
     ({"router": {"failover": {"attempts": {"critical": 0, "standard": 1, "sheddable": 1}}}},
      "router.failover.attempts: attempts needs a value of at least 1"),
     ({"router": {"health": {"outliers": {"factor": 0.5}}}}, "router.health.outliers.factor: Input should be greater than 1"),
+    ({"models": [{"name": "a", "autoscaling": {"min_replicas": 3, "max_replicas": 2}}]},
+     "models.0.autoscaling: min_replicas (3) exceeds max_replicas (2)"),
+    ({"models": [{"name": "a", "replicas": 5, "autoscaling": {"max_replicas": 4}}]},
+     "models.0: replicas (5) must be within autoscaling.min_replicas (1) and max_replicas (4)"),
+    ({"models": [{"name": "a", "warm_spares": -1}]}, "models.0.warm_spares: Input should be greater than or equal to 0"),
     ({"launcher": "kubernetes"}, "launcher: Input should be 'local'"),
     ({"supervisor": {"restart_backoff_s": -1}}, "supervisor.restart_backoff_s: Input should be greater than or equal to 0"),
 ]
