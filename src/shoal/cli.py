@@ -108,9 +108,10 @@ def worker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shoal.engine.async_engine import AsyncLLMEngine
-    from shoal.engine.calibration import calibrate
+    from shoal.engine.calibration import calibrate, calibration_path
     from shoal.engine.config import EngineConfig
     from shoal.engine.engine import LLMEngine
+    from shoal.model.weight_cache import default_cache_dir
     from shoal.worker.admission import AdmissionLimits
     from shoal.worker.drain import DrainingServer, DrainState
     from shoal.worker.server import RouterLink, create_app
@@ -119,7 +120,7 @@ def worker(args: argparse.Namespace) -> int:
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
                                     **(args.kv_cache or {})))
-    calibration = calibrate(engine)
+    calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
     limits = AdmissionLimits(max_body_bytes=args.max_body_bytes, max_waiting_requests=args.max_waiting_requests)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import httpx
 import yaml
@@ -90,13 +89,3 @@ def complete(url: str, seed: int, stream: bool, fault=None) -> dict:
 
 def admin(url: str) -> dict:
     return httpx.get(url + "/admin/workers", headers=ADMIN, timeout=10).json()
-
-
-def wait_for(predicate, timeout_s: float = 30):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError("condition not reached in time")

@@ -14,9 +14,10 @@ import httpx
 import pytest
 from aiohttp import web
 
-from tests.chaos.fleet import admin, router_config, start, wait_for
+from tests.chaos.fleet import admin, router_config, start
 from tests.integration.test_router import stop
 from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
+from tests.waiting import wait_for
 
 
 class ScriptedWorker:

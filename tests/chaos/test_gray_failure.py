@@ -12,8 +12,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.chaos.fleet import admin, complete, router_config, start, wait_for
+from tests.chaos.fleet import admin, complete, router_config, start
 from tests.integration.test_router import stop
+from tests.waiting import wait_for
 
 
 def slow_down(pid: int, until: threading.Event) -> None:

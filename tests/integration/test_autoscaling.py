@@ -3,12 +3,12 @@ delay, quiet removes it again (drained), a model scales to zero and back for a w
 and no request fails on the way."""
 from __future__ import annotations
 
-import threading
 import time
 
 import openai
 
-from tests.integration.test_serve import deploy, supervised, wait_for  # noqa: F401  (deploy is a fixture)
+from tests.integration.serving import busy, supervised
+from tests.waiting import wait_for
 
 RAMP = {"min_replicas": 1, "max_replicas": 2, "target_queued_per_replica": None, "target_kv_cache_usage": None,
         "target_outstanding_tokens_per_replica": 300, "upscale_delay_s": 1, "downscale_delay_s": 3}
@@ -21,28 +21,11 @@ def serving(state_dir) -> list[dict]:
 def test_a_load_ramp_scales_up_after_the_delay_and_quiet_scales_down_without_failing_a_request(deploy):
     _, url, state_dir, _ = deploy(replicas=1, step_delay_ms=20, autoscaling=RAMP)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    answers, done = [], threading.Event()
-
-    def load() -> None:
-        while not done.is_set():
-            try:
-                answers.append(client.completions.create(model="tiny", prompt="x", max_tokens=120,
-                                                         extra_body={"ignore_eos": True}).usage.completion_tokens)
-            except openai.OpenAIError as exc:
-                answers.append(exc)
-
-    threads = [threading.Thread(target=load) for _ in range(6)]
     ramp = time.monotonic()
-    for thread in threads:
-        thread.start()
-    try:
+    with busy(client, clients=6, max_tokens=120) as answers:
         wait_for(lambda: len(supervised(state_dir)) == 2, timeout_s=30)
         scaled_up_after = time.monotonic() - ramp
         wait_for(lambda: len(serving(state_dir)) == 2, timeout_s=120)
-    finally:
-        done.set()
-        for thread in threads:
-            thread.join(timeout=120)
     # 1 s of pressure, plus the time to see it (load reports every 0.5 s, decisions every 0.5 s).
     assert scaled_up_after < 1 + 5
     two = {s["pid"] for s in serving(state_dir)}

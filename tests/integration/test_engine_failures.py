@@ -100,3 +100,22 @@ def test_calibration_measures_speeds_and_leaves_the_engine_clean(make_tiny_engin
     assert stats.prefix_cache_query_tokens == 0 and stats.num_free_blocks == stats.num_kv_blocks
     assert stats.prefill_tokens_per_s == result.prefill_tokens_per_s
     engine.check_integrity()
+
+
+def test_a_restart_with_the_same_key_reuses_the_calibration_and_only_warms_up(make_tiny_engine, tmp_path):
+    from shoal.engine.calibration import calibrate, calibration_path
+
+    first = make_tiny_engine()
+    path = calibration_path(first, tmp_path)
+    assert calibration_path(make_tiny_engine(step_delay_ms=5), tmp_path) != path  # another engine, another key
+    measured = calibrate(first, path, prompt_tokens=32, decode_steps=3, batch=2)
+    assert path.exists()
+    again = make_tiny_engine()
+    reused = calibrate(again, calibration_path(again, tmp_path), prompt_tokens=32, decode_steps=3, batch=2)
+    assert (reused.prefill_tokens_per_s, reused.decode_tokens_per_s, reused.capability, reused.batch) == (
+        measured.prefill_tokens_per_s, measured.decode_tokens_per_s, measured.capability, measured.batch)
+    stats = again.stats()
+    assert not again.has_unfinished_requests() and stats.generation_tokens == 0
+    assert stats.prefill_tokens_per_s == measured.prefill_tokens_per_s
+    path.write_text("not json")  # a damaged file is measured again, not trusted
+    assert calibrate(make_tiny_engine(), path, prompt_tokens=32, decode_steps=3, batch=2).batch == 2

@@ -8,20 +8,14 @@ the deployment decides itself (where it listens, its workers, the models' fallba
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
-from shoal.router.config import ModelSettings, RouterConfig
+from shoal.router.config import Frozen, ModelSettings, RouterConfig
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 SIZE = r"^\d+(\.\d+)?\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)$"
-
-
-class Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Parallelism(Frozen):
@@ -153,13 +147,6 @@ class DeploymentConfig(Frozen):
         (workers join it by registering)."""
         return self.router.model_copy(update={"host": self.host, "port": self.port, "models": {
             m.name: ModelSettings(fallbacks=m.fallbacks) for m in self.models}})
-
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides) -> "DeploymentConfig":
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: a deployment config must be a mapping")
-        return cls(**{**raw, **overrides})
 
 
 def describe(error: ValidationError) -> str:

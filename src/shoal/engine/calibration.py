@@ -1,13 +1,23 @@
 """Start-up calibration: a few real requests through the engine measure what this replica can do.
 
 It doubles as the warm-up (first-call kernel set-up happens here, not in a client's request) and as
-proof that generation works before the replica says it is ready.
+proof that generation works before the replica says it is ready. The figures are kept in the cache
+directory, keyed by everything they depend on (weights, dtype, device, threads, engine limits,
+torch, the machine); a restart with the same key only warms up, so a replica is ready sooner.
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import os
+import platform
 import random
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+import torch
 
 from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
@@ -35,9 +45,21 @@ class Calibration:
                 "seconds": self.seconds, "capability": self.capability}
 
 
-def calibrate(engine: LLMEngine, prompt_tokens: int = 256, decode_steps: int = 8, batch: int = 8) -> Calibration:
-    """Runs on an idle engine; leaves it idle with its counters reset. Prompts are random token ids,
-    so the prefix cache cannot flatter the prefill figure."""
+def calibration_path(engine: LLMEngine, cache_root: Path) -> Path:
+    """Where this engine's figures are kept: one file per key."""
+    cpu = platform.processor() or platform.machine()
+    identity = json.dumps([engine.checkpoint.source, str(engine.dtype), str(engine.device), torch.get_num_threads(),
+                           dataclasses.asdict(engine.config), torch.__version__, cpu, os.cpu_count(),
+                           torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None],
+                          sort_keys=True, default=str)
+    return cache_root / "calibration" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
+
+
+def calibrate(engine: LLMEngine, cache_path: Path | None = None, prompt_tokens: int = 256, decode_steps: int = 8,
+              batch: int = 8) -> Calibration:
+    """Runs on an idle engine; leaves it idle with its counters reset and its speed estimates seeded.
+    With `cache_path` holding figures, they are reused after a warm-up; without, they are measured
+    (and written there). Prompts are random token ids, so the prefix cache cannot flatter prefill."""
     assert not engine.has_unfinished_requests(), "calibrate an idle engine"
     started = time.perf_counter()
     rng = random.Random(0)
@@ -64,12 +86,40 @@ def calibrate(engine: LLMEngine, prompt_tokens: int = 256, decode_steps: int = 8
         return time.perf_counter() - decode_started
 
     run([prompt(8)], 2)  # warm-up
-    prefill_started = time.perf_counter()
-    run([prompt(prompt_tokens)], 1)
-    prefill = prompt_tokens / (time.perf_counter() - prefill_started)
-    single = decode_steps / run([prompt(16)], decode_steps + 1)
-    batched = batch * decode_steps / run([prompt(16) for _ in range(batch)], decode_steps + 1)
+    known = _read(cache_path)
+    if known is not None:
+        run([prompt(16) for _ in range(known.batch)], 2)  # warms the batched path too
+        prefill, single, batched, batch = (known.prefill_tokens_per_s, known.decode_tokens_per_s,
+                                           known.batched_decode_tokens_per_s, known.batch)
+    else:
+        prefill_started = time.perf_counter()
+        run([prompt(prompt_tokens)], 1)
+        prefill = prompt_tokens / (time.perf_counter() - prefill_started)
+        single = decode_steps / run([prompt(16)], decode_steps + 1)
+        batched = batch * decode_steps / run([prompt(16) for _ in range(batch)], decode_steps + 1)
     engine.reset_counters()
     engine.speed = SpeedEstimator(engine.speed.decay)
     engine.speed.seed(prefill, batched, batch / batched)
-    return Calibration(prefill, single, batched, batch, time.perf_counter() - started)
+    calibration = Calibration(prefill, single, batched, batch, time.perf_counter() - started)
+    if cache_path is not None and known is None:
+        _write(cache_path, calibration)
+    return calibration
+
+
+def _read(path: Path | None) -> Calibration | None:
+    try:
+        raw = json.loads(path.read_text()) if path is not None else None
+        return Calibration(raw["prefill_tokens_per_s"], raw["decode_tokens_per_s"],
+                           raw["batched_decode_tokens_per_s"], int(raw["batch"]), 0.0) if raw else None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # missing or unreadable: measure again
+
+
+def _write(path: Path, calibration: Calibration) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temporary = path.with_suffix(f".{os.getpid()}.tmp")
+        temporary.write_text(json.dumps(calibration.as_dict()))
+        temporary.replace(path)
+    except OSError:
+        pass  # a read-only cache only costs the next start its measurement

@@ -10,7 +10,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class Frozen(BaseModel):
+    """Settings: immutable, and unknown keys are errors."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def from_file(cls, path: str | Path, **overrides):
+        """Reads YAML (or JSON, a subset); `overrides` (from flags) win over the file."""
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: a {cls.__name__} file must be a mapping")
+        return cls(**{**raw, **overrides})
 
 
 class StaticWorker(Frozen):
@@ -169,11 +179,3 @@ class RouterConfig(Frozen):
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
         return name
-
-    @classmethod
-    def from_file(cls, path: str | Path, **overrides) -> "RouterConfig":
-        """Reads YAML (or JSON, a subset); `overrides` (from flags) win over the file."""
-        raw = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(raw, dict):
-            raise ValueError(f"{path}: the router config must be a mapping")
-        return cls(**{**raw, **overrides})
