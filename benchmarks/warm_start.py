@@ -7,7 +7,7 @@ is measured, --runs times. Memory: N workers start together, and once all are re
 proportional set size (PSS: a page shared by k processes counts 1/k to each) is summed and compared
 with one worker's, so memory-mapped weights that the workers share count once.
 
-    .venv/bin/python benchmarks/warm_start.py [--runs 5] [--workers 4] [--kv-cache 256MiB]
+    .venv/bin/python benchmarks/warm_start.py [--runs 5] [--workers 4] [--kv-cache 256MiB] [--share-weights]
 """
 from __future__ import annotations
 
@@ -33,6 +33,8 @@ def start_worker(args, cache_dir: Path, log: Path) -> tuple[subprocess.Popen, st
     port = free_port()
     command = [sys.executable, "-m", "shoal.cli", "worker", "--model", MODEL, "--port", str(port),
                "--kv-cache", args.kv_cache, "--num-threads", str(args.threads)]
+    if args.share_weights:
+        command.append("--share-weights")
     with open(log, "ab") as out:
         process = subprocess.Popen(command, env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=out,
                                    stderr=subprocess.STDOUT)
@@ -86,6 +88,7 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--kv-cache", default="256MiB")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--share-weights", action="store_true", help="workers keep the mapped weights shared")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shoal-warm-start-"))
     cache_dir, log = work / "cache", work / "workers.log"
@@ -93,7 +96,8 @@ def main() -> int:
     warm = [restart_to_ready(args, cache_dir, log) for _ in range(args.runs)]
     one = memory(args, cache_dir, log, 1)
     many = memory(args, cache_dir, log, args.workers)
-    result = {"model": MODEL, "kv_cache": args.kv_cache, "threads": args.threads, "cold_start_s": cold,
+    result = {"model": MODEL, "kv_cache": args.kv_cache, "threads": args.threads,
+              "share_weights": args.share_weights, "cold_start_s": cold,
               "warm_restarts_s": warm, "warm_restart_median_s": statistics.median(warm),
               "pss_one_worker_bytes": one, f"pss_{args.workers}_workers_bytes": many, "memory_ratio": many / one,
               "cpus": os.cpu_count(), "load_average": os.getloadavg()}

@@ -119,7 +119,7 @@ def worker(args: argparse.Namespace) -> int:
     configure_logging()
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
-                                    **(args.kv_cache or {})))
+                                    prepack_weights=not args.share_weights, **(args.kv_cache or {})))
     calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
@@ -221,6 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
                                help="on SIGTERM, how long in-flight requests may take to finish")
     worker_parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
+    worker_parser.add_argument("--share-weights", action="store_true",
+                               help="keep the memory-mapped weights shared with the host's other workers "
+                                    "instead of repacking a private copy for faster CPU matrix multiplies")
     worker_parser.add_argument("--step-delay-ms", type=float, default=0.0,
                                help="added to every engine step, to emulate a slower machine")
     worker_parser.add_argument("--router", action="append", default=[], metavar="URL",

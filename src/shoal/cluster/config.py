@@ -67,6 +67,8 @@ class ModelDeployment(Frozen):
     """One served model: `name` is what clients ask for; `model` is a registry name, a .gguf file
     or a Hugging Face directory; `kv_cache` a size (256MiB) or a fraction of free memory (0.3);
     `warm_spares` workers load the model but wait outside the router until a replica fails;
+    `share_weights` keeps the host's workers on one memory-mapped copy of the weights (CPU matrix
+    multiplies are then slower than on a private repacked copy);
     with `autoscaling`, `replicas` is where it starts."""
 
     name: str = Field(min_length=1)
@@ -79,6 +81,7 @@ class ModelDeployment(Frozen):
     kv_cache: str | float | None = None
     num_threads: int | None = Field(None, ge=1)
     step_delay_ms: float = Field(0.0, ge=0)
+    share_weights: bool = False
     drain_grace_s: float = Field(30.0, ge=0)
     fallbacks: list[str] = []
     parallelism: Parallelism = Parallelism()

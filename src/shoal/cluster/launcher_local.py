@@ -40,6 +40,8 @@ class LocalLauncher:
             args += ["--kv-cache", str(deployment.kv_cache).replace(" ", "")]
         if deployment.num_threads:
             args += ["--num-threads", str(deployment.num_threads)]
+        if deployment.share_weights:
+            args.append("--share-weights")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{deployment.name.replace('/', '_')}-{slot}.log"
         with open(log_path, "ab") as log:
