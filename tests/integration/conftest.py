@@ -16,11 +16,13 @@ from tests.waiting import wait_for
 
 @pytest.fixture
 def deploy(tiny_model_dir, shoal_cache_dir, tmp_path):
-    """Factory: `shoal serve` of the tiny model with `replicas` and `warm_spares`; returns (process,
-    endpoint, state directory, output file)."""
+    """Factory: `shoal serve` of the tiny model with `replicas`, `warm_spares`, other model options,
+    `router` settings and other `top`-level settings; returns (process, endpoint, state directory,
+    output file) once the replicas serve."""
     started = []
 
-    def start(replicas: int, warm_spares: int = 0, router: dict | None = None, **model_options):
+    def start(replicas: int, warm_spares: int = 0, router: dict | None = None, top: dict | None = None,
+              **model_options):
         port = free_port()
         config = tmp_path / "shoal.yaml"
         config.write_text(yaml.safe_dump({
@@ -28,7 +30,7 @@ def deploy(tiny_model_dir, shoal_cache_dir, tmp_path):
             "models": [{"name": "tiny", "model": str(tiny_model_dir), "replicas": replicas,
                         "warm_spares": warm_spares, "dtype": "float32", "kv_cache": "8MiB", "drain_grace_s": 5,
                         **model_options}],
-            "supervisor": {"restart_backoff_s": 0.5}, **({"router": router} if router else {})}))
+            "supervisor": {"restart_backoff_s": 0.5}, **({"router": router} if router else {}), **(top or {})}))
         output = tmp_path / "serve.out"
         with open(output, "wb") as out:
             process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "serve", "--config", str(config)],

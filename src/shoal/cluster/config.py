@@ -115,9 +115,13 @@ class SupervisorSettings(Frozen):
 
 
 class DeploymentConfig(Frozen):
+    """`launcher`: "local" (workers are subprocesses of `shoal serve`) or "ray" (Ray actors on the
+    cluster at `ray_address`, placed by each model's `resources`)."""
+
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
-    launcher: Literal["local"] = "local"
+    launcher: Literal["local", "ray"] = "local"
+    ray_address: str = "auto"
     state_dir: str = "~/.local/state/shoal"
     models: list[ModelDeployment] = [ModelDeployment(name=DEFAULT_MODEL, replicas=2)]
     router: RouterConfig = RouterConfig()

@@ -14,9 +14,14 @@ from shoal.cluster.config import ModelDeployment
 
 @dataclass
 class LaunchedWorker:
+    """A started worker. `process` is a subprocess.Popen, or anything with its poll, pid,
+    returncode, send_signal, kill and wait (a worker on another machine); `node` names the host
+    where the launcher knows it."""
+
     process: subprocess.Popen
     url: str
     log_path: Path
+    node: str | None = None
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -32,19 +37,24 @@ class LocalLauncher:
 
     def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker:
         port = free_port(self.host)
-        args = [sys.executable, "-m", "shoal.cli", "worker", "--model", deployment.model,
-                "--served-model-name", deployment.name, "--host", self.host, "--port", str(port),
-                "--dtype", deployment.dtype, "--device", deployment.device,
-                "--drain-grace-s", str(deployment.drain_grace_s), "--step-delay-ms", str(deployment.step_delay_ms)]
-        if deployment.kv_cache is not None:
-            args += ["--kv-cache", str(deployment.kv_cache).replace(" ", "")]
-        if deployment.num_threads:
-            args += ["--num-threads", str(deployment.num_threads)]
-        if deployment.share_weights:
-            args.append("--share-weights")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{deployment.name.replace('/', '_')}-{slot}.log"
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+            process = subprocess.Popen(worker_command(deployment, self.host, port), stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         return LaunchedWorker(process, f"http://{self.host}:{port}", log_path)
+
+
+def worker_command(deployment: ModelDeployment, host: str, port: int) -> list[str]:
+    """The `shoal worker` command line of one replica of `deployment`."""
+    args = [sys.executable, "-m", "shoal.cli", "worker", "--model", deployment.model,
+            "--served-model-name", deployment.name, "--host", host, "--port", str(port),
+            "--dtype", deployment.dtype, "--device", deployment.device,
+            "--drain-grace-s", str(deployment.drain_grace_s), "--step-delay-ms", str(deployment.step_delay_ms)]
+    if deployment.kv_cache is not None:
+        args += ["--kv-cache", str(deployment.kv_cache).replace(" ", "")]
+    if deployment.num_threads:
+        args += ["--num-threads", str(deployment.num_threads)]
+    if deployment.share_weights:
+        args.append("--share-weights")
+    return args

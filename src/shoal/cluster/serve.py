@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse, Response
 from shoal.cluster.autoscaler import Autoscaler
 from shoal.cluster.config import DeploymentConfig
 from shoal.cluster.launcher_local import LocalLauncher
-from shoal.cluster.supervisor import RouterLink, Supervisor
+from shoal.cluster.supervisor import Launcher, RouterLink, Supervisor
 from shoal.router.app import create_router_app
 from shoal.router.config import ResponsesSettings
 from shoal.router.front_door import FrontDoor
@@ -61,7 +61,7 @@ def serve(config: DeploymentConfig) -> int:
     server = ServeServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
     connect_host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     url = f"http://{connect_host}:{config.port}"
-    supervisor = Supervisor(LocalLauncher(directory / "logs"), config.models, config.supervisor,
+    supervisor = Supervisor(_launcher(config, directory / "logs"), config.models, config.supervisor,
                             _router_link(app.state.front_door), directory / "workers.json")
     app.include_router(_admin_routes(supervisor, admin_token))
     (directory / "serve.json").write_text(json.dumps({"url": url, "admin_token": admin_token, "pid": os.getpid()}))
@@ -71,6 +71,14 @@ def serve(config: DeploymentConfig) -> int:
     finally:
         (directory / "serve.json").unlink(missing_ok=True)
     return 0
+
+
+def _launcher(config: DeploymentConfig, log_dir: Path) -> Launcher:
+    if config.launcher == "ray":
+        from shoal.cluster.launcher_ray import RayLauncher
+
+        return RayLauncher(config.ray_address, log_dir)
+    return LocalLauncher(log_dir)
 
 
 def _router_link(front_door: FrontDoor) -> RouterLink:

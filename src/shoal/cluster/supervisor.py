@@ -19,11 +19,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+from typing import Protocol
 
 import httpx
 
 from shoal.cluster.config import ModelDeployment, SupervisorSettings
-from shoal.cluster.launcher_local import LaunchedWorker, LocalLauncher
+from shoal.cluster.launcher_local import LaunchedWorker
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +38,8 @@ class SlotState(StrEnum):
 
 @dataclass
 class Slot:
-    """One replica position. Invariants: `worker` is None exactly in WAITING; a SERVING slot's
-    worker is in the router, no other's is."""
+    """One replica position. Invariants: `worker` is None in WAITING and while a STARTING slot's
+    worker is being launched; a SERVING slot's worker is in the router, no other's is."""
 
     deployment: ModelDeployment
     index: int
@@ -55,8 +56,15 @@ class Slot:
         worker = self.worker
         return {"model": self.deployment.name, "slot": self.index, "state": str(self.state),
                 "pid": worker.process.pid if worker else None, "url": worker.url if worker else None,
-                "log": str(worker.log_path) if worker else None, "restarts": self.restarts,
+                "log": str(worker.log_path) if worker else None, "node": worker.node if worker else None,
+                "restarts": self.restarts,
                 "last_exit": self.last_exit}
+
+
+class Launcher(Protocol):
+    """Starts one worker of a deployment (LocalLauncher, RayLauncher); may block."""
+
+    def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker: ...
 
 
 @dataclass(frozen=True)
@@ -68,7 +76,7 @@ class RouterLink:
 
 
 class Supervisor:
-    def __init__(self, launcher: LocalLauncher, deployments: list[ModelDeployment], settings: SupervisorSettings,
+    def __init__(self, launcher: Launcher, deployments: list[ModelDeployment], settings: SupervisorSettings,
                  router: RouterLink, status_path: Path):
         self.launcher = launcher
         self.settings = settings
@@ -89,19 +97,38 @@ class Supervisor:
                 if now >= slot.next_start:
                     self._start(slot, now)
                     changed = True
-            elif slot.worker.process.poll() is not None:
+            elif slot.worker is not None and slot.worker.process.poll() is not None:
                 self._exited(slot, now)
                 changed = True
         return changed
 
     def _start(self, slot: Slot, now: float) -> None:
-        slot.worker, slot.started_at, slot.state = self.launcher.start(slot.deployment, slot.index), now, \
-            SlotState.STARTING
-        log.info("started %s %s %d at %s (pid %d)", slot.deployment.name, "spare" if slot.spare else "replica",
-                 slot.index, slot.worker.url, slot.worker.process.pid)
-        task = asyncio.create_task(self._when_ready(slot, slot.worker))
+        slot.state, slot.started_at = SlotState.STARTING, now
+        task = asyncio.create_task(self._launch(slot))
         self.waiting_ready.add(task)
         task.add_done_callback(self.waiting_ready.discard)
+
+    async def _launch(self, slot: Slot) -> None:
+        """Starts the slot's worker off the event loop (a remote launcher waits for placement),
+        then waits for it to be ready."""
+        try:
+            worker = await asyncio.to_thread(self.launcher.start, slot.deployment, slot.index)
+        except Exception as exc:  # e.g. no node has the resources: try again after the backoff
+            log.warning("could not start %s %d: %s; retrying in %.1f s", slot.deployment.name, slot.index, exc,
+                        slot.backoff_s)
+            slot.state, slot.next_start = SlotState.WAITING, time.monotonic() + slot.backoff_s
+            slot.backoff_s = min(slot.backoff_s * 2 or self.settings.restart_backoff_s,
+                                 self.settings.max_restart_backoff_s)
+            return
+        if slot not in self.slots:  # scaled away while it was being launched
+            worker.process.send_signal(signal.SIGTERM)
+            self.draining.append(worker.process)
+            return
+        slot.worker = worker
+        log.info("started %s %s %d at %s (pid %d%s)", slot.deployment.name, "spare" if slot.spare else "replica",
+                 slot.index, worker.url, worker.process.pid, f" on node {worker.node}" if worker.node else "")
+        self.write_status()
+        await self._when_ready(slot, worker)
 
     def _exited(self, slot: Slot, now: float) -> None:
         code, ran = slot.worker.process.returncode, now - slot.started_at
@@ -186,8 +213,8 @@ class Supervisor:
         replaced = 0
         for slot in [s for s in self.slots if s.deployment.name == model and s.state is SlotState.SERVING]:
             old = slot.worker
-            slot.worker, slot.state = self.launcher.start(slot.deployment, slot.index), SlotState.STARTING
-            slot.started_at = time.monotonic()
+            slot.state, slot.started_at = SlotState.STARTING, time.monotonic()
+            slot.worker = await asyncio.to_thread(self.launcher.start, slot.deployment, slot.index)
             await self._when_ready(slot, slot.worker)
             if slot.state is not SlotState.SERVING:
                 log.warning("rolling restart of %s stopped: the new replica %d did not become ready", model, slot.index)
