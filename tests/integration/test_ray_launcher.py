@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import openai
 import pytest
+from ray import cluster_utils
 
 from tests.integration.serving import busy, healthy_workers, supervised
 from tests.waiting import wait_for
-
-cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 
 @pytest.fixture
