@@ -55,7 +55,7 @@ def serve(config: DeploymentConfig) -> int:
     if "responses" not in config.router.model_fields_set:  # conversations live with the deployment's state
         sqlite_path = str(Path(config.state_dir).expanduser() / "responses.sqlite3")
         router_config = router_config.model_copy(update={"responses": ResponsesSettings(sqlite_path=sqlite_path)})
-    admin_token = secrets.token_hex(16)
+    admin_token = os.environ.get(router_config.admin_token_env) or secrets.token_hex(16)
     os.environ[router_config.admin_token_env] = admin_token
     app = create_router_app(router_config)
     server = ServeServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
@@ -64,8 +64,9 @@ def serve(config: DeploymentConfig) -> int:
     supervisor = Supervisor(_launcher(config, directory / "logs"), config.models, config.supervisor,
                             _router_link(app.state.front_door), directory / "workers.json")
     app.include_router(_admin_routes(supervisor, admin_token))
-    (directory / "serve.json").write_text(json.dumps({"url": url, "admin_token": admin_token, "pid": os.getpid()}))
-    (directory / "serve.json").chmod(0o600)
+    descriptor = os.open(directory / "serve.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the token
+    with os.fdopen(descriptor, "w") as facts:
+        json.dump({"url": url, "admin_token": admin_token, "pid": os.getpid()}, facts)
     try:
         asyncio.run(_run(server, supervisor, app, url, config))
     finally:

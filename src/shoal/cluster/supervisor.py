@@ -116,9 +116,7 @@ class Supervisor:
         except Exception as exc:  # e.g. no node has the resources: try again after the backoff
             log.warning("could not start %s %d: %s; retrying in %.1f s", slot.deployment.name, slot.index, exc,
                         slot.backoff_s)
-            slot.state, slot.next_start = SlotState.WAITING, time.monotonic() + slot.backoff_s
-            slot.backoff_s = min(slot.backoff_s * 2 or self.settings.restart_backoff_s,
-                                 self.settings.max_restart_backoff_s)
+            self._retry_later(slot, time.monotonic())
             return
         if slot not in self.slots:  # scaled away while it was being launched
             worker.process.send_signal(signal.SIGTERM)
@@ -140,8 +138,12 @@ class Supervisor:
                     slot.index, slot.worker.process.pid, code, ran, slot.backoff_s)
         if slot.state is SlotState.SERVING:
             self._promote_spare(slot)
-        slot.worker, slot.state, slot.last_exit, slot.restarts = None, SlotState.WAITING, code, slot.restarts + 1
-        slot.next_start = now + slot.backoff_s
+        slot.worker, slot.last_exit, slot.restarts = None, code, slot.restarts + 1
+        self._retry_later(slot, now)
+
+    def _retry_later(self, slot: Slot, now: float) -> None:
+        """The slot starts again after its backoff, which doubles for the next time (capped)."""
+        slot.state, slot.next_start = SlotState.WAITING, now + slot.backoff_s
         slot.backoff_s = min(max(slot.backoff_s * 2, self.settings.restart_backoff_s),
                              self.settings.max_restart_backoff_s)
 
