@@ -34,7 +34,7 @@ BROKEN = [
      "models.0: replicas (5) must be within autoscaling.min_replicas (1) and max_replicas (4)"),
     ({"models": [{"name": "a", "warm_spares": -1}]}, "models.0.warm_spares: Input should be greater than or equal to 0"),
     ({"launcher": "kubernetes"}, "launcher: Input should be 'local'"),
-    ({"supervisor": {"restart_backoff_s": -1}}, "supervisor.restart_backoff_s: Input should be greater than or equal to 0"),
+    ({"supervisor": {"restart_backoff_s": -1}}, "supervisor.restart_backoff_s: Input should be greater than 0"),
 ]
 
 

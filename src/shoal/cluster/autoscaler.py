@@ -4,7 +4,8 @@ Signals per model (over its available workers): requests queued at the router pl
 workers, per replica; outstanding tokens per replica; mean KV-cache usage; and, while requests run,
 the mean time to first token and inter-token latency the router measures. Pressure (any signal over
 its target) held for upscale_delay_s adds a replica; quiet (every signal under half its target, the
-hysteresis band) held for downscale_delay_s removes one, never while a replica is still starting. A model at zero replicas with a request
+hysteresis band) held for downscale_delay_s removes one; nothing changes while a replica is still
+starting (its capacity is on the way). A model at zero replicas with a request
 waiting gets one at once (the request waits for it); one with min_replicas 0 that has no request
 at all for downscale_delay_s goes to zero.
 """
@@ -80,7 +81,7 @@ def decide(signals: Signals, targets: Autoscaling, trend: Trend, now: float) -> 
         trend.idle_since = None
     elif trend.idle_since is None:
         trend.idle_since = now
-    if pressure and now - trend.pressure_since >= targets.upscale_delay_s and current < targets.max_replicas:
+    if pressure and settled and now - trend.pressure_since >= targets.upscale_delay_s and current < targets.max_replicas:
         trend.pressure_since = None
         return current + 1
     if current == 1 and targets.min_replicas == 0:  # the last replica goes only when nothing comes

@@ -109,7 +109,7 @@ class SupervisorSettings(Frozen):
     """A crashed worker is started again after restart_backoff_s, doubling with each crash in a row
     up to max_restart_backoff_s; one that ran healthy_after_s before crashing starts from the base."""
 
-    restart_backoff_s: float = Field(1.0, ge=0)
+    restart_backoff_s: float = Field(1.0, gt=0)
     max_restart_backoff_s: float = Field(30.0, ge=0)
     healthy_after_s: float = Field(30.0, gt=0)
 

@@ -36,7 +36,7 @@ class SlotState(StrEnum):
     SERVING = "serving"    # ready and in the router
 
 
-@dataclass
+@dataclass(eq=False)  # a slot is itself, whatever its fields say
 class Slot:
     """One replica position. Invariants: `worker` is None in WAITING and while a STARTING slot's
     worker is being launched; a SERVING slot's worker is in the router, no other's is."""
@@ -86,7 +86,8 @@ class Supervisor:
         self.slots = [Slot(d, i, spare=i >= d.replicas, backoff_s=settings.restart_backoff_s)
                       for d in deployments for i in range(d.replicas + d.warm_spares)]
         self.waiting_ready: set[asyncio.Task] = set()
-        self.draining: list[subprocess.Popen] = []  # removed by a scale-down, finishing their requests
+        self.draining: list[subprocess.Popen] = []  # removed by a scale-down or a restart, finishing requests
+        self.restarting = asyncio.Lock()
 
     def check(self, now: float) -> bool:
         """Starts what is due and handles exits; True when something changed."""
@@ -153,14 +154,17 @@ class Supervisor:
         if spare is None:
             return
         spare.spare, lost.spare = False, True
+        spare.state = SlotState.SERVING  # now, so that no other loss promotes the same spare
         log.info("promoting warm spare %s to replace %s", spare.worker.url, lost.worker.url)
-        task = asyncio.create_task(self._serve(spare))
+        task = asyncio.create_task(self._serve(spare, spare.worker))
         self.waiting_ready.add(task)
         task.add_done_callback(self.waiting_ready.discard)
 
-    async def _serve(self, slot: Slot) -> None:
+    async def _serve(self, slot: Slot, worker: LaunchedWorker) -> None:
+        if slot.worker is not worker or slot not in self.slots:
+            return  # it exited, was replaced or was scaled away meanwhile
         slot.state = SlotState.SERVING
-        await self.router.join(slot.worker.url, slot.deployment.name)
+        await self.router.join(worker.url, slot.deployment.name)
         self.write_status()
 
     async def _when_ready(self, slot: Slot, worker: LaunchedWorker) -> None:
@@ -180,7 +184,7 @@ class Supervisor:
             log.info("%s spare %d ready at %s", slot.deployment.name, slot.index, worker.url)
             self.write_status()
         else:
-            await self._serve(slot)
+            await self._serve(slot, worker)
 
     def replicas(self, model: str) -> int:
         return sum(1 for s in self.slots if s.deployment.name == model and not s.spare)
@@ -199,7 +203,7 @@ class Supervisor:
             first = max((s.index for s in self.slots if s.deployment is deployment), default=-1) + 1
             self.slots += [Slot(deployment, first + i, spare=False, backoff_s=self.settings.restart_backoff_s)
                            for i in range(replicas - len(slots))]
-        for slot in sorted(slots, key=lambda s: (s.state is SlotState.SERVING, s.index))[:max(len(slots) - replicas, 0)]:
+        for slot in sorted(slots, key=lambda s: (s.state is SlotState.SERVING, -s.index))[:max(len(slots) - replicas, 0)]:
             self.slots.remove(slot)
             if slot.worker is None:
                 continue
@@ -211,23 +215,36 @@ class Supervisor:
 
     async def rolling_restart(self, model: str) -> int:
         """Replaces each serving replica of `model` in turn: a new worker starts, becomes ready and
-        joins, then the old one leaves the router and drains. Returns the replicas replaced."""
-        replaced = 0
-        for slot in [s for s in self.slots if s.deployment.name == model and s.state is SlotState.SERVING]:
-            old = slot.worker
-            slot.state, slot.started_at = SlotState.STARTING, time.monotonic()
-            slot.worker = await asyncio.to_thread(self.launcher.start, slot.deployment, slot.index)
-            await self._when_ready(slot, slot.worker)
-            if slot.state is not SlotState.SERVING:
-                log.warning("rolling restart of %s stopped: the new replica %d did not become ready", model, slot.index)
-                old.process.kill()
-                return replaced
-            self.router.leave(old.url)
-            old.process.send_signal(signal.SIGTERM)
-            await asyncio.to_thread(old.process.wait)
-            replaced += 1
-            self.write_status()
-        return replaced
+        joins, then the old one leaves the router and drains. A replica that is not serving when its
+        turn comes is skipped; if a new worker fails to become ready, the old one keeps serving and
+        the restart stops. One restart at a time. Returns the replicas replaced."""
+        async with self.restarting:
+            replaced = 0
+            for slot in [s for s in self.slots if s.deployment.name == model and not s.spare]:
+                old = slot.worker
+                if slot not in self.slots or slot.state is not SlotState.SERVING or old is None:
+                    continue
+                new = await asyncio.to_thread(self.launcher.start, slot.deployment, slot.index)
+                if slot.worker is not old or slot.state is not SlotState.SERVING:  # old one exited meanwhile
+                    new.process.send_signal(signal.SIGTERM)
+                    self.draining.append(new.process)
+                    continue
+                slot.worker = new  # check() now watches the new one; the old one is ours to drain
+                await self._when_ready(slot, new)
+                if slot.worker is not new or new.process.poll() is not None:
+                    log.warning("rolling restart of %s stopped: the new replica %d did not become ready", model,
+                                slot.index)
+                    if new.process.poll() is None:
+                        new.process.kill()
+                    if slot.state is SlotState.WAITING:  # take back the old worker instead of a restart
+                        slot.worker, slot.state = old, SlotState.SERVING
+                    return replaced
+                self.router.leave(old.url)
+                old.process.send_signal(signal.SIGTERM)
+                self.draining.append(old.process)
+                replaced += 1
+                self.write_status()
+            return replaced
 
     def write_status(self) -> None:
         self.status_path.parent.mkdir(parents=True, exist_ok=True)

@@ -49,7 +49,7 @@ async def merged(streams: list[AsyncIterator[bytes]], include_usage: bool) -> As
                 continue  # each stream's [DONE]
             event = json.loads(chunk[6:])
             if "error" in event:
-                yield chunk.split(b"\n\n")[0] + b"\n\n"
+                yield chunk
                 continue
             if event.get("usage") and not event.get("choices"):
                 usage = _add_usage(usage, event["usage"])

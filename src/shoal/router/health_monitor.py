@@ -40,6 +40,7 @@ class HealthMonitor:
         self.next_canary: dict[str, float] = {}
         self.canaries: dict[str, asyncio.Task] = {}
         self.tick_s = settings.heartbeat_interval_s / 4
+        self.capacity_grew: Callable[[], None] = lambda: None  # set by run()
 
     # Passive detection, from the requests the router relays.
 
@@ -50,13 +51,17 @@ class HealthMonitor:
             self._mark_down(state, reason, now)
 
     def request_succeeded(self, state: WorkerState) -> None:
+        was_available = state.available
         state.breaker.record_success()
+        if state.available and not was_available:  # a probe closed the breaker: queued requests may go
+            self.capacity_grew()
 
     # The periodic check.
 
     async def run(self, capacity_grew: Callable[[], None]) -> None:
         """Checks every quarter heartbeat interval, forever; `capacity_grew` runs when a worker
         may have become available again (so queued requests are admitted)."""
+        self.capacity_grew = capacity_grew
         while True:
             if self.check(time.monotonic()):
                 capacity_grew()
@@ -158,7 +163,7 @@ class HealthMonitor:
         except (aiohttp.ClientError, TimeoutError) as exc:
             ok, reason = False, f"canary failed: {type(exc).__name__}"
         if ok:
-            state.breaker.record_success()
+            self.request_succeeded(state)
         else:
             state.breaker.record_failure(reason, time.monotonic())
 

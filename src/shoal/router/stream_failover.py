@@ -38,6 +38,8 @@ from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
 
+DONE = b"data: [DONE]\n\n"
+
 # Errors that mean the worker's process or host is gone, not merely slow or failing requests.
 CONNECTION_LOST = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)
 
@@ -208,12 +210,16 @@ class StreamFailover:
                 done()
 
         failed_per_choice = [set() for _ in attempts]
-        for attempt, failed in zip(attempts, failed_per_choice):
-            refusal = await self._start(attempt, path, headers, failed)
-            if refusal is not None:
-                finish()
-                refusal.headers.update(extra_headers)
-                return refusal
+        try:
+            for attempt, failed in zip(attempts, failed_per_choice):
+                refusal = await self._start(attempt, path, headers, failed)
+                if refusal is not None:
+                    finish()
+                    refusal.headers.update(extra_headers)
+                    return refusal
+        except BaseException:  # a worker's broken refusal, or the client gone while we retried
+            finish()
+            raise
         reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **extra_headers}
         if attempts[0].routed.model != routed.model:
             reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
@@ -246,9 +252,11 @@ class StreamFailover:
                     self._abandon(attempt, failed, str(broken), broken.connection_lost)
                     if progress.migrations >= self.settings.max_migrations:
                         yield _error_event("the request failed on every worker tried")
+                        yield DONE
                         return
                     if progress.text_chars and not progress.token_ids:
                         yield _error_event("the worker failed mid-stream and sent no token ids to resume from")
+                        yield DONE
                         return
                     progress.migrations += 1
                     log.warning("migrating a stream after %d tokens (%s)", len(progress.token_ids), broken)
@@ -257,10 +265,10 @@ class StreamFailover:
                     attempt.placement = await self._place(attempt, failed, resuming, wait=True)
                     if not await self.open(attempt, path, headers, failed, resuming) or attempt.upstream.status != 200:
                         yield _error_event("no worker left to continue this stream")
+                        yield DONE
                         return
         finally:
             self._finish(attempt)
-
     def _token_deadline(self, worker: WorkerState, first: bool) -> float:
         """Seconds without an event after which the stream is taken as hung."""
         expected = None if first else worker.expected_itl_s()
@@ -290,7 +298,7 @@ class StreamFailover:
                 continue
             payload = line[6:].strip()
             if payload == b"[DONE]":
-                yield b"data: [DONE]\n\n"
+                yield DONE
                 return
             event = json.loads(payload)
             if "error" in event:
@@ -328,5 +336,6 @@ def _wants_usage(body: dict) -> bool:
 
 
 def _error_event(message: str) -> bytes:
+    """One server-sent event (each chunk this module yields is exactly one)."""
     body = {"error": {"message": message, "type": "service_unavailable", "param": None, "code": 503}}
-    return b"data: " + json.dumps(body).encode() + b"\n\ndata: [DONE]\n\n"
+    return b"data: " + json.dumps(body).encode() + b"\n\n"

@@ -105,8 +105,10 @@ class ResponsesApi:
                 await self.store.put(StoredTurn(response, parsed.input_items, client.name))
 
         if parsed.stream:
+            # The chat stream's background task releases its worker even if this stream is never read.
             return StreamingResponse(response_events(answer.body_iterator, skeleton, message_id, keep),
-                                     media_type="text/event-stream", headers=shoal_headers)
+                                     media_type="text/event-stream", headers=shoal_headers,
+                                     background=answer.background)
         completion = json.loads(answer.body)
         choice = completion["choices"][0]
         response = finished_response(skeleton, message_id, choice["message"]["content"], choice["finish_reason"],

@@ -1,0 +1,77 @@
+"""The supervisor's bookkeeping when several workers exit at once (driven with stand-in processes;
+the real ones are exercised by tests/integration/test_serve.py)."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from shoal.cluster.config import ModelDeployment, SupervisorSettings
+from shoal.cluster.launcher_local import LaunchedWorker
+from shoal.cluster.supervisor import RouterLink, SlotState, Supervisor
+
+
+class StandInProcess:
+    """What the supervisor uses of a Popen: it exits when told to."""
+
+    next_pid = 1000
+
+    def __init__(self):
+        StandInProcess.next_pid += 1
+        self.pid, self.returncode = StandInProcess.next_pid, None
+
+    def poll(self):
+        return self.returncode
+
+    def send_signal(self, sig):
+        self.returncode = -sig
+
+    def kill(self):
+        self.returncode = -9
+
+    def wait(self, timeout=None):
+        return self.returncode
+
+
+def serving_fleet(tmp_path: Path, replicas: int, spares: int):
+    joined, left = [], []
+
+    async def join(url, model):
+        joined.append(url)
+
+    supervisor = Supervisor(launcher=None, deployments=[ModelDeployment(name="m", replicas=replicas,
+                                                                        warm_spares=spares)],
+                            settings=SupervisorSettings(restart_backoff_s=5), router=RouterLink(join, left.append),
+                            status_path=tmp_path / "workers.json")
+    for slot in supervisor.slots:
+        slot.worker = LaunchedWorker(StandInProcess(), f"http://w{slot.index}", tmp_path / "log")
+        slot.state = SlotState.SPARE if slot.spare else SlotState.SERVING
+    return supervisor, joined, left
+
+
+def test_two_replicas_lost_at_once_promote_the_one_spare_once(tmp_path):
+    async def scenario():
+        supervisor, joined, left = serving_fleet(tmp_path, replicas=2, spares=1)
+        for slot in supervisor.slots[:2]:
+            slot.worker.process.kill()
+        supervisor.check(now=10.0)
+        await asyncio.sleep(0)
+        await asyncio.gather(*supervisor.waiting_ready)
+        states = [(s.index, s.spare, s.state) for s in supervisor.slots]
+        assert states == [(0, True, SlotState.WAITING), (1, False, SlotState.WAITING), (2, False, SlotState.SERVING)]
+        assert joined == ["http://w2"] and sorted(left) == ["http://w0", "http://w1"]
+        assert supervisor.replicas("m") == 2
+
+    asyncio.run(scenario())
+
+
+def test_a_spare_lost_with_the_replica_it_would_replace_is_restarted_not_half_promoted(tmp_path):
+    async def scenario():
+        supervisor, joined, _ = serving_fleet(tmp_path, replicas=1, spares=1)
+        for slot in supervisor.slots:
+            slot.worker.process.kill()
+        supervisor.check(now=10.0)
+        await asyncio.gather(*supervisor.waiting_ready)
+        assert all(s.state is SlotState.WAITING and s.worker is None for s in supervisor.slots)
+        assert joined == [] and supervisor.replicas("m") == 1
+
+    asyncio.run(scenario())
