@@ -169,3 +169,22 @@ def test_at_most_the_configured_fraction_of_a_model_is_ejected_worst_first():
         membership.workers[state.worker_id] = state
     HealthMonitor(membership, settings, events, lambda worker_id: None).check(100.0)
     assert changes(events) == [("http://e", "ejected")]  # d is an outlier too, but 1 of 5 is the budget
+
+
+def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):
+    from shoal.router.balancer import Balancer
+    from shoal.router.config import RouterConfig
+    from shoal.router.front_door import FrontDoor
+    from shoal.router.policies import make_policy
+
+    monitor, _ = fleet
+    membership = monitor.membership
+    front_door = FrontDoor(RouterConfig(admission={"max_in_flight_per_worker": 8}), membership,
+                           Balancer(make_policy("round_robin"), membership), monitor)
+    assert front_door.capacity("m") == 24
+    breaker = membership.workers["http://a"].breaker
+    for _ in range(breaker.failure_threshold):
+        breaker.record_failure("500", now=0)
+    assert front_door.capacity("m") == 16
+    breaker.tick(breaker.open_s)
+    assert front_door.capacity("m") == 17

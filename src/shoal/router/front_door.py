@@ -14,6 +14,7 @@ from starlette.responses import Response
 from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, Client
 from shoal.router.balancer import Balancer
+from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import RouterConfig
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership
@@ -48,9 +49,11 @@ class FrontDoor:
                                        self.fallbacks, self.config.admission.unavailable_wait_s)
 
     def capacity(self, model: str) -> int:
-        """Slots for a model: max_in_flight_per_worker for each available worker serving it."""
-        available = sum(1 for w in self.membership.workers.values() if w.available and model in w.models)
-        return available * self.config.admission.max_in_flight_per_worker
+        """Slots for a model: max_in_flight_per_worker for each available worker serving it, and one
+        for a worker whose half-open breaker lets a single probe through."""
+        per_worker = self.config.admission.max_in_flight_per_worker
+        return sum(per_worker if w.breaker.state is BreakerState.CLOSED else 1
+                   for w in self.membership.workers.values() if w.available and model in w.models)
 
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
