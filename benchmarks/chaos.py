@@ -50,7 +50,7 @@ RESULTS = Path(__file__).parent / "results"
 MODEL_NAME = "chaos"
 SUBJECTS = ["a lighthouse keeper", "a river", "an old clock", "a fox in winter", "the first snow", "a ship's cat",
             "a mountain road", "a lost key", "a garden at night", "a quiet library", "a storm at sea", "a baker"]
-MIGRATING = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*migrating a stream after (\d+) tokens \((.*)\)")
+MIGRATING = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*migrating a stream .*? after (\d+) tokens \((.*)\)")
 DETECTED = ("down", "ejected")
 
 

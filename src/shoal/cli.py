@@ -119,7 +119,9 @@ def worker(args: argparse.Namespace) -> int:
     configure_logging()
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
-                                    prepack_weights=not args.share_weights, **(args.kv_cache or {})))
+                                    prepack_weights=not args.share_weights,
+                                    tensor_parallel_size=args.tensor_parallel_size, **(args.kv_cache or {})),
+                       on_replica_failure=_exit_failed)
     calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
@@ -139,6 +141,14 @@ def worker(args: argparse.Namespace) -> int:
     DrainingServer(config, drain, args.drain_grace_s).run()
     async_engine.shutdown()  # the engine thread must not be inside torch when the interpreter exits
     return 0
+
+
+def _exit_failed(reason: str) -> None:
+    """A replica that lost one of its processes exits at once: its open streams break, so the router
+    moves them elsewhere, and its supervisor starts the whole replica again."""
+    logging.getLogger("shoal.worker").critical("replica failed (%s); exiting", reason)
+    logging.shutdown()
+    os._exit(70)
 
 
 def router(args: argparse.Namespace) -> int:
@@ -221,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
                                help="on SIGTERM, how long in-flight requests may take to finish")
     worker_parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
+    worker_parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                               help="shard the model over this many processes on this host (one replica)")
     worker_parser.add_argument("--share-weights", action="store_true",
                                help="keep the memory-mapped weights shared with the host's other workers "
                                     "instead of repacking a private copy for faster CPU matrix multiplies")

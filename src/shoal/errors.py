@@ -34,3 +34,8 @@ class DuplicateRequestError(InvalidRequestError):
 
 class EngineRequestError(ShoalError):
     """The engine failed while computing this request (maps to HTTP 500); other requests go on."""
+
+
+class ReplicaFailedError(ShoalError):
+    """A process the replica is made of (a tensor-parallel rank, a pipeline stage with no
+    replacement) is gone: no request can run here any more; the router moves them elsewhere."""

@@ -17,11 +17,16 @@ Message = dict[str, Any]
 
 class LLM:
     """Runs a batch of prompts to completion with continuous batching. Keyword arguments are
-    EngineConfig fields (dtype, device, kv_cache_bytes, max_num_seqs, ...)."""
+    EngineConfig fields (dtype, device, kv_cache_bytes, max_num_seqs, tensor_parallel_size,
+    pipeline_parallel_size, ...), as in vLLM."""
 
     def __init__(self, model: str = "smollm2-135m-instruct", **engine_options: Any):
         self.engine = LLMEngine(EngineConfig.from_dict({"model": model, **engine_options}))
         self._ids = itertools.count()
+
+    def shutdown(self) -> None:
+        """Stops the processes of a tensor-parallel replica (nothing to do for one process)."""
+        self.engine.shutdown()
 
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer

@@ -79,12 +79,13 @@ def complete(url: str, seed: int, stream: bool, fault=None) -> dict:
     `fault(worker_url)` runs once 20 tokens of a stream have arrived."""
     if stream:
         result = read_stream(url, body(seed, True), fault=fault, after_tokens=20)
-        return {"ids": result["ids"], "text": result["text"], "completion_tokens": result["usage"]["completion_tokens"]}
+        return {"ids": result["ids"], "text": result["text"], "completion_tokens": result["usage"]["completion_tokens"],
+                "id": min(result["response_ids"])}
     response = httpx.post(url + "/v1/chat/completions", json=body(seed, False), timeout=120)
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
     return {"ids": choice["token_ids"], "text": choice["message"]["content"],
-            "completion_tokens": response.json()["usage"]["completion_tokens"]}
+            "completion_tokens": response.json()["usage"]["completion_tokens"], "id": response.json()["id"]}
 
 
 def admin(url: str) -> dict:

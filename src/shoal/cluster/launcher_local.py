@@ -3,13 +3,13 @@ to the router once it is ready). Workers run in their own session, so a Ctrl-C i
 reaches `shoal serve` only, which then drains them; each writes its log to its own file."""
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.cluster.config import ModelDeployment
+from shoal.processes import free_port
 
 
 @dataclass
@@ -22,12 +22,6 @@ class LaunchedWorker:
     url: str
     log_path: Path
     node: str | None = None
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class LocalLauncher:

@@ -7,7 +7,6 @@ Ray is an optional dependency (`pip install shoal[ray]`), imported only when thi
 """
 from __future__ import annotations
 
-import ctypes
 import signal
 import socket
 import subprocess
@@ -18,13 +17,9 @@ import ray
 
 from shoal.cluster.config import ModelDeployment
 from shoal.cluster.launcher_local import LaunchedWorker, worker_command
+from shoal.processes import die_with_parent
 
-PR_SET_PDEATHSIG = 1
 START_TIMEOUT_S = 120.0
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 @ray.remote(num_cpus=0, max_restarts=0)
@@ -40,7 +35,7 @@ class WorkerActor:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen(worker_command(deployment, host, port), stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
         return self.process.pid, f"http://{host}:{port}", str(log_path), ray.get_runtime_context().get_node_id()
 
     def poll(self) -> int | None:

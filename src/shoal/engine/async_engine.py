@@ -84,9 +84,11 @@ class AsyncLLMEngine:
         self._commands.put(("abort", request_id))
 
     def shutdown(self) -> None:
+        """Stops the engine thread, then the replica's other processes."""
         self._stopped.set()
         self._commands.put(("wake",))
         self._thread.join(timeout=10)
+        self.engine.shutdown()
 
     def _run(self) -> None:
         """Drains all pending commands, then steps; sleeps on the command queue when idle."""

@@ -20,6 +20,9 @@ class EngineConfig:
     page sharing of memory-mapped weights for faster CPU matrix multiplies. attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
     step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
+    tensor_parallel_size > 1 shards every layer over that many processes on this host (one failure
+    domain); pipeline_parallel_size > 1 splits the layers into that many stage processes linked by
+    messages (layers_per_stage overrides the planned split).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -40,13 +43,17 @@ class EngineConfig:
     num_threads: int | None = None
     cache_dir: str | None = None
     step_delay_ms: float = 0.0
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    layers_per_stage: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                     "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
@@ -61,10 +68,15 @@ class EngineConfig:
             raise ValueError(f"unknown engine config keys: {unknown}")
         return cls(**raw)
 
-    def resolve_device(self) -> torch.device:
+    def resolve_device(self, rank: int = 0) -> torch.device:
+        """The device of tensor-parallel rank `rank`: on CUDA, the rank-th GPU from the one named."""
         if self.device == "auto":
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return torch.device(self.device)
+            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        else:
+            device = torch.device(self.device)
+        if device.type == "cuda":
+            return torch.device("cuda", (device.index or 0) + rank)
+        return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         """auto: bfloat16 where the hardware computes it natively (CUDA, CPUs with AVX512-BF16/AMX)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -12,7 +13,7 @@ from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.block_manager import BlockManager
 from shoal.engine.config import EngineConfig
 from shoal.engine.memory import free_memory_bytes, num_kv_blocks
-from shoal.engine.model_runner import ModelRunner
+from shoal.engine.model_runner import ModelRunner, build_model
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -21,10 +22,10 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler
 from shoal.engine.sequence import Sequence
 from shoal.engine.speed import SpeedEstimator
-from shoal.errors import DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError
-from shoal.model.invariant_linear import default_tile_rows
-from shoal.model.llama import LlamaModel
+from shoal.errors import (DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError,
+                          ReplicaFailedError)
 from shoal.model.loader import Checkpoint, load_checkpoint
+from shoal.parallel.tensor import check_shardable
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,10 @@ class LLMEngine:
     request (bad input) raises before it is queued and never affects the others.
     """
 
-    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None):
+    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None,
+                 on_replica_failure: Callable[[str], None] | None = None):
+        """on_replica_failure is called (from another thread) if a process of a multi-process
+        replica dies; steps raise ReplicaFailedError from then on."""
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -80,14 +84,23 @@ class LLMEngine:
         if self.max_model_len > model_config.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"{model_config.max_position_embeddings} positions")
-        tile_rows = default_tile_rows(self.dtype) if config.batch_invariant else 0
-        weights = {k: v.to(self.dtype) if v.is_floating_point() else v for k, v in self.checkpoint.weights.items()}
-        self.model = LlamaModel(model_config, weights, tile_rows, self.device, config.prepack_weights,
-                                config.attention_kernel)
+        self.tensor_group = None
+        if config.tensor_parallel_size > 1:
+            from shoal.parallel.tensor_group import TensorParallelGroup
+
+            check_shardable(model_config, config.tensor_parallel_size)
+            self.tensor_group = TensorParallelGroup(config, on_replica_failure)
+        self.model = build_model(config, self.checkpoint, self.device, self.dtype,
+                                 tensor_parallel=self.tensor_group.context if self.tensor_group else None)
         budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
         blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),
                                config.max_num_seqs * self.max_model_len)
-        self.runner = ModelRunner(self.model, blocks, config.block_size)
+        if self.tensor_group:
+            from shoal.parallel.tensor_group import TensorParallelRunner
+
+            self.runner = TensorParallelRunner(self.tensor_group, self.model, blocks, config.block_size)
+        else:
+            self.runner = ModelRunner(self.model, blocks, config.block_size)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
@@ -159,6 +172,11 @@ class LLMEngine:
         seq = self.scheduler.abort(request_id)
         return self._output(seq, [], "") if seq else None
 
+    def shutdown(self) -> None:
+        """Stops the replica's other processes, if it has any."""
+        if self.tensor_group is not None:
+            self.tensor_group.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
 
@@ -177,6 +195,8 @@ class LLMEngine:
         completing = [c for c in chunks if c.completes_sequence]
         try:
             sampled = self._forward_and_sample(chunks)
+        except ReplicaFailedError:
+            raise  # no request is to blame, and none can run here any more
         except Exception as exc:
             return outputs + self._fail_culprits(chunks, exc)
         if self.config.step_delay_ms:

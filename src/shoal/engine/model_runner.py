@@ -1,16 +1,59 @@
 """Runs one scheduled step through the model: builds the flat batch, returns logits to sample from."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from shoal.engine.config import EngineConfig
 from shoal.engine.scheduler import ScheduledChunk
+from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
-from shoal.model.paged_attention import build_attention_metadata
+from shoal.model.loader import Checkpoint
+from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
+from shoal.parallel.tensor import TensorParallel
+
+
+def build_model(config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
+                layers: range | None = None, tensor_parallel: TensorParallel | None = None) -> LlamaModel:
+    """The model (or the layers of one pipeline stage, or one tensor-parallel rank's shard) as the
+    engine config asks: batch-invariant tiles, prepacked weights, attention kernel."""
+    tile_rows = default_tile_rows(dtype) if config.batch_invariant else 0
+    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.weights.items()}
+    return LlamaModel(checkpoint.config, weights, tile_rows, device, config.prepack_weights, config.attention_kernel,
+                      layers=layers, tensor_parallel=tensor_parallel)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One forward step as plain lists, so it can be sent to other ranks and pipeline stages.
+    Sequence i computes query_lens[i] tokens from start_positions[i] with block_tables[i];
+    last_rows are the rows (into input_ids) whose logits are wanted, in order."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    start_positions: list[int]
+    block_tables: list[list[int]]
+    last_rows: list[int]
+
+    @classmethod
+    def from_chunks(cls, chunks: list[ScheduledChunk]) -> "StepBatch":
+        input_ids: list[int] = []
+        positions: list[int] = []
+        last_rows: list[int] = []
+        for chunk in chunks:
+            input_ids.extend(chunk.seq.all_token_ids[chunk.start:chunk.start + chunk.length])
+            positions.extend(range(chunk.start, chunk.start + chunk.length))
+            if chunk.completes_sequence:
+                last_rows.append(len(input_ids) - 1)
+        return cls(input_ids, positions, [c.length for c in chunks], [c.start for c in chunks],
+                   [list(c.seq.block_table) for c in chunks], last_rows)
 
 
 class ModelRunner:
     """Owns the model and its KV cache. Invariant: the cache has `num_blocks` blocks of `block_size`
-    slots per layer, matching the BlockManager that hands them out."""
+    slots per layer held, matching the BlockManager that hands them out."""
 
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
         self.model = model
@@ -24,28 +67,34 @@ class ModelRunner:
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Computes all chunks in one forward pass; returns float32 logits [n, vocab] for the chunks
         that complete their sequence, in order."""
+        return self.run(StepBatch.from_chunks(chunks))
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        """The whole model on one batch: logits [len(last_rows), vocab] on the CPU."""
+        hidden = self.run_layers(batch, torch.tensor(batch.input_ids, device=self.model.device))
+        return self.logits(batch, hidden)
+
+    def run_layers(self, batch: StepBatch, inputs: torch.Tensor) -> torch.Tensor:
+        """The layers held on `inputs` (token ids, or hidden states from earlier layers)."""
         device = self.model.device
-        input_ids: list[int] = []
-        positions: list[int] = []
-        last_rows: list[int] = []
-        for chunk in chunks:
-            input_ids.extend(chunk.seq.all_token_ids[chunk.start:chunk.start + chunk.length])
-            positions.extend(range(chunk.start, chunk.start + chunk.length))
-            if chunk.completes_sequence:
-                last_rows.append(len(input_ids) - 1)
-        meta = build_attention_metadata(
-            query_lens=[c.length for c in chunks],
-            start_positions=[c.start for c in chunks],
-            block_tables=[c.seq.block_table for c in chunks],
+        return self.model.forward(inputs, torch.tensor(batch.positions, device=device), self.kv_caches,
+                                  self.metadata(batch))
+
+    def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
+        if not batch.last_rows:
+            return torch.empty(0, self.model.config.vocab_size)
+        rows = hidden[torch.tensor(batch.last_rows, device=self.model.device)]
+        return self.model.compute_logits(rows).cpu()
+
+    def metadata(self, batch: StepBatch) -> AttentionMetadata:
+        return build_attention_metadata(
+            query_lens=batch.query_lens,
+            start_positions=batch.start_positions,
+            block_tables=batch.block_tables,
             block_size=self.block_size,
             num_kv_heads=self.model.config.num_kv_heads,
             queries_per_kv=self.model.config.num_queries_per_kv,
             tile_height=self.attention_tile_height,
-            device=device,
+            device=self.model.device,
             with_tiles=self.model.attention_uses_tiles,
         )
-        hidden = self.model.forward(torch.tensor(input_ids, device=device), torch.tensor(positions, device=device),
-                                    self.kv_caches, meta)
-        if not last_rows:
-            return torch.empty(0, self.model.config.vocab_size)
-        return self.model.compute_logits(hidden[torch.tensor(last_rows, device=device)]).cpu()

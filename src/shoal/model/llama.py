@@ -1,7 +1,9 @@
 """The Llama-family decoder (SmolLM2, TinyLlama, Llama 2/3, Qwen2, Mistral) over a paged KV cache.
 
 Weights use Hugging Face names and layout. Unless prepacked for the CPU's GEMM kernels they are
-referenced, not copied, so memory-mapped cache files stay shared between processes. Every matrix
+referenced, not copied, so memory-mapped cache files stay shared between processes. A model object
+may hold a contiguous range of layers (a pipeline stage) and, within it, one rank's shard
+(tensor parallelism); the partial sums of a sharded layer meet in explicit `all_sum` calls. Every matrix
 multiply goes through `InvariantLinear` and attention through one of two batch-invariant kernels
 (the C++ row kernel on CPUs, the tiled torch kernel elsewhere), so a token's hidden states never
 depend on its batch.
@@ -19,6 +21,7 @@ from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.rope import RotaryEmbedding, apply_rotary
+from shoal.parallel.tensor import TensorParallel, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]
@@ -30,12 +33,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class DecoderLayer:
-    """One attention + SwiGLU MLP block, with q/k/v and gate/up each fused into one projection."""
+    """One attention + SwiGLU MLP block, with q/k/v and gate/up each fused into one projection.
+    `config` has this rank's head and intermediate counts; `all_sum` adds the ranks' partial
+    outputs of the row-parallel projections (the identity without tensor parallelism)."""
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], prefix: str, tile_rows: int,
-                 prepack: bool, attention: AttentionKernel):
+                 prepack: bool, attention: AttentionKernel, all_sum: Callable[[torch.Tensor], torch.Tensor]):
         self.config = config
         self.attention = attention
+        self.all_sum = all_sum
         attn = prefix + "self_attn."
         self.qkv = InvariantLinear([weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
                                    [weights.get(f"{attn}{p}_proj.bias") for p in "qkv"], tile_rows, prepack)
@@ -60,28 +66,49 @@ class DecoderLayer:
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size:].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
-        hidden = hidden + self.o(self.attention(q, cache, meta, self.scale))
+        hidden = hidden + self.all_sum(self.o(self.attention(q, cache, meta, self.scale)))
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
-        return hidden + self.down(nn.functional.silu(gate) * up)
+        return hidden + self.all_sum(self.down(nn.functional.silu(gate) * up))
+
+
+def _unsharded(partial: torch.Tensor) -> torch.Tensor:
+    return partial
 
 
 class LlamaModel:
-    """Decoder stack + LM head. Invariant: weights are not modified; caches are owned by the caller."""
+    """Decoder layers `layers` (default: all) with the embedding when they start at layer 0 and
+    the final norm + LM head when they end at the last layer; with `tensor_parallel`, this rank's
+    shard of them. `config` is this rank's view (its head and intermediate counts; vocabulary and
+    layer count stay the model's). Invariant: weights are not modified; caches are owned by the
+    caller, one per layer held."""
 
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], tile_rows: int,
-                 device: torch.device | str = "cpu", prepack: bool = False, attention_kernel: str = "auto"):
+                 device: torch.device | str = "cpu", prepack: bool = False, attention_kernel: str = "auto",
+                 layers: range | None = None, tensor_parallel: TensorParallel | None = None):
+        self.layer_range = layers or range(config.num_layers)
+        self.has_embedding = self.layer_range.start == 0
+        self.has_head = self.layer_range.stop == config.num_layers
+        self.tensor_parallel = tensor_parallel
+        wanted = [f"model.layers.{i}." for i in self.layer_range]
+        weights = {name: t for name, t in weights.items() if not name.startswith("model.layers.")
+                   or name.startswith(tuple(wanted))}
+        if tensor_parallel is not None:
+            config, weights = shard_weights(config, weights, tensor_parallel)
         self.config = config
         self.device = torch.device(device)
-        weights = {name: t.to(self.device) for name, t in weights.items()}
-        self.dtype = weights["model.embed_tokens.weight"].dtype
-        self.embed = weights["model.embed_tokens.weight"]
-        self.norm = weights["model.norm.weight"]
-        lm_head = self.embed if config.tie_word_embeddings else weights["lm_head.weight"]
-        self.lm_head = InvariantLinear([lm_head], None, tile_rows, prepack)
+        self.all_sum = tensor_parallel.all_sum if tensor_parallel else _unsharded
+        self.vocab_range = tensor_parallel.split(config.vocab_size) if tensor_parallel else (0, config.vocab_size)
+        embed = weights["model.embed_tokens.weight"]
+        self.dtype = embed.dtype
+        self.embed = embed.to(self.device) if self.has_embedding else None
+        self.norm = weights["model.norm.weight"].to(self.device)
+        lm_head = embed if config.tie_word_embeddings else weights.get("lm_head.weight")
+        self.lm_head = InvariantLinear([lm_head.to(self.device)], None, tile_rows, prepack) if self.has_head else None
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
-        self.layers = [DecoderLayer(config, weights, f"model.layers.{i}.", tile_rows, prepack, attention)
-                       for i in range(config.num_layers)]
+        on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
+        self.layers = [DecoderLayer(config, on_device, f"model.layers.{i}.", tile_rows, prepack, attention,
+                                    self.all_sum) for i in self.layer_range]
         self.rope = RotaryEmbedding(config).to(self.device)
 
     def _pick_attention(self, kind: str) -> AttentionKernel:
@@ -96,25 +123,41 @@ class LlamaModel:
         return functools.partial(row_paged_attention, kernel)
 
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[T] token ids -> [T, H] embeddings (each rank looks up its part of the vocabulary)."""
+        if self.tensor_parallel is None:
+            return self.embed[input_ids]
+        start, end = self.vocab_range
+        mine = (input_ids >= start) & (input_ids < end)
+        rows = self.embed[(input_ids - start).clamp(0, end - start - 1)] * mine.unsqueeze(1).to(self.dtype)
+        return self.all_sum(rows)
+
+    @torch.inference_mode()
+    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
                 meta: AttentionMetadata) -> torch.Tensor:
-        """input_ids, positions: [T]. Writes the tokens' K/V into `caches`; returns final hidden [T, H]."""
-        hidden = self.embed[input_ids]
+        """inputs: [T] token ids if this holds the embedding, else [T, H] hidden states from the
+        previous layers; positions: [T]. Writes the tokens' K/V into `caches`; returns the hidden
+        states [T, H] after the last layer held (not normalised: see compute_logits)."""
+        hidden = self.embed_tokens(inputs) if self.has_embedding else inputs.to(self.dtype)
         rope_tables = self.rope.tables(positions)
         for layer, cache in zip(self.layers, caches):
             hidden = layer.forward(hidden, rope_tables, cache, meta)
-        return rms_norm(hidden, self.norm, self.config.rms_norm_eps)
+        return hidden
 
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [N, vocab] for the given final hidden states."""
-        return self.lm_head(hidden).float()
+        """Float32 logits [N, vocab] from the last layer's hidden states (final norm, then LM head)."""
+        logits = self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps)).float()
+        if self.tensor_parallel is None:
+            return logits
+        return self.tensor_parallel.all_gather_columns(logits, self.config.vocab_size)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
         cfg = self.config
         return [allocate_kv_cache(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, self.dtype, self.device)
-                for _ in range(cfg.num_layers)]
+                for _ in self.layers]
 
     def kv_bytes_per_token(self) -> int:
+        """KV-cache bytes per token for the layers and heads held here."""
         cfg = self.config
-        return cfg.num_layers * cfg.num_kv_heads * (2 * cfg.head_dim + 1) * self.embed.element_size()
+        return len(self.layers) * cfg.num_kv_heads * (2 * cfg.head_dim + 1) * torch.finfo(self.dtype).bits // 8

@@ -249,6 +249,7 @@ class StreamFailover:
                         yield event
                     return
                 except StreamBroken as broken:
+                    worker_id = attempt.placement.worker.worker_id
                     self._abandon(attempt, failed, str(broken), broken.connection_lost)
                     if progress.migrations >= self.settings.max_migrations:
                         yield _error_event("the request failed on every worker tried")
@@ -259,7 +260,8 @@ class StreamFailover:
                         yield DONE
                         return
                     progress.migrations += 1
-                    log.warning("migrating a stream after %d tokens (%s)", len(progress.token_ids), broken)
+                    log.warning("migrating a stream (%s, seed %s) from %s after %d tokens (%s)", progress.response_id,
+                                progress.seed, worker_id, len(progress.token_ids), broken)
                     resuming = bool(progress.token_ids)
                     attempt.body = progress.resume_body(original_body) if resuming else original_body
                     attempt.placement = await self._place(attempt, failed, resuming, wait=True)

@@ -1,0 +1,103 @@
+"""Tensor parallelism inside one replica: how the weights are split and how partial results meet.
+
+Attention is split by key/value-head groups: each rank holds whole groups (its KV heads and the
+query heads that read them), so attention needs nothing from other ranks. The MLP is split by
+intermediate columns. The output projections (o_proj, down_proj) are row-parallel: each rank
+produces a partial sum, and the layer code adds the partials with an explicit `all_sum`. The
+embedding and the LM head are split by vocabulary. Splits may be uneven (SmolLM2 has 3 KV heads,
+so TP=2 holds 2 + 1), which is why the tensor-parallel size is bounded by the KV-head count.
+
+`all_sum` gathers every rank's partial and adds them in rank order on each rank: the result is
+identical on all ranks and each row depends on that row alone, whatever the batch (a ring
+all-reduce's summation order would follow the tensor's size, breaking batch invariance).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from shoal.model.config import LlamaConfig
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """This rank's place in its group. `group` is a torch.distributed ProcessGroup (gloo on CPU,
+    NCCL on CUDA) owned by whoever created it; it is passed explicitly, never read from globals."""
+
+    rank: int
+    size: int
+    group: Any
+
+    def split(self, count: int) -> tuple[int, int]:
+        """This rank's [start, end) of `count` units, contiguous and as even as possible (the first
+        count % size ranks take one more)."""
+        base, extra = divmod(count, self.size)
+        start = self.rank * base + min(self.rank, extra)
+        return start, start + base + (self.rank < extra)
+
+    def all_sum(self, partial: torch.Tensor) -> torch.Tensor:
+        """The sum over ranks of `partial` (same shape on every rank), added in rank order."""
+        parts = self._all_gather(partial.contiguous())
+        total = parts[0]
+        for part in parts[1:]:
+            total = total + part
+        return total
+
+    def all_gather_columns(self, part: torch.Tensor, total_columns: int) -> torch.Tensor:
+        """Concatenates each rank's columns [.., start:end) of a [N, total_columns] tensor."""
+        widest = -(-total_columns // self.size)
+        padded = torch.nn.functional.pad(part, (0, widest - part.shape[1])).contiguous()
+        parts = self._all_gather(padded)
+        ranks = [dataclasses.replace(self, rank=r) for r in range(self.size)]
+        return torch.cat([p[:, :end - start] for p, (start, end) in zip(parts, (r.split(total_columns) for r in ranks))],
+                         dim=1)
+
+    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        self.group.allgather([parts], [tensor]).wait()
+        return parts
+
+
+def check_shardable(config: LlamaConfig, size: int) -> None:
+    """Raises ValueError if the model cannot be split over `size` ranks (each needs a KV head)."""
+    if size > config.num_kv_heads:
+        raise ValueError(f"tensor_parallel_size {size} exceeds the model's {config.num_kv_heads} KV heads")
+
+
+def shard_weights(config: LlamaConfig, weights: dict[str, torch.Tensor],
+                  tp: TensorParallel) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+    """This rank's config (its head and intermediate counts; the vocabulary stays whole) and its
+    slices of the weights (views where possible, so only the shard's pages of memory-mapped weights
+    are ever read)."""
+    check_shardable(config, tp.size)
+    group, dim = config.num_queries_per_kv, config.head_dim
+    kv_start, kv_end = tp.split(config.num_kv_heads)
+    q_rows = slice(kv_start * group * dim, kv_end * group * dim)
+    kv_rows = slice(kv_start * dim, kv_end * dim)
+    mlp_start, mlp_end = tp.split(config.intermediate_size)
+    vocab_start, vocab_end = tp.split(config.vocab_size)
+    local = {}
+    for name, tensor in weights.items():
+        if name.endswith(("q_proj.weight", "q_proj.bias")):
+            local[name] = tensor[q_rows]
+        elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
+            local[name] = tensor[kv_rows]
+        elif name.endswith("o_proj.weight"):
+            local[name] = tensor[:, q_rows].contiguous()
+        elif name.endswith("o_proj.bias"):
+            if tp.rank == 0:  # added once, before the partial sums meet
+                local[name] = tensor
+        elif name.endswith(("gate_proj.weight", "up_proj.weight")):
+            local[name] = tensor[mlp_start:mlp_end]
+        elif name.endswith("down_proj.weight"):
+            local[name] = tensor[:, mlp_start:mlp_end].contiguous()
+        elif name in ("model.embed_tokens.weight", "lm_head.weight"):
+            local[name] = tensor[vocab_start:vocab_end]
+        else:  # norms: every rank needs them whole
+            local[name] = tensor
+    heads = kv_end - kv_start
+    return dataclasses.replace(config, num_heads=heads * group, num_kv_heads=heads,
+                               intermediate_size=mlp_end - mlp_start), local

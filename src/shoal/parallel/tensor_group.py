@@ -1,0 +1,184 @@
+"""A tensor-parallel replica's processes: rank 0 runs the engine, ranks 1..n-1 follow.
+
+Rank 0 starts the followers as child processes on this host (they die with it), and forms the
+process group with them (gloo on CPU, NCCL on CUDA; collectives time out after
+`COLLECTIVE_TIMEOUT_S`, so a hung rank fails the step rather than the replica hanging forever).
+Each step's batch goes to every follower over its own ZeroMQ socket; then all ranks run their
+shard of the forward pass, meeting in the layers' explicit all-sums. Step batches travel by
+message rather than by collective so that an idle replica has no collective waiting to time out.
+
+The group is one failure domain: when any follower exits, the group is failed, the others are
+killed (so no collective waits on them), `on_failure` is called (a worker exits so that its
+supervisor restarts the replica as a whole, and the router moves its streams), and every later
+step raises ReplicaFailedError.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import pickle
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import zmq
+
+from shoal.engine.config import EngineConfig
+from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
+from shoal.errors import ReplicaFailedError
+from shoal.model.loader import load_checkpoint
+from shoal.parallel.tensor import TensorParallel
+from shoal.processes import die_with_parent, free_port
+
+log = logging.getLogger(__name__)
+
+COLLECTIVE_TIMEOUT_S = 60.0
+START_TIMEOUT_S = 300.0
+
+
+def _process_group(rank: int, size: int, port: int, device: torch.device) -> Any:
+    """This rank's membership of the group: gloo on CPU, NCCL on CUDA (one GPU per rank)."""
+    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=START_TIMEOUT_S))
+    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, rank, size, options)
+    return dist.ProcessGroupGloo(store, rank, size, timeout)
+
+
+def threads_per_rank(config: EngineConfig) -> int:
+    """CPU threads for each rank: as configured, else the cores shared out between the ranks."""
+    return config.num_threads or max(1, torch.get_num_threads() // config.tensor_parallel_size)
+
+
+class TensorParallelGroup:
+    """Rank 0's handle on the group. Invariant: while not failed, every follower is alive and has
+    received every batch rank 0 has run."""
+
+    def __init__(self, config: EngineConfig, on_failure: Callable[[str], None] | None = None):
+        self.size = config.tensor_parallel_size
+        self.on_failure = on_failure
+        self.failure: str | None = None
+        self._context = zmq.Context()
+        self._sockets = []
+        self.followers: list[subprocess.Popen] = []
+        device = config.resolve_device(0)
+        config = dataclasses.replace(config, num_threads=threads_per_rank(config))
+        torch.set_num_threads(config.num_threads)
+        port = free_port()
+        for rank in range(1, self.size):
+            sock = self._context.socket(zmq.PUSH)
+            address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+            self._sockets.append(sock)
+            self.followers.append(subprocess.Popen(
+                [sys.executable, "-m", "shoal.parallel.tensor_group", "--rank", str(rank), "--port", str(port),
+                 "--steps", address, "--config", json.dumps(dataclasses.asdict(config))],
+                preexec_fn=die_with_parent))
+        self.context = TensorParallel(0, self.size, _process_group(0, self.size, port, device))
+        threading.Thread(target=self._watch, name="tensor-parallel-watch", daemon=True).start()
+
+    def begin(self, num_blocks: int) -> None:
+        """Tells the followers how many KV blocks to allocate (rank 0's budget decides for all)."""
+        self._send(num_blocks)
+
+    def send(self, batch: StepBatch) -> None:
+        if self.failure:
+            raise ReplicaFailedError(self.failure)
+        self._send(batch)
+
+    def _send(self, message: object) -> None:
+        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        for sock in self._sockets:
+            sock.send(payload)
+
+    def _watch(self) -> None:
+        while self.failure is None:
+            for rank, process in enumerate(self.followers, start=1):
+                if process.poll() is not None and self.failure is None:
+                    self._fail(f"tensor-parallel rank {rank} exited with status {process.returncode}")
+            time.sleep(0.1)
+
+    def _fail(self, reason: str) -> None:
+        self.failure = reason
+        log.error("%s; the replica fails as a whole", reason)
+        for process in self.followers:
+            if process.poll() is None:
+                process.kill()
+        if self.on_failure is not None:
+            self.on_failure(reason)
+
+    def shutdown(self) -> None:
+        """Stops the followers (they finish the batch in hand first)."""
+        if self.failure is None:
+            self.failure = "shut down"
+            self._send(None)
+        for process in self.followers:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for sock in self._sockets:
+            sock.close(linger=0)
+        self._context.term()
+
+
+class TensorParallelRunner(ModelRunner):
+    """Rank 0's runner: each batch goes to the followers, then through this rank's shard."""
+
+    def __init__(self, group: TensorParallelGroup, model, num_blocks: int, block_size: int):
+        super().__init__(model, num_blocks, block_size)
+        self.group = group
+        group.begin(num_blocks)
+
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        self.group.send(batch)
+        try:
+            return super().run(batch)
+        except RuntimeError as exc:  # a collective failed: some rank is gone or hung
+            raise ReplicaFailedError(self.group.failure or f"a tensor-parallel collective failed: {exc}") from exc
+
+
+def follow(rank: int, port: int, steps: str, config: EngineConfig) -> None:
+    """A follower's life: load its shard, join the group, then run every batch rank 0 sends, until
+    it sends None."""
+    device = config.resolve_device(rank)
+    torch.set_num_threads(config.num_threads)
+    dtype = config.resolve_dtype(device)
+    checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
+    context = zmq.Context()
+    sock = context.socket(zmq.PULL)
+    sock.connect(steps)
+    tp = TensorParallel(rank, config.tensor_parallel_size, _process_group(rank, config.tensor_parallel_size,
+                                                                         port, device))
+    model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
+    runner = ModelRunner(model, pickle.loads(sock.recv()), config.block_size)
+    while (batch := pickle.loads(sock.recv())) is not None:
+        runner.run(batch)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A tensor-parallel follower rank (started by rank 0).")
+    parser.add_argument("--rank", type=int, required=True)
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--steps", required=True)
+    parser.add_argument("--config", required=True)
+    args = parser.parse_args()
+    raw = json.loads(args.config)
+    if raw.get("layers_per_stage") is not None:
+        raw["layers_per_stage"] = tuple(raw["layers_per_stage"])
+    follow(args.rank, args.port, args.steps, EngineConfig(**raw))
+
+
+if __name__ == "__main__":
+    main()

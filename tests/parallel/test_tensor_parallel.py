@@ -1,0 +1,100 @@
+"""Tensor parallelism: TP=2 gives the single-process engine's greedy tokens at batch 1 and 8, on
+the tiny model and on SmolLM2 (whose 3 KV heads split 2 + 1); a rank that dies takes its replica
+down as a whole, and the router carries the replica's stream on elsewhere, token for token."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import psutil
+import pytest
+
+from shoal.engine.sampling_params import SamplingParams
+from shoal.llm import LLM
+from tests.chaos.fleet import admin, router_config, start
+from tests.integration.test_router import stop
+from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
+from tests.waiting import wait_for
+
+TINY_PROMPTS = [[(7 * i + j) % 90 + 3 for j in range(5 + 3 * i)] for i in range(8)]
+TEXT_PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Water boils at",
+                "The best way to learn", "In 1492,", "My favourite colour is", "To be or not to be"]
+
+
+def greedy_tokens(model: str, prompts: list, cache_dir, max_tokens: int, **options) -> list[list[int]]:
+    llm = LLM(model, dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(cache_dir), **options)
+    try:
+        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
+        batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        alone = llm.generate(prompts[0], params)[0].outputs[0].token_ids
+        return batched + [alone]
+    finally:
+        llm.shutdown()
+
+
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_two_ranks_give_the_single_process_greedy_tokens_at_batch_8_and_1(which, tiny_model_dir, shoal_cache_dir):
+    model, prompts, max_tokens = ((str(tiny_model_dir), TINY_PROMPTS, 24) if which == "tiny"
+                                  else ("smollm2-135m-instruct", TEXT_PROMPTS, 16))
+    expected = greedy_tokens(model, prompts, shoal_cache_dir, max_tokens)
+    assert greedy_tokens(model, prompts, shoal_cache_dir, max_tokens, tensor_parallel_size=2) == expected
+
+
+def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):
+    with pytest.raises(ValueError, match="exceeds the model's 2 KV heads"):
+        LLM(str(tiny_model_dir), dtype="float32", cache_dir=str(shoal_cache_dir), tensor_parallel_size=3)
+
+
+def stream_tokens(url: str, on_token=None) -> tuple[list[int], str]:
+    """One seeded chat stream through the router; its token ids and the worker that began it.
+    on_token(worker, count) runs after each event with tokens."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "a long story"}], "max_tokens": 80,
+            "temperature": 0.8, "seed": 3, "ignore_eos": True, "stream": True}
+    ids = []
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        worker = response.headers["x-shoal-worker"]
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                assert "error" not in event, event
+                ids += event["choices"][0].get("token_ids") or [] if event["choices"] else []
+                if on_token:
+                    on_token(worker, len(ids))
+    return ids, worker
+
+
+def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tiny_model_dir, shoal_cache_dir,
+                                                                            tmp_path):
+    common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
+              "--kv-cache", "8MiB", "--step-delay-ms", "20"]
+    logs = [open(tmp_path / f"worker-{i}.log", "wb") for i in range(2)]
+    sharded, sharded_url = wait_ready(*spawn_worker(common + ["--tensor-parallel-size", "2"], shoal_cache_dir,
+                                                    stderr=logs[0]))
+    plain, plain_url = wait_ready(*spawn_worker(common, shoal_cache_dir, stderr=logs[1]))
+    router, url = start(router_config(tmp_path, [sharded_url, plain_url], policy="round_robin"))
+    try:
+        reference, _ = stream_tokens(url)
+        follower = psutil.Process(sharded.pid).children()[0]
+        killed = []
+
+        def kill_rank(worker: str, count: int) -> None:
+            if worker == sharded_url and count >= 20 and not killed:
+                follower.kill()
+                killed.append(count)
+
+        for _ in range(4):  # until the router starts a stream on the sharded replica
+            ids, worker = stream_tokens(url, kill_rank)
+            assert ids == reference
+            if killed:
+                break
+        assert killed, "no stream was placed on the tensor-parallel replica"
+        assert sharded.wait(timeout=30) == 70
+        assert "replica failed (tensor-parallel rank 1 exited" in (tmp_path / "worker-0.log").read_text()
+        wait_for(lambda: not next(w for w in admin(url)["workers"] if w["worker_id"] == sharded_url)["healthy"])
+    finally:
+        stop(router)
+        for process in (sharded, plain):
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
