@@ -123,6 +123,11 @@ class BlockManager:
         seq.block_table = []
         self.seq_hashes.pop(seq.request_id, None)
 
+    def forget_free_cached(self) -> None:
+        """Drops free blocks from the prefix cache (their KV content can no longer be trusted)."""
+        for block in self.free_queue:
+            self._forget_hash(block)
+
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:
             del self.free_queue[block]

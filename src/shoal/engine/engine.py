@@ -84,24 +84,43 @@ class LLMEngine:
         if self.max_model_len > model_config.max_position_embeddings:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
                              f"{model_config.max_position_embeddings} positions")
+        self.on_replica_failure = on_replica_failure
         self.tensor_group = None
+        layers = None
+        if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
+            raise ValueError("tensor and pipeline parallelism in one replica are not supported together yet")
         if config.tensor_parallel_size > 1:
             from shoal.parallel.tensor_group import TensorParallelGroup
 
             check_shardable(model_config, config.tensor_parallel_size)
             self.tensor_group = TensorParallelGroup(config, on_replica_failure)
-        self.model = build_model(config, self.checkpoint, self.device, self.dtype,
+        if config.pipeline_parallel_size > 1:
+            from shoal.parallel.pipeline import plan_stages
+
+            plan = plan_stages(model_config, config.pipeline_parallel_size, config.layers_per_stage,
+                               torch.finfo(self.dtype).bits // 8)
+            log.info("pipeline plan:\n%s", plan.describe())
+            layers = range(plan.stages[0].first_layer, plan.stages[0].end_layer)
+        self.model = build_model(config, self.checkpoint, self.device, self.dtype, layers=layers,
                                  tensor_parallel=self.tensor_group.context if self.tensor_group else None)
         budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
-        blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),
+        # Every stage has the same blocks; the budget is what the stage with the most layers may use.
+        per_layer = self.model.kv_bytes_per_token() // len(self.model.layers)
+        most_layers = max(plan.layers_per_stage) if layers else len(self.model.layers)
+        blocks = num_kv_blocks(budget, config.block_size, per_layer * most_layers,
                                config.max_num_seqs * self.max_model_len)
+        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         if self.tensor_group:
             from shoal.parallel.tensor_group import TensorParallelRunner
 
             self.runner = TensorParallelRunner(self.tensor_group, self.model, blocks, config.block_size)
+        elif layers:
+            from shoal.parallel.pipeline import PipelineRunner
+
+            self.runner = PipelineRunner(config, self.model, plan, blocks, config.block_size, self._live_sequences,
+                                         self.block_manager.forget_free_cached)
         else:
             self.runner = ModelRunner(self.model, blocks, config.block_size)
-        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
@@ -174,8 +193,11 @@ class LLMEngine:
 
     def shutdown(self) -> None:
         """Stops the replica's other processes, if it has any."""
-        if self.tensor_group is not None:
-            self.tensor_group.shutdown()
+        self.runner.shutdown()
+
+    def _live_sequences(self) -> list[tuple[list[int], int]]:
+        """(block table, tokens in the KV cache) of every sequence holding blocks."""
+        return [(list(seq.block_table), seq.num_computed_tokens) for seq in self.scheduler.running]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work()
@@ -195,8 +217,10 @@ class LLMEngine:
         completing = [c for c in chunks if c.completes_sequence]
         try:
             sampled = self._forward_and_sample(chunks)
-        except ReplicaFailedError:
-            raise  # no request is to blame, and none can run here any more
+        except ReplicaFailedError as exc:  # no request is to blame, and none can run here any more
+            if self.on_replica_failure is not None:
+                self.on_replica_failure(str(exc))
+            raise
         except Exception as exc:
             return outputs + self._fail_culprits(chunks, exc)
         if self.config.step_delay_ms:

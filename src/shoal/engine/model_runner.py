@@ -86,6 +86,9 @@ class ModelRunner:
         rows = hidden[torch.tensor(batch.last_rows, device=self.model.device)]
         return self.model.compute_logits(rows).cpu()
 
+    def shutdown(self) -> None:
+        """Stops the processes this runner drives (none for a single process)."""
+
     def metadata(self, batch: StepBatch) -> AttentionMetadata:
         return build_attention_metadata(
             query_lens=batch.query_lens,

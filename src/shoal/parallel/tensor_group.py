@@ -141,6 +141,9 @@ class TensorParallelRunner(ModelRunner):
         self.group = group
         group.begin(num_blocks)
 
+    def shutdown(self) -> None:
+        self.group.shutdown()
+
     def run(self, batch: StepBatch) -> torch.Tensor:
         self.group.send(batch)
         try:

@@ -1,0 +1,149 @@
+"""A pipeline stage process: layers [first, end) of a model, their paged KV cache, and the boundary
+log of what it sent downstream.
+
+It serves one ZeroMQ inbox in order. A Step runs the stage's layers on the incoming hidden states
+(writing the KV cache at the batch's slots, with the block tables the head assigned), records the
+outgoing rows in the boundary log, and forwards them; the last stage instead returns the logits of
+the batch's last rows to the head. The boundary log is a shadow of the KV cache's layout — one row
+of outgoing activations per KV slot — so it needs no bookkeeping per request: it always holds,
+for every slot the head considers computed, what this stage sent for it. When the next stage is
+replaced, SendReplay streams the rows of the live sequences to the replacement, which rebuilds its
+KV cache (and its own boundary log) from them.
+
+    python -m shoal.parallel.pipeline_stage --bind tcp://127.0.0.1:PORT
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import time
+
+import torch
+import zmq
+
+from shoal.engine.config import EngineConfig
+from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
+from shoal.model.loader import load_checkpoint
+from shoal.parallel.stage_messages import (Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup, Step,
+                                           Stop, receive, send)
+
+log = logging.getLogger(__name__)
+
+
+class BoundaryLog:
+    """Outgoing activations, one row per KV slot. Invariant: for every slot written by the step that
+    computed it, the row is what was sent downstream for that slot."""
+
+    def __init__(self, num_slots: int, hidden_size: int, dtype: torch.dtype, block_size: int):
+        self.rows = torch.zeros(num_slots, hidden_size, dtype=dtype)
+        self.block_size = block_size
+
+    def slots(self, batch: StepBatch) -> torch.Tensor:
+        bs = self.block_size
+        return torch.tensor([table[p // bs] * bs + p % bs
+                             for table, start, length in zip(batch.block_tables, batch.start_positions, batch.query_lens)
+                             for p in range(start, start + length)], dtype=torch.int64)
+
+    def record(self, batch: StepBatch, hidden: torch.Tensor) -> None:
+        self.rows.index_copy_(0, self.slots(batch), hidden)
+
+    def replay(self, block_table: list[int], tokens: int) -> tuple[StepBatch, torch.Tensor]:
+        """One sequence's first `tokens` positions as a batch, with the rows sent for them."""
+        batch = StepBatch([], list(range(tokens)), [tokens], [0], [block_table], [])
+        return batch, self.rows[self.slots(batch)]
+
+
+def wire_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """"auto": the model's own dtype (lossless; 16-bit models send 2 bytes a value)."""
+    return model_dtype if name == "auto" else getattr(torch, name)
+
+
+class StageServer:
+    """One stage. Invariant: messages are handled in the order they arrive in the inbox."""
+
+    def __init__(self, inbox: str):
+        self.context = zmq.Context()
+        self.inbox = self.context.socket(zmq.PULL)
+        self.inbox.bind(inbox)
+        self.head: zmq.Socket | None = None
+        self.downstream: zmq.Socket | None = None
+        self.runner: ModelRunner | None = None
+        self.stage = -1
+        self.busy_s = 0.0
+
+    def _push(self, address: str) -> zmq.Socket:
+        sock = self.context.socket(zmq.PUSH)
+        sock.connect(address)
+        return sock
+
+    def serve(self) -> None:
+        while True:
+            message, tensor = receive(self.inbox)
+            if isinstance(message, Stop):
+                return
+            if isinstance(message, Setup):
+                self._setup(message)
+            elif isinstance(message, Step):
+                started = time.perf_counter()
+                self._step(message, tensor)
+                self.busy_s += time.perf_counter() - started
+            elif isinstance(message, SendReplay):
+                self._send_replay(message)
+            elif isinstance(message, ReplayDone):
+                send(self.head, Replayed(self.stage, message.count))
+            elif isinstance(message, Ping):
+                send(self.head, Pong(self.stage, message.nonce, self.busy_s))
+
+    def _setup(self, setup: Setup) -> None:
+        config = EngineConfig.from_dict(setup.engine_config)
+        device = config.resolve_device()
+        dtype = config.resolve_dtype(device)
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
+        model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
+        self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
+        self.stage = setup.stage
+        self.is_last = model.has_head
+        self.wire = wire_dtype(setup.wire_dtype, dtype)
+        self.log = BoundaryLog(setup.num_blocks * config.block_size, model.config.hidden_size, self.wire,
+                               config.block_size)
+        self.head = self._push(setup.head)
+        self.downstream = self._push(setup.downstream) if setup.downstream else None
+        log.info("stage %d holds layers %d-%d", setup.stage, setup.first_layer, setup.end_layer - 1)
+        send(self.head, Ready(setup.stage))
+
+    def _step(self, step: Step, hidden: torch.Tensor) -> None:
+        hidden = self.runner.run_layers(step.batch, hidden.to(self.runner.model.device))
+        if self.is_last:
+            if not step.replay:
+                send(self.head, Logits(step.step_id), self.runner.logits(step.batch, hidden))
+            return
+        outgoing = hidden.to(self.wire).cpu()
+        self.log.record(step.batch, outgoing)
+        if not step.replay:
+            send(self.downstream, step, outgoing)
+
+    def _send_replay(self, request: SendReplay) -> None:
+        if self.downstream is not None:
+            self.downstream.close(linger=0)
+        self.downstream = self._push(request.downstream)
+        for table, tokens in request.sequences:
+            batch, rows = self.log.replay(table, tokens)
+            send(self.downstream, Step(-1, batch, replay=True), rows)
+        send(self.downstream, ReplayDone(len(request.sequences)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="A pipeline stage (its head sends it the layers to hold).")
+    parser.add_argument("--bind", required=True, help="ZeroMQ address of this stage's inbox")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    StageServer(args.bind).serve()
+
+
+if __name__ == "__main__":
+    main()

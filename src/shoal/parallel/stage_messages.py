@@ -1,0 +1,113 @@
+"""The messages between a pipeline's head and its stages (ZeroMQ, multipart: a pickled header, then
+an optional tensor's raw bytes). Every stage reads one inbox, in order.
+
+To a stage: Setup, Step (activations of one micro-batch, or a replay), SendReplay, Ping, Stop.
+To the head: Ready, Logits, Replayed, Pong.
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+import torch
+import zmq
+
+from shoal.engine.model_runner import StepBatch
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Load layers [first_layer, end_layer) with `num_blocks` KV blocks; send results to `downstream`
+    (the next stage's inbox, or the head's) and replies to `head`."""
+
+    stage: int
+    engine_config: dict
+    first_layer: int
+    end_layer: int
+    num_blocks: int
+    downstream: str | None
+    head: str
+    wire_dtype: str
+
+
+@dataclass(frozen=True)
+class Step:
+    """Hidden states entering this stage for `batch`. A replay rebuilds the KV cache (and the
+    boundary log) of a replacement stage: it is computed, not forwarded."""
+
+    step_id: int
+    batch: StepBatch
+    replay: bool = False
+
+
+@dataclass(frozen=True)
+class SendReplay:
+    """Connect downstream to `downstream` and replay the boundary log of these sequences (block
+    table, tokens computed) to it, then tell it the replay is complete."""
+
+    downstream: str
+    sequences: list[tuple[list[int], int]]
+
+
+@dataclass(frozen=True)
+class ReplayDone:
+    """Sent after a replay's last step: the receiving stage acknowledges to the head."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class Ping:
+    nonce: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+@dataclass(frozen=True)
+class Ready:
+    stage: int
+
+
+@dataclass(frozen=True)
+class Logits:
+    step_id: int
+
+
+@dataclass(frozen=True)
+class Replayed:
+    stage: int
+    count: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    """`busy_s`: the stage's seconds spent computing since it started (for the bubble fraction)."""
+
+    stage: int
+    nonce: int
+    busy_s: float
+
+
+def send(sock: zmq.Socket, header: object, tensor: torch.Tensor | None = None) -> int:
+    """Sends one message; returns the bytes of its tensor (what the wire carries besides headers)."""
+    frames = [pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL)]
+    if tensor is not None:
+        tensor = tensor.contiguous()
+        frames.append(pickle.dumps((tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))))
+        frames.append(memoryview(tensor.view(torch.uint8).numpy()) if tensor.numel() else b"")
+    sock.send_multipart(frames, copy=False)
+    return tensor.numel() * tensor.element_size() if tensor is not None else 0
+
+
+def receive(sock: zmq.Socket) -> tuple[object, torch.Tensor | None]:
+    frames = sock.recv_multipart(copy=False)
+    header = pickle.loads(frames[0].buffer)
+    if len(frames) == 1:
+        return header, None
+    shape, dtype = pickle.loads(frames[1].buffer)
+    raw = bytearray(frames[2].buffer)
+    tensor = torch.frombuffer(raw, dtype=getattr(torch, dtype)) if raw else torch.empty(0, dtype=getattr(torch, dtype))
+    return header, tensor.view(shape)
