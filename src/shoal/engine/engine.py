@@ -4,8 +4,10 @@ from __future__ import annotations
 import logging
 import random
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 
@@ -128,6 +130,9 @@ class LLMEngine:
         self.streams: dict[str, OutputStream] = {}
         self.prompts: dict[str, str | None] = {}
         self._seed_source = random.Random(config.seed)
+        # Micro-batches submitted and not yet collected: (runner handle, chunks, submission time).
+        self.in_flight: deque[tuple[object, list[ScheduledChunk], float]] = deque()
+        self._last_collected = 0.0
         self.speed = SpeedEstimator()
         self.observer: RequestObserver | None = None
         self.reset_counters()
@@ -200,32 +205,37 @@ class LLMEngine:
         return [(list(seq.block_table), seq.num_computed_tokens) for seq in self.scheduler.running]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or bool(self.in_flight)
 
     def step(self) -> list[RequestOutput]:
-        """Runs one iteration: schedule, forward, sample, detokenize, retire finished requests.
+        """Runs one iteration: schedules and submits micro-batches while the runner has room for
+        them in flight (one, unless it is a pipeline), then takes the oldest one's logits: sample,
+        detokenize, retire finished requests.
 
         If the forward pass or sampling raises, the failure is pinned on the requests that fail
         alone (those finish with an error); the others keep their state and continue next step.
         """
-        chunks = self.scheduler.schedule(self.batch_controller.limit)
-        outputs = [self._output(seq, [], self.streams[seq.request_id].take_new_text()) for seq in self.scheduler.outgrown]
+        outputs = self._submit_micro_batches()
+        outputs += [self._output(seq, [], self.streams[seq.request_id].take_new_text()) for seq in self.scheduler.outgrown]
         self.scheduler.outgrown.clear()
-        if not chunks:
+        if not self.in_flight:
             return outputs
-        started = time.perf_counter()
-        completing = [c for c in chunks if c.completes_sequence]
+        handle, chunks, submitted = self.in_flight.popleft()
+        sampling = [c for c in chunks if c.completes_sequence]  # the logits' rows, in order
+        rows = [i for i, c in enumerate(sampling) if not c.seq.is_finished]  # not aborted while in flight
+        chunks = [c for c in chunks if not c.seq.is_finished]
+        completing = [sampling[i] for i in rows]
         try:
-            sampled = self._forward_and_sample(chunks)
-        except ReplicaFailedError as exc:  # no request is to blame, and none can run here any more
-            if self.on_replica_failure is not None:
-                self.on_replica_failure(str(exc))
-            raise
+            sampled = self._sample(completing, self.runner.collect(handle)[rows])
+        except ReplicaFailedError as exc:
+            self._replica_failed(exc)
         except Exception as exc:
             return outputs + self._fail_culprits(chunks, exc)
         if self.config.step_delay_ms:
             time.sleep(self.config.step_delay_ms / 1e3)
-        elapsed = time.perf_counter() - started
+        finished_at = time.perf_counter()
+        elapsed = finished_at - max(submitted, self._last_collected)
+        self._last_collected = finished_at
         decode_tokens = 0
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.length
@@ -251,11 +261,37 @@ class LLMEngine:
             self.batch_controller.observe(elapsed * 1e3, len(chunks), len(self.scheduler.waiting))
         return outputs
 
+    def _submit_micro_batches(self) -> list[RequestOutput]:
+        """Fills the runner's micro-batches in flight; returns the outputs of requests failed on
+        the way."""
+        outputs: list[RequestOutput] = []
+        while len(self.in_flight) < self.runner.depth:
+            busy = frozenset(c.seq.request_id for _, chunks, _ in self.in_flight for c in chunks)
+            chunks = self.scheduler.schedule(self.batch_controller.limit, busy)
+            if not chunks:
+                break
+            try:
+                self.in_flight.append((self.runner.submit(chunks), chunks, time.perf_counter()))
+            except ReplicaFailedError as exc:
+                self._replica_failed(exc)
+            except Exception as exc:
+                outputs += self._fail_culprits(chunks, exc)
+        return outputs
+
+    def _replica_failed(self, exc: ReplicaFailedError) -> NoReturn:
+        """No request is to blame, and none can run here any more."""
+        if self.on_replica_failure is not None:
+            self.on_replica_failure(str(exc))
+        raise exc
+
     def _forward_and_sample(self, chunks: list[ScheduledChunk]) -> list[SampledToken]:
-        logits = self.runner.execute(chunks)
+        return self._sample([c for c in chunks if c.completes_sequence], self.runner.execute(chunks))
+
+    def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[SampledToken]:
+        """Tokens for the chunks that complete their sequence, from their rows of `logits`."""
         rows = [SamplingRow(c.seq.params, c.seq.seed, c.seq.num_tokens, c.seq.prompt_token_ids,
                             c.seq.output_token_ids, self.streams[c.seq.request_id].banned_token_ids())
-                for c in chunks if c.completes_sequence]
+                for c in completing]
         return sample(logits, rows)
 
     def _fail_culprits(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:

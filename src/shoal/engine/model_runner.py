@@ -64,6 +64,16 @@ class ModelRunner:
         self.attention_tile_height = max(8, -(-group // 8) * 8)
         self.kv_caches = model.allocate_kv_cache(num_blocks, block_size)
 
+    # How many micro-batches this runner keeps in flight (a pipeline: one per stage).
+    depth = 1
+
+    def submit(self, chunks: list[ScheduledChunk]) -> object:
+        """Starts a micro-batch; collect(handle) gives its logits. Here nothing runs until then."""
+        return chunks
+
+    def collect(self, handle: object) -> torch.Tensor:
+        return self.execute(handle)
+
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Computes all chunks in one forward pass; returns float32 logits [n, vocab] for the chunks
         that complete their sequence, in order."""

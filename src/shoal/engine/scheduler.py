@@ -68,17 +68,23 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def schedule(self, seq_limit: int | None = None) -> list[ScheduledChunk]:
-        """Plans one step. `seq_limit` (from the adaptive batch controller) caps admissions."""
+    def schedule(self, seq_limit: int | None = None, busy: frozenset[str] = frozenset()) -> list[ScheduledChunk]:
+        """Plans one step. `seq_limit` (from the adaptive batch controller) caps admissions; `busy`
+        sequences (in a micro-batch still in flight) are neither scheduled nor preempted."""
         limit = min(self.max_num_seqs, seq_limit or self.max_num_seqs)
         budget = self.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         index = 0
         while index < len(self.running) and budget > 0:
             seq = self.running[index]
+            if seq.request_id in busy:
+                index += 1
+                continue
             length = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.append_slots(seq, length):
-                victim = self.running[-1]
+                victim = next((s for s in reversed(self.running) if s.request_id not in busy), None)
+                if victim is None:
+                    return chunks
                 self._preempt(victim)
                 if victim is seq:
                     break

@@ -34,6 +34,7 @@ import zmq
 
 from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch
+from shoal.engine.scheduler import ScheduledChunk
 from shoal.errors import ReplicaFailedError
 from shoal.model.config import LlamaConfig
 from shoal.model.llama import LlamaModel
@@ -179,10 +180,17 @@ class PipelineRunner(ModelRunner):
 
     # Running micro-batches.
 
-    def run(self, batch: StepBatch) -> torch.Tensor:
-        return self.collect(self.submit(batch))
+    @property
+    def depth(self) -> int:
+        return len(self.stages)
 
-    def submit(self, batch: StepBatch) -> int:
+    def run(self, batch: StepBatch) -> torch.Tensor:
+        return self.collect(self._submit_batch(batch))
+
+    def submit(self, chunks: list[ScheduledChunk]) -> int:
+        return self._submit_batch(StepBatch.from_chunks(chunks))
+
+    def _submit_batch(self, batch: StepBatch) -> int:
         """Runs the head's layers and sends the result on; returns the micro-batch's id."""
         step_id = next(self.step_ids)
         self.in_flight[step_id] = batch
