@@ -104,6 +104,13 @@ def kv_cache_budget(text: str) -> dict:
     return {"kv_cache_bytes": int(value * SIZE_UNITS[unit])}
 
 
+def layer_counts(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer counts") from None
+
+
 def worker(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -120,7 +127,9 @@ def worker(args: argparse.Namespace) -> int:
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                                     step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
                                     prepack_weights=not args.share_weights,
-                                    tensor_parallel_size=args.tensor_parallel_size, **(args.kv_cache or {})),
+                                    tensor_parallel_size=args.tensor_parallel_size,
+                                    pipeline_parallel_size=args.pipeline_parallel_size,
+                                    layers_per_stage=args.layers_per_stage, **(args.kv_cache or {})),
                        on_replica_failure=_exit_failed)
     calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
@@ -233,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
     worker_parser.add_argument("--tensor-parallel-size", type=int, default=1,
                                help="shard the model over this many processes on this host (one replica)")
+    worker_parser.add_argument("--pipeline-parallel-size", type=int, default=1,
+                               help="split the layers over this many stage processes (one replica)")
+    worker_parser.add_argument("--layers-per-stage", type=layer_counts, default=None, metavar="N,N,...",
+                               help="layers of each pipeline stage (default: planned)")
     worker_parser.add_argument("--share-weights", action="store_true",
                                help="keep the memory-mapped weights shared with the host's other workers "
                                     "instead of repacking a private copy for faster CPU matrix multiplies")

@@ -18,19 +18,6 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
 SIZE = r"^\d+(\.\d+)?\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)$"
 
 
-class Parallelism(Frozen):
-    """Processes per replica: tensor-parallel ranks × pipeline stages (1 × 1: one process)."""
-
-    tensor: int = Field(1, ge=1)
-    pipeline: int = Field(1, ge=1)
-
-    @model_validator(mode="after")
-    def single_process(self) -> "Parallelism":
-        if self.tensor * self.pipeline != 1:
-            raise ValueError("replicas of more than one process (tensor or pipeline > 1) are not supported yet")
-        return self
-
-
 class Resources(Frozen):
     """What one replica needs from a host."""
 
@@ -69,6 +56,8 @@ class ModelDeployment(Frozen):
     `warm_spares` workers load the model but wait outside the router until a replica fails;
     `share_weights` keeps the host's workers on one memory-mapped copy of the weights (CPU matrix
     multiplies are then slower than on a private repacked copy);
+    `tensor_parallel` ranks or `pipeline_parallel` stages make each replica that many processes on
+    its host (one replica to the router), `layers_per_stage` overriding the planned split;
     with `autoscaling`, `replicas` is where it starts."""
 
     name: str = Field(min_length=1)
@@ -84,7 +73,9 @@ class ModelDeployment(Frozen):
     share_weights: bool = False
     drain_grace_s: float = Field(30.0, ge=0)
     fallbacks: list[str] = []
-    parallelism: Parallelism = Parallelism()
+    tensor_parallel: int = Field(1, ge=1)
+    pipeline_parallel: int = Field(1, ge=1)
+    layers_per_stage: list[int] | None = None
     resources: Resources = Resources()
 
     @model_validator(mode="after")
@@ -93,6 +84,16 @@ class ModelDeployment(Frozen):
         if bounds and not bounds.min_replicas <= self.replicas <= bounds.max_replicas:
             raise ValueError(f"replicas ({self.replicas}) must be within autoscaling.min_replicas "
                              f"({bounds.min_replicas}) and max_replicas ({bounds.max_replicas})")
+        return self
+
+    @model_validator(mode="after")
+    def one_kind_of_parallelism(self) -> "ModelDeployment":
+        if self.tensor_parallel > 1 and self.pipeline_parallel > 1:
+            raise ValueError("tensor_parallel and pipeline_parallel in one replica are not supported together yet")
+        if self.layers_per_stage is not None and (len(self.layers_per_stage) != self.pipeline_parallel
+                                                  or min(self.layers_per_stage) < 1):
+            raise ValueError(f"layers_per_stage needs one count of at least 1 per pipeline stage "
+                             f"({self.pipeline_parallel})")
         return self
 
     @field_validator("kv_cache")

@@ -51,4 +51,10 @@ def worker_command(deployment: ModelDeployment, host: str, port: int) -> list[st
         args += ["--num-threads", str(deployment.num_threads)]
     if deployment.share_weights:
         args.append("--share-weights")
+    if deployment.tensor_parallel > 1:
+        args += ["--tensor-parallel-size", str(deployment.tensor_parallel)]
+    if deployment.pipeline_parallel > 1:
+        args += ["--pipeline-parallel-size", str(deployment.pipeline_parallel)]
+    if deployment.layers_per_stage:
+        args += ["--layers-per-stage", ",".join(map(str, deployment.layers_per_stage))]
     return args
