@@ -45,13 +45,21 @@ def test_tiny_model_pipelines_give_the_single_process_tokens(five_layer_model, s
     assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
 
 
-@pytest.mark.parametrize("stages", [2, 3])
-def test_smollm2_pipelines_in_bfloat16_give_the_single_process_tokens(shoal_cache_dir, stages):
+@pytest.fixture(scope="module")
+def smollm2_bfloat16(shoal_cache_dir):
+    """The engine options, and the single process's tokens for the text prompts."""
     options = dict(dtype="bfloat16", kv_cache_bytes=32 << 20, cache_dir=str(shoal_cache_dir))
-    expected = outputs(LLM("smollm2-135m-instruct", **options), TEXT_PROMPTS, GREEDY)
+    return options, outputs(LLM("smollm2-135m-instruct", **options), TEXT_PROMPTS, GREEDY)
+
+
+@pytest.mark.parametrize("stages", [2, 3])
+def test_smollm2_pipelines_in_bfloat16_give_the_single_process_tokens(smollm2_bfloat16, stages):
+    options, expected = smollm2_bfloat16
     pipeline = LLM("smollm2-135m-instruct", pipeline_parallel_size=stages, **options)
     runner = pipeline.engine.runner
     assert outputs(pipeline, TEXT_PROMPTS, GREEDY) == expected
+    if stages == 3:  # the planner's uneven split: the last stage also carries the LM head
+        assert [s.end_layer - s.first_layer for s in runner.plan.stages] == [13, 13, 4]
     assert runner.wire_bytes / runner.wire_tokens == 576 * 2  # one 16-bit hidden state per token
 
 

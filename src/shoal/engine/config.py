@@ -22,7 +22,8 @@ class EngineConfig:
     step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
     tensor_parallel_size > 1 shards every layer over that many processes on this host (one failure
     domain); pipeline_parallel_size > 1 splits the layers into that many stage processes linked by
-    messages (layers_per_stage overrides the planned split).
+    messages (layers_per_stage overrides the planned split); pipeline_wire_dtype is the dtype of the
+    activations between stages ("auto": the model's, lossless; "bfloat16" halves float32 traffic).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -46,6 +47,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
     layers_per_stage: tuple[int, ...] | None = None
+    pipeline_wire_dtype: str = "auto"
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:
@@ -56,6 +58,8 @@ class EngineConfig:
                      "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.pipeline_wire_dtype != "auto" and self.pipeline_wire_dtype not in DTYPES:
+            raise ValueError(f"pipeline_wire_dtype must be auto or one of {sorted(DTYPES)}")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
 

@@ -117,10 +117,11 @@ class LLMEngine:
 
             self.runner = TensorParallelRunner(self.tensor_group, self.model, blocks, config.block_size)
         elif layers:
-            from shoal.parallel.pipeline import PipelineRunner
+            from shoal.parallel.pipeline import PipelineRunner, PipelineSettings
 
             self.runner = PipelineRunner(config, self.model, plan, blocks, config.block_size, self._live_sequences,
-                                         self.block_manager.forget_free_cached)
+                                         self.block_manager.forget_free_cached,
+                                         PipelineSettings(wire_dtype=config.pipeline_wire_dtype))
         else:
             self.runner = ModelRunner(self.model, blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
@@ -265,9 +266,12 @@ class LLMEngine:
         """Fills the runner's micro-batches in flight; returns the outputs of requests failed on
         the way."""
         outputs: list[RequestOutput] = []
-        while len(self.in_flight) < self.runner.depth:
+        depth = self.runner.depth
+        # Sequences share the micro-batches evenly, so that every stage has one to work on.
+        share = -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // depth) if depth > 1 else None
+        while len(self.in_flight) < depth:
             busy = frozenset(c.seq.request_id for _, chunks, _ in self.in_flight for c in chunks)
-            chunks = self.scheduler.schedule(self.batch_controller.limit, busy)
+            chunks = self.scheduler.schedule(self.batch_controller.limit, busy, max_chunks=share)
             if not chunks:
                 break
             try:

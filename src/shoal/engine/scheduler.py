@@ -68,14 +68,17 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def schedule(self, seq_limit: int | None = None, busy: frozenset[str] = frozenset()) -> list[ScheduledChunk]:
+    def schedule(self, seq_limit: int | None = None, busy: frozenset[str] = frozenset(),
+                 max_chunks: int | None = None) -> list[ScheduledChunk]:
         """Plans one step. `seq_limit` (from the adaptive batch controller) caps admissions; `busy`
-        sequences (in a micro-batch still in flight) are neither scheduled nor preempted."""
+        sequences (in a micro-batch still in flight) are neither scheduled nor preempted;
+        `max_chunks` caps the sequences in this step (a pipeline's micro-batch)."""
         limit = min(self.max_num_seqs, seq_limit or self.max_num_seqs)
         budget = self.max_num_batched_tokens
+        room = max_chunks or self.max_num_seqs
         chunks: list[ScheduledChunk] = []
         index = 0
-        while index < len(self.running) and budget > 0:
+        while index < len(self.running) and budget > 0 and len(chunks) < room:
             seq = self.running[index]
             if seq.request_id in busy:
                 index += 1
@@ -92,7 +95,7 @@ class Scheduler:
                 chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
                 budget -= length
                 index += 1
-        while self.waiting and budget > 0 and len(self.running) < limit:
+        while self.waiting and budget > 0 and len(self.running) < limit and len(chunks) < room:
             seq = self.waiting[0]
             cached = self.block_manager.allocate_cached_prefix(seq)
             seq.num_computed_tokens = cached
