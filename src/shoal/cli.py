@@ -129,7 +129,10 @@ def worker(args: argparse.Namespace) -> int:
                                     prepack_weights=not args.share_weights,
                                     tensor_parallel_size=args.tensor_parallel_size,
                                     pipeline_parallel_size=args.pipeline_parallel_size,
-                                    layers_per_stage=args.layers_per_stage, **(args.kv_cache or {})),
+                                    layers_per_stage=args.layers_per_stage,
+                                    pipeline_stage_addresses=tuple(args.stage),
+                                    pipeline_spare_addresses=tuple(args.spare_stage),
+                                    pipeline_spares=args.spare_stages, **(args.kv_cache or {})),
                        on_replica_failure=_exit_failed)
     calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
@@ -149,6 +152,14 @@ def worker(args: argparse.Namespace) -> int:
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     DrainingServer(config, drain, args.drain_grace_s).run()
     async_engine.shutdown()  # the engine thread must not be inside torch when the interpreter exits
+    return 0
+
+
+def stage(args: argparse.Namespace) -> int:
+    from shoal.parallel.pipeline_stage import serve_stage
+
+    configure_logging()
+    serve_stage(args.bind, persistent=True)
     return 0
 
 
@@ -246,6 +257,12 @@ def main(argv: list[str] | None = None) -> int:
                                help="split the layers over this many stage processes (one replica)")
     worker_parser.add_argument("--layers-per-stage", type=layer_counts, default=None, metavar="N,N,...",
                                help="layers of each pipeline stage (default: planned)")
+    worker_parser.add_argument("--stage", action="append", default=[], metavar="ADDRESS",
+                               help="a `shoal stage` server for the next pipeline stage (repeatable, in order)")
+    worker_parser.add_argument("--spare-stage", action="append", default=[], metavar="ADDRESS",
+                               help="a `shoal stage` server kept as a spare for lost stages (repeatable)")
+    worker_parser.add_argument("--spare-stages", type=int, default=0,
+                               help="local spare stage processes, each with a stage's layers loaded")
     worker_parser.add_argument("--share-weights", action="store_true",
                                help="keep the memory-mapped weights shared with the host's other workers "
                                     "instead of repacking a private copy for faster CPU matrix multiplies")
@@ -280,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     restart_parser.add_argument("model")
     restart_parser.add_argument("--state-dir", default="~/.local/state/shoal")
     restart_parser.set_defaults(run=restart)
+    stage_parser = commands.add_parser("stage", help="a pipeline stage server, given its layers by a worker's --stage")
+    stage_parser.add_argument("--bind", default="tcp://0.0.0.0:7100", help="ZeroMQ address of its inbox")
+    stage_parser.set_defaults(run=stage)
     args = parser.parse_args(argv)
     return args.run(args)
 

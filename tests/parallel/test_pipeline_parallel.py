@@ -7,6 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,6 +17,7 @@ import pytest
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
 from shoal.parallel.pipeline import PipelineSettings
+from shoal.processes import free_port
 from tests.parallel.test_tensor_parallel import TEXT_PROMPTS, TINY_PROMPTS
 from tests.tiny_model import write_tiny_model
 
@@ -63,15 +66,17 @@ def test_smollm2_pipelines_in_bfloat16_give_the_single_process_tokens(smollm2_bf
     assert runner.wire_bytes / runner.wire_tokens == 576 * 2  # one 16-bit hidden state per token
 
 
-@pytest.mark.parametrize("stage,fault", [(1, signal.SIGKILL), (2, signal.SIGKILL), (1, signal.SIGSTOP)])
+@pytest.mark.parametrize("stage,fault,spares", [(1, signal.SIGKILL, 0), (2, signal.SIGKILL, 0),
+                                                (1, signal.SIGSTOP, 0), (2, signal.SIGKILL, 2)])
 def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_changes_nothing(
-        five_layer_model, shoal_cache_dir, caplog, stage, fault):
-    """Stage 1 is the middle of three (the head replays to it); stage 2 is replayed to by stage 1."""
+        five_layer_model, shoal_cache_dir, caplog, stage, fault, spares):
+    """Stage 1 is the middle of three (the head replays to it); stage 2 is replayed to by stage 1.
+    With spares, one already holding the lost stage's layers takes over; else one is loaded cold."""
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
     pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=(2, 2, 1), step_delay_ms=10,
-                   **options)
+                   pipeline_spares=spares, **options)
     runner = pipeline.engine.runner
     runner.settings = PipelineSettings(step_deadline_s=2.0, ping_timeout_s=1.0)
     victim = runner.stages[stage].process
@@ -89,3 +94,26 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
     assert at_tokens and at_tokens[0] < len(TINY_PROMPTS) * 60
     assert runner.replays == 1 and victim.poll() is not None
     assert f"pipeline stage {stage} replaced: KV cache rebuilt from the boundary log for 8 sequences" in caplog.text
+    assert ("takes over with its layers loaded" in caplog.text) == bool(spares)
+
+
+def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, shoal_cache_dir):
+    """`shoal stage` servers (here on loopback; anywhere the head can reach) take the layers the
+    head assigns, and wait for the next head when this one stops."""
+    servers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    processes = [subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", address],
+                                  env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir)},
+                                  stderr=subprocess.DEVNULL) for address in servers]
+    try:
+        options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
+        expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
+        for layers in [(2, 2, 1), (1, 1, 3)]:  # a second head, with another split, after the first stopped
+            pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=layers,
+                           pipeline_stage_addresses=tuple(servers), **options)
+            assert [s.process for s in pipeline.engine.runner.stages[1:]] == [None, None]  # started by nobody here
+            assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
+            assert all(process.poll() is None for process in processes)
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()

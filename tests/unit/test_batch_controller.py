@@ -42,8 +42,8 @@ def test_engine_holds_the_latency_target(make_tiny_engine):
     running_sets = []
     original = engine.scheduler.schedule
 
-    def spy(limit=None):
-        chunks = original(limit)
+    def spy(limit=None, *args, **kwargs):
+        chunks = original(limit, *args, **kwargs)
         running_sets.append({s.request_id for s in engine.scheduler.running})
         return chunks
 

@@ -48,6 +48,9 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     layers_per_stage: tuple[int, ...] | None = None
     pipeline_wire_dtype: str = "auto"
+    pipeline_stage_addresses: tuple[str, ...] = ()
+    pipeline_spare_addresses: tuple[str, ...] = ()
+    pipeline_spares: int = 0
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPES:

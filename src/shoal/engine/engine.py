@@ -121,7 +121,10 @@ class LLMEngine:
 
             self.runner = PipelineRunner(config, self.model, plan, blocks, config.block_size, self._live_sequences,
                                          self.block_manager.forget_free_cached,
-                                         PipelineSettings(wire_dtype=config.pipeline_wire_dtype))
+                                         PipelineSettings(wire_dtype=config.pipeline_wire_dtype,
+                                                          stage_addresses=tuple(config.pipeline_stage_addresses),
+                                                          spare_addresses=tuple(config.pipeline_spare_addresses),
+                                                          local_spares=config.pipeline_spares))
         else:
             self.runner = ModelRunner(self.model, blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)

@@ -10,9 +10,11 @@ by a process group, so one lost stage does not take the others with it.
 Several micro-batches may be in flight (`submit` returns at once; `collect` waits for one), so
 while stage 2 computes micro-batch i, the head computes i + 1 and the network carries i's output.
 
-Stage failover: each sender keeps a boundary log (see pipeline_stage.BoundaryLog). When a stage
-dies (its process exits) or hangs (no result within the step deadline, and no answer to a ping),
-the head starts a replacement with the same layers, has the stage before it replay its log for
+Stages are local processes the head starts, or `shoal stage` servers at given addresses (on this
+machine or others). Stage failover: each sender keeps a boundary log (see
+pipeline_stage.BoundaryLog). When a stage dies (its process exits) or hangs (no result within the
+step deadline, and no answer to a ping), the head takes a replacement: a spare already holding
+that stage's layers, else a spare or a new local process loading them, has the stage before it replay its log for
 the live sequences (prompt and output tokens computed so far) so the replacement rebuilds its KV
 cache, and sends the micro-batches in flight again (recomputing a slot writes the same values).
 Output is unchanged. Free blocks still in the prefix cache are dropped from it, since no log
@@ -40,8 +42,8 @@ from shoal.model.config import LlamaConfig
 from shoal.model.llama import LlamaModel
 from shoal.parallel.partition import ModelCost, PartitionPlan, StageNode, plan_from_counts, plan_partition
 from shoal.parallel.pipeline_stage import BoundaryLog, wire_dtype
-from shoal.parallel.stage_messages import (Logits, Ping, Pong, Ready, Replayed, ReplayDone, Setup, SendReplay, Step,
-                                           Stop, receive, send)
+from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup,
+                                           Step, Stop, receive, send)
 from shoal.processes import die_with_parent, free_port
 
 log = logging.getLogger(__name__)
@@ -55,7 +57,10 @@ class StageLost(Exception):
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    """step_deadline_s: how long a micro-batch may take end to end before the stages are checked;
+    """stage_addresses: inboxes of `shoal stage` servers (here or on other machines) for stages
+    1.., else the head starts local stage processes; spare_addresses and local_spares: spare stage
+    servers, each loaded at start with the layers of one stage (spread over the stages) and waiting
+    to take over from a lost one; step_deadline_s: how long a micro-batch may take end to end before the stages are checked;
     ping_timeout_s: how long a live stage has to answer; replacement_timeout_s: how long a
     replacement stage may take to load and replay before the replica gives up."""
 
@@ -63,6 +68,9 @@ class PipelineSettings:
     step_deadline_s: float = 30.0
     ping_timeout_s: float = 2.0
     replacement_timeout_s: float = 120.0
+    stage_addresses: tuple[str, ...] = ()
+    spare_addresses: tuple[str, ...] = ()
+    local_spares: int = 0
 
 
 def plan_stages(config: LlamaConfig, stages: int, layers_per_stage: tuple[int, ...] | None,
@@ -83,25 +91,33 @@ def plan_stages(config: LlamaConfig, stages: int, layers_per_stage: tuple[int, .
     return plan_partition(nodes, model)
 
 
-class StageProcess:
-    """A local stage process and the head's control socket to its inbox."""
+class StageHandle:
+    """The head's link to one stage server: a local process it started, or a remote `shoal stage`
+    at an address. `ident` is unique per handle (replies carry it); `stage` is the stage it holds
+    the layers of (None until set up)."""
 
-    def __init__(self, context: zmq.Context, index: int):
-        self.index = index
-        self.inbox = f"tcp://127.0.0.1:{free_port()}"
-        self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", self.inbox],
-                                        preexec_fn=die_with_parent)
+    def __init__(self, context: zmq.Context, ident: int, address: str | None = None):
+        self.ident = ident
+        self.stage: int | None = None
+        self.process = None
+        if address is None:
+            address = f"tcp://127.0.0.1:{free_port()}"
+            self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
+                                            preexec_fn=die_with_parent)
+        self.inbox = address
         self.control = context.socket(zmq.PUSH)
         self.control.setsockopt(zmq.LINGER, 0)
-        self.control.connect(self.inbox)
+        self.control.connect(address)
 
     def alive(self) -> bool:
-        return self.process.poll() is None
+        """False once a local process has exited; a remote one counts as alive until it fails a ping."""
+        return self.process is None or self.process.poll() is None
 
-    def kill(self) -> None:
-        if self.alive():
-            self.process.kill()
-        self.process.wait()
+    def close(self) -> None:
+        if self.process is not None:
+            if self.alive():
+                self.process.kill()
+            self.process.wait()
         self.control.close(linger=0)
 
 
@@ -123,16 +139,24 @@ class PipelineRunner(ModelRunner):
         self.step_ids = itertools.count()
         self.in_flight: dict[int, StepBatch] = {}
         self.results: dict[int, torch.Tensor] = {}
-        self.stages: list[StageProcess | None] = [None] * len(plan.stages)
+        self.idents = itertools.count(1)
+        self.stages: list[StageHandle | None] = [None] * len(plan.stages)
+        self.spares: list[StageHandle] = []
         self.downstream: zmq.Socket | None = None
         self.wire_bytes = 0
         self.wire_tokens = 0
         self.replays = 0
         self.head_busy_s = 0.0
-        self.started = time.monotonic()
+        addresses = list(settings.stage_addresses)
+        if addresses and len(addresses) != len(plan.stages) - 1:
+            raise ValueError(f"{len(addresses)} stage addresses for {len(plan.stages) - 1} stages after the head")
         for index in range(len(plan.stages) - 1, 0, -1):  # last first: each needs its downstream's address
-            self._start_stage(index)
+            self.stages[index] = self._set_up(self._handle(addresses[index - 1] if addresses else None), index,
+                                              self._downstream_of(index))
         self._connect_downstream()
+        spares = [self._handle(address) for address in settings.spare_addresses]
+        spares += [self._handle() for _ in range(settings.local_spares)]
+        self.spares = [self._set_up(spare, 1 + i % (len(plan.stages) - 1), None) for i, spare in enumerate(spares)]
 
     # Starting and replacing stages.
 
@@ -140,13 +164,34 @@ class PipelineRunner(ModelRunner):
         following = self.stages[index + 1] if index + 1 < len(self.stages) else None
         return following.inbox if following else self.address
 
-    def _start_stage(self, index: int) -> None:
-        stage = StageProcess(self.context, index)
-        self.stages[index] = stage
+    def _handle(self, address: str | None = None) -> StageHandle:
+        return StageHandle(self.context, next(self.idents), address)
+
+    def _set_up(self, handle: StageHandle, index: int, downstream: str | None) -> StageHandle:
+        """Loads stage `index`'s layers on `handle` (a cold load); returns it once ready."""
         spec = self.plan.stages[index]
-        send(stage.control, Setup(index, dataclasses.asdict(self.config), spec.first_layer, spec.end_layer,
-                                  self.num_blocks, self._downstream_of(index), self.address, self.settings.wire_dtype))
-        self._await_control(lambda m: isinstance(m, Ready) and m.stage == index, f"stage {index} did not load its layers")
+        send(handle.control, Setup(index, handle.ident, dataclasses.asdict(self.config), spec.first_layer,
+                                   spec.end_layer, self.num_blocks, downstream, self.address, self.settings.wire_dtype))
+        self._await_control(lambda m: isinstance(m, Ready) and m.ident == handle.ident,
+                            f"stage {index} did not load its layers")
+        handle.stage = index
+        return handle
+
+    def _replacement(self, index: int) -> StageHandle:
+        """A spare already holding stage `index`'s layers, else any spare loaded anew, else a new
+        local stage process: connected to the stage's downstream."""
+        downstream = self._downstream_of(index)
+        warm = next((spare for spare in self.spares if spare.stage == index and spare.alive()), None)
+        if warm is not None:
+            self.spares.remove(warm)
+            send(warm.control, Connect(downstream))
+            log.warning("pipeline stage %d: spare %s takes over with its layers loaded", index, warm.inbox)
+            return warm
+        cold = next((spare for spare in self.spares if spare.alive()), None) or self._handle()
+        if cold in self.spares:
+            self.spares.remove(cold)
+        log.warning("pipeline stage %d: loading its layers on %s", index, cold.inbox)
+        return self._set_up(cold, index, downstream)
 
     def _connect_downstream(self) -> None:
         if self.downstream is not None:
@@ -156,10 +201,11 @@ class PipelineRunner(ModelRunner):
         self.downstream.connect(self.stages[1].inbox)
 
     def _replace(self, index: int) -> None:
-        log.warning("pipeline stage %d is lost; starting a replacement and replaying its boundary log", index)
-        self.stages[index].kill()
+        log.warning("pipeline stage %d is lost; replacing it and replaying its boundary log", index)
+        self.stages[index].close()
+        self.stages[index] = None
         self.results.clear()
-        self._start_stage(index)
+        self.stages[index] = self._replacement(index)
         sequences = [(table, tokens) for table, tokens in self.live_sequences() if tokens]
         self.forget_unreplayed()
         if index == 1:
@@ -170,7 +216,8 @@ class PipelineRunner(ModelRunner):
             send(self.downstream, ReplayDone(len(sequences)))
         else:
             send(self.stages[index - 1].control, SendReplay(self.stages[index].inbox, sequences))
-        self._await_control(lambda m: isinstance(m, Replayed) and m.stage == index,
+        replacement = self.stages[index]
+        self._await_control(lambda m: isinstance(m, Replayed) and m.ident == replacement.ident,
                             f"replacement stage {index} did not rebuild its KV cache")
         self.replays += 1
         log.warning("pipeline stage %d replaced: KV cache rebuilt from the boundary log for %d sequences (%d tokens)",
@@ -242,52 +289,49 @@ class PipelineRunner(ModelRunner):
                 raise StageLost()
 
     def _exited(self) -> list[int]:
-        return [s.index for s in self.stages if s is not None and not s.alive()]
+        return [i for i, s in enumerate(self.stages) if s is not None and not s.alive()]
 
     def _unresponsive_stages(self) -> list[int]:
-        """Stages whose process exited, or that do not answer a ping in time (hung)."""
+        """Stages whose process exited, or that do not answer a ping in time (hung, or unreachable)."""
         dead = self._exited()
         if dead:
             return dead
+        answered = self._ping_all(self.settings.ping_timeout_s)
+        return [i for i, s in enumerate(self.stages) if s is not None and s.ident not in answered]
+
+    def _ping_all(self, timeout_s: float | None) -> dict[int, float]:
+        """Pings every stage; returns {ident: busy seconds} of those that answered within timeout_s
+        (None: waits for all)."""
         nonce = next(self.step_ids)
-        for stage in self.stages[1:]:
+        stages = [s for s in self.stages if s is not None]
+        for stage in stages:
             send(stage.control, Ping(nonce))
-        answered: set[int] = set()
-        deadline = time.monotonic() + self.settings.ping_timeout_s
-        while len(answered) < len(self.stages) - 1 and time.monotonic() < deadline:
+        answered: dict[int, float] = {}
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
+        while len(answered) < len(stages) and time.monotonic() < deadline:
             if self.inbox.poll(50):
                 message, tensor = receive(self.inbox)
                 if isinstance(message, Pong) and message.nonce == nonce:
-                    answered.add(message.stage)
+                    answered[message.ident] = message.busy_s
                 elif isinstance(message, Logits) and message.step_id in self.in_flight:
                     self.results[message.step_id] = tensor
-        return [s.index for s in self.stages[1:] if s.index not in answered]
+        return answered
 
     def stage_busy_seconds(self) -> list[float]:
         """Seconds each stage (head first) has spent computing, for the bubble fraction."""
-        nonce = next(self.step_ids)
-        for stage in self.stages[1:]:
-            send(stage.control, Ping(nonce))
-        busy = {0: self.head_busy_s}
-        while len(busy) < len(self.stages):
-            message, tensor = receive(self.inbox)
-            if isinstance(message, Pong) and message.nonce == nonce:
-                busy[message.stage] = message.busy_s
-            elif isinstance(message, Logits) and message.step_id in self.in_flight:
-                self.results[message.step_id] = tensor
-        return [busy[i] for i in range(len(self.stages))]
+        busy = self._ping_all(None)
+        return [self.head_busy_s] + [busy[s.ident] for s in self.stages[1:]]
 
     def shutdown(self) -> None:
-        for stage in self.stages[1:]:
-            if stage.alive():
-                send(stage.control, Stop())
-        for stage in self.stages[1:]:
-            try:
-                stage.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
-            stage.kill()
-        self.inbox.close(linger=0)
-        if self.downstream is not None:
-            self.downstream.close(linger=0)
-        self.context.term()
+        handles = [s for s in self.stages[1:] if s is not None] + self.spares
+        for handle in handles:
+            if handle.alive():
+                send(handle.control, Stop())
+        for handle in handles:
+            if handle.process is not None:
+                try:
+                    handle.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
+            handle.close()
+        self.context.destroy(linger=0)  # every socket, including a half-made replacement's

@@ -10,7 +10,7 @@ for every slot the head considers computed, what this stage sent for it. When th
 replaced, SendReplay streams the rows of the live sequences to the replacement, which rebuilds its
 KV cache (and its own boundary log) from them.
 
-    python -m shoal.parallel.pipeline_stage --bind tcp://127.0.0.1:PORT
+    shoal stage --bind tcp://0.0.0.0:PORT      (or python -m shoal.parallel.pipeline_stage)
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ import zmq
 from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.model.loader import load_checkpoint
-from shoal.parallel.stage_messages import (Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup, Step,
-                                           Stop, receive, send)
+from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup,
+                                           Step, Stop, receive, send)
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("shoal.parallel.pipeline_stage")
 
 
 class BoundaryLog:
@@ -70,7 +70,7 @@ class StageServer:
         self.head: zmq.Socket | None = None
         self.downstream: zmq.Socket | None = None
         self.runner: ModelRunner | None = None
-        self.stage = -1
+        self.ident = -1
         self.busy_s = 0.0
 
     def _push(self, address: str) -> zmq.Socket:
@@ -78,23 +78,31 @@ class StageServer:
         sock.connect(address)
         return sock
 
-    def serve(self) -> None:
+    def serve(self, persistent: bool = False) -> None:
+        """Handles messages until Stop; a persistent server (`shoal stage`) then drops its layers
+        and waits for its next head instead of exiting."""
         while True:
             message, tensor = receive(self.inbox)
             if isinstance(message, Stop):
-                return
+                if not persistent:
+                    return
+                self.runner = None
+                log.info("released by its head; waiting for the next one")
             if isinstance(message, Setup):
                 self._setup(message)
             elif isinstance(message, Step):
                 started = time.perf_counter()
                 self._step(message, tensor)
                 self.busy_s += time.perf_counter() - started
+            elif isinstance(message, Connect):
+                self._connect(message.downstream)
             elif isinstance(message, SendReplay):
+                self._connect(message.downstream)
                 self._send_replay(message)
             elif isinstance(message, ReplayDone):
-                send(self.head, Replayed(self.stage, message.count))
+                send(self.head, Replayed(self.ident, message.count))
             elif isinstance(message, Ping):
-                send(self.head, Pong(self.stage, message.nonce, self.busy_s))
+                send(self.head, Pong(self.ident, message.nonce, self.busy_s))
 
     def _setup(self, setup: Setup) -> None:
         config = EngineConfig.from_dict(setup.engine_config)
@@ -105,15 +113,17 @@ class StageServer:
         checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
         model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
         self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
-        self.stage = setup.stage
+        self.ident = setup.ident
         self.is_last = model.has_head
         self.wire = wire_dtype(setup.wire_dtype, dtype)
         self.log = BoundaryLog(setup.num_blocks * config.block_size, model.config.hidden_size, self.wire,
                                config.block_size)
         self.head = self._push(setup.head)
-        self.downstream = self._push(setup.downstream) if setup.downstream else None
-        log.info("stage %d holds layers %d-%d", setup.stage, setup.first_layer, setup.end_layer - 1)
-        send(self.head, Ready(setup.stage))
+        if setup.downstream:
+            self._connect(setup.downstream)
+        log.info("%s layers %d-%d (stage %d)", "holds" if setup.downstream else "holds, as a spare,",
+                 setup.first_layer, setup.end_layer - 1, setup.stage)
+        send(self.head, Ready(setup.ident))
 
     def _step(self, step: Step, hidden: torch.Tensor) -> None:
         hidden = self.runner.run_layers(step.batch, hidden.to(self.runner.model.device))
@@ -126,14 +136,22 @@ class StageServer:
         if not step.replay:
             send(self.downstream, step, outgoing)
 
-    def _send_replay(self, request: SendReplay) -> None:
+    def _connect(self, address: str) -> None:
         if self.downstream is not None:
             self.downstream.close(linger=0)
-        self.downstream = self._push(request.downstream)
+        self.downstream = self._push(address)
+
+    def _send_replay(self, request: SendReplay) -> None:
         for table, tokens in request.sequences:
             batch, rows = self.log.replay(table, tokens)
             send(self.downstream, Step(-1, batch, replay=True), rows)
         send(self.downstream, ReplayDone(len(request.sequences)))
+
+
+def serve_stage(bind: str, persistent: bool = False) -> None:
+    """Runs a stage server until SIGTERM, or until its head sends Stop unless `persistent`."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+    StageServer(bind).serve(persistent)
 
 
 def main() -> None:
@@ -141,8 +159,7 @@ def main() -> None:
     parser.add_argument("--bind", required=True, help="ZeroMQ address of this stage's inbox")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    StageServer(args.bind).serve()
+    serve_stage(args.bind)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """The messages between a pipeline's head and its stages (ZeroMQ, multipart: a pickled header, then
 an optional tensor's raw bytes). Every stage reads one inbox, in order.
 
-To a stage: Setup, Step (activations of one micro-batch, or a replay), SendReplay, Ping, Stop.
-To the head: Ready, Logits, Replayed, Pong.
+To a stage: Setup, Connect, Step (activations of one micro-batch, or a replay), SendReplay, Ping,
+Stop. To the head: Ready, Logits, Replayed, Pong. A stage signs what it sends the head with the
+`ident` its Setup gave it (a spare holds a stage's layers under its own ident until it takes over).
 """
 from __future__ import annotations
 
@@ -18,9 +19,10 @@ from shoal.engine.model_runner import StepBatch
 @dataclass(frozen=True)
 class Setup:
     """Load layers [first_layer, end_layer) with `num_blocks` KV blocks; send results to `downstream`
-    (the next stage's inbox, or the head's) and replies to `head`."""
+    (the next stage's inbox, or the head's; None for a spare) and replies to `head`."""
 
     stage: int
+    ident: int
     engine_config: dict
     first_layer: int
     end_layer: int
@@ -28,6 +30,13 @@ class Setup:
     downstream: str | None
     head: str
     wire_dtype: str
+
+
+@dataclass(frozen=True)
+class Connect:
+    """Send results to `downstream` from now on (a spare taking over)."""
+
+    downstream: str
 
 
 @dataclass(frozen=True)
@@ -68,7 +77,7 @@ class Stop:
 
 @dataclass(frozen=True)
 class Ready:
-    stage: int
+    ident: int
 
 
 @dataclass(frozen=True)
@@ -78,7 +87,7 @@ class Logits:
 
 @dataclass(frozen=True)
 class Replayed:
-    stage: int
+    ident: int
     count: int
 
 
@@ -86,7 +95,7 @@ class Replayed:
 class Pong:
     """`busy_s`: the stage's seconds spent computing since it started (for the bubble fraction)."""
 
-    stage: int
+    ident: int
     nonce: int
     busy_s: float
 
