@@ -16,7 +16,8 @@ import pytest
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
-from shoal.parallel.pipeline import PipelineSettings
+from shoal.errors import ReplicaFailedError
+from shoal.parallel.pipeline import PipelineSettings, StageHandle
 from shoal.processes import free_port
 from tests.parallel.test_tensor_parallel import TEXT_PROMPTS, TINY_PROMPTS
 from tests.tiny_model import write_tiny_model
@@ -117,3 +118,23 @@ def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, s
         for process in processes:
             process.kill()
             process.wait()
+
+
+def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_model, shoal_cache_dir):
+    """The replacement's address answers nothing (a machine that is gone): after the deadline the
+    replica fails as a whole, for the router to move its requests, and its failure hook runs."""
+    failures = []
+    pipeline = LLM(five_layer_model, dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir),
+                   pipeline_parallel_size=2, step_delay_ms=10)
+    engine, runner = pipeline.engine, pipeline.engine.runner
+    engine.on_replica_failure = failures.append
+    runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5, replacement_timeout_s=2.0)
+    nowhere = f"tcp://127.0.0.1:{free_port()}"
+    runner._handle = lambda address=None: StageHandle(runner.context, next(runner.idents), address or nowhere)
+    runner.stages[1].process.kill()
+    try:
+        with pytest.raises(ReplicaFailedError, match="stage 1 did not load its layers"):
+            pipeline.generate(TINY_PROMPTS, GREEDY)
+        assert failures and "stage 1 did not load its layers" in failures[0]
+    finally:
+        pipeline.shutdown()

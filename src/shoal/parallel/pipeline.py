@@ -143,7 +143,7 @@ class PipelineRunner(ModelRunner):
         self.stages: list[StageHandle | None] = [None] * len(plan.stages)
         self.spares: list[StageHandle] = []
         self.downstream: zmq.Socket | None = None
-        self.wire_bytes = 0
+        self.wire_bytes = 0  # activations sent by the head for micro-batches (replays not counted)
         self.wire_tokens = 0
         self.replays = 0
         self.head_busy_s = 0.0
@@ -212,7 +212,7 @@ class PipelineRunner(ModelRunner):
             self._connect_downstream()
             for table, tokens in sequences:
                 batch, rows = self.log.replay(table, tokens)
-                self._send(Step(-1, batch, replay=True), rows)
+                send(self.downstream, Step(-1, batch, replay=True), rows)
             send(self.downstream, ReplayDone(len(sequences)))
         else:
             send(self.stages[index - 1].control, SendReplay(self.stages[index].inbox, sequences))
@@ -250,11 +250,8 @@ class PipelineRunner(ModelRunner):
         outgoing = hidden.to(self.wire).cpu()
         self.log.record(batch, outgoing)
         self.head_busy_s += time.perf_counter() - started
-        self._send(Step(step_id, batch), outgoing)
+        self.wire_bytes += send(self.downstream, Step(step_id, batch), outgoing)
         self.wire_tokens += len(batch.input_ids)
-
-    def _send(self, step: Step, rows: torch.Tensor) -> None:
-        self.wire_bytes += send(self.downstream, step, rows)
 
     def collect(self, step_id: int) -> torch.Tensor:
         """The logits of a submitted micro-batch, replacing lost stages on the way if need be."""
