@@ -67,12 +67,14 @@ def test_smollm2_pipelines_in_bfloat16_give_the_single_process_tokens(smollm2_bf
     assert runner.wire_bytes / runner.wire_tokens == 576 * 2  # one 16-bit hidden state per token
 
 
-@pytest.mark.parametrize("stage,fault,spares", [(1, signal.SIGKILL, 0), (2, signal.SIGKILL, 0),
-                                                (1, signal.SIGSTOP, 0), (2, signal.SIGKILL, 2)])
+@pytest.mark.parametrize("stages,fault,spares", [((1,), signal.SIGKILL, 0), ((2,), signal.SIGKILL, 0),
+                                                 ((1,), signal.SIGSTOP, 0), ((2,), signal.SIGKILL, 2),
+                                                 ((1, 2), signal.SIGKILL, 0)])
 def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_changes_nothing(
-        five_layer_model, shoal_cache_dir, caplog, stage, fault, spares):
+        five_layer_model, shoal_cache_dir, caplog, stages, fault, spares):
     """Stage 1 is the middle of three (the head replays to it); stage 2 is replayed to by stage 1.
-    With spares, one already holding the lost stage's layers takes over; else one is loaded cold."""
+    With spares, one already holding the lost stage's layers takes over; else one is loaded cold.
+    Both lost at once: stage 1 is rebuilt first, and its rebuilt log then rebuilds stage 2."""
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
@@ -80,21 +82,23 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
                    pipeline_spares=spares, **options)
     runner = pipeline.engine.runner
     runner.settings = PipelineSettings(step_deadline_s=2.0, ping_timeout_s=1.0)
-    victim = runner.stages[stage].process
+    victims = [runner.stages[stage].process for stage in stages]
     at_tokens = []
 
     def strike() -> None:
         while pipeline.engine.generation_tokens < len(TINY_PROMPTS) * 20:
             time.sleep(0.002)
         at_tokens.append(pipeline.engine.generation_tokens)
-        os.kill(victim.pid, fault)
+        for victim in victims:
+            os.kill(victim.pid, fault)
 
     threading.Thread(target=strike, daemon=True).start()
     with caplog.at_level(logging.WARNING, logger="shoal.parallel.pipeline"):
         assert outputs(pipeline, TINY_PROMPTS, params) == expected
     assert at_tokens and at_tokens[0] < len(TINY_PROMPTS) * 60
-    assert runner.replays == 1 and victim.poll() is not None
-    assert f"pipeline stage {stage} replaced: KV cache rebuilt from the boundary log for 8 sequences" in caplog.text
+    assert runner.replays == len(stages) and all(victim.poll() is not None for victim in victims)
+    for stage in stages:
+        assert f"pipeline stage {stage} replaced: KV cache rebuilt from the boundary log for 8 sequences" in caplog.text
     assert ("takes over with its layers loaded" in caplog.text) == bool(spares)
 
 

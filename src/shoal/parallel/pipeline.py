@@ -49,6 +49,7 @@ from shoal.processes import die_with_parent, free_port
 log = logging.getLogger(__name__)
 
 LiveSequences = Callable[[], list[tuple[list[int], int]]]
+MAX_REPLACEMENTS_PER_STEP = 2
 
 
 class StageLost(Exception):
@@ -66,7 +67,7 @@ class PipelineSettings:
 
     wire_dtype: str = "auto"
     step_deadline_s: float = 30.0
-    ping_timeout_s: float = 2.0
+    ping_timeout_s: float = 10.0
     replacement_timeout_s: float = 120.0
     stage_addresses: tuple[str, ...] = ()
     spare_addresses: tuple[str, ...] = ()
@@ -160,9 +161,12 @@ class PipelineRunner(ModelRunner):
 
     # Starting and replacing stages.
 
-    def _downstream_of(self, index: int) -> str:
-        following = self.stages[index + 1] if index + 1 < len(self.stages) else None
-        return following.inbox if following else self.address
+    def _downstream_of(self, index: int) -> str | None:
+        """The next stage's inbox (None while that stage is being replaced), or the head's."""
+        if index + 1 == len(self.stages):
+            return self.address
+        following = self.stages[index + 1]
+        return following.inbox if following else None
 
     def _handle(self, address: str | None = None) -> StageHandle:
         return StageHandle(self.context, next(self.idents), address)
@@ -184,7 +188,10 @@ class PipelineRunner(ModelRunner):
         warm = next((spare for spare in self.spares if spare.stage == index and spare.alive()), None)
         if warm is not None:
             self.spares.remove(warm)
-            send(warm.control, Connect(downstream))
+            if downstream is not None:
+                send(warm.control, Connect(downstream))
+                self._await_control(lambda m: isinstance(m, Ready) and m.ident == warm.ident,
+                                    f"spare for stage {index} did not connect")
             log.warning("pipeline stage %d: spare %s takes over with its layers loaded", index, warm.inbox)
             return warm
         cold = next((spare for spare in self.spares if spare.alive()), None) or self._handle()
@@ -200,11 +207,20 @@ class PipelineRunner(ModelRunner):
         self.downstream.setsockopt(zmq.LINGER, 0)
         self.downstream.connect(self.stages[1].inbox)
 
-    def _replace(self, index: int) -> None:
-        log.warning("pipeline stage %d is lost; replacing it and replaying its boundary log", index)
-        self.stages[index].close()
-        self.stages[index] = None
+    def _replace_lost(self, lost: list[int]) -> None:
+        """Replaces the lost stages in pipeline order, so that each replacement's upstream already
+        holds its rebuilt boundary log; then sends the micro-batches in flight again."""
+        for index in lost:
+            log.warning("pipeline stage %d is lost; replacing it and replaying its boundary log", index)
+            self.stages[index].close()
+            self.stages[index] = None
         self.results.clear()
+        for index in sorted(lost):
+            self._replace(index)
+        for step_id, batch in list(self.in_flight.items()):
+            self._submit_as(step_id, batch)
+
+    def _replace(self, index: int) -> None:
         self.stages[index] = self._replacement(index)
         sequences = [(table, tokens) for table, tokens in self.live_sequences() if tokens]
         self.forget_unreplayed()
@@ -222,8 +238,6 @@ class PipelineRunner(ModelRunner):
         self.replays += 1
         log.warning("pipeline stage %d replaced: KV cache rebuilt from the boundary log for %d sequences (%d tokens)",
                     index, len(sequences), sum(tokens for _, tokens in sequences))
-        for step_id, batch in list(self.in_flight.items()):
-            self._submit_as(step_id, batch)
 
     # Running micro-batches.
 
@@ -240,8 +254,8 @@ class PipelineRunner(ModelRunner):
     def _submit_batch(self, batch: StepBatch) -> int:
         """Runs the head's layers and sends the result on; returns the micro-batch's id."""
         step_id = next(self.step_ids)
-        self.in_flight[step_id] = batch
         self._submit_as(step_id, batch)
+        self.in_flight[step_id] = batch
         return step_id
 
     def _submit_as(self, step_id: int, batch: StepBatch) -> None:
@@ -255,12 +269,17 @@ class PipelineRunner(ModelRunner):
 
     def collect(self, step_id: int) -> torch.Tensor:
         """The logits of a submitted micro-batch, replacing lost stages on the way if need be."""
+        replaced = 0
         while step_id not in self.results:
             try:
                 self._await(lambda m: isinstance(m, Logits) and m.step_id == step_id, self.settings.step_deadline_s)
             except StageLost:
-                for index in self._unresponsive_stages():
-                    self._replace(index)
+                lost = self._unresponsive_stages()
+                if lost and replaced == MAX_REPLACEMENTS_PER_STEP:  # the batch itself kills stages
+                    raise ReplicaFailedError(f"micro-batch {step_id} lost stages {MAX_REPLACEMENTS_PER_STEP} times")
+                if lost:
+                    self._replace_lost(lost)
+                    replaced += 1
         del self.in_flight[step_id]
         return self.results.pop(step_id)
 

@@ -96,6 +96,7 @@ class StageServer:
                 self.busy_s += time.perf_counter() - started
             elif isinstance(message, Connect):
                 self._connect(message.downstream)
+                send(self.head, Ready(self.ident))
             elif isinstance(message, SendReplay):
                 self._connect(message.downstream)
                 self._send_replay(message)
