@@ -68,12 +68,12 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> "EngineConfig":
-        """Builds a config; unknown keys are errors."""
+        """Builds a config (from JSON too: lists become the tuples the fields hold); unknown keys are errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"unknown engine config keys: {unknown}")
-        return cls(**raw)
+        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in raw.items()})
 
     def resolve_device(self, rank: int = 0) -> torch.device:
         """The device of tensor-parallel rank `rank`: on CUDA, the rank-th GPU from the one named."""

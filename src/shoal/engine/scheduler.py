@@ -85,9 +85,7 @@ class Scheduler:
                 continue
             length = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.append_slots(seq, length):
-                victim = next((s for s in reversed(self.running) if s.request_id not in busy), None)
-                if victim is None:
-                    return chunks
+                victim = next(s for s in reversed(self.running) if s.request_id not in busy)  # seq at the latest
                 self._preempt(victim)
                 if victim is seq:
                     break

@@ -315,15 +315,14 @@ class PipelineRunner(ModelRunner):
         answered = self._ping_all(self.settings.ping_timeout_s)
         return [i for i, s in enumerate(self.stages) if s is not None and s.ident not in answered]
 
-    def _ping_all(self, timeout_s: float | None) -> dict[int, float]:
-        """Pings every stage; returns {ident: busy seconds} of those that answered within timeout_s
-        (None: waits for all)."""
+    def _ping_all(self, timeout_s: float) -> dict[int, float]:
+        """Pings every stage; returns {ident: busy seconds} of those that answered within timeout_s."""
         nonce = next(self.step_ids)
         stages = [s for s in self.stages if s is not None]
         for stage in stages:
             send(stage.control, Ping(nonce))
         answered: dict[int, float] = {}
-        deadline = time.monotonic() + (timeout_s if timeout_s is not None else float("inf"))
+        deadline = time.monotonic() + timeout_s
         while len(answered) < len(stages) and time.monotonic() < deadline:
             if self.inbox.poll(50):
                 message, tensor = receive(self.inbox)
@@ -334,9 +333,10 @@ class PipelineRunner(ModelRunner):
         return answered
 
     def stage_busy_seconds(self) -> list[float]:
-        """Seconds each stage (head first) has spent computing, for the bubble fraction."""
-        busy = self._ping_all(None)
-        return [self.head_busy_s] + [busy[s.ident] for s in self.stages[1:]]
+        """Seconds each stage (head first) has spent computing, for the bubble fraction (NaN for a
+        stage that does not answer in time)."""
+        busy = self._ping_all(self.settings.ping_timeout_s)
+        return [self.head_busy_s] + [busy.get(s.ident, float("nan")) for s in self.stages[1:]]
 
     def shutdown(self) -> None:
         handles = [s for s in self.stages[1:] if s is not None] + self.spares

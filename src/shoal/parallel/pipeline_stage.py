@@ -119,7 +119,10 @@ class StageServer:
         self.wire = wire_dtype(setup.wire_dtype, dtype)
         self.log = BoundaryLog(setup.num_blocks * config.block_size, model.config.hidden_size, self.wire,
                                config.block_size)
-        self.head = self._push(setup.head)
+        for sock in (self.head, self.downstream):  # a persistent server's previous head
+            if sock is not None:
+                sock.close(linger=0)
+        self.head, self.downstream = self._push(setup.head), None
         if setup.downstream:
             self._connect(setup.downstream)
         log.info("%s layers %d-%d (stage %d)", "holds" if setup.downstream else "holds, as a spare,",

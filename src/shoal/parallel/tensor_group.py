@@ -177,10 +177,7 @@ def main() -> None:
     parser.add_argument("--steps", required=True)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
-    raw = json.loads(args.config)
-    if raw.get("layers_per_stage") is not None:
-        raw["layers_per_stage"] = tuple(raw["layers_per_stage"])
-    follow(args.rank, args.port, args.steps, EngineConfig(**raw))
+    follow(args.rank, args.port, args.steps, EngineConfig.from_dict(json.loads(args.config)))
 
 
 if __name__ == "__main__":
