@@ -295,14 +295,21 @@ class PipelineRunner(ModelRunner):
         Raises StageLost when a stage process exits or timeout_s passes first."""
         deadline = time.monotonic() + timeout_s
         while True:
-            if self.inbox.poll(100):
-                message, tensor = receive(self.inbox)
-                if isinstance(message, Logits) and message.step_id in self.in_flight:
-                    self.results[message.step_id] = tensor
+            message = self._receive(100)
+            if message is not None:
                 if wanted(message):
                     return message
             elif self._exited() or time.monotonic() >= deadline:
                 raise StageLost()
+
+    def _receive(self, wait_ms: int) -> object | None:
+        """The next message within wait_ms, or None; the logits of a micro-batch in flight are kept."""
+        if not self.inbox.poll(wait_ms):
+            return None
+        message, tensor = receive(self.inbox)
+        if isinstance(message, Logits) and message.step_id in self.in_flight:
+            self.results[message.step_id] = tensor
+        return message
 
     def _exited(self) -> list[int]:
         return [i for i, s in enumerate(self.stages) if s is not None and not s.alive()]
@@ -324,12 +331,9 @@ class PipelineRunner(ModelRunner):
         answered: dict[int, float] = {}
         deadline = time.monotonic() + timeout_s
         while len(answered) < len(stages) and time.monotonic() < deadline:
-            if self.inbox.poll(50):
-                message, tensor = receive(self.inbox)
-                if isinstance(message, Pong) and message.nonce == nonce:
-                    answered[message.ident] = message.busy_s
-                elif isinstance(message, Logits) and message.step_id in self.in_flight:
-                    self.results[message.step_id] = tensor
+            message = self._receive(50)
+            if isinstance(message, Pong) and message.nonce == nonce:
+                answered[message.ident] = message.busy_s
         return answered
 
     def stage_busy_seconds(self) -> list[float]:
