@@ -4,6 +4,7 @@ activations travel losslessly); a stage killed or hung in the middle of generati
 rebuilds its KV cache from the boundary log, and the output is the output without the failure."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -11,13 +12,16 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
 from shoal.errors import ReplicaFailedError
-from shoal.parallel.pipeline import PipelineSettings, StageHandle
+from shoal.parallel.pipeline import PipelineSettings
+from shoal.parallel.pipeline_plan import plan_stages
+from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
 from tests.parallel.test_tensor_parallel import TEXT_PROMPTS, TINY_PROMPTS
 from tests.tiny_model import write_tiny_model
@@ -102,14 +106,25 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
     assert ("takes over with its layers loaded" in caplog.text) == bool(spares)
 
 
-def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, shoal_cache_dir):
-    """`shoal stage` servers (here on loopback; anywhere the head can reach) take the layers the
-    head assigns, and wait for the next head when this one stops."""
-    servers = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    processes = [subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", address],
-                                  env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir)},
-                                  stderr=subprocess.DEVNULL) for address in servers]
+@contextlib.contextmanager
+def stage_servers(cache_dir, *threads: int | None) -> Iterator[tuple[list[str], list[subprocess.Popen]]]:
+    """`shoal stage` servers on loopback (anywhere the head can reach), with these CPU threads."""
+    addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in threads]
+    processes = [subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", address]
+                                  + (["--num-threads", str(count)] if count else []),
+                                  env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stderr=subprocess.DEVNULL)
+                 for address, count in zip(addresses, threads)]
     try:
+        yield addresses, processes
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+
+
+def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, shoal_cache_dir):
+    """Stage servers take the layers the head assigns, and wait for the next head when this one stops."""
+    with stage_servers(shoal_cache_dir, None, None) as (servers, processes):
         options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
         expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
         for layers in [(2, 2, 1), (1, 1, 3)]:  # a second head, with another split, after the first stopped
@@ -118,10 +133,26 @@ def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, s
             assert [s.process for s in pipeline.engine.runner.stages[1:]] == [None, None]  # started by nobody here
             assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
             assert all(process.poll() is None for process in processes)
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
+
+
+def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five_layer_model, shoal_cache_dir,
+                                                                            caplog):
+    """Probed by the head, each server times a layer with its own threads and reports its free
+    memory; the plan is the planner's best split for these figures (servers on one host share its
+    memory), and the log shows the figures with the plan."""
+    options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
+    expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
+    with stage_servers(shoal_cache_dir, None, 1) as (servers, _), \
+            caplog.at_level(logging.INFO, logger="shoal.engine.engine"):
+        pipeline = LLM(five_layer_model, pipeline_parallel_size=3, pipeline_stage_addresses=tuple(servers), **options)
+        runner = pipeline.engine.runner
+        profiles = runner.profiles
+        assert [p.device.endswith("CPU threads)") for p in profiles] == [True] * 3
+        assert profiles[2].device == "cpu (1 CPU threads)" and all(p.seconds_per_layer > 0 for p in profiles)
+        config = pipeline.engine.model.config
+        assert runner.plan == plan_stages(config, profiles, ["head", *servers], None, 4, pipeline.engine.max_model_len)
+        assert "ms per layer" in caplog.text and servers[1] in caplog.text
+        assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
 
 
 def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_model, shoal_cache_dir):
@@ -134,7 +165,8 @@ def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_mo
     engine.on_replica_failure = failures.append
     runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5, replacement_timeout_s=2.0)
     nowhere = f"tcp://127.0.0.1:{free_port()}"
-    runner._handle = lambda address=None: StageHandle(runner.context, next(runner.idents), address or nowhere)
+    links = runner.links
+    links.handle = lambda address=None: StageHandle(links.context, next(links.idents), address or nowhere)
     runner.stages[1].process.kill()
     try:
         with pytest.raises(ReplicaFailedError, match="stage 1 did not load its layers"):

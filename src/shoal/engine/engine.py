@@ -88,7 +88,6 @@ class LLMEngine:
                              f"{model_config.max_position_embeddings} positions")
         self.on_replica_failure = on_replica_failure
         self.tensor_group = None
-        layers = None
         if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
             raise ValueError("tensor and pipeline parallelism in one replica are not supported together yet")
         if config.tensor_parallel_size > 1:
@@ -96,33 +95,32 @@ class LLMEngine:
 
             check_shardable(model_config, config.tensor_parallel_size)
             self.tensor_group = TensorParallelGroup(config, on_replica_failure)
+        layout = None
         if config.pipeline_parallel_size > 1:
-            from shoal.parallel.pipeline import plan_stages
+            from shoal.parallel.pipeline_plan import PipelineLayout
 
-            plan = plan_stages(model_config, config.pipeline_parallel_size, config.layers_per_stage,
-                               torch.finfo(self.dtype).bits // 8)
-            log.info("pipeline plan:\n%s", plan.describe())
-            layers = range(plan.stages[0].first_layer, plan.stages[0].end_layer)
-        self.model = build_model(config, self.checkpoint, self.device, self.dtype, layers=layers,
+            layout = PipelineLayout.measure(config, self.checkpoint, self.dtype, self.max_model_len)
+            log.info("pipeline plan:\n%s", layout.describe())
+        self.model = build_model(config, self.checkpoint, self.device, self.dtype,
+                                 layers=layout.head_layers if layout else None,
                                  tensor_parallel=self.tensor_group.context if self.tensor_group else None)
-        budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
-        # Every stage has the same blocks; the budget is what the stage with the most layers may use.
-        per_layer = self.model.kv_bytes_per_token() // len(self.model.layers)
-        most_layers = max(plan.layers_per_stage) if layers else len(self.model.layers)
-        blocks = num_kv_blocks(budget, config.block_size, per_layer * most_layers,
-                               config.max_num_seqs * self.max_model_len)
+        if layout:
+            blocks = layout.num_blocks
+        else:
+            budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
+            blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),
+                                   config.max_num_seqs * self.max_model_len)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         if self.tensor_group:
             from shoal.parallel.tensor_group import TensorParallelRunner
 
             self.runner = TensorParallelRunner(self.tensor_group, self.model, blocks, config.block_size)
-        elif layers:
+        elif layout:
             from shoal.parallel.pipeline import PipelineRunner, PipelineSettings
 
-            self.runner = PipelineRunner(config, self.model, plan, blocks, config.block_size, self._live_sequences,
+            self.runner = PipelineRunner(config, self.model, layout, self._live_sequences,
                                          self.block_manager.forget_free_cached,
                                          PipelineSettings(wire_dtype=config.pipeline_wire_dtype,
-                                                          stage_addresses=tuple(config.pipeline_stage_addresses),
                                                           spare_addresses=tuple(config.pipeline_spare_addresses),
                                                           local_spares=config.pipeline_spares))
         else:

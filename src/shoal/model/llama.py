@@ -27,6 +27,11 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]
 
 
+def kv_bytes_per_token_per_layer(config: LlamaConfig, bytes_per_value: int) -> int:
+    """One layer's KV cache per token: keys and values of every KV head (values carry a ones column)."""
+    return config.num_kv_heads * (2 * config.head_dim + 1) * bytes_per_value
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalised in float32, scaled in the weight dtype (as transformers does)."""
     return weight * torch.rms_norm(x.float(), x.shape[-1:], eps=eps).to(weight.dtype)
@@ -159,5 +164,4 @@ class LlamaModel:
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token for the layers and heads held here."""
-        cfg = self.config
-        return len(self.layers) * cfg.num_kv_heads * (2 * cfg.head_dim + 1) * torch.finfo(self.dtype).bits // 8
+        return len(self.layers) * kv_bytes_per_token_per_layer(self.config, torch.finfo(self.dtype).bits // 8)

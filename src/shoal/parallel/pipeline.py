@@ -11,11 +11,11 @@ Several micro-batches may be in flight (`submit` returns at once; `collect` wait
 while stage 2 computes micro-batch i, the head computes i + 1 and the network carries i's output.
 
 Stages are local processes the head starts, or `shoal stage` servers at given addresses (on this
-machine or others). Stage failover: each sender keeps a boundary log (see
+machine or others); pipeline_plan lays them out. Stage failover: each sender keeps a boundary log (see
 pipeline_stage.BoundaryLog). When a stage dies (its process exits) or hangs (no result within the
 step deadline, and no answer to a ping), the head takes a replacement: a spare already holding
-that stage's layers, else a spare or a new local process loading them, has the stage before it replay its log for
-the live sequences (prompt and output tokens computed so far) so the replacement rebuilds its KV
+that stage's layers, else a spare or a new local process loading them, has the stage before it
+replay its log for the live sequences (prompt and output tokens computed so far) so the replacement rebuilds its KV
 cache, and sends the micro-batches in flight again (recomputing a slot writes the same values).
 Output is unchanged. Free blocks still in the prefix cache are dropped from it, since no log
 replay covers them. If no replacement is ready within the deadline, ReplicaFailedError.
@@ -26,7 +26,6 @@ import dataclasses
 import itertools
 import logging
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,13 +37,12 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch
 from shoal.engine.scheduler import ScheduledChunk
 from shoal.errors import ReplicaFailedError
-from shoal.model.config import LlamaConfig
 from shoal.model.llama import LlamaModel
-from shoal.parallel.partition import ModelCost, PartitionPlan, StageNode, plan_from_counts, plan_partition
+from shoal.parallel.pipeline_plan import PipelineLayout
 from shoal.parallel.pipeline_stage import BoundaryLog, wire_dtype
 from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup,
                                            Step, Stop, receive, send)
-from shoal.processes import die_with_parent, free_port
+from shoal.parallel.stage_links import StageHandle
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +56,9 @@ class StageLost(Exception):
 
 @dataclass(frozen=True)
 class PipelineSettings:
-    """stage_addresses: inboxes of `shoal stage` servers (here or on other machines) for stages
-    1.., else the head starts local stage processes; spare_addresses and local_spares: spare stage
-    servers, each loaded at start with the layers of one stage (spread over the stages) and waiting
-    to take over from a lost one; step_deadline_s: how long a micro-batch may take end to end before the stages are checked;
+    """spare_addresses and local_spares: spare stage servers, each loaded at start with the layers
+    of one stage (spread over the stages) and waiting to take over from a lost one;
+    step_deadline_s: how long a micro-batch may take end to end before the stages are checked;
     ping_timeout_s: how long a live stage has to answer; replacement_timeout_s: how long a
     replacement stage may take to load and replay before the replica gives up."""
 
@@ -69,95 +66,43 @@ class PipelineSettings:
     step_deadline_s: float = 30.0
     ping_timeout_s: float = 10.0
     replacement_timeout_s: float = 120.0
-    stage_addresses: tuple[str, ...] = ()
     spare_addresses: tuple[str, ...] = ()
     local_spares: int = 0
-
-
-def plan_stages(config: LlamaConfig, stages: int, layers_per_stage: tuple[int, ...] | None,
-                bytes_per_value: int = 2) -> PartitionPlan:
-    """Layers per stage for stages on one host. Their speed per layer is the same, so the planner
-    balances layers against the LM head's extra work on the last stage (in layer-equivalents:
-    "ms/step" in the plan reads as 1 per layer); memory is the weights'. `layers_per_stage`
-    overrides the plan (checked)."""
-    hidden, inter = config.hidden_size, config.intermediate_size
-    layer_values = hidden * config.head_dim * 2 * (config.num_heads + config.num_kv_heads) + 3 * hidden * inter
-    head_values = config.vocab_size * hidden
-    model = ModelCost(num_layers=config.num_layers, layer_bytes=layer_values * bytes_per_value,
-                      embed_bytes=head_values * bytes_per_value, head_bytes=head_values * bytes_per_value,
-                      head_seconds=1e-3 * head_values / layer_values)
-    nodes = [StageNode(f"local stage {i}", 1e-3, 1 << 62) for i in range(stages)]
-    if layers_per_stage:
-        return plan_from_counts(nodes, model, list(layers_per_stage))
-    return plan_partition(nodes, model)
-
-
-class StageHandle:
-    """The head's link to one stage server: a local process it started, or a remote `shoal stage`
-    at an address. `ident` is unique per handle (replies carry it); `stage` is the stage it holds
-    the layers of (None until set up)."""
-
-    def __init__(self, context: zmq.Context, ident: int, address: str | None = None):
-        self.ident = ident
-        self.stage: int | None = None
-        self.process = None
-        if address is None:
-            address = f"tcp://127.0.0.1:{free_port()}"
-            self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
-                                            preexec_fn=die_with_parent)
-        self.inbox = address
-        self.control = context.socket(zmq.PUSH)
-        self.control.setsockopt(zmq.LINGER, 0)
-        self.control.connect(address)
-
-    def alive(self) -> bool:
-        """False once a local process has exited; a remote one counts as alive until it fails a ping."""
-        return self.process is None or self.process.poll() is None
-
-    def close(self) -> None:
-        if self.process is not None:
-            if self.alive():
-                self.process.kill()
-            self.process.wait()
-        self.control.close(linger=0)
 
 
 class PipelineRunner(ModelRunner):
     """The head's runner. Invariants: `in_flight` holds, in submission order, every micro-batch sent
     and not yet collected; every live stage has received each of them after its last replay."""
 
-    def __init__(self, config: EngineConfig, model: LlamaModel, plan: PartitionPlan, num_blocks: int, block_size: int,
-                 live_sequences: LiveSequences, forget_unreplayed: Callable[[], None],
-                 settings: PipelineSettings = PipelineSettings()):
-        super().__init__(model, num_blocks, block_size)
-        self.config, self.plan, self.settings = config, plan, settings
+    def __init__(self, config: EngineConfig, model: LlamaModel, layout: PipelineLayout, live_sequences: LiveSequences,
+                 forget_unreplayed: Callable[[], None], settings: PipelineSettings = PipelineSettings()):
+        super().__init__(model, layout.num_blocks, config.block_size)
+        self.config, self.plan, self.profiles, self.settings = config, layout.plan, layout.profiles, settings
         self.live_sequences, self.forget_unreplayed = live_sequences, forget_unreplayed
-        self.context = zmq.Context()
-        self.inbox = self.context.socket(zmq.PULL)
-        self.address = f"tcp://127.0.0.1:{self.inbox.bind_to_random_port('tcp://127.0.0.1')}"
+        self.links = layout.links
+        self.inbox, self.address = self.links.inbox, self.links.address
         self.wire = wire_dtype(settings.wire_dtype, model.dtype)
-        self.log = BoundaryLog(num_blocks * block_size, model.config.hidden_size, self.wire, block_size)
+        self.log = BoundaryLog(self.num_blocks * self.block_size, model.config.hidden_size, self.wire, self.block_size)
         self.step_ids = itertools.count()
         self.in_flight: dict[int, StepBatch] = {}
         self.results: dict[int, torch.Tensor] = {}
-        self.idents = itertools.count(1)
-        self.stages: list[StageHandle | None] = [None] * len(plan.stages)
+        self.stages: list[StageHandle | None] = [None, *layout.stages]
         self.spares: list[StageHandle] = []
         self.downstream: zmq.Socket | None = None
         self.wire_bytes = 0  # activations sent by the head for micro-batches (replays not counted)
         self.wire_tokens = 0
         self.replays = 0
         self.head_busy_s = 0.0
-        addresses = list(settings.stage_addresses)
-        if addresses and len(addresses) != len(plan.stages) - 1:
-            raise ValueError(f"{len(addresses)} stage addresses for {len(plan.stages) - 1} stages after the head")
-        for index in range(len(plan.stages) - 1, 0, -1):  # last first: each needs its downstream's address
-            self.stages[index] = self._set_up(self._handle(addresses[index - 1] if addresses else None), index,
-                                              self._downstream_of(index))
-        self._connect_downstream()
-        spares = [self._handle(address) for address in settings.spare_addresses]
-        spares += [self._handle() for _ in range(settings.local_spares)]
-        self.spares = [self._set_up(spare, 1 + i % (len(plan.stages) - 1), None) for i, spare in enumerate(spares)]
+        try:
+            for index in range(len(self.stages) - 1, 0, -1):  # last first: each needs its downstream's address
+                self._set_up(self.stages[index], index, self._downstream_of(index))
+            self._connect_downstream()
+            spares = [self.links.handle(address) for address in settings.spare_addresses]
+            spares += [self.links.handle() for _ in range(settings.local_spares)]
+            self.spares = [self._set_up(spare, 1 + i % (len(self.stages) - 1), None) for i, spare in enumerate(spares)]
+        except BaseException:
+            self.shutdown()
+            raise
 
     # Starting and replacing stages.
 
@@ -167,9 +112,6 @@ class PipelineRunner(ModelRunner):
             return self.address
         following = self.stages[index + 1]
         return following.inbox if following else None
-
-    def _handle(self, address: str | None = None) -> StageHandle:
-        return StageHandle(self.context, next(self.idents), address)
 
     def _set_up(self, handle: StageHandle, index: int, downstream: str | None) -> StageHandle:
         """Loads stage `index`'s layers on `handle` (a cold load); returns it once ready."""
@@ -194,7 +136,7 @@ class PipelineRunner(ModelRunner):
                                     f"spare for stage {index} did not connect")
             log.warning("pipeline stage %d: spare %s takes over with its layers loaded", index, warm.inbox)
             return warm
-        cold = next((spare for spare in self.spares if spare.alive()), None) or self._handle()
+        cold = next((spare for spare in self.spares if spare.alive()), None) or self.links.handle()
         if cold in self.spares:
             self.spares.remove(cold)
         log.warning("pipeline stage %d: loading its layers on %s", index, cold.inbox)
@@ -203,7 +145,7 @@ class PipelineRunner(ModelRunner):
     def _connect_downstream(self) -> None:
         if self.downstream is not None:
             self.downstream.close(linger=0)
-        self.downstream = self.context.socket(zmq.PUSH)
+        self.downstream = self.links.context.socket(zmq.PUSH)
         self.downstream.setsockopt(zmq.LINGER, 0)
         self.downstream.connect(self.stages[1].inbox)
 
@@ -354,4 +296,4 @@ class PipelineRunner(ModelRunner):
                 except subprocess.TimeoutExpired:
                     pass
             handle.close()
-        self.context.destroy(linger=0)  # every socket, including a half-made replacement's
+        self.links.close()  # every socket, including a half-made replacement's

@@ -26,8 +26,9 @@ import zmq
 from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.model.loader import load_checkpoint
-from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup,
-                                           Step, Stop, receive, send)
+from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed, ReplayDone,
+                                           SendReplay, Setup, Step, Stop, receive, send)
+from shoal.parallel.stage_profile import measure_node
 
 log = logging.getLogger("shoal.parallel.pipeline_stage")
 
@@ -63,7 +64,11 @@ def wire_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 class StageServer:
     """One stage. Invariant: messages are handled in the order they arrive in the inbox."""
 
-    def __init__(self, inbox: str):
+    def __init__(self, inbox: str, num_threads: int | None = None):
+        """num_threads: this node's CPU threads, whatever the head's config says."""
+        self.num_threads = num_threads
+        if num_threads:
+            torch.set_num_threads(num_threads)
         self.context = zmq.Context()
         self.inbox = self.context.socket(zmq.PULL)
         self.inbox.bind(inbox)
@@ -88,7 +93,9 @@ class StageServer:
                     return
                 self.runner = None
                 log.info("released by its head; waiting for the next one")
-            if isinstance(message, Setup):
+            if isinstance(message, Probe):
+                self._probe(message)
+            elif isinstance(message, Setup):
                 self._setup(message)
             elif isinstance(message, Step):
                 started = time.perf_counter()
@@ -105,12 +112,24 @@ class StageServer:
             elif isinstance(message, Ping):
                 send(self.head, Pong(self.ident, message.nonce, self.busy_s))
 
+    def _config(self, raw: dict) -> EngineConfig:
+        """The head's engine config, as this node runs it."""
+        config = EngineConfig.from_dict(raw)
+        if config.num_threads and not self.num_threads:
+            torch.set_num_threads(config.num_threads)
+        return config
+
+    def _probe(self, probe: Probe) -> None:
+        profile = measure_node(self._config(probe.engine_config))
+        reply = self._push(probe.head)
+        send(reply, Profiled(probe.ident, profile))
+        reply.close(linger=1000)
+        log.info("probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3, profile.free_bytes / 2**30)
+
     def _setup(self, setup: Setup) -> None:
-        config = EngineConfig.from_dict(setup.engine_config)
+        config = self._config(setup.engine_config)
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
         checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
         model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
         self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
@@ -152,10 +171,10 @@ class StageServer:
         send(self.downstream, ReplayDone(len(request.sequences)))
 
 
-def serve_stage(bind: str, persistent: bool = False) -> None:
+def serve_stage(bind: str, persistent: bool = False, num_threads: int | None = None) -> None:
     """Runs a stage server until SIGTERM, or until its head sends Stop unless `persistent`."""
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    StageServer(bind).serve(persistent)
+    StageServer(bind, num_threads).serve(persistent)
 
 
 def main() -> None:

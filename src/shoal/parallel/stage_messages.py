@@ -1,8 +1,8 @@
 """The messages between a pipeline's head and its stages (ZeroMQ, multipart: a pickled header, then
 an optional tensor's raw bytes). Every stage reads one inbox, in order.
 
-To a stage: Setup, Connect, Step (activations of one micro-batch, or a replay), SendReplay, Ping,
-Stop. To the head: Ready, Logits, Replayed, Pong. A stage signs what it sends the head with the
+To a stage: Probe, Setup, Connect, Step (activations of one micro-batch, or a replay), SendReplay,
+Ping, Stop. To the head: Profiled, Ready, Logits, Replayed, Pong. A stage signs what it sends the head with the
 `ident` its Setup gave it (a spare holds a stage's layers under its own ident until it takes over).
 """
 from __future__ import annotations
@@ -14,6 +14,16 @@ import torch
 import zmq
 
 from shoal.engine.model_runner import StepBatch
+from shoal.parallel.stage_profile import NodeProfile
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Measure this node for the engine config (see stage_profile) and reply to `head`."""
+
+    ident: int
+    engine_config: dict
+    head: str
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,12 @@ class Ping:
 @dataclass(frozen=True)
 class Stop:
     pass
+
+
+@dataclass(frozen=True)
+class Profiled:
+    ident: int
+    profile: NodeProfile
 
 
 @dataclass(frozen=True)
