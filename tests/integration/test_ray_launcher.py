@@ -3,6 +3,8 @@ that have the resources they ask for; when a node goes away its worker is starte
 node that has them, and the router keeps serving throughout."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import openai
 import pytest
 from ray import cluster_utils
@@ -36,3 +38,20 @@ def test_workers_are_placed_by_resources_and_rescheduled_when_their_node_goes(de
                                   and s["node"] == node_c.node_id and s["state"] == "serving"], timeout_s=120)[0]
     assert moved["restarts"] == 1 and moved["url"] in healthy_workers(state_dir)
     assert answers and set(answers) == {16}, [a for a in answers if a != 16][:3]
+
+
+def test_a_pipeline_replica_has_its_stages_placed_on_other_nodes(deploy, ray_cluster):
+    """Each process of the replica asks for one `accel` and each node has one: the stage lands on
+    the other node, the head measures it and plans, and the replica serves as one worker."""
+    cluster, nodes = ray_cluster
+    _, url, state_dir, _ = deploy(replicas=1, pipeline_parallel=2, resources={"cpus": 1, "custom": {"accel": 1}},
+                                  top={"launcher": "ray", "ray_address": cluster.address})
+    [replica] = supervised(state_dir)
+    assert {replica["node"], *replica["stage_nodes"]} == {node.node_id for node in nodes}
+    assert len(replica["stage_nodes"]) == 1
+    log = Path(replica["log"]).read_text()
+    assert "pipeline plan" in log and "ms per layer" in log
+    client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+    with busy(client, clients=2, max_tokens=16) as answers:
+        wait_for(lambda: len(answers) >= 4, timeout_s=120)
+    assert set(answers) == {16}

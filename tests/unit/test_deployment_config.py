@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from shoal.cluster.config import DeploymentConfig, describe
+from shoal.cluster.config import DeploymentConfig, ModelDeployment, describe
+from shoal.cluster.launcher_local import worker_command
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -23,6 +24,10 @@ BROKEN = [
      "models.0: tensor_parallel and pipeline_parallel in one replica are not supported together yet"),
     ({"models": [{"name": "a", "pipeline_parallel": 3, "layers_per_stage": [20, 10]}]},
      "models.0: layers_per_stage needs one count of at least 1 per pipeline stage (3)"),
+    ({"models": [{"name": "a", "pipeline_parallel": 3, "stage_servers": ["tcp://b:7100"]}]},
+     "models.0: stage_servers needs one address per pipeline stage after the first (2)"),
+    ({"models": [{"name": "a", "replicas": 2, "pipeline_parallel": 2, "stage_servers": ["tcp://b:7100"]}]},
+     "models.0: stage_servers serve one pipeline replica"),
     ({"models": [{"name": "a", "tensor_parallel": 0}]},
      "models.0.tensor_parallel: Input should be greater than or equal to 1"),
     ({"models": [{"name": "a"}, {"name": "a"}]}, "models: a defined more than once"),
@@ -61,3 +66,13 @@ def test_the_default_is_two_workers_of_the_bundled_model_and_fallbacks_reach_the
         ("smollm2-135m-instruct", "smollm2-135m-instruct", 2)]
     config = DeploymentConfig(models=[{"name": "big", "fallbacks": ["small"]}, {"name": "small"}])
     assert config.router_config().models["big"].fallbacks == ["small"]
+
+
+def test_a_pipeline_replica_is_given_its_stage_servers_and_spares():
+    deployment = ModelDeployment(name="a", pipeline_parallel=3, layers_per_stage=[10, 10, 10],
+                                 stage_servers=["tcp://b:7100", "tcp://c:7100"], spare_stage_servers=["tcp://d:7100"])
+    command = " ".join(worker_command(deployment, "127.0.0.1", 8001))
+    assert ("--pipeline-parallel-size 3 --layers-per-stage 10,10,10 --stage tcp://b:7100 --stage tcp://c:7100 "
+            "--spare-stage tcp://d:7100") in command
+    placed = " ".join(worker_command(ModelDeployment(name="a", pipeline_parallel=2), "127.0.0.1", 8001, ("tcp://e:1",)))
+    assert placed.endswith("--pipeline-parallel-size 2 --stage tcp://e:1")

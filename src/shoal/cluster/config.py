@@ -56,9 +56,13 @@ class ModelDeployment(Frozen):
     `warm_spares` workers load the model but wait outside the router until a replica fails;
     `share_weights` keeps the host's workers on one memory-mapped copy of the weights (CPU matrix
     multiplies are then slower than on a private repacked copy);
-    `tensor_parallel` ranks or `pipeline_parallel` stages make each replica that many processes on
-    its host (one replica to the router), `layers_per_stage` overriding the planned split;
-    with `autoscaling`, `replicas` is where it starts."""
+    `tensor_parallel` ranks or `pipeline_parallel` stages make each replica that many processes
+    (one replica to the router), `layers_per_stage` overriding the split planned from each node's
+    measured speed and memory: ranks run on the replica's host; stages run there too with the local
+    launcher, on nodes Ray picks (`resources` each) with the Ray launcher, or on `stage_servers`
+    (`shoal stage` addresses, one per stage after the first, for one replica) with
+    `spare_stage_servers` waiting to replace a lost one; with `autoscaling`, `replicas` is where it
+    starts."""
 
     name: str = Field(min_length=1)
     model: str = DEFAULT_MODEL
@@ -76,6 +80,8 @@ class ModelDeployment(Frozen):
     tensor_parallel: int = Field(1, ge=1)
     pipeline_parallel: int = Field(1, ge=1)
     layers_per_stage: list[int] | None = None
+    stage_servers: list[str] = []
+    spare_stage_servers: list[str] = []
     resources: Resources = Resources()
 
     @model_validator(mode="after")
@@ -94,6 +100,13 @@ class ModelDeployment(Frozen):
                                                   or min(self.layers_per_stage) < 1):
             raise ValueError(f"layers_per_stage needs one count of at least 1 per pipeline stage "
                              f"({self.pipeline_parallel})")
+        if self.stage_servers and len(self.stage_servers) != self.pipeline_parallel - 1:
+            raise ValueError(f"stage_servers needs one address per pipeline stage after the first "
+                             f"({self.pipeline_parallel - 1})")
+        if (self.stage_servers or self.spare_stage_servers) and (
+                self.replicas + self.warm_spares > 1 or self.autoscaling or self.pipeline_parallel == 1):
+            raise ValueError("stage_servers serve one pipeline replica: they need pipeline_parallel > 1, "
+                             "one replica, no warm spares and no autoscaling")
         return self
 
     @field_validator("kv_cache")

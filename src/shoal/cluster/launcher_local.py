@@ -16,12 +16,13 @@ from shoal.processes import free_port
 class LaunchedWorker:
     """A started worker. `process` is a subprocess.Popen, or anything with its poll, pid,
     returncode, send_signal, kill and wait (a worker on another machine); `node` names the host
-    where the launcher knows it."""
+    where the launcher knows it, `stage_nodes` those of its pipeline stages."""
 
     process: subprocess.Popen
     url: str
     log_path: Path
     node: str | None = None
+    stage_nodes: tuple[str, ...] = ()
 
 
 class LocalLauncher:
@@ -39,8 +40,10 @@ class LocalLauncher:
         return LaunchedWorker(process, f"http://{self.host}:{port}", log_path)
 
 
-def worker_command(deployment: ModelDeployment, host: str, port: int) -> list[str]:
-    """The `shoal worker` command line of one replica of `deployment`."""
+def worker_command(deployment: ModelDeployment, host: str, port: int,
+                   stage_addresses: tuple[str, ...] = ()) -> list[str]:
+    """The `shoal worker` command line of one replica of `deployment`; its pipeline stages are the
+    deployment's stage servers, else `stage_addresses`, else local processes it starts."""
     args = [sys.executable, "-m", "shoal.cli", "worker", "--model", deployment.model,
             "--served-model-name", deployment.name, "--host", host, "--port", str(port),
             "--dtype", deployment.dtype, "--device", deployment.device,
@@ -57,4 +60,8 @@ def worker_command(deployment: ModelDeployment, host: str, port: int) -> list[st
         args += ["--pipeline-parallel-size", str(deployment.pipeline_parallel)]
     if deployment.layers_per_stage:
         args += ["--layers-per-stage", ",".join(map(str, deployment.layers_per_stage))]
+    for address in deployment.stage_servers or stage_addresses:
+        args += ["--stage", address]
+    for address in deployment.spare_stage_servers:
+        args += ["--spare-stage", address]
     return args

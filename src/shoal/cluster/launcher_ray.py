@@ -1,6 +1,7 @@
 """The Ray launcher: each worker a `shoal worker` process started by a Ray actor on whichever node of
 an existing Ray cluster has the replica's resources (CPUs, GPUs, custom resources that describe
-heterogeneous nodes). The actor owns the process: the process dies with it (parent-death signal),
+heterogeneous nodes); a pipeline replica's stages are `shoal stage` servers in actors of their own,
+spread over the nodes that have the same resources (the head then measures them and plans). The actor owns the process: the process dies with it (parent-death signal),
 so a lost node or a killed actor is a worker exit, which the supervisor handles like any other.
 
 Ray is an optional dependency (`pip install shoal[ray]`), imported only when this launcher is used.
@@ -10,6 +11,7 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -22,21 +24,56 @@ from shoal.processes import die_with_parent
 START_TIMEOUT_S = 120.0
 
 
+def node_address() -> tuple[str, int]:
+    """This Ray node's address and a free port on it."""
+    host = ray.util.get_node_ip_address()
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return host, probe.getsockname()[1]
+
+
+@ray.remote(num_cpus=0, max_restarts=0)
+class StageActor:
+    """Runs one pipeline stage server on its node. Invariant: the process does not outlive the actor."""
+
+    def start(self, log_path: str) -> tuple[str, str]:
+        host, port = node_address()
+        address = f"tcp://{host}:{port}"
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
+                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            preexec_fn=die_with_parent)
+        return address, ray.get_runtime_context().get_node_id()
+
+
+def actor_options(deployment: ModelDeployment) -> dict:
+    """What each process of a replica asks Ray for: the deployment's resources."""
+    resources = deployment.resources
+    return dict(num_cpus=resources.cpus, num_gpus=resources.gpus, resources=dict(resources.custom))
+
+
 @ray.remote(num_cpus=0, max_restarts=0)
 class WorkerActor:
-    """Runs one worker process on its node. Invariant: the process does not outlive the actor."""
+    """Runs one worker process on its node, and the actors of its pipeline stages (on nodes Ray
+    spreads them over) unless the deployment names stage servers. Invariants: the process does not
+    outlive the actor; the stage actors belong to this actor, so they die with it."""
 
-    def start(self, deployment: ModelDeployment, log_dir: str, slot: int) -> tuple[int, str, str, str]:
-        host = ray.util.get_node_ip_address()
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            port = probe.getsockname()[1]
+    def start(self, deployment: ModelDeployment, log_dir: str, slot: int) -> tuple[int, str, str, str, list[str]]:
+        host, port = node_address()
         log_path = Path(log_dir) / f"{deployment.name.replace('/', '_')}-{slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        stages = []
+        if deployment.pipeline_parallel > 1 and not deployment.stage_servers:
+            self.stage_actors = [StageActor.options(**actor_options(deployment), scheduling_strategy="SPREAD").remote()
+                                 for _ in range(deployment.pipeline_parallel - 1)]
+            stages = ray.get([actor.start.remote(f"{log_path}.stage{i}") for i, actor in
+                              enumerate(self.stage_actors, 1)])
         with open(log_path, "ab") as log:
-            self.process = subprocess.Popen(worker_command(deployment, host, port), stdin=subprocess.DEVNULL,
-                                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent)
-        return self.process.pid, f"http://{host}:{port}", str(log_path), ray.get_runtime_context().get_node_id()
+            command = worker_command(deployment, host, port, tuple(address for address, _ in stages))
+            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                            preexec_fn=die_with_parent)
+        return (self.process.pid, f"http://{host}:{port}", str(log_path), ray.get_runtime_context().get_node_id(),
+                [node for _, node in stages])
 
     def poll(self) -> int | None:
         return self.process.poll()
@@ -66,6 +103,8 @@ class RemoteProcess:
                     self.returncode = -signal.SIGKILL
                 if self.returncode is None:
                     self.pending = self.actor.poll.remote()
+                else:  # release the actor's resources, and its stages
+                    ray.kill(self.actor)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -93,9 +132,11 @@ class RayLauncher:
 
     def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker:
         """Blocks until Ray has placed the actor (call it off the event loop)."""
-        resources = deployment.resources
-        actor = WorkerActor.options(num_cpus=resources.cpus, num_gpus=resources.gpus,
-                                    resources=dict(resources.custom)).remote()
-        pid, url, log_path, node = ray.get(actor.start.remote(deployment, str(self.log_dir), slot),
-                                           timeout=START_TIMEOUT_S)
-        return LaunchedWorker(RemoteProcess(actor, pid), url, Path(log_path), node)
+        actor = WorkerActor.options(**actor_options(deployment)).remote()
+        try:
+            pid, url, log_path, node, stage_nodes = ray.get(actor.start.remote(deployment, str(self.log_dir), slot),
+                                                            timeout=START_TIMEOUT_S)
+        except BaseException:
+            ray.kill(actor)
+            raise
+        return LaunchedWorker(RemoteProcess(actor, pid), url, Path(log_path), node, tuple(stage_nodes))

@@ -57,7 +57,7 @@ class Slot:
         return {"model": self.deployment.name, "slot": self.index, "state": str(self.state),
                 "pid": worker.process.pid if worker else None, "url": worker.url if worker else None,
                 "log": str(worker.log_path) if worker else None, "node": worker.node if worker else None,
-                "restarts": self.restarts,
+                "stage_nodes": list(worker.stage_nodes) if worker else [], "restarts": self.restarts,
                 "last_exit": self.last_exit}
 
 
