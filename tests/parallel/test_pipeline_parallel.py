@@ -25,6 +25,7 @@ from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
 from tests.parallel.test_tensor_parallel import TEXT_PROMPTS, TINY_PROMPTS
 from tests.tiny_model import write_tiny_model
+from tests.waiting import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -107,13 +108,16 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
 
 
 @contextlib.contextmanager
-def stage_servers(cache_dir, *threads: int | None) -> Iterator[tuple[list[str], list[subprocess.Popen]]]:
-    """`shoal stage` servers on loopback (anywhere the head can reach), with these CPU threads."""
+def stage_servers(cache_dir, *threads: int | None, log_dir=None) -> Iterator[tuple[list[str], list[subprocess.Popen]]]:
+    """`shoal stage` servers on loopback (anywhere the head can reach), with these CPU threads;
+    server i logs to log_dir/stage-i.log if given."""
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in threads]
-    processes = [subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", address]
-                                  + (["--num-threads", str(count)] if count else []),
-                                  env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stderr=subprocess.DEVNULL)
-                 for address, count in zip(addresses, threads)]
+    processes = []
+    for i, (address, count) in enumerate(zip(addresses, threads)):
+        log = open(log_dir / f"stage-{i}.log", "wb") if log_dir else subprocess.DEVNULL
+        processes.append(subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", address]
+                                          + (["--num-threads", str(count)] if count else []),
+                                          env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stderr=log))
     try:
         yield addresses, processes
     finally:
@@ -153,6 +157,34 @@ def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five
         assert runner.plan == plan_stages(config, profiles, ["head", *servers], None, 4, pipeline.engine.max_model_len)
         assert "ms per layer" in caplog.text and servers[1] in caplog.text
         assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
+
+
+def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale_slots(five_layer_model,
+                                                                                       shoal_cache_dir, tmp_path):
+    """Stage 1, a server SIGSTOPped mid-generation, is replaced; woken up, it forwards the steps
+    that waited in its inbox, and stage 2 drops them: they come from a former upstream."""
+    params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
+    options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
+    expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
+    with stage_servers(shoal_cache_dir, None, None, log_dir=tmp_path) as (servers, processes):
+        pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=(2, 2, 1), step_delay_ms=10,
+                       pipeline_stage_addresses=tuple(servers), **options)
+        runner = pipeline.engine.runner
+        runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5)
+        hung = processes[0]
+
+        def hang_then_wake() -> None:
+            while pipeline.engine.generation_tokens < len(TINY_PROMPTS) * 20:
+                time.sleep(0.002)
+            hung.send_signal(signal.SIGSTOP)
+            while runner.replays == 0:
+                time.sleep(0.01)
+            hung.send_signal(signal.SIGCONT)
+
+        threading.Thread(target=hang_then_wake, daemon=True).start()
+        assert outputs(pipeline, TINY_PROMPTS, params) == expected
+        assert runner.replays == 1
+        wait_for(lambda: "dropped Step from" in (tmp_path / "stage-1.log").read_text(), timeout_s=30)
 
 
 def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_model, shoal_cache_dir):

@@ -1,8 +1,9 @@
 """The Ray launcher: each worker a `shoal worker` process started by a Ray actor on whichever node of
 an existing Ray cluster has the replica's resources (CPUs, GPUs, custom resources that describe
-heterogeneous nodes); a pipeline replica's stages are `shoal stage` servers in actors of their own,
-spread over the nodes that have the same resources (the head then measures them and plans). The actor owns the process: the process dies with it (parent-death signal),
-so a lost node or a killed actor is a worker exit, which the supervisor handles like any other.
+heterogeneous nodes); a pipeline replica's stages are `shoal stage` servers in actors of their
+own, spread over the nodes that have the same resources (the head then measures them and plans).
+An actor owns its process: the process dies with it (parent-death signal), so a lost node or a
+killed actor is a worker exit, which the supervisor handles like any other.
 
 Ray is an optional dependency (`pip install shoal[ray]`), imported only when this launcher is used.
 """

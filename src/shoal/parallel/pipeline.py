@@ -40,8 +40,8 @@ from shoal.errors import ReplicaFailedError
 from shoal.model.llama import LlamaModel
 from shoal.parallel.pipeline_plan import PipelineLayout
 from shoal.parallel.pipeline_stage import BoundaryLog, wire_dtype
-from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay, Setup,
-                                           Step, Stop, receive, send)
+from shoal.parallel.stage_messages import (HEAD_IDENT, Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone,
+                                           SendReplay, Setup, Step, Stop, Upstream, receive, send)
 from shoal.parallel.stage_links import StageHandle
 
 log = logging.getLogger(__name__)
@@ -95,11 +95,12 @@ class PipelineRunner(ModelRunner):
         self.head_busy_s = 0.0
         try:
             for index in range(len(self.stages) - 1, 0, -1):  # last first: each needs its downstream's address
-                self._set_up(self.stages[index], index, self._downstream_of(index))
+                self._set_up(self.stages[index], index, self._downstream_of(index), self._upstream_of(index))
             self._connect_downstream()
             spares = [self.links.handle(address) for address in settings.spare_addresses]
             spares += [self.links.handle() for _ in range(settings.local_spares)]
-            self.spares = [self._set_up(spare, 1 + i % (len(self.stages) - 1), None) for i, spare in enumerate(spares)]
+            self.spares = [self._set_up(spare, 1 + i % (len(self.stages) - 1), None, None)
+                           for i, spare in enumerate(spares)]
         except BaseException:
             self.shutdown()
             raise
@@ -113,11 +114,16 @@ class PipelineRunner(ModelRunner):
         following = self.stages[index + 1]
         return following.inbox if following else None
 
-    def _set_up(self, handle: StageHandle, index: int, downstream: str | None) -> StageHandle:
+    def _upstream_of(self, index: int) -> int:
+        return self.stages[index - 1].ident if index > 1 else HEAD_IDENT
+
+    def _set_up(self, handle: StageHandle, index: int, downstream: str | None,
+                upstream: int | None) -> StageHandle:
         """Loads stage `index`'s layers on `handle` (a cold load); returns it once ready."""
         spec = self.plan.stages[index]
         send(handle.control, Setup(index, handle.ident, dataclasses.asdict(self.config), spec.first_layer,
-                                   spec.end_layer, self.num_blocks, downstream, self.address, self.settings.wire_dtype))
+                                   spec.end_layer, self.num_blocks, downstream, upstream, self.address,
+                                   self.settings.wire_dtype))
         self._await_control(lambda m: isinstance(m, Ready) and m.ident == handle.ident,
                             f"stage {index} did not load its layers")
         handle.stage = index
@@ -126,21 +132,20 @@ class PipelineRunner(ModelRunner):
     def _replacement(self, index: int) -> StageHandle:
         """A spare already holding stage `index`'s layers, else any spare loaded anew, else a new
         local stage process: connected to the stage's downstream."""
-        downstream = self._downstream_of(index)
+        downstream, upstream = self._downstream_of(index), self._upstream_of(index)
         warm = next((spare for spare in self.spares if spare.stage == index and spare.alive()), None)
         if warm is not None:
             self.spares.remove(warm)
-            if downstream is not None:
-                send(warm.control, Connect(downstream))
-                self._await_control(lambda m: isinstance(m, Ready) and m.ident == warm.ident,
-                                    f"spare for stage {index} did not connect")
+            send(warm.control, Connect(downstream, upstream))
+            self._await_control(lambda m: isinstance(m, Ready) and m.ident == warm.ident,
+                                f"spare for stage {index} did not connect")
             log.warning("pipeline stage %d: spare %s takes over with its layers loaded", index, warm.inbox)
             return warm
         cold = next((spare for spare in self.spares if spare.alive()), None) or self.links.handle()
         if cold in self.spares:
             self.spares.remove(cold)
         log.warning("pipeline stage %d: loading its layers on %s", index, cold.inbox)
-        return self._set_up(cold, index, downstream)
+        return self._set_up(cold, index, downstream, upstream)
 
     def _connect_downstream(self) -> None:
         if self.downstream is not None:
@@ -164,14 +169,19 @@ class PipelineRunner(ModelRunner):
 
     def _replace(self, index: int) -> None:
         self.stages[index] = self._replacement(index)
+        following = self.stages[index + 1] if index + 1 < len(self.stages) else None
+        if following is not None:  # it takes steps from the replacement only
+            send(following.control, Upstream(self.stages[index].ident))
+            self._await_control(lambda m: isinstance(m, Ready) and m.ident == following.ident,
+                                f"stage {index + 1} did not take its new upstream")
         sequences = [(table, tokens) for table, tokens in self.live_sequences() if tokens]
         self.forget_unreplayed()
         if index == 1:
             self._connect_downstream()
             for table, tokens in sequences:
                 batch, rows = self.log.replay(table, tokens)
-                send(self.downstream, Step(-1, batch, replay=True), rows)
-            send(self.downstream, ReplayDone(len(sequences)))
+                send(self.downstream, Step(-1, batch, HEAD_IDENT, replay=True), rows)
+            send(self.downstream, ReplayDone(len(sequences), HEAD_IDENT))
         else:
             send(self.stages[index - 1].control, SendReplay(self.stages[index].inbox, sequences))
         replacement = self.stages[index]
@@ -206,7 +216,7 @@ class PipelineRunner(ModelRunner):
         outgoing = hidden.to(self.wire).cpu()
         self.log.record(batch, outgoing)
         self.head_busy_s += time.perf_counter() - started
-        self.wire_bytes += send(self.downstream, Step(step_id, batch), outgoing)
+        self.wire_bytes += send(self.downstream, Step(step_id, batch, HEAD_IDENT), outgoing)
         self.wire_tokens += len(batch.input_ids)
 
     def collect(self, step_id: int) -> torch.Tensor:
@@ -249,7 +259,9 @@ class PipelineRunner(ModelRunner):
         if not self.inbox.poll(wait_ms):
             return None
         message, tensor = receive(self.inbox)
-        if isinstance(message, Logits) and message.step_id in self.in_flight:
+        last = self.stages[-1]
+        if (isinstance(message, Logits) and message.step_id in self.in_flight and last is not None
+                and message.sender == last.ident):  # not from a replaced last stage
             self.results[message.step_id] = tensor
         return message
 

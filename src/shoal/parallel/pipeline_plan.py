@@ -28,7 +28,8 @@ from shoal.parallel.stage_profile import NodeProfile, measure_node
 def layer_values(config: LlamaConfig) -> int:
     """Weights of one decoder layer (attention and MLP projections), in values."""
     hidden = config.hidden_size
-    return hidden * config.head_dim * 2 * (config.num_heads + config.num_kv_heads) + 3 * hidden * config.intermediate_size
+    attention = hidden * config.head_dim * 2 * (config.num_heads + config.num_kv_heads)
+    return attention + 3 * hidden * config.intermediate_size
 
 
 def shared_free_bytes(profiles: list[NodeProfile]) -> list[int]:

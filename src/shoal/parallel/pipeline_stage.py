@@ -27,7 +27,7 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.model.loader import load_checkpoint
 from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed, ReplayDone,
-                                           SendReplay, Setup, Step, Stop, receive, send)
+                                           SendReplay, Setup, Step, Stop, Upstream, receive, send)
 from shoal.parallel.stage_profile import measure_node
 
 log = logging.getLogger("shoal.parallel.pipeline_stage")
@@ -76,6 +76,7 @@ class StageServer:
         self.downstream: zmq.Socket | None = None
         self.runner: ModelRunner | None = None
         self.ident = -1
+        self.upstream: int | None = None
         self.busy_s = 0.0
 
     def _push(self, address: str) -> zmq.Socket:
@@ -97,12 +98,19 @@ class StageServer:
                 self._probe(message)
             elif isinstance(message, Setup):
                 self._setup(message)
+            elif isinstance(message, Step | ReplayDone) and message.sender != self.upstream:
+                log.warning("dropped %s from %d, a former upstream", type(message).__name__, message.sender)
             elif isinstance(message, Step):
                 started = time.perf_counter()
                 self._step(message, tensor)
                 self.busy_s += time.perf_counter() - started
             elif isinstance(message, Connect):
-                self._connect(message.downstream)
+                self.upstream = message.upstream
+                if message.downstream:
+                    self._connect(message.downstream)
+                send(self.head, Ready(self.ident))
+            elif isinstance(message, Upstream):
+                self.upstream = message.upstream
                 send(self.head, Ready(self.ident))
             elif isinstance(message, SendReplay):
                 self._connect(message.downstream)
@@ -124,7 +132,8 @@ class StageServer:
         reply = self._push(probe.head)
         send(reply, Profiled(probe.ident, profile))
         reply.close(linger=1000)
-        log.info("probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3, profile.free_bytes / 2**30)
+        log.info("probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3,
+                 profile.free_bytes / 2**30)
 
     def _setup(self, setup: Setup) -> None:
         config = self._config(setup.engine_config)
@@ -133,7 +142,7 @@ class StageServer:
         checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
         model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
         self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
-        self.ident = setup.ident
+        self.ident, self.upstream = setup.ident, setup.upstream
         self.is_last = model.has_head
         self.wire = wire_dtype(setup.wire_dtype, dtype)
         self.log = BoundaryLog(setup.num_blocks * config.block_size, model.config.hidden_size, self.wire,
@@ -152,12 +161,12 @@ class StageServer:
         hidden = self.runner.run_layers(step.batch, hidden.to(self.runner.model.device))
         if self.is_last:
             if not step.replay:
-                send(self.head, Logits(step.step_id), self.runner.logits(step.batch, hidden))
+                send(self.head, Logits(step.step_id, self.ident), self.runner.logits(step.batch, hidden))
             return
         outgoing = hidden.to(self.wire).cpu()
         self.log.record(step.batch, outgoing)
         if not step.replay:
-            send(self.downstream, step, outgoing)
+            send(self.downstream, Step(step.step_id, step.batch, self.ident), outgoing)
 
     def _connect(self, address: str) -> None:
         if self.downstream is not None:
@@ -167,8 +176,8 @@ class StageServer:
     def _send_replay(self, request: SendReplay) -> None:
         for table, tokens in request.sequences:
             batch, rows = self.log.replay(table, tokens)
-            send(self.downstream, Step(-1, batch, replay=True), rows)
-        send(self.downstream, ReplayDone(len(request.sequences)))
+            send(self.downstream, Step(-1, batch, self.ident, replay=True), rows)
+        send(self.downstream, ReplayDone(len(request.sequences), self.ident))
 
 
 def serve_stage(bind: str, persistent: bool = False, num_threads: int | None = None) -> None:

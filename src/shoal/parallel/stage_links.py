@@ -103,7 +103,8 @@ class StageLinks:
                     profiles[message.ident] = message.profile
         silent = [handle.inbox for handle in handles if handle.ident not in profiles]
         if silent:
-            raise ReplicaFailedError(f"pipeline: stage servers {silent} did not answer a probe within {timeout_s:.0f} s")
+            raise ReplicaFailedError(f"pipeline: stage servers {silent} did not answer a probe "
+                                     f"within {timeout_s:.0f} s")
         return [profiles[handle.ident] for handle in handles]
 
     def close(self) -> None:

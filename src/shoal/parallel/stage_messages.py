@@ -1,9 +1,10 @@
 """The messages between a pipeline's head and its stages (ZeroMQ, multipart: a pickled header, then
 an optional tensor's raw bytes). Every stage reads one inbox, in order.
 
-To a stage: Probe, Setup, Connect, Step (activations of one micro-batch, or a replay), SendReplay,
-Ping, Stop. To the head: Profiled, Ready, Logits, Replayed, Pong. A stage signs what it sends the head with the
-`ident` its Setup gave it (a spare holds a stage's layers under its own ident until it takes over).
+To a stage: Probe, Setup, Connect, Upstream, Step (activations of one micro-batch, or a replay),
+SendReplay, Ping, Stop. To the head: Profiled, Ready, Logits, Replayed, Pong. A stage signs what
+it sends the head with the `ident` its Setup gave it (a spare holds a stage's layers under its own
+ident until it takes over).
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import zmq
 
 from shoal.engine.model_runner import StepBatch
 from shoal.parallel.stage_profile import NodeProfile
+
+HEAD_IDENT = 0  # stage servers' idents start at 1
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,8 @@ class Probe:
 @dataclass(frozen=True)
 class Setup:
     """Load layers [first_layer, end_layer) with `num_blocks` KV blocks; send results to `downstream`
-    (the next stage's inbox, or the head's; None for a spare) and replies to `head`."""
+    (the next stage's inbox, or the head's; None for a spare) and replies to `head`; take steps
+    from `upstream` only (a stage's ident, HEAD_IDENT; None for a spare)."""
 
     stage: int
     ident: int
@@ -38,24 +42,37 @@ class Setup:
     end_layer: int
     num_blocks: int
     downstream: str | None
+    upstream: int | None
     head: str
     wire_dtype: str
 
 
 @dataclass(frozen=True)
 class Connect:
-    """Send results to `downstream` from now on (a spare taking over)."""
+    """From now on take steps from `upstream`, and send results to `downstream` unless None (a
+    spare taking over; its downstream may be a replacement still to come)."""
 
-    downstream: str
+    downstream: str | None
+    upstream: int
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """From now on take steps from `upstream` only (the stage before this one was replaced)."""
+
+    upstream: int
 
 
 @dataclass(frozen=True)
 class Step:
-    """Hidden states entering this stage for `batch`. A replay rebuilds the KV cache (and the
-    boundary log) of a replacement stage: it is computed, not forwarded."""
+    """Hidden states entering this stage for `batch`, from the stage (or head) `sender`. A replay
+    rebuilds the KV cache (and the boundary log) of a replacement stage: it is computed, not
+    forwarded. A stage drops steps whose sender is not its upstream: a replaced stage that wakes
+    up must not write stale slots."""
 
     step_id: int
     batch: StepBatch
+    sender: int
     replay: bool = False
 
 
@@ -70,9 +87,11 @@ class SendReplay:
 
 @dataclass(frozen=True)
 class ReplayDone:
-    """Sent after a replay's last step: the receiving stage acknowledges to the head."""
+    """Sent by `sender` after a replay's last step: the receiving stage acknowledges to the head
+    (if the sender is its upstream)."""
 
     count: int
+    sender: int
 
 
 @dataclass(frozen=True)
@@ -99,6 +118,7 @@ class Ready:
 @dataclass(frozen=True)
 class Logits:
     step_id: int
+    sender: int
 
 
 @dataclass(frozen=True)
