@@ -1,4 +1,5 @@
-"""The `shoal` command line: `shoal chat` (interactive, streaming) and `shoal generate PROMPT...`."""
+"""The `shoal` command line: `shoal chat` (interactive, streaming), `shoal generate PROMPT...`, the
+servers (`worker`, `router`, `serve`, `stage`), cluster control (`status`, `restart`) and `shoal bench`."""
 from __future__ import annotations
 
 import argparse
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
+
+from shoal.bench.options import add_bench_arguments
 
 if TYPE_CHECKING:  # the engine (and torch) load only for the commands that run one
     from shoal.engine.engine import LLMEngine
@@ -159,7 +162,7 @@ def stage(args: argparse.Namespace) -> int:
     from shoal.parallel.pipeline_stage import serve_stage
 
     configure_logging()
-    serve_stage(args.bind, persistent=True)
+    serve_stage(args.bind, persistent=True, num_threads=args.num_threads)
     return 0
 
 
@@ -225,6 +228,12 @@ def restart(args: argparse.Namespace) -> int:
     from shoal.cluster.status import restart as rolling_restart
 
     return rolling_restart(args.state_dir, args.model)
+
+
+def bench(args: argparse.Namespace) -> int:
+    from shoal.bench.command import run
+
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -299,7 +308,13 @@ def main(argv: list[str] | None = None) -> int:
     restart_parser.set_defaults(run=restart)
     stage_parser = commands.add_parser("stage", help="a pipeline stage server, given its layers by a worker's --stage")
     stage_parser.add_argument("--bind", default="tcp://0.0.0.0:7100", help="ZeroMQ address of its inbox")
+    stage_parser.add_argument("--num-threads", type=int, default=None,
+                              help="CPU threads of this stage (default: the head's setting, else every core)")
     stage_parser.set_defaults(run=stage)
+    bench_parser = commands.add_parser("bench", help="load an OpenAI-compatible server; report latency, "
+                                                     "throughput and goodput")
+    add_bench_arguments(bench_parser)
+    bench_parser.set_defaults(run=bench)
     args = parser.parse_args(argv)
     return args.run(args)
 
