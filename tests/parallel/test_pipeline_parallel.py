@@ -4,6 +4,7 @@ activations travel losslessly); a stage killed or hung in the middle of generati
 rebuilds its KV cache from the boundary log, and the output is the output without the failure."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -16,6 +17,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
 from shoal.errors import ReplicaFailedError
@@ -206,3 +208,30 @@ def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_mo
         assert failures and "stage 1 did not load its layers" in failures[0]
     finally:
         pipeline.shutdown()
+
+
+def test_shutting_down_while_a_stage_hangs_interrupts_the_wait(five_layer_model, shoal_cache_dir):
+    """The engine thread waits on a hung stage (step deadline 30 s); shutdown interrupts that wait,
+    fails the request, and stops the stages only once the thread has ended."""
+    llm = LLM(five_layer_model, dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir),
+              pipeline_parallel_size=2, step_delay_ms=10)
+    engine = AsyncLLMEngine(llm.engine)
+    stage = llm.engine.runner.stages[1].process
+
+    async def generate_until_the_hang() -> list:
+        seen = []
+        try:
+            async for output in engine.generate(TINY_PROMPTS[0], GREEDY):
+                seen.append(output)
+                if len(seen) == 5:
+                    stage.send_signal(signal.SIGSTOP)
+                    threading.Timer(1.0, engine.shutdown).start()
+        except RuntimeError as error:
+            seen.append(error)
+        return seen
+
+    started = time.monotonic()
+    seen = asyncio.run(generate_until_the_hang())
+    assert isinstance(seen[-1], RuntimeError) and "interrupted" in str(seen[-1])
+    wait_for(lambda: stage.poll() is not None, timeout_s=20)  # the hung stage was stopped by shutdown
+    assert time.monotonic() - started < 25  # well before the 30 s step deadline

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 
 import httpx
 import psutil
@@ -101,3 +103,26 @@ def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tin
             if process.poll() is None:
                 process.kill()
             process.wait(timeout=30)
+
+
+def test_a_rank_that_dies_before_joining_fails_the_start_at_once(tiny_model_dir, shoal_cache_dir):
+    """Rank 0 waits for its followers to join, watching them: one killed while loading fails the
+    replica's start there and then, not at the rendezvous timeout."""
+    from shoal.engine.config import EngineConfig
+    from shoal.errors import ReplicaFailedError
+    from shoal.parallel.tensor_group import START_TIMEOUT_S, TensorParallelGroup
+
+    def kill_the_follower() -> None:
+        follower = wait_for(lambda: [p for p in psutil.Process().children()
+                                     if "shoal.parallel.tensor_group" in " ".join(p.cmdline())])[0]
+        follower.kill()
+
+    killer = threading.Thread(target=kill_the_follower)
+    killer.start()
+    started = time.monotonic()
+    with pytest.raises(ReplicaFailedError, match="rank 1 exited with status -9 before joining"):
+        TensorParallelGroup(EngineConfig(model=str(tiny_model_dir), tensor_parallel_size=2,
+                                         cache_dir=str(shoal_cache_dir)))
+    killer.join()
+    assert time.monotonic() - started < START_TIMEOUT_S / 2
+    assert not [p for p in psutil.Process().children() if "shoal.parallel.tensor_group" in " ".join(p.cmdline())]

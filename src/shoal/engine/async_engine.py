@@ -22,6 +22,9 @@ from shoal.errors import EngineRequestError
 
 log = logging.getLogger(__name__)
 
+# Longer than a tensor-parallel collective may wait, so a step stuck in one has ended by then.
+SHUTDOWN_WAIT_S = 90.0
+
 
 @dataclass(frozen=True)
 class Resume:
@@ -84,10 +87,15 @@ class AsyncLLMEngine:
         self._commands.put(("abort", request_id))
 
     def shutdown(self) -> None:
-        """Stops the engine thread, then the replica's other processes."""
+        """Stops the engine thread (a step waiting on other processes gives up), then the replica's
+        other processes. Invariant: the engine is shut down only once its thread has ended."""
         self._stopped.set()
+        self.engine.interrupt()
         self._commands.put(("wake",))
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=SHUTDOWN_WAIT_S)
+        if self._thread.is_alive():
+            log.error("the engine thread did not stop within %.0f s; its processes end with this one", SHUTDOWN_WAIT_S)
+            return
         self.engine.shutdown()
 
     def _run(self) -> None:
@@ -130,7 +138,8 @@ class AsyncLLMEngine:
         try:
             outputs = self.engine.step()
         except Exception as exc:
-            log.exception("engine step failed; failing the requests in flight")
+            if not self._stopped.is_set():
+                log.exception("engine step failed; failing the requests in flight")
             for request_id, subscriber in list(self._subscribers.items()):
                 self.engine.abort_request(request_id)
                 subscriber.deliver(RuntimeError(f"engine step failed: {exc}"))

@@ -202,6 +202,10 @@ class LLMEngine:
         """Stops the replica's other processes, if it has any."""
         self.runner.shutdown()
 
+    def interrupt(self) -> None:
+        """From another thread: a step waiting on the replica's other processes gives up."""
+        self.runner.interrupt()
+
     def _live_sequences(self) -> list[tuple[list[int], int]]:
         """(block table, tokens in the KV cache) of every sequence holding blocks."""
         return [(list(seq.block_table), seq.num_computed_tokens) for seq in self.scheduler.running]

@@ -99,6 +99,10 @@ class ModelRunner:
     def shutdown(self) -> None:
         """Stops the processes this runner drives (none for a single process)."""
 
+    def interrupt(self) -> None:
+        """Callable from any thread: a wait on other processes in progress raises ReplicaFailedError
+        (a single process never waits on others)."""
+
     def metadata(self, batch: StepBatch) -> AttentionMetadata:
         return build_attention_metadata(
             query_lens=batch.query_lens,

@@ -26,6 +26,7 @@ import dataclasses
 import itertools
 import logging
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -93,6 +94,7 @@ class PipelineRunner(ModelRunner):
         self.wire_tokens = 0
         self.replays = 0
         self.head_busy_s = 0.0
+        self.interrupted = threading.Event()
         try:
             for index in range(len(self.stages) - 1, 0, -1):  # last first: each needs its downstream's address
                 self._set_up(self.stages[index], index, self._downstream_of(index), self._upstream_of(index))
@@ -121,13 +123,21 @@ class PipelineRunner(ModelRunner):
                 upstream: int | None) -> StageHandle:
         """Loads stage `index`'s layers on `handle` (a cold load); returns it once ready."""
         spec = self.plan.stages[index]
-        send(handle.control, Setup(index, handle.ident, dataclasses.asdict(self.config), spec.first_layer,
-                                   spec.end_layer, self.num_blocks, downstream, upstream, self.address,
-                                   self.settings.wire_dtype))
+        config = dataclasses.asdict(self._stage_config(handle, index))
+        send(handle.control, Setup(index, handle.ident, config, spec.first_layer, spec.end_layer, self.num_blocks,
+                                   downstream, upstream, self.address, self.settings.wire_dtype))
         self._await_control(lambda m: isinstance(m, Ready) and m.ident == handle.ident,
                             f"stage {index} did not load its layers")
         handle.stage = index
         return handle
+
+    def _stage_config(self, handle: StageHandle, index: int) -> EngineConfig:
+        """On CUDA, local stage processes take the GPUs after the head's in turn; stage servers
+        started elsewhere resolve the device where they run."""
+        device = self.model.device
+        if handle.process is None or device.type != "cuda":
+            return self.config
+        return dataclasses.replace(self.config, device=f"cuda:{(device.index + index) % torch.cuda.device_count()}")
 
     def _replacement(self, index: int) -> StageHandle:
         """A spare already holding stage `index`'s layers, else any spare loaded anew, else a new
@@ -247,6 +257,8 @@ class PipelineRunner(ModelRunner):
         Raises StageLost when a stage process exits or timeout_s passes first."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if self.interrupted.is_set():
+                raise ReplicaFailedError("the pipeline was interrupted: the replica is shutting down")
             message = self._receive(100)
             if message is not None:
                 if wanted(message):
@@ -295,6 +307,9 @@ class PipelineRunner(ModelRunner):
         stage that does not answer in time)."""
         busy = self._ping_all(self.settings.ping_timeout_s)
         return [self.head_busy_s] + [busy.get(s.ident, float("nan")) for s in self.stages[1:]]
+
+    def interrupt(self) -> None:
+        self.interrupted.set()
 
     def shutdown(self) -> None:
         handles = [s for s in self.stages[1:] if s is not None] + self.spares

@@ -44,9 +44,15 @@ COLLECTIVE_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 300.0
 
 
-def _process_group(rank: int, size: int, port: int, device: torch.device) -> Any:
+def _store(rank: int, size: int, port: int) -> dist.TCPStore:
+    """The group's rendezvous, served by rank 0. A follower announces itself under joined/RANK once
+    its shard is loaded, just before it joins the group."""
+    return dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=START_TIMEOUT_S),
+                         wait_for_workers=False)
+
+
+def _process_group(rank: int, size: int, store: dist.TCPStore, device: torch.device) -> Any:
     """This rank's membership of the group: gloo on CPU, NCCL on CUDA (one GPU per rank)."""
-    store = dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=START_TIMEOUT_S))
     timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -84,8 +90,27 @@ class TensorParallelGroup:
                 [sys.executable, "-m", "shoal.parallel.tensor_group", "--rank", str(rank), "--port", str(port),
                  "--steps", address, "--config", json.dumps(dataclasses.asdict(config))],
                 preexec_fn=die_with_parent))
-        self.context = TensorParallel(0, self.size, _process_group(0, self.size, port, device))
+        store = _store(0, self.size, port)
+        self._await_followers(store)
+        self.context = TensorParallel(0, self.size, _process_group(0, self.size, store, device))
         threading.Thread(target=self._watch, name="tensor-parallel-watch", daemon=True).start()
+
+    def _await_followers(self, store: dist.TCPStore) -> None:
+        """Returns once every follower is about to join; a follower that exits first, or none
+        joining within START_TIMEOUT_S, fails the group at once rather than at the store's timeout."""
+        deadline = time.monotonic() + START_TIMEOUT_S
+        keys = [f"joined/{rank}" for rank in range(1, self.size)]
+        while not store.check(keys):
+            exited = [(rank, p.returncode) for rank, p in enumerate(self.followers, 1) if p.poll() is not None]
+            if exited or time.monotonic() > deadline:
+                reason = (f"tensor-parallel rank {exited[0][0]} exited with status {exited[0][1]} before joining"
+                          if exited else f"the tensor-parallel ranks did not join within {START_TIMEOUT_S:.0f} s")
+                self.failure = reason
+                for process in self.followers:
+                    process.kill()
+                self.shutdown()
+                raise ReplicaFailedError(reason)
+            time.sleep(0.05)
 
     def begin(self, num_blocks: int) -> None:
         """Tells the followers how many KV blocks to allocate (rank 0's budget decides for all)."""
@@ -162,8 +187,10 @@ def follow(rank: int, port: int, steps: str, config: EngineConfig) -> None:
     context = zmq.Context()
     sock = context.socket(zmq.PULL)
     sock.connect(steps)
+    store = _store(rank, config.tensor_parallel_size, port)
+    store.set(f"joined/{rank}", "1")
     tp = TensorParallel(rank, config.tensor_parallel_size, _process_group(rank, config.tensor_parallel_size,
-                                                                         port, device))
+                                                                         store, device))
     model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
     runner = ModelRunner(model, pickle.loads(sock.recv()), config.block_size)
     while (batch := pickle.loads(sock.recv())) is not None:
