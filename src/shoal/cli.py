@@ -122,6 +122,7 @@ def worker(args: argparse.Namespace) -> int:
     from shoal.engine.config import EngineConfig
     from shoal.engine.engine import LLMEngine
     from shoal.model.weight_cache import default_cache_dir
+    from shoal.observability.tracing import Tracing
     from shoal.worker.admission import AdmissionLimits
     from shoal.worker.drain import DrainingServer, DrainState
     from shoal.worker.server import RouterLink, create_app
@@ -142,15 +143,16 @@ def worker(args: argparse.Namespace) -> int:
     drain = DrainState()
     limits = AdmissionLimits(max_body_bytes=args.max_body_bytes, max_waiting_requests=args.max_waiting_requests)
     routers = []
+    advertised = args.advertise_url or f"http://{args.host}:{args.port}"
     if args.router:
         secret = os.environ.get("SHOAL_CLUSTER_SECRET")
         if not secret:
             print("shoal worker: --router needs the cluster secret in $SHOAL_CLUSTER_SECRET", file=sys.stderr)
             return 2
-        advertised = args.advertise_url or f"http://{args.host}:{args.port}"
         routers = [RouterLink(url, advertised, secret) for url in args.router]
     async_engine = AsyncLLMEngine(engine)
-    app = create_app(async_engine, args.served_model_name or args.model, drain, calibration, limits, routers)
+    tracing = Tracing("shoal-worker", args.otlp_endpoint, instance=advertised)
+    app = create_app(async_engine, args.served_model_name or args.model, drain, calibration, limits, routers, tracing)
     # Past the drain's grace, responses still open are cut (a router continues them elsewhere).
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     DrainingServer(config, drain, args.drain_grace_s).run()
@@ -280,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--router", action="append", default=[], metavar="URL",
                                help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET); "
                                     "repeat for redundant routers")
+    worker_parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                               help="export traces over OTLP/HTTP (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
     worker_parser.add_argument("--advertise-url", default=None,
                                help="the URL the router should use for this worker (default http://HOST:PORT)")
     worker_parser.set_defaults(run=worker)

@@ -172,6 +172,10 @@ def test_at_most_the_configured_fraction_of_a_model_is_ejected_worst_first():
 
 
 def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):
+    from prometheus_client import CollectorRegistry
+
+    from shoal.observability.router_metrics import RouterMetrics
+    from shoal.observability.tracing import Tracing
     from shoal.router.balancer import Balancer
     from shoal.router.config import RouterConfig
     from shoal.router.front_door import FrontDoor
@@ -180,7 +184,8 @@ def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):
     monitor, _ = fleet
     membership = monitor.membership
     front_door = FrontDoor(RouterConfig(admission={"max_in_flight_per_worker": 8}), membership,
-                           Balancer(make_policy("round_robin"), membership), monitor)
+                           Balancer(make_policy("round_robin"), membership), monitor, Tracing("test"),
+                           RouterMetrics(CollectorRegistry()))
     assert front_door.capacity("m") == 24
     breaker = membership.workers["http://a"].breaker
     for _ in range(breaker.failure_threshold):

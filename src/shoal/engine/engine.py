@@ -233,6 +233,7 @@ class LLMEngine:
         completing = [sampling[i] for i in rows]
         try:
             sampled = self._sample(completing, self.runner.collect(handle)[rows])
+            stage_times = self.runner.stage_times(handle)
         except ReplicaFailedError as exc:
             self._replica_failed(exc)
         except Exception as exc:
@@ -254,6 +255,8 @@ class LLMEngine:
         now = time.monotonic()
         for chunk, token in zip(completing, sampled):
             seq = chunk.seq
+            if seq.first_token_time is None:
+                seq.first_token_stage_times = stage_times
             seq.output_token_ids.append(token.token_id)
             self.generation_tokens += 1
             self._observe_token(seq, now)
@@ -279,6 +282,10 @@ class LLMEngine:
             chunks = self.scheduler.schedule(self.batch_controller.limit, busy, max_chunks=share)
             if not chunks:
                 break
+            now = time.monotonic()
+            for chunk in chunks:
+                if chunk.seq.first_scheduled_time is None:
+                    chunk.seq.first_scheduled_time = now
             try:
                 self.in_flight.append((self.runner.submit(chunks), chunks, time.perf_counter()))
             except ReplicaFailedError as exc:

@@ -74,6 +74,11 @@ class ModelRunner:
     def collect(self, handle: object) -> torch.Tensor:
         return self.execute(handle)
 
+    def stage_times(self, handle: object) -> list[tuple[int, int, int]]:
+        """For a collected micro-batch: (pipeline stage, start, end) of each stage's compute, in
+        nanoseconds since the epoch; empty for a model in one process."""
+        return []
+
     def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
         """Computes all chunks in one forward pass; returns float32 logits [n, vocab] for the chunks
         that complete their sequence, in order."""

@@ -28,9 +28,13 @@ class Sequence:
     params: SamplingParams
     seed: int
     arrival_time: float = field(default_factory=time.monotonic)
-    # Monotonic times of this engine's first and latest sampled token for the request.
+    # Monotonic times of this engine's first scheduling, and first and latest sampled token.
+    first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None
+    # Where the step that produced the first token spent its time: (pipeline stage, start, end),
+    # in nanoseconds since the epoch; empty unless the model runs as a pipeline.
+    first_token_stage_times: list[tuple[int, int, int]] = field(default_factory=list)
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0

@@ -87,6 +87,10 @@ class PipelineRunner(ModelRunner):
         self.step_ids = itertools.count()
         self.in_flight: dict[int, StepBatch] = {}
         self.results: dict[int, torch.Tensor] = {}
+        # Stage compute times of micro-batches in flight (the head's) and collected (every stage's).
+        self.head_times: dict[int, tuple[int, int, int]] = {}
+        self.times: dict[int, list[tuple[int, int, int]]] = {}
+        self.collected_times: tuple[int, list[tuple[int, int, int]]] = (-1, [])
         self.stages: list[StageHandle | None] = [None, *layout.stages]
         self.spares: list[StageHandle] = []
         self.downstream: zmq.Socket | None = None
@@ -221,11 +225,12 @@ class PipelineRunner(ModelRunner):
         return step_id
 
     def _submit_as(self, step_id: int, batch: StepBatch) -> None:
-        started = time.perf_counter()
+        started, started_ns = time.perf_counter(), time.time_ns()
         hidden = self.run_layers(batch, torch.tensor(batch.input_ids, device=self.model.device))
         outgoing = hidden.to(self.wire).cpu()
         self.log.record(batch, outgoing)
         self.head_busy_s += time.perf_counter() - started
+        self.head_times[step_id] = (0, started_ns, time.time_ns())
         self.wire_bytes += send(self.downstream, Step(step_id, batch, HEAD_IDENT), outgoing)
         self.wire_tokens += len(batch.input_ids)
 
@@ -243,7 +248,12 @@ class PipelineRunner(ModelRunner):
                     self._replace_lost(lost)
                     replaced += 1
         del self.in_flight[step_id]
+        self.collected_times = (step_id, self.times.pop(step_id, []))
         return self.results.pop(step_id)
+
+    def stage_times(self, step_id: int) -> list[tuple[int, int, int]]:
+        collected, times = self.collected_times
+        return times if collected == step_id else []
 
     def _await_control(self, wanted: Callable[[object], bool], what: str) -> None:
         try:
@@ -275,6 +285,7 @@ class PipelineRunner(ModelRunner):
         if (isinstance(message, Logits) and message.step_id in self.in_flight and last is not None
                 and message.sender == last.ident):  # not from a replaced last stage
             self.results[message.step_id] = tensor
+            self.times[message.step_id] = [self.head_times.pop(message.step_id), *message.stage_times]
         return message
 
     def _exited(self) -> list[int]:

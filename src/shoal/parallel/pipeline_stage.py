@@ -142,7 +142,7 @@ class StageServer:
         checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
         model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
         self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
-        self.ident, self.upstream = setup.ident, setup.upstream
+        self.ident, self.upstream, self.stage = setup.ident, setup.upstream, setup.stage
         self.is_last = model.has_head
         self.wire = wire_dtype(setup.wire_dtype, dtype)
         self.log = BoundaryLog(setup.num_blocks * config.block_size, model.config.hidden_size, self.wire,
@@ -158,15 +158,19 @@ class StageServer:
         send(self.head, Ready(setup.ident))
 
     def _step(self, step: Step, hidden: torch.Tensor) -> None:
+        started = time.time_ns()
         hidden = self.runner.run_layers(step.batch, hidden.to(self.runner.model.device))
         if self.is_last:
             if not step.replay:
-                send(self.head, Logits(step.step_id, self.ident), self.runner.logits(step.batch, hidden))
+                logits = self.runner.logits(step.batch, hidden)
+                times = (*step.stage_times, (self.stage, started, time.time_ns()))
+                send(self.head, Logits(step.step_id, self.ident, times), logits)
             return
         outgoing = hidden.to(self.wire).cpu()
         self.log.record(step.batch, outgoing)
         if not step.replay:
-            send(self.downstream, Step(step.step_id, step.batch, self.ident), outgoing)
+            times = (*step.stage_times, (self.stage, started, time.time_ns()))
+            send(self.downstream, Step(step.step_id, step.batch, self.ident, stage_times=times), outgoing)
 
     def _connect(self, address: str) -> None:
         if self.downstream is not None:

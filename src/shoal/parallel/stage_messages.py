@@ -74,6 +74,7 @@ class Step:
     batch: StepBatch
     sender: int
     replay: bool = False
+    stage_times: tuple[tuple[int, int, int], ...] = ()  # (stage, start ns, end ns) of the stages passed
 
 
 @dataclass(frozen=True)
@@ -117,8 +118,11 @@ class Ready:
 
 @dataclass(frozen=True)
 class Logits:
+    """The logits of a micro-batch, and the compute times of the stages after the head."""
+
     step_id: int
     sender: int
+    stage_times: tuple[tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

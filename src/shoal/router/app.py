@@ -14,6 +14,9 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import JSONResponse, Response
 
+from shoal.observability.router_metrics import RouterMetrics
+from shoal.observability.trace_assembly import whole_trace
+from shoal.observability.tracing import Tracing
 from shoal.router.balancer import Balancer
 from shoal.router.config import RouterConfig
 from shoal.router.front_door import FrontDoor
@@ -49,7 +52,10 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     membership = Membership(config.health, events, config.load_poll_interval_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
     monitor = HealthMonitor(membership, config.health, events, balancer.forget)
-    front_door = FrontDoor(config, membership, balancer, monitor)
+    tracing = Tracing("shoal-router", config.tracing.otlp_endpoint, config.tracing.keep_traces)
+    metrics = RouterMetrics(registry)
+    front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics)
+    metrics.watch(registry, membership, front_door.admission.queued)
     responses_api = ResponsesApi(front_door, config.responses)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
@@ -72,10 +78,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         await monitor.close()
         await responses_api.close()
         await session.close()
+        tracing.shutdown()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
+    app.state.tracing = tracing
     app.include_router(responses_api.routes())
 
     @app.get("/health")
@@ -143,6 +151,20 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             return unauthorized("admin token")
         return JSONResponse({"queued": front_door.admission.queued(), "events": list(events.recent),
                              "workers": [_describe(w) for w in membership.workers.values()]})
+
+    @app.get("/debug/traces")
+    async def recent_requests(request: Request, limit: int = 50) -> Response:
+        """The latest requests' root spans, newest first (admin token)."""
+        if not _bearer_matches(request, admin_token):
+            return unauthorized("admin token")
+        return JSONResponse({"requests": tracing.recent.roots("router.request", max(1, min(limit, 500)))})
+
+    @app.get("/debug/traces/{trace_id}")
+    async def one_trace(trace_id: str, request: Request) -> Response:
+        """Every span of a trace held here and on the workers it reached, in start order (admin token)."""
+        if not _bearer_matches(request, admin_token):
+            return unauthorized("admin token")
+        return JSONResponse({"trace_id": trace_id, "spans": await whole_trace(tracing, membership.session, trace_id)})
 
     @app.delete("/admin/workers/{worker_id:path}")
     async def remove_worker(worker_id: str, request: Request) -> Response:

@@ -4,22 +4,24 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import Policy, eligible
 from shoal.router.prefix_index import PrefixIndex
-from shoal.router.views import RouteRequest, RoutingContext
+from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 
 @dataclass(frozen=True)
 class Placement:
     """A routing decision: the worker, the ticket of its in-flight entry, and the prompt tokens
-    estimated to be found in its prefix cache."""
+    estimated to be found in its prefix cache; the candidates and context it was chosen from."""
 
     worker: WorkerState
     ticket: int
     cached_tokens: int
+    candidates: tuple[WorkerView, ...] = ()
+    context: RoutingContext = field(default_factory=RoutingContext)
 
 
 class Balancer:
@@ -49,7 +51,7 @@ class Balancer:
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, request.expected_decode_tokens)
-        return Placement(state, ticket, cached)
+        return Placement(state, ticket, cached, tuple(candidates), context)
 
     def release(self, placement: Placement) -> None:
         placement.worker.finish(placement.ticket)

@@ -146,6 +146,15 @@ class ResponsesSettings(Frozen):
     redis_url: str = "redis://127.0.0.1:6379/0"
 
 
+class TracingSettings(Frozen):
+    """Spans go to `otlp_endpoint` (OTLP over HTTP, e.g. http://collector:4318/v1/traces) when set,
+    else to the one OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT names, if any; the latest `keep_traces`
+    traces stay in memory for the dashboard either way."""
+
+    otlp_endpoint: str | None = None
+    keep_traces: int = Field(500, ge=1)
+
+
 class RouterConfig(Frozen):
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -169,6 +178,7 @@ class RouterConfig(Frozen):
     responses: ResponsesSettings = ResponsesSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_header_bytes: int = Field(16 << 10, ge=1024)
+    tracing: TracingSettings = TracingSettings()
     seed: int | None = None
 
     @field_validator("policy")

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import replace
 
 import aiohttp
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
+from shoal.observability.router_metrics import RouterMetrics
+from shoal.observability.tracing import Tracing
 from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, Client
 from shoal.router.balancer import Balancer
@@ -20,6 +23,7 @@ from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership
 from shoal.router.proxy import error_response
 from shoal.router.rate_limit import RateLimiter
+from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.route_request import RequestError, route_request
 from shoal.router.stream_failover import StreamFailover
 from shoal.router.views import RouteRequest
@@ -29,8 +33,10 @@ class FrontDoor:
     """Invariant: an admitted request releases its admission slot and its placement exactly once,
     when its response ends (or at once if it never reaches a worker)."""
 
-    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, monitor: HealthMonitor):
+    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, monitor: HealthMonitor,
+                 tracing: Tracing, metrics: RouterMetrics):
         self.config = config
+        self.tracing, self.metrics = tracing, metrics
         self.membership = membership
         self.balancer = balancer
         self.monitor = monitor
@@ -62,6 +68,7 @@ class FrontDoor:
     async def handle(self, request: Request, path: str, chat: bool) -> Response:
         read = await self.read(request)
         if isinstance(read, Response):
+            RequestTelemetry(self.tracing, self.metrics, request.headers, path).finish(read.status_code)
             return read
         client, body = read
         return await self.dispatch(body, request.headers, path, chat, client)
@@ -86,7 +93,16 @@ class FrontDoor:
     async def dispatch(self, body: object, headers: Mapping[str, str], path: str, chat: bool,
                        client: Client) -> Response:
         """Routes one parsed OpenAI request body from an authenticated client (also the entry point
-        of APIs built on completions, such as /v1/responses)."""
+        of APIs built on completions, such as /v1/responses), traced and counted: a streamed
+        response's telemetry ends with its stream, any other's here."""
+        telemetry = RequestTelemetry(self.tracing, self.metrics, headers, path)
+        response = await self._dispatch(body, headers, path, chat, client, telemetry)
+        if not isinstance(response, StreamingResponse):
+            telemetry.finish(response.status_code)
+        return response
+
+    async def _dispatch(self, body: object, headers: Mapping[str, str], path: str, chat: bool, client: Client,
+                        telemetry: RequestTelemetry) -> Response:
         try:
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
@@ -94,6 +110,7 @@ class FrontDoor:
                                    self.config.default_decode_tokens)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        telemetry.routed_as(routed, body.get("stream") is True)
         known = self.membership.known_models | set(self.config.models)
         if routed.model not in known and not any(m in known for m in self.fallbacks(routed.model)):
             return error_response(404, f"model {routed.model!r} is not served by this cluster", "not_found_error",
@@ -112,27 +129,35 @@ class FrontDoor:
             routed, body, degraded = self._degrade(routed, body)
         if self.capacity(routed.model) == 0:  # nothing serves it now: wait a little for a worker to return
             deadline_s = min(deadline_s, self.config.admission.unavailable_wait_s)
+        admission = telemetry.span("router.admission", **{"shoal.model": routed.model,
+                                                          "shoal.priority": routed.priority})
         try:
             await self.admission.admit(routed.model, routed.priority, deadline_s)
         except Refused as refused:
+            admission.set_attribute("shoal.refused", refused.status)
             fallback = next((m for m in self.fallbacks(routed.model) if self.admission.has_room(m)), None)
             if refused.status != 503 or fallback is None:
                 return error_response(refused.status, str(refused), "rate_limit_error" if refused.status == 429
                                       else "service_unavailable", headers={"retry-after": str(refused.retry_after_s)})
             routed, body, degraded = replace(routed, model=fallback), {**body, "model": fallback}, f"fallback={fallback}"
             self.admission.admitted[fallback] += 1
+        finally:
+            admission.set_attribute("shoal.degraded", degraded or "")
+            admission.end()
+        started_ns = time.time_ns()
         placement = self.balancer.place(routed)
+        telemetry.placed(routed, placement, self.balancer.policy.name, started_ns)
         if placement is None:
             self.admission.release(routed.model)
             return error_response(503, f"no worker can take this request for {routed.model!r} now",
                                   "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
         model = routed.model
-        extra = {"x-shoal-degraded": degraded} if degraded else {}
+        extra = {"x-shoal-trace-id": telemetry.trace_id, **({"x-shoal-degraded": degraded} if degraded else {})}
 
         def release_slot() -> None:
             self.admission.release(model)
 
-        return await self.failover.serve(routed, body, path, headers, placement, release_slot, extra, chat)
+        return await self.failover.serve(routed, body, path, headers, placement, release_slot, extra, chat, telemetry)
 
     def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:
         """A sheddable request under saturation: the first fallback model with room, else a shorter

@@ -33,6 +33,7 @@ from shoal.router.config import FailoverSettings
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
+from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
 from shoal.router.views import RouteRequest
 
@@ -70,10 +71,11 @@ class StreamProgress:
 @dataclass
 class Attempt:
     """The request as it stands: where it runs, and the model and body it runs with (a critical
-    request may have fallen back to another model before its first byte)."""
+    request may have fallen back to another model before its first byte); its telemetry."""
 
     routed: RouteRequest
     body: dict
+    telemetry: RequestTelemetry
     placement: Placement | None = None
     upstream: aiohttp.ClientResponse | None = None
 
@@ -98,13 +100,15 @@ class StreamFailover:
                    resuming: bool) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
         answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
-        outgoing = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
+        forwarded = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
         for tried in range(self.settings.attempts[attempt.routed.priority]):
             if attempt.placement is None:
                 return False
             if tried:
                 await asyncio.sleep(self._backoff(tried))
             worker = attempt.placement.worker
+            outgoing = dict(forwarded)
+            attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
             sent = time.monotonic()
             try:
                 upstream = await self.session.post(worker.url + path, json=attempt.body, headers=outgoing)
@@ -120,6 +124,8 @@ class StreamFailover:
                 reason, lost = f"answered {upstream.status}", False
             except (aiohttp.ClientError, TimeoutError) as exc:
                 reason, lost = type(exc).__name__, isinstance(exc, CONNECTION_LOST)
+            attempt.telemetry.end_attempt("failed", reason)
+            attempt.telemetry.retried(worker.worker_id, reason)
             self._abandon(attempt, failed, reason, lost)
             attempt.placement = await self._place(attempt, failed, resuming, wait=False)
         return False
@@ -139,7 +145,9 @@ class StreamFailover:
             exclude = set(failed)
             if resuming:
                 exclude |= {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
+            started_ns = time.time_ns()
             placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude))
+            attempt.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
             if placement is None and not resuming and attempt.routed.priority == "critical":
                 for model in self.fallbacks(attempt.routed.model):
                     placement = self.balancer.place(replace(attempt.routed, model=model), exclude=frozenset(failed))
@@ -192,12 +200,13 @@ class StreamFailover:
 
     async def serve(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
                     placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
-                    chat: bool) -> Response:
+                    chat: bool, telemetry: RequestTelemetry) -> Response:
         """Serves a completion, streamed or not, with any number of choices; `done` runs once when
-        it is over (also when the client leaves before the stream is read)."""
+        it is over (also when the client leaves before the stream is read). A stream's end also
+        finishes its telemetry (any other response's status is the caller's to record)."""
         streaming = body.get("stream") is True
         bodies = choice_bodies(body, force_stream=not streaming)
-        attempts = [Attempt(routed, b, placement if i == 0 else self.balancer.place(routed))
+        attempts = [Attempt(routed, b, telemetry, placement if i == 0 else self.balancer.place(routed))
                     for i, b in enumerate(bodies)]
         finished = False
 
@@ -208,6 +217,10 @@ class StreamFailover:
                 for attempt in attempts:
                     self._finish(attempt)
                 done()
+
+        def stream_over() -> None:
+            finish()
+            telemetry.finish(200)
 
         failed_per_choice = [set() for _ in attempts]
         try:
@@ -226,8 +239,8 @@ class StreamFailover:
         streams = [self._events(a, path, headers, f) for a, f in zip(attempts, failed_per_choice)]
         events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
         if streaming:
-            return StreamingResponse(_finally(events, finish), media_type="text/event-stream", headers=reply_headers,
-                                     background=BackgroundTask(finish))
+            return StreamingResponse(_finally(events, stream_over), media_type="text/event-stream",
+                                     headers=reply_headers, background=BackgroundTask(stream_over))
         try:
             collected = [json.loads(chunk[6:]) async for chunk in events if chunk.startswith(b"data: {")]
         finally:
@@ -245,28 +258,31 @@ class StreamFailover:
         try:
             while True:
                 try:
-                    async for event in self._read(attempt.upstream, attempt.placement.worker, progress):
+                    async for event in self._read(attempt.upstream, attempt.placement.worker, progress,
+                                                  attempt.telemetry):
                         yield event
                     return
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
+                    attempt.telemetry.end_attempt("broken", str(broken))
                     self._abandon(attempt, failed, str(broken), broken.connection_lost)
                     if progress.migrations >= self.settings.max_migrations:
-                        yield _error_event("the request failed on every worker tried")
+                        yield _gave_up(attempt, "the request failed on every worker tried")
                         yield DONE
                         return
                     if progress.text_chars and not progress.token_ids:
-                        yield _error_event("the worker failed mid-stream and sent no token ids to resume from")
+                        yield _gave_up(attempt, "the worker failed mid-stream and sent no token ids to resume from")
                         yield DONE
                         return
                     progress.migrations += 1
                     log.warning("migrating a stream (%s, seed %s) from %s after %d tokens (%s)", progress.response_id,
                                 progress.seed, worker_id, len(progress.token_ids), broken)
+                    attempt.telemetry.migrated(worker_id, len(progress.token_ids), str(broken))
                     resuming = bool(progress.token_ids)
                     attempt.body = progress.resume_body(original_body) if resuming else original_body
                     attempt.placement = await self._place(attempt, failed, resuming, wait=True)
                     if not await self.open(attempt, path, headers, failed, resuming) or attempt.upstream.status != 200:
-                        yield _error_event("no worker left to continue this stream")
+                        yield _gave_up(attempt, "no worker left to continue this stream")
                         yield DONE
                         return
         finally:
@@ -279,8 +295,8 @@ class StreamFailover:
         return min(max(self.settings.token_deadline_factor * expected, self.settings.token_deadline_min_s),
                    self.settings.token_deadline_max_s)
 
-    async def _read(self, upstream: aiohttp.ClientResponse, worker: WorkerState,
-                    progress: StreamProgress) -> AsyncIterator[bytes]:
+    async def _read(self, upstream: aiohttp.ClientResponse, worker: WorkerState, progress: StreamProgress,
+                    telemetry: RequestTelemetry) -> AsyncIterator[bytes]:
         """Relays one worker's events, updating progress and the worker's latency figures; raises
         StreamBroken if it stops short."""
         resumed = progress.migrations > 0
@@ -312,6 +328,7 @@ class StreamFailover:
                 if not first:
                     worker.latency.observe_itl((now - last) / len(token_ids))
                 last, first = now, False
+                telemetry.tokens(len(token_ids))
             if resumed and event.get("choices") and not token_ids and not choice.get("finish_reason"):
                 continue  # the continuation's opening role chunk: the client has it already
             progress.token_ids += token_ids
@@ -335,6 +352,12 @@ async def _finally(events: AsyncIterator[bytes], finish: Callable[[], None]) -> 
 
 def _wants_usage(body: dict) -> bool:
     return bool((body.get("stream_options") or {}).get("include_usage"))
+
+
+def _gave_up(attempt: Attempt, message: str) -> bytes:
+    """The error event that ends a stream no worker could finish (its trace marked failed)."""
+    attempt.telemetry.failed(message)
+    return _error_event(message)
 
 
 def _error_event(message: str) -> bytes:

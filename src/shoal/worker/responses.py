@@ -10,18 +10,34 @@ import uuid
 from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
+from starlette.background import BackgroundTask
 
 from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
 from shoal.errors import EngineRequestError, InvalidRequestError
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
+from shoal.worker.request_tracing import WorkerRequestSpan
 
 
 async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
-                  logprobs: int | None, chat: bool, model_name: str, max_model_len: int):
+                  logprobs: int | None, chat: bool, model_name: str, max_model_len: int, trace: WorkerRequestSpan):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
-    anything is sent, so a broken request never turns into a broken stream."""
+    anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
+    response."""
+    try:
+        response = await _respond(engine, body, prompt_ids, max_tokens, logprobs, chat, model_name, max_model_len,
+                                  trace)
+    except BaseException as exc:
+        trace.end(f"{type(exc).__name__}: {exc}")
+        raise
+    if not isinstance(response, StreamingResponse):
+        trace.end()
+    return response
+
+
+async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
+                   logprobs: int | None, chat: bool, model_name: str, max_model_len: int, trace: WorkerRequestSpan):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
     if max_tokens is not None and max_tokens > room:
@@ -33,6 +49,8 @@ async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list
         if body.n != 1:
             raise InvalidRequestError("resume_token_ids needs n=1", param="resume_token_ids")
         resume = Resume(body.resume_token_ids, body.resume_text_offset)
+    for i in range(body.n):
+        trace.track(f"{request_id}-{i}")
     streams = [engine.generate(prompt_ids, body.sampling_params(
         max_tokens, logprobs, None if body.seed is None else body.seed + i), request_id=f"{request_id}-{i}",
         resume=resume) for i in range(body.n)]
@@ -47,8 +65,8 @@ async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render, resumed),
-                                 media_type="text/event-stream")
+        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render, resumed,
+                                      trace), media_type="text/event-stream", background=BackgroundTask(trace.end))
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
     return _full_response(finals, meta, chat, len(prompt_ids), render)
 
@@ -88,7 +106,7 @@ def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_t
 
 
 async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool,
-               render: LogprobRenderer, resumed: int):
+               render: LogprobRenderer, resumed: int, trace: WorkerRequestSpan):
     """Merges the choices' outputs into SSE chunks; abandoning it (client gone) aborts every choice.
     Usage counts the `resumed` tokens too: the client's completion includes them."""
     queue: asyncio.Queue = asyncio.Queue()
@@ -141,6 +159,7 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
         await asyncio.gather(*tasks, return_exceptions=True)
         for stream in streams:
             await stream.aclose()
+        trace.end()
 
 
 def _event(payload: dict) -> str:

@@ -17,13 +17,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.calibration import Calibration
+from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import EngineRequestError, InvalidRequestError
+from shoal.observability.tracing import Tracing
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.drain import DrainState
 from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.metrics import WorkerMetrics
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from shoal.worker.request_tracing import EngineSpans, WorkerRequestSpan
 from shoal.worker.responses import respond
 
 CANARY_PROMPT = "ping"
@@ -48,11 +51,13 @@ class RouterLink:
 
 def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None = None,
                calibration: Calibration | None = None, limits: AdmissionLimits | None = None,
-               routers: Sequence[RouterLink] = ()) -> FastAPI:
+               routers: Sequence[RouterLink] = (), tracing: Tracing | None = None) -> FastAPI:
     """The worker's ASGI app. Invariants: a client's mistake is a 4xx for that request only; an
     engine failure is a 500 for the requests it hit only. The worker registers with each of
-    `routers` (redundant routers serve the same workers) and heartbeats its load report to each."""
+    `routers` (redundant routers serve the same workers) and heartbeats its load report to each.
+    Requests are traced with `tracing` (in memory only, if not given)."""
     drain = drain or DrainState()
+    tracing = tracing or Tracing("shoal-worker")
 
     def load_report() -> dict:
         """The compact load report for routers (from the engine's latest stats snapshot)."""
@@ -76,12 +81,14 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         yield
         for task in tasks:
             task.cancel()
+        tracing.shutdown()
 
     app = FastAPI(title="shoal worker", lifespan=lifespan)
     app.add_middleware(AdmissionMiddleware, state=drain, limits=limits or AdmissionLimits(),
                        waiting_requests=lambda: engine.stats.num_waiting)
     metrics = WorkerMetrics(engine, model_name)
-    engine.engine.observer = metrics
+    engine_spans = EngineSpans(tracing)
+    engine.engine.observer = ObserverGroup(metrics, engine_spans)
     tokenizer = engine.engine.tokenizer
     max_model_len = engine.engine.max_model_len
     canary_prompt = tokenizer.encode(CANARY_PROMPT) or [0]
@@ -142,6 +149,11 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
     async def prometheus_metrics() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/debug/traces/{trace_id}")
+    async def trace_spans(trace_id: str) -> dict:
+        """This worker's spans of a trace (the router assembles the whole trace from these)."""
+        return {"trace_id": trace_id, "spans": tracing.recent.spans(trace_id)}
+
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "shoal",
@@ -151,21 +163,24 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         if body.model != model_name:
             raise ModelNotFound(f"model {body.model!r} is not served here; this worker serves {model_name!r}")
 
+    def traced(request: Request) -> WorkerRequestSpan:
+        return WorkerRequestSpan(tracing, engine_spans, request.headers, request.url.path, model_name)
+
     @app.post("/v1/completions")
-    async def completions(body: CompletionRequest):
+    async def completions(body: CompletionRequest, request: Request):
         check_model(body)
         prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         return await respond(engine, body, prompt_ids, body.max_tokens, body.logprobs, chat=False,
-                             model_name=model_name, max_model_len=max_model_len)
+                             model_name=model_name, max_model_len=max_model_len, trace=traced(request))
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest):
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return await respond(engine, body, prompt_ids, body.max_completion_tokens or body.max_tokens, logprobs,
-                             chat=True, model_name=model_name, max_model_len=max_model_len)
+                             chat=True, model_name=model_name, max_model_len=max_model_len, trace=traced(request))
 
     return app

@@ -1,0 +1,131 @@
+"""OpenTelemetry tracing for one process: a tracer provider of its own (no global state), spans
+exported over OTLP/HTTP when an endpoint is configured, and the latest traces kept in memory for
+the dashboard and `/debug/traces`. Trace context crosses processes in W3C `traceparent` headers.
+
+Spans are started and ended explicitly and given their parent as a Context, never through the
+"current span" of the calling task: a streamed response outlives the handler that started it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, MutableMapping
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.trace import Span, SpanKind
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# The OTLP endpoint when a process is not given one (the OpenTelemetry SDK's own variables).
+OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+DEFAULT_KEPT_TRACES = 500
+
+
+def otlp_endpoint_from_environment() -> str | None:
+    """The traces endpoint the environment names: the traces variable as is, or the general one
+    with /v1/traces appended (as the SDK does)."""
+    traces = os.environ.get(OTLP_ENDPOINT_VARIABLES[0])
+    if traces:
+        return traces
+    general = os.environ.get(OTLP_ENDPOINT_VARIABLES[1])
+    return general.rstrip("/") + "/v1/traces" if general else None
+
+
+def span_record(span: ReadableSpan) -> dict:
+    """A finished span as plain JSON: ids in hex, times in nanoseconds since the epoch."""
+    context, parent = span.get_span_context(), span.parent
+    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}",
+            "parent_span_id": f"{parent.span_id:016x}" if parent else None, "name": span.name,
+            "service": span.resource.attributes.get("service.name"),
+            "instance": span.resource.attributes.get("service.instance.id"), "kind": span.kind.name.lower(),
+            "start_ns": span.start_time, "end_ns": span.end_time, "status": span.status.status_code.name.lower(),
+            "attributes": dict(span.attributes or {}),
+            "events": [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})}
+                       for e in span.events],
+            "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+                      for link in span.links]}
+
+
+class RecentTraces(SpanProcessor):
+    """The finished spans of the latest `keep` traces. Invariant: at most `keep` traces are held;
+    a new trace evicts the one least recently given a span. Safe to use from any thread."""
+
+    def __init__(self, keep: int = DEFAULT_KEPT_TRACES):
+        self.keep = keep
+        self._traces: OrderedDict[str, list[dict]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def on_end(self, span: ReadableSpan) -> None:
+        record = span_record(span)
+        with self._lock:
+            spans = self._traces.pop(record["trace_id"], [])
+            spans.append(record)
+            self._traces[record["trace_id"]] = spans
+            while len(self._traces) > self.keep:
+                self._traces.popitem(last=False)
+
+    def spans(self, trace_id: str) -> list[dict]:
+        """The trace's spans held here, in start order (empty if unknown)."""
+        with self._lock:
+            return sorted(self._traces.get(trace_id, []), key=lambda s: s["start_ns"])
+
+    def roots(self, name: str, limit: int) -> list[dict]:
+        """The latest finished spans called `name` without a parent in this process, newest first."""
+        with self._lock:
+            traces = list(self._traces.values())
+        found = [s for spans in traces for s in spans if s["name"] == name]
+        return sorted(found, key=lambda s: s["start_ns"], reverse=True)[:limit]
+
+
+class Tracing:
+    """One process's tracing: `tracer` makes spans; they go to `recent` and, when `otlp_endpoint`
+    is set (else the environment's), to that OTLP/HTTP collector in batches. `instance` tells
+    processes of one service apart (a worker's URL)."""
+
+    def __init__(self, service_name: str, otlp_endpoint: str | None = None, keep_traces: int = DEFAULT_KEPT_TRACES,
+                 instance: str | None = None):
+        resource = {"service.name": service_name, **({"service.instance.id": instance} if instance else {})}
+        self.provider = TracerProvider(resource=Resource.create(resource))
+        self.recent = RecentTraces(keep_traces)
+        self.provider.add_span_processor(self.recent)
+        self.otlp_endpoint = otlp_endpoint or otlp_endpoint_from_environment()
+        if self.otlp_endpoint:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.otlp_endpoint),
+                                                                schedule_delay_millis=500))
+        self.tracer = self.provider.get_tracer("shoal")
+        self.propagator = TraceContextTextMapPropagator()
+
+    def start(self, name: str, parent: Context | Span | None = None, kind: SpanKind = SpanKind.INTERNAL,
+              attributes: Mapping[str, object] | None = None, start_ns: int | None = None) -> Span:
+        """A started span under `parent` (a span, a context from extract(), or None for a new trace)."""
+        context = trace.set_span_in_context(parent) if isinstance(parent, Span) else parent
+        return self.tracer.start_span(name, context=context or Context(), kind=kind,
+                                      attributes=attributes, start_time=start_ns)
+
+    def extract(self, headers: Mapping[str, str]) -> Context:
+        """The caller's trace context from its traceparent header (an empty context if none)."""
+        return self.propagator.extract(carrier=dict(headers))
+
+    def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
+        """Adds `span` as the parent for the receiver (traceparent, tracestate)."""
+        self.propagator.inject(headers, context=trace.set_span_in_context(span))
+
+    def shutdown(self) -> None:
+        """Exports what is pending."""
+        self.provider.shutdown()
+
+
+def json_attribute(value: object) -> str:
+    """Span attributes are scalars or lists of them; structured values travel as JSON text."""
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def trace_id_of(span: Span) -> str:
+    return f"{span.get_span_context().trace_id:032x}"
