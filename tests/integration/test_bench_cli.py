@@ -5,21 +5,10 @@ import json
 import os
 import re
 
-import pytest
-
 from tests.integration.serving import shoal
-from tests.integration.test_worker_server import MODEL, free_port, start_worker
+from tests.integration.test_worker_server import MODEL, free_port, worker_url  # noqa: F401 (a fixture)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def worker_url(tiny_model_dir, shoal_cache_dir):
-    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-                                 "--kv-cache", "8MiB"], shoal_cache_dir)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
 
 
 def bench(url: str, *options: str, **kwargs):
