@@ -8,10 +8,11 @@ import os
 import re
 import sys
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from shoal.bench.options import add_bench_arguments
+from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
 
 if TYPE_CHECKING:  # the engine (and torch) load only for the commands that run one
     from shoal.engine.engine import LLMEngine
@@ -51,26 +52,47 @@ def stream(engine: LLMEngine, request_id: str, prompt: str | list[int], params: 
 
 
 def chat(args: argparse.Namespace) -> int:
+    """A terminal conversation: with a running cluster (`--url`, over the Responses API), else with
+    a model loaded here."""
+    if args.url:
+        from shoal.cluster.remote_chat import ChatError, RemoteChat
+
+        remote = RemoteChat(args.url, args.model, args.api_key, args.temperature, args.max_tokens)
+        print(f"shoal chat with {args.model} at {args.url}; an empty line or Ctrl-D ends.", flush=True)
+        return _converse(remote.turn, ChatError)
     engine = _engine(args)
     tokenizer = engine.tokenizer
     messages: list[dict[str, str]] = []
-    print(f"shoal chat on {args.model} ({engine.dtype}, {engine.device}); an empty line or Ctrl-D ends.", flush=True)
-    for turn in range(1_000_000):
-        try:
-            line = input("> ")
-        except EOFError:
-            break
-        if not line.strip():
-            break
+
+    def local_turn(line: str) -> Iterator[str]:
         messages.append({"role": "user", "content": line})
         prompt_ids = tokenizer.encode(tokenizer.apply_chat_template(messages), add_special_tokens=False)
         reply = []
-        for delta in stream(engine, f"chat-{turn}", prompt_ids, _params(args)):
+        for delta in stream(engine, f"chat-{len(messages)}", prompt_ids, _params(args)):
             reply.append(delta)
-            print(delta, end="", flush=True)
-        print(flush=True)
+            yield delta
         messages.append({"role": "assistant", "content": "".join(reply)})
-    return 0
+
+    print(f"shoal chat on {args.model} ({engine.dtype}, {engine.device}); an empty line or Ctrl-D ends.", flush=True)
+    return _converse(local_turn, RuntimeError)
+
+
+def _converse(turn: Callable[[str], Iterator[str]], failure: type[Exception]) -> int:
+    """Reads lines until an empty one or end of input, printing each reply as it streams; a failed
+    turn is reported and the conversation goes on."""
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            return 0
+        if not line.strip():
+            return 0
+        try:
+            for delta in turn(line):
+                print(delta, end="", flush=True)
+        except failure as exc:
+            print(f"\n[{exc}]", end="", file=sys.stderr, flush=True)
+        print(flush=True)
 
 
 def generate(args: argparse.Namespace) -> int:
@@ -80,14 +102,6 @@ def generate(args: argparse.Namespace) -> int:
             print(delta, end="", flush=True)
         print(flush=True)
     return 0
-
-
-def configure_logging() -> None:
-    """INFO for shoal's own loggers; HTTP client libraries only when something goes wrong (they
-    would log every heartbeat and poll)."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
 SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -240,9 +254,16 @@ def bench(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
+    parser.add_argument("--log-format", choices=["text", "json"], default=None,
+                        help="log lines as text or JSON with request and trace ids (default: $SHOAL_LOG_FORMAT, "
+                             "else text); processes started by this one log the same way")
     commands = parser.add_subparsers(dest="command", required=True)
-    chat_parser = commands.add_parser("chat", help="chat with a model in the terminal")
+    chat_parser = commands.add_parser("chat", help="chat in the terminal, with a running cluster or a model here")
     _engine_args(chat_parser)
+    chat_parser.add_argument("--url", default=None,
+                             help="a shoal router (or any Responses API server); --model is then the served name")
+    chat_parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
+                             help="for --url (default: $OPENAI_API_KEY)")
     chat_parser.set_defaults(run=chat)
     gen_parser = commands.add_parser("generate", help="complete prompts and print the results")
     _engine_args(gen_parser)
@@ -320,6 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     add_bench_arguments(bench_parser)
     bench_parser.set_defaults(run=bench)
     args = parser.parse_args(argv)
+    if args.log_format:
+        os.environ[FORMAT_VARIABLE] = args.log_format
     return args.run(args)
 
 

@@ -11,9 +11,9 @@ import secrets
 import httpx
 import pytest
 
-from tests.chaos.fleet import ADMIN, router_config, start
+from tests.chaos.fleet import ADMIN, router_config
 from tests.chaos.test_failing_worker import ScriptedWorker
-from tests.integration.test_router import stop
+from tests.integration.test_router import start_router, stop
 from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
 from tests.otlp_collector import OtlpCollector
 from tests.waiting import wait_for
@@ -28,31 +28,33 @@ def traced_fleet(tiny_model_dir, shoal_cache_dir, tmp_path):
                                      MODEL, "--kv-cache", "8MiB", "--otlp-endpoint", collector.endpoint],
                                     shoal_cache_dir))
     scripted = ScriptedWorker()  # answers 500
-    router, url = start(router_config(tmp_path, [scripted.url, real[1]], policy="round_robin",
-                                      tracing={"otlp_endpoint": collector.endpoint}))
-    yield url, scripted.url, real[1], collector
+    router, url = start_router(["--config", router_config(tmp_path, [scripted.url, real[1]], policy="round_robin",
+                                                          tracing={"otlp_endpoint": collector.endpoint})],
+                               env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:], "SHOAL_LOG_FORMAT": "json"})
+    yield url, scripted.url, real[1], collector, router.log_file
     stop(router)
     real[0].kill()
     real[0].wait(timeout=30)
     collector.close()
 
 
-def streamed(url: str, traceparent: str) -> str:
-    """Streams one chat completion to the end; returns the trace id the router answered with."""
+def streamed(url: str, traceparent: str) -> tuple[str, str]:
+    """Streams one chat completion to the end; returns the trace and request ids the router
+    answered with."""
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": MAX_TOKENS,
             "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60,
                       headers={"traceparent": traceparent}) as response:
         assert response.status_code == 200
         assert response.read().endswith(b"data: [DONE]\n\n")
-        return response.headers["x-shoal-trace-id"]
+        return response.headers["x-shoal-trace-id"], response.headers["x-request-id"]
 
 
 def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
-    url, failing, real, collector = traced_fleet
+    url, failing, real, collector, router_log = traced_fleet
     client_trace, client_span = secrets.token_hex(16), secrets.token_hex(8)
-    traces = [streamed(url, f"00-{client_trace}-{client_span}-01") for _ in range(2)]
-    assert set(traces) == {client_trace}  # the client's trace continues through the router
+    answers = [streamed(url, f"00-{client_trace}-{client_span}-01") for _ in range(2)]
+    assert {trace for trace, _ in answers} == {client_trace}  # the client's trace continues through the router
 
     def retried_request() -> list[dict]:
         spans = collector.trace(client_trace)
@@ -101,6 +103,12 @@ def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
     assert {s["span_id"] for s in spans} <= {s["span_id"] for s in held}  # the worker's spans fetched from it
     recent = httpx.get(f"{url}/debug/traces", headers=ADMIN, timeout=10).json()["requests"]
     assert root["span_id"] in {r["span_id"] for r in recent}
+
+    router_log.seek(0)
+    retry_lines = [json.loads(line) for line in router_log.read().decode().splitlines()
+                   if line.startswith("{") and "trying another worker" in line]
+    assert retry_lines and all(line["trace_id"] == client_trace and line["level"] == "INFO" for line in retry_lines)
+    assert {line["request_id"] for line in retry_lines} <= {request_id for _, request_id in answers}
 
     metrics = httpx.get(url + "/metrics", timeout=10).text
     assert f'shoal_router_requests_total{{model="{MODEL}",priority="standard",status="200"}} 2.0' in metrics

@@ -50,6 +50,21 @@ def ratios(signals: Signals, targets: Autoscaling) -> list[float]:
     return [value / target for value, target in pairs if value is not None and target is not None]
 
 
+def describe(signals: Signals, targets: Autoscaling) -> str:
+    """The watched signals against their targets, for the event feed and the log."""
+    per_replica = max(signals.replicas, 1)
+    named = [("queued/replica", signals.queued / per_replica, targets.target_queued_per_replica, "{:.1f}"),
+             ("outstanding tokens/replica", signals.outstanding_tokens / per_replica,
+              targets.target_outstanding_tokens_per_replica, "{:.0f}"),
+             ("KV usage", signals.kv_cache_usage, targets.target_kv_cache_usage, "{:.2f}")]
+    if signals.in_flight:
+        named += [("TTFT s", signals.ttft_s, targets.target_ttft_s, "{:.3f}"),
+                  ("ITL s", signals.itl_s, targets.target_itl_s, "{:.3f}")]
+    parts = [f"{name} {form.format(value)} (target {target:g})" for name, value, target, form in named
+             if value is not None and target is not None]
+    return ", ".join(parts) or "no request for a while"
+
+
 @dataclass
 class Trend:
     """Since when a model has been under pressure, quiet, or without any request (None: not now)."""
@@ -125,7 +140,7 @@ class Autoscaler:
             wanted = decide(signals, targets, self.trends[model], now)
             if wanted != signals.replicas:
                 log.info("autoscaling %s from %d to %d replicas (%s)", model, signals.replicas, wanted, signals)
-                self.supervisor.scale(model, wanted)
+                self.supervisor.scale(model, wanted, reason=describe(signals, targets))
 
     async def run(self) -> None:
         while True:

@@ -4,7 +4,9 @@ out when it exits; Ctrl-C (or SIGTERM) stops the router and drains the workers. 
 model's replicas one by one with `POST /admin/models/{model}/restart` (admin token; `shoal restart`).
 
 The run's facts go to STATE_DIR/serve/: serve.json (the endpoint, the admin token, this process)
-for `shoal status`, workers.json (the supervisor's view), logs/ (one file per worker).
+for `shoal status`, workers.json (the supervisor's view), logs/ (one file per worker). What the
+supervisor and the autoscaler do goes to the router's event feed, and the router's dashboard shows
+the supervisor's replica slots beside its workers.
 """
 from __future__ import annotations
 
@@ -64,6 +66,7 @@ def serve(config: DeploymentConfig) -> int:
     supervisor = Supervisor(_launcher(config, directory / "logs"), config.models, config.supervisor,
                             _router_link(app.state.front_door), directory / "workers.json")
     app.include_router(_admin_routes(supervisor, admin_token))
+    app.state.dashboard.replicas = lambda: [slot.describe() for slot in supervisor.slots]
     descriptor = os.open(directory / "serve.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the token
     with os.fdopen(descriptor, "w") as facts:
         json.dump({"url": url, "admin_token": admin_token, "pid": os.getpid()}, facts)
@@ -91,7 +94,7 @@ def _router_link(front_door: FrontDoor) -> RouterLink:
         if front_door.membership.remove(url) is not None:
             front_door.balancer.forget(normalize_url(url))
 
-    return RouterLink(join, leave)
+    return RouterLink(join, leave, front_door.events.record)
 
 
 def _admin_routes(supervisor: Supervisor, admin_token: str) -> APIRouter:
@@ -135,3 +138,5 @@ async def _announce_when_ready(app, url: str, config: DeploymentConfig) -> None:
     while sum(1 for w in membership.workers.values() if w.available) < wanted:
         await asyncio.sleep(0.5)
     print(f"shoal: ready: {wanted} workers serving", flush=True)
+    print(f"shoal: dashboard {url}/dashboard (sign in with the admin token in "
+          f"{run_dir(config.state_dir) / 'serve.json'})", flush=True)

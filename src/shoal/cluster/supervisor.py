@@ -5,7 +5,8 @@ restart), and stops them all with a drain (SIGTERM, then the drain grace, then S
 A warm spare is a worker that has loaded and warmed up its model but is not in the router. When a
 serving replica of its model exits, the spare joins the router at once (no model load on the
 critical path) and the crashed slot comes back as the new spare. Its view of the workers is written
-to a JSON file after every change, for `shoal status`.
+to a JSON file after every change, for `shoal status`; what happens to them (started, ready,
+exited, promoted, scaled) goes to the router's event feed through the RouterLink.
 """
 from __future__ import annotations
 
@@ -67,12 +68,18 @@ class Launcher(Protocol):
     def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker: ...
 
 
+def _no_event(kind: str, change: str, reason: str = "", worker_id: str | None = None, **details: object) -> None:
+    pass
+
+
 @dataclass(frozen=True)
 class RouterLink:
-    """How the supervisor puts a worker into the router and takes it out."""
+    """How the supervisor puts a worker into the router and takes it out, and tells it what
+    happened to the workers (`event` takes ClusterEvents.record's arguments)."""
 
     join: Callable[[str, str], Awaitable[None]]  # (worker url, model name)
     leave: Callable[[str], None]
+    event: Callable[..., None] = _no_event
 
 
 class Supervisor:
@@ -117,6 +124,8 @@ class Supervisor:
         except Exception as exc:  # e.g. no node has the resources: try again after the backoff
             log.warning("could not start %s %d: %s; retrying in %.1f s", slot.deployment.name, slot.index, exc,
                         slot.backoff_s)
+            self.router.event("lifecycle", "start_failed", f"{exc}; retrying in {slot.backoff_s:.1f} s",
+                              model=slot.deployment.name, slot=slot.index)
             self._retry_later(slot, time.monotonic())
             return
         if slot not in self.slots:  # scaled away while it was being launched
@@ -126,6 +135,9 @@ class Supervisor:
         slot.worker = worker
         log.info("started %s %s %d at %s (pid %d%s)", slot.deployment.name, "spare" if slot.spare else "replica",
                  slot.index, worker.url, worker.process.pid, f" on node {worker.node}" if worker.node else "")
+        self.router.event("lifecycle", "started", f"{'spare' if slot.spare else 'replica'} {slot.index}, pid "
+                          f"{worker.process.pid}{f' on node {worker.node}' if worker.node else ''}; loading",
+                          worker_id=worker.url, model=slot.deployment.name, slot=slot.index)
         self.write_status()
         await self._when_ready(slot, worker)
 
@@ -137,6 +149,9 @@ class Supervisor:
             slot.backoff_s = self.settings.restart_backoff_s
         log.warning("%s %d (pid %d) exited with %s after %.1f s; restarting in %.1f s", slot.deployment.name,
                     slot.index, slot.worker.process.pid, code, ran, slot.backoff_s)
+        self.router.event("lifecycle", "exited", f"pid {slot.worker.process.pid} exited with {code} after {ran:.1f} s; "
+                          f"restarting in {slot.backoff_s:.1f} s", worker_id=slot.worker.url,
+                          model=slot.deployment.name, slot=slot.index, exit_code=code)
         if slot.state is SlotState.SERVING:
             self._promote_spare(slot)
         slot.worker, slot.last_exit, slot.restarts = None, code, slot.restarts + 1
@@ -156,6 +171,8 @@ class Supervisor:
         spare.spare, lost.spare = False, True
         spare.state = SlotState.SERVING  # now, so that no other loss promotes the same spare
         log.info("promoting warm spare %s to replace %s", spare.worker.url, lost.worker.url)
+        self.router.event("lifecycle", "promoted", f"warm spare replaces {lost.worker.url}", worker_id=spare.worker.url,
+                          model=spare.deployment.name, slot=spare.index)
         task = asyncio.create_task(self._serve(spare, spare.worker))
         self.waiting_ready.add(task)
         task.add_done_callback(self.waiting_ready.discard)
@@ -165,6 +182,8 @@ class Supervisor:
             return  # it exited, was replaced or was scaled away meanwhile
         slot.state = SlotState.SERVING
         await self.router.join(worker.url, slot.deployment.name)
+        self.router.event("lifecycle", "joined", "ready; serving", worker_id=worker.url, model=slot.deployment.name,
+                          slot=slot.index)
         self.write_status()
 
     async def _when_ready(self, slot: Slot, worker: LaunchedWorker) -> None:
@@ -182,6 +201,8 @@ class Supervisor:
         if slot.spare:
             slot.state = SlotState.SPARE
             log.info("%s spare %d ready at %s", slot.deployment.name, slot.index, worker.url)
+            self.router.event("lifecycle", "spare_ready", "ready; waiting as a warm spare", worker_id=worker.url,
+                              model=slot.deployment.name, slot=slot.index)
             self.write_status()
         else:
             await self._serve(slot, worker)
@@ -194,10 +215,14 @@ class Supervisor:
         return sum(1 for s in self.slots if s.deployment.name == model and not s.spare
                    and s.state is not SlotState.SERVING)
 
-    def scale(self, model: str, replicas: int) -> None:
+    def scale(self, model: str, replicas: int, reason: str = "") -> None:
         """Adds replica slots (they start at the next check) or removes them: those not serving yet
         first, then the newest; a serving one leaves the router and drains."""
         slots = [s for s in self.slots if s.deployment.name == model and not s.spare]
+        if replicas != len(slots):
+            self.router.event("scaling", "scaled_up" if replicas > len(slots) else "scaled_down",
+                              f"{len(slots)} → {replicas} replicas" + (f": {reason}" if reason else ""), model=model,
+                              replicas=replicas, previous_replicas=len(slots))
         if replicas > len(slots):
             deployment = self.deployments[model]
             first = max((s.index for s in self.slots if s.deployment is deployment), default=-1) + 1
@@ -211,6 +236,8 @@ class Supervisor:
                 self.router.leave(slot.worker.url)
             slot.worker.process.send_signal(signal.SIGTERM)
             self.draining.append(slot.worker.process)
+            self.router.event("lifecycle", "draining", "scaled down: left the router, finishing its requests",
+                              worker_id=slot.worker.url, model=model, slot=slot.index)
         self.write_status()
 
     async def rolling_restart(self, model: str) -> int:
@@ -219,6 +246,7 @@ class Supervisor:
         turn comes is skipped; if a new worker fails to become ready, the old one keeps serving and
         the restart stops. One restart at a time. Returns the replicas replaced."""
         async with self.restarting:
+            self.router.event("scaling", "rolling_restart", "replacing the replicas one at a time", model=model)
             replaced = 0
             for slot in [s for s in self.slots if s.deployment.name == model and not s.spare]:
                 old = slot.worker
@@ -234,6 +262,8 @@ class Supervisor:
                 if slot.worker is not new or new.process.poll() is not None:
                     log.warning("rolling restart of %s stopped: the new replica %d did not become ready", model,
                                 slot.index)
+                    self.router.event("lifecycle", "restart_failed", "rolling restart stopped: the new replica did "
+                                      "not become ready", worker_id=new.url, model=model, slot=slot.index)
                     if new.process.poll() is None:
                         new.process.kill()
                     if slot.state is SlotState.WAITING:  # take back the old worker instead of a restart
@@ -242,6 +272,8 @@ class Supervisor:
                 self.router.leave(old.url)
                 old.process.send_signal(signal.SIGTERM)
                 self.draining.append(old.process)
+                self.router.event("lifecycle", "draining", f"rolling restart: replaced by {new.url}",
+                                  worker_id=old.url, model=model, slot=slot.index)
                 replaced += 1
                 self.write_status()
             return replaced

@@ -2,7 +2,8 @@
 migrations; latency histograms as clients see them (time to first token, between tokens, end to
 end); and, read at scrape time, each worker's load and health as the router sees it and the
 admission queues by priority. Worker health changes (ejections, breaker transitions) are counted by
-HealthEvents in the same registry."""
+HealthEvents in the same registry. `window` holds the same request figures over the last seconds,
+for the dashboard's live charts."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from shoal.observability.request_window import RequestWindow
 from shoal.router.membership import Membership
 
 # The workers' (vLLM's) bucket boundaries up to ten minutes, so the two read alike.
@@ -40,6 +42,7 @@ class RouterMetrics:
                              buckets=ITL_BUCKETS, registry=registry)
         self.e2e = Histogram("shoal_router_e2e_request_latency_seconds", "Arrival at the router to the end of the "
                              "response.", ["model"], buckets=E2E_BUCKETS, registry=registry)
+        self.window = RequestWindow()
 
     def watch(self, registry: CollectorRegistry, membership: Membership,
               queued: Callable[[], dict[str, int]]) -> None:

@@ -26,6 +26,7 @@ import zmq
 from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.model.loader import load_checkpoint
+from shoal.observability.logging import configure_logging
 from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed, ReplayDone,
                                            SendReplay, Setup, Step, Stop, Upstream, receive, send)
 from shoal.parallel.stage_profile import measure_node
@@ -194,7 +195,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="A pipeline stage (its head sends it the layers to hold).")
     parser.add_argument("--bind", required=True, help="ZeroMQ address of this stage's inbox")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging()
     serve_stage(args.bind)
 
 

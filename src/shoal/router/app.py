@@ -1,6 +1,7 @@
 """The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door, and
 responses_api for /v1/responses), health, and the control endpoints: workers join and heartbeat
-with the cluster secret; operators list, drain and remove workers with the admin token."""
+with the cluster secret; operators list, drain and remove workers with the admin token, and watch
+the cluster on the dashboard (/dashboard)."""
 from __future__ import annotations
 
 import asyncio
@@ -14,11 +15,13 @@ from fastapi import FastAPI, Request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from starlette.responses import JSONResponse, Response
 
+from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.router_metrics import RouterMetrics
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import Tracing
 from shoal.router.balancer import Balancer
 from shoal.router.config import RouterConfig
+from shoal.router.dashboard import Dashboard
 from shoal.router.front_door import FrontDoor
 from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
@@ -48,17 +51,19 @@ def _describe(state: WorkerState) -> dict:
 def create_router_app(config: RouterConfig) -> FastAPI:
     """Invariant: every response to a client is the worker's own or an OpenAI-shaped error."""
     registry = CollectorRegistry()
-    events = HealthEvents(registry)
+    feed = ClusterEvents()
+    events = HealthEvents(registry, feed)
     membership = Membership(config.health, events, config.load_poll_interval_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
     monitor = HealthMonitor(membership, config.health, events, balancer.forget)
     tracing = Tracing("shoal-router", config.tracing.otlp_endpoint, config.tracing.keep_traces)
     metrics = RouterMetrics(registry)
-    front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics)
+    front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics, feed)
     metrics.watch(registry, membership, front_door.admission.queued)
     responses_api = ResponsesApi(front_door, config.responses)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
+    dashboard = Dashboard(membership, front_door.admission, tracing, metrics.window, feed)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -71,7 +76,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
         tasks = [asyncio.create_task(membership.run()),
-                 asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake))]
+                 asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake)),
+                 asyncio.create_task(dashboard.run())]
         yield
         for task in tasks:
             task.cancel()
@@ -84,7 +90,10 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
     app.state.tracing = tracing
+    app.state.events = feed
+    app.state.dashboard = dashboard
     app.include_router(responses_api.routes())
+    app.include_router(dashboard.routes(authorized=lambda request: _bearer_matches(request, admin_token)))
 
     @app.get("/health")
     async def health() -> dict:

@@ -12,6 +12,7 @@ import aiohttp
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.router_metrics import RouterMetrics
 from shoal.observability.tracing import Tracing
 from shoal.router.admission import Admission, Refused
@@ -34,9 +35,10 @@ class FrontDoor:
     when its response ends (or at once if it never reaches a worker)."""
 
     def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, monitor: HealthMonitor,
-                 tracing: Tracing, metrics: RouterMetrics):
+                 tracing: Tracing, metrics: RouterMetrics, events: ClusterEvents | None = None):
         self.config = config
         self.tracing, self.metrics = tracing, metrics
+        self.events = events if events is not None else ClusterEvents()  # failovers go to the feed
         self.membership = membership
         self.balancer = balancer
         self.monitor = monitor
@@ -68,7 +70,7 @@ class FrontDoor:
     async def handle(self, request: Request, path: str, chat: bool) -> Response:
         read = await self.read(request)
         if isinstance(read, Response):
-            RequestTelemetry(self.tracing, self.metrics, request.headers, path).finish(read.status_code)
+            RequestTelemetry(self.tracing, self.metrics, request.headers, path, self.events).finish(read.status_code)
             return read
         client, body = read
         return await self.dispatch(body, request.headers, path, chat, client)
@@ -95,7 +97,7 @@ class FrontDoor:
         """Routes one parsed OpenAI request body from an authenticated client (also the entry point
         of APIs built on completions, such as /v1/responses), traced and counted: a streamed
         response's telemetry ends with its stream, any other's here."""
-        telemetry = RequestTelemetry(self.tracing, self.metrics, headers, path)
+        telemetry = RequestTelemetry(self.tracing, self.metrics, headers, path, self.events)
         response = await self._dispatch(body, headers, path, chat, client, telemetry)
         if not isinstance(response, StreamingResponse):
             telemetry.finish(response.status_code)
@@ -152,7 +154,8 @@ class FrontDoor:
             return error_response(503, f"no worker can take this request for {routed.model!r} now",
                                   "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
         model = routed.model
-        extra = {"x-shoal-trace-id": telemetry.trace_id, **({"x-shoal-degraded": degraded} if degraded else {})}
+        extra = {"x-shoal-trace-id": telemetry.trace_id, "x-request-id": telemetry.request_id,
+                 **({"x-shoal-degraded": degraded} if degraded else {})}
 
         def release_slot() -> None:
             self.admission.release(model)

@@ -3,17 +3,22 @@
 Spans, all under `router.request` (a child of the client's traceparent, if it sent one):
 `router.admission` (waiting for a slot), `router.route` (each placement, with every candidate's
 load, cached prefix and estimated seconds), and `router.attempt` for each worker tried (its
-traceparent goes to the worker, so the worker's spans hang under it). Retries and migrations are
-events on the root span and counted in the metrics; latencies are measured as the client sees
-them: from arrival at the router to the first token relayed, between tokens, and to the end.
+traceparent and the request id go to the worker, so the worker's spans hang under it and its logs
+name the request). Retries and migrations are events on the root span, counted in the metrics and
+put in the cluster's event feed; latencies are measured as the client sees them: from arrival at
+the router to the first token relayed, between tokens, and to the end (histograms, and the
+metrics' rolling window for the dashboard's live charts).
 """
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import MutableMapping
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
+from shoal.observability.cluster_events import ClusterEvents
+from shoal.observability.logging import bind_request
 from shoal.observability.router_metrics import RouterMetrics
 from shoal.observability.tracing import Tracing, json_attribute, trace_id_of
 from shoal.router.balancer import Placement
@@ -25,16 +30,21 @@ class RequestTelemetry:
     """Invariants: the root span ends exactly once, in `finish`, which also counts the request;
     every attempt span ends before the next one starts or at `finish`."""
 
-    def __init__(self, tracing: Tracing, metrics: RouterMetrics, headers: MutableMapping[str, str] | dict, path: str):
-        self.tracing, self.metrics = tracing, metrics
+    def __init__(self, tracing: Tracing, metrics: RouterMetrics, headers: MutableMapping[str, str] | dict, path: str,
+                 events: ClusterEvents | None = None):
+        self.tracing, self.metrics, self.events = tracing, metrics, events
         self.started = time.monotonic()
         self.root = tracing.start("router.request", parent=tracing.extract(headers), kind=SpanKind.SERVER,
                                   attributes={"http.route": path})
         self.trace_id = trace_id_of(self.root)
+        self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        bind_request(self.request_id, self.trace_id)
         self.model, self.priority = "unknown", "standard"
         self.streaming = False
         self.attempt_span: Span | None = None
         self.attempts = 0
+        self.worker_id: str | None = None  # of the current attempt
+        self.output_tokens = 0  # relayed to the client
         self.last_token: float | None = None
         self.finished = False
 
@@ -68,9 +78,11 @@ class RequestTelemetry:
         """Starts the span of one try on a worker and puts its traceparent in the outgoing headers."""
         self.end_attempt("abandoned")
         self.attempts += 1
+        self.worker_id = worker_id
         self.attempt_span = self.tracing.start("router.attempt", parent=self.root, kind=SpanKind.CLIENT, attributes={
             "shoal.worker": worker_id, "server.address": url, "shoal.attempt": self.attempts, "shoal.resume": resuming})
         self.tracing.inject(self.attempt_span, headers)
+        headers["x-request-id"] = self.request_id
 
     def end_attempt(self, outcome: str, error: str | None = None) -> None:
         if self.attempt_span is None:
@@ -84,20 +96,30 @@ class RequestTelemetry:
     def retried(self, worker_id: str, reason: str) -> None:
         self.metrics.retries.labels(self.model).inc()
         self.root.add_event("retry", {"shoal.worker": worker_id, "shoal.reason": reason})
+        if self.events is not None:
+            self.events.record("failover", "retried", reason, worker_id=worker_id, model=self.model,
+                               attempt=self.attempts, trace_id=self.trace_id)
 
     def migrated(self, worker_id: str, tokens: int, reason: str) -> None:
         self.metrics.migrations.labels(self.model).inc()
         self.root.add_event("migration", {"shoal.worker": worker_id, "shoal.tokens_so_far": tokens,
                                           "shoal.reason": reason})
+        if self.events is not None:
+            self.events.record("failover", "migrated", reason, worker_id=worker_id, model=self.model, tokens=tokens,
+                               trace_id=self.trace_id)
 
     def tokens(self, count: int) -> None:
         """`count` tokens relayed to the client now."""
         now = time.monotonic()
-        if self.last_token is None:
+        gap_s = None if self.last_token is None else (now - self.last_token) / count
+        if gap_s is None:
             self.metrics.ttft.labels(self.model).observe(now - self.started)
+            self.metrics.window.first_token(now - self.started, now)
             self.root.set_attribute("shoal.ttft_s", round(now - self.started, 6))
         else:
-            self.metrics.itl.labels(self.model).observe((now - self.last_token) / count)
+            self.metrics.itl.labels(self.model).observe(gap_s)
+        self.metrics.window.relayed(self.worker_id, count, gap_s, now)
+        self.output_tokens += count
         self.last_token = now
 
     def failed(self, message: str) -> None:
@@ -109,9 +131,12 @@ class RequestTelemetry:
         self.finished = True
         self.end_attempt("done" if status < 400 else "failed")
         self.metrics.requests.labels(self.model, str(status), self.priority).inc()
+        elapsed = time.monotonic() - self.started
+        self.metrics.window.request_finished(status, elapsed)
         if status < 400:
-            self.metrics.e2e.labels(self.model).observe(time.monotonic() - self.started)
+            self.metrics.e2e.labels(self.model).observe(elapsed)
         else:
             self.root.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
-        self.root.set_attributes({"http.response.status_code": status, "shoal.attempts": self.attempts})
+        self.root.set_attributes({"http.response.status_code": status, "shoal.attempts": self.attempts,
+                                  "shoal.output_tokens": self.output_tokens})
         self.root.end()

@@ -126,6 +126,7 @@ class StreamFailover:
                 reason, lost = type(exc).__name__, isinstance(exc, CONNECTION_LOST)
             attempt.telemetry.end_attempt("failed", reason)
             attempt.telemetry.retried(worker.worker_id, reason)
+            log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
             self._abandon(attempt, failed, reason, lost)
             attempt.placement = await self._place(attempt, failed, resuming, wait=False)
         return False

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from shoal.engine.sequence import Sequence
-from shoal.observability.tracing import Tracing
+from shoal.observability.logging import bind_request
+from shoal.observability.tracing import Tracing, trace_id_of
 
 
 def epoch_ns(monotonic_s: float) -> int:
@@ -77,6 +78,7 @@ class WorkerRequestSpan:
         self.engine_spans = engine_spans
         self.span = tracing.start("worker.request", parent=tracing.extract(headers), kind=SpanKind.SERVER,
                                   attributes={"http.route": route, "shoal.model": model})
+        bind_request(headers.get("x-request-id"), trace_id_of(self.span))
         self.request_ids: list[str] = []
         self.ended = False
 
