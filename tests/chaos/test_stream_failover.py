@@ -15,6 +15,7 @@ from tests.integration.test_router import start_router, stop
 from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
 
 MAX_TOKENS = 150
+ADMIN = {"authorization": "Bearer failover-admin-token"}
 
 
 @pytest.fixture
@@ -26,7 +27,7 @@ def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
     config = tmp_path / "router.yaml"
     config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers],
                                       "failover": {"token_deadline_min_s": 1.0}}))
-    router, url = start_router(["--config", str(config)])
+    router, url = start_router(["--config", str(config)], env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:]})
     yield url, {worker_url: process for process, worker_url in workers}
     stop(router)
     for process, _ in workers:
@@ -48,7 +49,7 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
     ids, text, response_ids, usage, roles = [], [], set(), None, 0
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
-        worker = response.headers["x-shoal-worker"]
+        worker, trace_id = response.headers["x-shoal-worker"], response.headers["x-shoal-trace-id"]
         for line in response.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -64,7 +65,7 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
                 fault(worker)
                 fault = None
     return {"ids": ids, "text": "".join(text), "response_ids": response_ids, "usage": usage, "roles": roles,
-            "worker": worker}
+            "worker": worker, "trace_id": trace_id}
 
 
 @pytest.mark.parametrize("fault_signal", [signal.SIGKILL, signal.SIGSTOP])
@@ -78,6 +79,17 @@ def test_a_stream_survives_its_worker_dying_or_hanging_token_for_token(pair, fau
     assert faulty["usage"]["completion_tokens"] == MAX_TOKENS and len(faulty["response_ids"]) == 1
     assert faulty["roles"] == 1
     assert time.monotonic() - started < 30
+    # The trace tells the story: the first attempt broke, the migration carried the tokens so far.
+    spans = httpx.get(f"{url}/debug/traces/{faulty['trace_id']}", headers=ADMIN, timeout=10).json()["spans"]
+    [root] = [s for s in spans if s["name"] == "router.request"]
+    [migration] = [e for e in root["events"] if e["name"] == "migration"]
+    assert migration["attributes"]["shoal.worker"] == faulty["worker"]
+    assert migration["attributes"]["shoal.tokens_so_far"] >= 20
+    attempts = sorted((s for s in spans if s["name"] == "router.attempt"), key=lambda s: s["start_ns"])
+    assert [a["attributes"]["shoal.outcome"] for a in attempts] == ["broken", "done"]
+    assert attempts[1]["attributes"]["shoal.resume"] is True
+    resumed = [s for s in spans if s["name"] == "worker.request" and s["parent_span_id"] == attempts[1]["span_id"]]
+    assert len(resumed) == 1  # the spans of the worker that finished the stream
 
 
 def test_without_a_seed_the_continuation_uses_the_drawn_one(pair):
