@@ -21,7 +21,8 @@ from tests.waiting import wait_for
 
 
 class ScriptedWorker:
-    """Serves /v1/models; answers completions with `mode`: "500", "400" or "ok" (a one-token SSE stream)."""
+    """Serves /v1/models; answers completions with `mode`: "500", "400", "ok" (a one-token SSE
+    stream) or "cut" (the stream's headers, then the connection closes before any event)."""
 
     def __init__(self):
         self.mode = "500"
@@ -49,6 +50,11 @@ class ScriptedWorker:
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         self.completions += 1
+        if self.mode == "cut":
+            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+            await response.prepare(request)
+            request.transport.close()
+            return response
         if self.mode != "ok":
             status = int(self.mode)
             return web.json_response({"error": {"message": f"scripted {status}", "type": "x", "code": status}},
@@ -130,3 +136,18 @@ def test_a_critical_request_falls_back_along_the_chain_when_its_model_fails(tiny
         stop(router)
         small[0].kill()
         small[0].wait(timeout=30)
+
+
+def test_a_worker_that_dies_before_its_first_event_still_leaves_the_client_one_role_chunk(pair):
+    """The stream broke before any event reached the client: its continuation's opening role chunk
+    is the client's first, and is relayed."""
+    url, scripted = pair
+    scripted.mode = "cut"
+    for _ in range(2):  # round robin: one of the two starts on the scripted worker
+        body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
+        with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines()
+                      if line.startswith("data: {")]
+        roles = [c for e in events for c in e["choices"] if "role" in c.get("delta", {})]
+        assert len(roles) == 1 and sum(len(c.get("token_ids") or []) for e in events for c in e["choices"]) == 3
+    assert scripted.completions >= 1

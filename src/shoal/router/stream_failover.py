@@ -55,9 +55,11 @@ class StreamBroken(Exception):
 
 @dataclass
 class StreamProgress:
-    """What the client has received so far. Invariant: token_ids are exactly the tokens relayed."""
+    """What the client has received so far. Invariant: token_ids are exactly the tokens relayed;
+    `opened` once an opening (role) chunk was relayed, and only then."""
 
     token_ids: list[int] = field(default_factory=list)
+    opened: bool = False
     text_chars: int = 0
     seed: int | None = None
     response_id: str | None = None
@@ -330,8 +332,10 @@ class StreamFailover:
                     worker.latency.observe_itl((now - last) / len(token_ids))
                 last, first = now, False
                 telemetry.tokens(len(token_ids))
-            if resumed and event.get("choices") and not token_ids and not choice.get("finish_reason"):
-                continue  # the continuation's opening role chunk: the client has it already
+            opening = bool(event.get("choices")) and not token_ids and not choice.get("finish_reason")
+            if opening and progress.opened:
+                continue  # a continuation's opening role chunk: the client has one already
+            progress.opened = progress.opened or opening
             progress.token_ids += token_ids
             progress.seed = choice.get("seed", progress.seed)
             progress.text_chars += len(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
