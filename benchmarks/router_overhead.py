@@ -112,6 +112,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--trace-sample-ratio", type=float, default=1.0,
+                        help="shoal's router.tracing.sample_ratio (1.0, the default: every request traced)")
     args = parser.parse_args()
     ensure_tools()
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
@@ -130,7 +132,8 @@ def main() -> int:
         shoal_port = free_port()
         config = conf_dir / "router.yaml"
         config.write_text(json.dumps({"workers": [{"url": upstream, "models": ["bench"]}],
-                                      "api_keys": [{"sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}]}))
+                                      "api_keys": [{"sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}],
+                                      "tracing": {"sample_ratio": args.trace_sample_ratio}}))
         processes.append(subprocess.Popen(["taskset", "-c", "1", sys.executable, "-m", "shoal.cli", "router",
                                            "--port", str(shoal_port), "--config", str(config)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

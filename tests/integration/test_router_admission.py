@@ -14,6 +14,7 @@ from tests.integration.test_router import router_log, start_router, stop
 from tests.integration.test_worker_server import spawn_worker, wait_ready
 
 KEY, OTHER_KEY = "sk-test-alpha", "sk-test-beta"
+ADMIN_TOKEN = "admission-admin-token"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,7 @@ def router(slow_pair, tmp_path):
     }
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(config))
-    process, url = start_router(["--config", str(path)])
+    process, url = start_router(["--config", str(path)], env={"SHOAL_ADMIN_TOKEN": ADMIN_TOKEN})
     yield url, process
     stop(process)
 
@@ -100,6 +101,13 @@ def test_sheddable_degrades_to_the_fallback_then_to_a_shorter_output_then_is_she
     response = result[0]
     assert response.status_code == 200 and response.headers["x-shoal-degraded"] == "max_tokens=3"
     assert response.json()["usage"]["completion_tokens"] == 3
+    # Its trace shows the wait for a slot (a request admitted at once has no admission span).
+    spans = httpx.get(f"{url}/debug/traces/{response.headers['x-shoal-trace-id']}", timeout=10,
+                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["spans"]
+    [root] = [s for s in spans if s["name"] == "router.request"]
+    [waited] = [s for s in spans if s["name"] == "router.admission"]
+    assert waited["parent_span_id"] == root["span_id"] and waited["end_ns"] - waited["start_ns"] > 10**8
+    assert root["attributes"]["shoal.degraded"] == "max_tokens=3" and root["attributes"]["shoal.priority"] == "sheddable"
 
 
 def test_critical_requests_go_ahead_of_standard_ones(router):

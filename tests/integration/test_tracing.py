@@ -1,7 +1,6 @@
 """Tracing end to end: one request through a router, a failing worker (a retry) and a real worker,
 exported over OTLP to a collector, forms one trace: the client's traceparent is its root's parent,
-the router's admission, routing (with every candidate's scores) and both attempts hang under the
-request, and the worker's request, queue, prefill and decode spans under the attempt that reached
+the router's routing (with every candidate's scores) and both attempts hang under the request, and the worker's request, queue, prefill and decode spans under the attempt that reached
 it. The router's in-memory traces give the same spans, the worker's fetched from the worker."""
 from __future__ import annotations
 
@@ -79,7 +78,7 @@ def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
     assert root["attributes"]["http.response.status_code"] == 200 and root["attributes"]["shoal.stream"] is True
     assert [e["attributes"]["shoal.worker"] for e in root["events"] if e["name"] == "retry"] == [failing]
 
-    assert [s["parent_span_id"] for s in named["router.admission"]] == [root["span_id"]]
+    assert "router.admission" not in named  # admitted at once: no wait to show
     first_route, retry_route = sorted(named["router.route"], key=lambda s: s["start_ns"])
     candidates = json.loads(first_route["attributes"]["shoal.candidates"])
     assert {c["worker"] for c in candidates} == {failing, real}

@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
@@ -52,45 +53,54 @@ def span_record(span: ReadableSpan) -> dict:
 
 
 class RecentTraces(SpanProcessor):
-    """The finished spans of the latest `keep` traces. Invariant: at most `keep` traces are held;
-    a new trace evicts the one least recently given a span. Safe to use from any thread."""
+    """The finished spans of the latest `keep` traces, turned into records only when read (the
+    request path pays for keeping a reference). Invariant: at most `keep` traces are held; a new
+    trace evicts the one least recently given a span. Safe to use from any thread."""
 
     def __init__(self, keep: int = DEFAULT_KEPT_TRACES):
         self.keep = keep
-        self._traces: OrderedDict[str, list[dict]] = OrderedDict()
+        self._traces: OrderedDict[int, list[ReadableSpan]] = OrderedDict()
         self._lock = threading.Lock()
 
     def on_end(self, span: ReadableSpan) -> None:
-        record = span_record(span)
+        trace_id = span.context.trace_id
         with self._lock:
-            spans = self._traces.pop(record["trace_id"], [])
-            spans.append(record)
-            self._traces[record["trace_id"]] = spans
-            while len(self._traces) > self.keep:
+            spans = self._traces.pop(trace_id, None) or []
+            spans.append(span)
+            self._traces[trace_id] = spans
+            if len(self._traces) > self.keep:
                 self._traces.popitem(last=False)
 
     def spans(self, trace_id: str) -> list[dict]:
         """The trace's spans held here, in start order (empty if unknown)."""
+        try:
+            key = int(trace_id, 16)
+        except ValueError:
+            return []
         with self._lock:
-            return sorted(self._traces.get(trace_id, []), key=lambda s: s["start_ns"])
+            spans = list(self._traces.get(key, []))
+        return sorted(map(span_record, spans), key=lambda s: s["start_ns"])
 
     def roots(self, name: str, limit: int) -> list[dict]:
-        """The latest finished spans called `name` without a parent in this process, newest first."""
+        """The latest finished spans called `name`, newest first."""
         with self._lock:
-            traces = list(self._traces.values())
-        found = [s for spans in traces for s in spans if s["name"] == name]
-        return sorted(found, key=lambda s: s["start_ns"], reverse=True)[:limit]
+            found = [s for spans in self._traces.values() for s in spans if s.name == name]
+        found.sort(key=lambda s: s.start_time, reverse=True)
+        return [span_record(s) for s in found[:limit]]
 
 
 class Tracing:
     """One process's tracing: `tracer` makes spans; they go to `recent` and, when `otlp_endpoint`
     is set (else the environment's), to that OTLP/HTTP collector in batches. `instance` tells
-    processes of one service apart (a worker's URL)."""
+    processes of one service apart (a worker's URL). A trace is recorded when its caller's
+    traceparent says it is sampled, else for `sample_ratio` of new traces (the others cost next to
+    nothing, and their spans go nowhere)."""
 
     def __init__(self, service_name: str, otlp_endpoint: str | None = None, keep_traces: int = DEFAULT_KEPT_TRACES,
-                 instance: str | None = None):
+                 instance: str | None = None, sample_ratio: float = 1.0):
         resource = {"service.name": service_name, **({"service.instance.id": instance} if instance else {})}
-        self.provider = TracerProvider(resource=Resource.create(resource))
+        self.provider = TracerProvider(resource=Resource.create(resource),
+                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
         self.recent = RecentTraces(keep_traces)
         self.provider.add_span_processor(self.recent)
         self.otlp_endpoint = otlp_endpoint or otlp_endpoint_from_environment()

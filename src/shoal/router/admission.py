@@ -56,12 +56,18 @@ class Admission:
         ahead = PRIORITY_ORDER[:PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
+    def try_admit(self, model: str, priority: str) -> bool:
+        """Takes a slot if one is free and nobody of this priority or above waits for the model."""
+        if self.has_room(model) and not self._waiting_ahead(model, priority):
+            self.admitted[model] += 1
+            return True
+        return False
+
     async def admit(self, model: str, priority: str, timeout_s: float | None = None) -> None:
         """Returns once the request holds a slot (release() it afterwards), waiting at most
         timeout_s (default: the queue timeout); raises Refused."""
         timeout_s = self.queue_timeout_s if timeout_s is None else timeout_s
-        if self.has_room(model) and not self._waiting_ahead(model, priority):
-            self.admitted[model] += 1
+        if self.try_admit(model, priority):
             return
         queue = self.queues[priority]
         if len(queue) >= self.queue_limits[priority] and not (priority == "critical" and self._evict_lower()):

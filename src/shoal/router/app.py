@@ -56,7 +56,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     membership = Membership(config.health, events, config.load_poll_interval_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
     monitor = HealthMonitor(membership, config.health, events, balancer.forget)
-    tracing = Tracing("shoal-router", config.tracing.otlp_endpoint, config.tracing.keep_traces)
+    tracing = Tracing("shoal-router", config.tracing.otlp_endpoint, config.tracing.keep_traces,
+                      sample_ratio=config.tracing.sample_ratio)
     metrics = RouterMetrics(registry)
     front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics, feed)
     metrics.watch(registry, membership, front_door.admission.queued)

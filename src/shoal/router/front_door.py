@@ -131,21 +131,18 @@ class FrontDoor:
             routed, body, degraded = self._degrade(routed, body)
         if self.capacity(routed.model) == 0:  # nothing serves it now: wait a little for a worker to return
             deadline_s = min(deadline_s, self.config.admission.unavailable_wait_s)
-        admission = telemetry.span("router.admission", **{"shoal.model": routed.model,
-                                                          "shoal.priority": routed.priority})
         try:
-            await self.admission.admit(routed.model, routed.priority, deadline_s)
+            if not self.admission.try_admit(routed.model, routed.priority):
+                await self._wait_for_admission(routed, deadline_s, telemetry)
         except Refused as refused:
-            admission.set_attribute("shoal.refused", refused.status)
             fallback = next((m for m in self.fallbacks(routed.model) if self.admission.has_room(m)), None)
             if refused.status != 503 or fallback is None:
                 return error_response(refused.status, str(refused), "rate_limit_error" if refused.status == 429
                                       else "service_unavailable", headers={"retry-after": str(refused.retry_after_s)})
             routed, body, degraded = replace(routed, model=fallback), {**body, "model": fallback}, f"fallback={fallback}"
             self.admission.admitted[fallback] += 1
-        finally:
-            admission.set_attribute("shoal.degraded", degraded or "")
-            admission.end()
+        if degraded:
+            telemetry.root.set_attribute("shoal.degraded", degraded)
         started_ns = time.time_ns()
         placement = self.balancer.place(routed)
         telemetry.placed(routed, placement, self.balancer.policy.name, started_ns)
@@ -161,6 +158,17 @@ class FrontDoor:
             self.admission.release(model)
 
         return await self.failover.serve(routed, body, path, headers, placement, release_slot, extra, chat, telemetry)
+
+    async def _wait_for_admission(self, routed: RouteRequest, deadline_s: float, telemetry: RequestTelemetry) -> None:
+        """Queues for a slot, as a `router.admission` span (a request admitted at once has none)."""
+        span = telemetry.span("router.admission", **{"shoal.model": routed.model, "shoal.priority": routed.priority})
+        try:
+            await self.admission.admit(routed.model, routed.priority, deadline_s)
+        except Refused as refused:
+            span.set_attribute("shoal.refused", refused.status)
+            raise
+        finally:
+            span.end()
 
     def _degrade(self, routed: RouteRequest, body: dict) -> tuple[RouteRequest, dict, str | None]:
         """A sheddable request under saturation: the first fallback model with room, else a shorter

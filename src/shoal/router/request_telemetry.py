@@ -1,7 +1,7 @@
 """One client request as the router's spans and metrics.
 
 Spans, all under `router.request` (a child of the client's traceparent, if it sent one):
-`router.admission` (waiting for a slot), `router.route` (each placement, with every candidate's
+`router.admission` (waiting for a slot, when the request had to), `router.route` (each placement, with every candidate's
 load, cached prefix and estimated seconds), and `router.attempt` for each worker tried (its
 traceparent and the request id go to the worker, so the worker's spans hang under it and its logs
 name the request). Retries and migrations are events on the root span, counted in the metrics and
