@@ -114,14 +114,24 @@ class Tracing:
 
     def start(self, name: str, parent: Context | Span | None = None, kind: SpanKind = SpanKind.INTERNAL,
               attributes: Mapping[str, object] | None = None, start_ns: int | None = None) -> Span:
-        """A started span under `parent` (a span, a context from extract(), or None for a new trace)."""
+        """A started span under `parent` (a span, a context from extract(), or None for a new trace).
+        Under a span that is not recorded (its trace was not sampled) it is that span's context
+        again, at no cost."""
+        if isinstance(parent, Span) and not parent.is_recording():
+            return trace.NonRecordingSpan(parent.get_span_context())
         context = trace.set_span_in_context(parent) if isinstance(parent, Span) else parent
         return self.tracer.start_span(name, context=context or Context(), kind=kind,
                                       attributes=attributes, start_time=start_ns)
 
-    def extract(self, headers: Mapping[str, str]) -> Context:
-        """The caller's trace context from its traceparent header (an empty context if none)."""
-        return self.propagator.extract(carrier=dict(headers))
+    def extract(self, headers: Mapping[str, str]) -> Context | None:
+        """The caller's trace context from its traceparent header (None if it sent none)."""
+        traceparent = headers.get("traceparent")
+        if traceparent is None:
+            return None
+        carrier = {"traceparent": traceparent}
+        if "tracestate" in headers:
+            carrier["tracestate"] = headers["tracestate"]
+        return self.propagator.extract(carrier=carrier)
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
         """Adds `span` as the parent for the receiver (traceparent, tracestate)."""

@@ -12,7 +12,6 @@ metrics' rolling window for the dashboard's live charts).
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import MutableMapping
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
@@ -37,7 +36,7 @@ class RequestTelemetry:
         self.root = tracing.start("router.request", parent=tracing.extract(headers), kind=SpanKind.SERVER,
                                   attributes={"http.route": path})
         self.trace_id = trace_id_of(self.root)
-        self.request_id = headers.get("x-request-id") or uuid.uuid4().hex
+        self.request_id = headers.get("x-request-id") or self.trace_id
         bind_request(self.request_id, self.trace_id)
         self.model, self.priority = "unknown", "standard"
         self.streaming = False
@@ -61,7 +60,7 @@ class RequestTelemetry:
         """Records a routing decision as a `router.route` span (from started_ns to now)."""
         span = self.tracing.start("router.route", parent=self.root, start_ns=started_ns,
                                   attributes={"shoal.policy": policy, "shoal.model": request.model})
-        if placement is not None:
+        if placement is not None and span.is_recording():
             context = placement.context
             span.set_attributes({
                 "shoal.worker": placement.worker.worker_id, "shoal.cached_tokens_estimate": placement.cached_tokens,
@@ -70,7 +69,7 @@ class RequestTelemetry:
                      "matched_blocks": context.matched_blocks.get(view.worker_id, 0),
                      "estimated_s": round(estimated_seconds(request, view, placement.candidates, context), 4)}
                     for view in placement.candidates])})
-        else:
+        elif placement is None:
             span.set_status(Status(StatusCode.ERROR, "no worker can take the request"))
         span.end()
 
