@@ -1,5 +1,6 @@
 """The `shoal` command line: `shoal chat` (interactive, streaming), `shoal generate PROMPT...`, the
-servers (`worker`, `router`, `serve`, `stage`), cluster control (`status`, `restart`) and `shoal bench`."""
+servers (`worker`, `router`, `serve`, `stage`), cluster control (`status`, `restart`), `shoal bench` and
+`shoal simulate`."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from shoal.bench.options import add_bench_arguments
 from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
+from shoal.simulate.options import add_simulate_arguments
 
 if TYPE_CHECKING:  # the engine (and torch) load only for the commands that run one
     from shoal.engine.engine import LLMEngine
@@ -252,6 +254,12 @@ def bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def simulate(args: argparse.Namespace) -> int:
+    from shoal.simulate.command import run
+
+    return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
     parser.add_argument("--log-format", choices=["text", "json"], default=None,
@@ -340,6 +348,10 @@ def main(argv: list[str] | None = None) -> int:
                                                      "throughput and goodput")
     add_bench_arguments(bench_parser)
     bench_parser.set_defaults(run=bench)
+    simulate_parser = commands.add_parser("simulate", help="simulate a fleet behind the router's policies; "
+                                                           "compare them at any scale")
+    add_simulate_arguments(simulate_parser)
+    simulate_parser.set_defaults(run=simulate)
     args = parser.parse_args(argv)
     if args.log_format:
         os.environ[FORMAT_VARIABLE] = args.log_format

@@ -36,33 +36,11 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     server.add_argument("--timeout-s", type=positive, metavar="S", default=600.0,
                         help="per request (default %(default)s)")
 
-    workload = parser.add_argument_group("workload")
-    workload.add_argument("--workload", choices=["synthetic", "multi-turn", "long-prompt"], default="synthetic")
-    workload.add_argument("--requests", type=int, metavar="N", default=100,
-                          help="requests in all (default %(default)s)")
-    workload.add_argument("--prompt-tokens", type=length, metavar="LEN", default=length("256"),
-                          help=f"each new user message's length: {LENGTH_HELP} (default 256)")
-    workload.add_argument("--output-tokens", type=length, metavar="LEN", default=length("128"),
-                          help=f"max_tokens of each request: {LENGTH_HELP} (default 128)")
+    workload = add_workload_arguments(parser)
     workload.add_argument("--ignore-eos", action="store_true",
                           help="ask the server to generate max_tokens regardless of EOS (a vLLM extension)")
-    workload.add_argument("--system-prompt-tokens", type=int, metavar="N", default=None,
-                          help=f"a system prompt shared by all requests (default: {MULTI_TURN_SYSTEM_PROMPT_TOKENS} "
-                               "for multi-turn, else none)")
-    workload.add_argument("--turns", type=int, metavar="N", default=3, help="turns per conversation (multi-turn)")
-    workload.add_argument("--long-fraction", type=float, metavar="F", default=0.1,
-                          help="fraction of requests with long prompts (long-prompt; default %(default)s)")
-    workload.add_argument("--long-prompt-tokens", type=length, metavar="LEN", default=length("2048"),
-                          help=f"long prompts' length: {LENGTH_HELP} (default 2048)")
-    workload.add_argument("--seed", type=int, default=0, help="the same seed gives the same requests")
     workload.add_argument("--temperature", type=float, default=0.0)
-
-    load = parser.add_argument_group("load (default: one request at a time)")
-    rates = load.add_mutually_exclusive_group()
-    rates.add_argument("--rate", type=float, metavar="R", help="Poisson arrivals at R requests/s")
-    rates.add_argument("--fixed-rate", type=float, metavar="R", help="evenly spaced arrivals at R requests/s")
-    load.add_argument("--concurrency", type=int, metavar="N", default=None,
-                      help="requests in flight: alone, a closed loop; with a rate, a cap")
+    add_load_arguments(parser)
 
     slo = parser.add_argument_group("goodput: a request counts if it meets every SLO given")
     slo.add_argument("--slo-ttft-ms", type=float, metavar="MS", default=None, help="time to first token")
@@ -74,6 +52,38 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--output-json", default=None, metavar="PATH",
                         help="write the config, the summary and every request's record here")
     output.add_argument("--plot-dir", default=None, metavar="DIR", help="write PNG plots here")
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """What to send (`workload_config` reads them); returns the group for more options."""
+    workload = parser.add_argument_group("workload")
+    workload.add_argument("--workload", choices=["synthetic", "multi-turn", "long-prompt"], default="synthetic")
+    workload.add_argument("--requests", type=int, metavar="N", default=100,
+                          help="requests in all (default %(default)s)")
+    workload.add_argument("--prompt-tokens", type=length, metavar="LEN", default=length("256"),
+                          help=f"each new user message's length: {LENGTH_HELP} (default 256)")
+    workload.add_argument("--output-tokens", type=length, metavar="LEN", default=length("128"),
+                          help=f"max_tokens of each request: {LENGTH_HELP} (default 128)")
+    workload.add_argument("--system-prompt-tokens", type=int, metavar="N", default=None,
+                          help=f"a system prompt shared by all requests (default: {MULTI_TURN_SYSTEM_PROMPT_TOKENS} "
+                               "for multi-turn, else none)")
+    workload.add_argument("--turns", type=int, metavar="N", default=3, help="turns per conversation (multi-turn)")
+    workload.add_argument("--long-fraction", type=float, metavar="F", default=0.1,
+                          help="fraction of requests with long prompts (long-prompt; default %(default)s)")
+    workload.add_argument("--long-prompt-tokens", type=length, metavar="LEN", default=length("2048"),
+                          help=f"long prompts' length: {LENGTH_HELP} (default 2048)")
+    workload.add_argument("--seed", type=int, default=0, help="the same seed gives the same requests")
+    return workload
+
+
+def add_load_arguments(parser: argparse.ArgumentParser) -> None:
+    """When requests start (`arrival_process` reads them)."""
+    load = parser.add_argument_group("load (default: one request at a time)")
+    rates = load.add_mutually_exclusive_group()
+    rates.add_argument("--rate", type=float, metavar="R", help="Poisson arrivals at R requests/s")
+    rates.add_argument("--fixed-rate", type=float, metavar="R", help="evenly spaced arrivals at R requests/s")
+    load.add_argument("--concurrency", type=int, metavar="N", default=None,
+                      help="requests in flight: alone, a closed loop; with a rate, a cap")
 
 
 def workload_config(args: argparse.Namespace) -> WorkloadConfig:

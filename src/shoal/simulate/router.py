@@ -1,0 +1,156 @@
+"""The router side of the simulation: the router's own Membership, Balancer and policies, fed with
+the simulated workers' load reports, and the failover of streams from failed workers."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry
+
+from shoal.engine.sequence import Sequence
+from shoal.router.balancer import Balancer, Placement
+from shoal.router.config import HealthSettings
+from shoal.router.health_events import HealthEvents
+from shoal.router.policies import make_policy
+from shoal.router.route_request import route_request
+from shoal.router.views import RouteRequest
+from shoal.simulate.events import EventLoop
+from shoal.simulate.membership import CachedMembership
+from shoal.simulate.tokens import SimRequest
+from shoal.simulate.worker import SimWorker
+
+MODEL = "sim"
+
+
+@dataclass(frozen=True)
+class RouterSettings:
+    """The router's settings that matter here, with the router's defaults: its policy, how it
+    estimates tokens from characters and output length, how often each worker's load report
+    arrives, and how many times a stream may move before it fails."""
+
+    policy: str = "cost"
+    chars_per_token: float = 4.0
+    default_decode_tokens: int = 256
+    report_interval_s: float = 0.5
+    max_migrations: int = 3
+
+
+@dataclass
+class Flight:
+    """One request from the router's point of view. `cached_tokens` is what its first worker found
+    in its prefix cache; `lost_tokens` the KV tokens computed for it on workers that then failed;
+    `recomputed_tokens` those of them computed again where it resumed (what the new worker's cache
+    did not hold)."""
+
+    request: SimRequest
+    routed: RouteRequest
+    sent_s: float
+    placement: Placement | None = None
+    failed_on: set[str] = field(default_factory=set)
+    first_token_s: float | None = None
+    cached_tokens: int | None = None
+    migrations: int = 0
+    lost_tokens: int = 0
+    recomputed_tokens: int = 0
+    pending_recompute: int = 0
+
+
+class SimRouter:
+    """Places requests exactly as the router's Balancer does (eligible workers, the policy's
+    choice, prefix index and in-flight accounting), over WorkerState records that receive each
+    worker's load report every `report_interval_s` (staggered), as from heartbeats.
+
+    A failed worker is down at once (its streams break), leaves the prefix index, and each of its
+    requests resumes elsewhere from its prompt and the tokens generated so far, never on a worker
+    that failed it, at most `max_migrations` times. Invariant: every request in `flights` holds
+    exactly one placement, on the worker running it."""
+
+    def __init__(self, settings: RouterSettings, loop: EventLoop, seed: int,
+                 on_done: Callable[[Flight, str | None], None]):
+        self.settings = settings
+        self.loop = loop
+        self.on_done = on_done
+        self.membership = CachedMembership(HealthSettings(), HealthEvents(CollectorRegistry()))
+        self.balancer = Balancer(make_policy(settings.policy), self.membership, seed)
+        self.workers: dict[str, SimWorker] = {}
+        self.flights: dict[str, Flight] = {}
+
+    def join(self, worker: SimWorker, report_phase_s: float) -> None:
+        """Registers a worker; its reports arrive from `report_phase_s` on."""
+        self.workers[worker.spec.worker_id] = worker
+        self.membership.register(worker.spec.worker_id, [MODEL], worker.load_report())
+        self.loop.after(report_phase_s, self._report, worker)
+
+    def _report(self, worker: SimWorker) -> None:
+        if worker.up:
+            self.membership.heartbeat(worker.spec.worker_id, worker.load_report())
+        self.loop.after(self.settings.report_interval_s, self._report, worker)
+
+    def submit(self, request: SimRequest, sent_s: float) -> None:
+        """A request reaches the router (the client sent it at `sent_s`)."""
+        routed = route_request(request.body(MODEL), {}, True, self.settings.chars_per_token,
+                               self.settings.default_decode_tokens)
+        flight = self.flights[str(request.index)] = Flight(request, routed, sent_s)
+        self._send(flight, request.prompt_token_ids(), [])
+
+    def _send(self, flight: Flight, prompt: list[int], resumed: list[int]) -> None:
+        placement = self.balancer.place(flight.routed, exclude=frozenset(flight.failed_on))
+        if placement is None:
+            self._end(flight, "no worker can take the request")
+            return
+        worker = self.workers[placement.worker.worker_id]
+        if len(prompt) + len(resumed) > worker.max_prompt_tokens:  # the worker answers 400
+            self._release(placement)
+            self._end(flight, "the prompt is too long for the worker")
+            return
+        flight.placement = placement
+        self.membership.changed(worker.spec.worker_id)
+        worker.add(str(flight.request.index), prompt, resumed, flight.request.max_tokens,
+                   flight.request.output_token_id(0))
+
+    def first_token(self, worker_id: str, seq: Sequence) -> None:
+        flight = self.flights[seq.request_id]
+        flight.placement.worker.first_byte(flight.placement.ticket)
+        self.membership.changed(worker_id)
+        if flight.first_token_s is None:
+            flight.first_token_s, flight.cached_tokens = self.loop.now, seq.num_cached_tokens
+        flight.recomputed_tokens += max(0, flight.pending_recompute - seq.num_cached_tokens)
+        flight.pending_recompute = 0
+
+    def finished(self, worker_id: str, seq: Sequence, error: str | None) -> None:
+        flight = self.flights[seq.request_id]
+        self._release(flight.placement)
+        self._end(flight, error)
+
+    def _release(self, placement: Placement) -> None:
+        self.balancer.release(placement)
+        self.membership.changed(placement.worker.worker_id)
+
+    def _end(self, flight: Flight, error: str | None) -> None:
+        del self.flights[str(flight.request.index)]
+        self.on_done(flight, error)
+
+    def worker_failed(self, worker: SimWorker) -> None:
+        worker_id = worker.spec.worker_id
+        state = self.membership.workers[worker_id]
+        state.down, state.down_since = True, self.loop.now
+        self.membership.changed(worker_id)
+        self.balancer.forget(worker_id)  # it restarts with an empty cache
+        for seq in worker.fail():
+            flight = self.flights[seq.request_id]
+            self._release(flight.placement)
+            flight.placement = None
+            flight.failed_on.add(worker_id)
+            flight.lost_tokens += seq.num_computed_tokens
+            flight.migrations += 1
+            if flight.migrations > self.settings.max_migrations:
+                self._end(flight, f"failed over {self.settings.max_migrations} times")
+                continue
+            flight.pending_recompute = seq.num_computed_tokens
+            self._send(flight, seq.prompt_token_ids, list(seq.output_token_ids))
+
+    def worker_recovered(self, worker: SimWorker) -> None:
+        worker.recover()
+        state = self.membership.workers[worker.spec.worker_id]
+        state.down, state.down_since = False, None
+        self.membership.heartbeat(worker.spec.worker_id, worker.load_report())

@@ -1,0 +1,141 @@
+"""A simulated worker: the engine's own scheduler and block manager, with the forward pass replaced
+by the step-cost model."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from shoal.engine.block_manager import BlockManager
+from shoal.engine.sampling_params import SamplingParams
+from shoal.engine.scheduler import ScheduledChunk, Scheduler
+from shoal.engine.sequence import Sequence
+from shoal.engine.speed import SpeedEstimator
+from shoal.simulate.events import EventLoop
+from shoal.simulate.fleet import WorkerSpec
+from shoal.simulate.host import Host
+
+BLOCK_SIZE = 16  # the engine's default
+
+
+class WorkerListener(Protocol):
+    """What the router hears from a worker (the stream's events)."""
+
+    def first_token(self, worker_id: str, seq: Sequence) -> None: ...
+
+    def finished(self, worker_id: str, seq: Sequence, error: str | None) -> None: ...
+
+
+class SimWorker:
+    """One replica. Steps follow each other without a gap while there is work, as in the engine
+    loop: schedule (the real Scheduler: running sequences first, then waiting ones under the
+    token budget, preempting by recompute when blocks run out), run for the step cost on its host,
+    then commit the computed tokens to the prefix cache and give each sequence whose prompt is
+    done one output token. Every request generates exactly its max_tokens (as with ignore_eos).
+
+    Invariants: `stepping` iff a step is in progress on the host; every live sequence is in the
+    scheduler and `output_bases`; a failed worker holds nothing and comes back with an empty cache.
+    """
+
+    def __init__(self, spec: WorkerSpec, host: Host, loop: EventLoop, listener: WorkerListener):
+        self.spec = spec
+        self.host = host
+        self.loop = loop
+        self.listener = listener
+        self.up = True
+        self._params: dict[int, SamplingParams] = {}
+        self.calibration = spec.calibration.as_dict()
+        self._empty()
+
+    def _empty(self) -> None:
+        spec, calibration = self.spec, self.spec.calibration
+        self.block_manager = BlockManager(spec.kv_tokens // BLOCK_SIZE, BLOCK_SIZE)
+        self.scheduler = Scheduler(self.block_manager, spec.max_num_seqs, spec.max_num_batched_tokens)
+        self.speed = SpeedEstimator()
+        self.speed.seed(calibration.prefill_tokens_per_s, calibration.batched_decode_tokens_per_s,
+                        calibration.batch / calibration.batched_decode_tokens_per_s)
+        self.output_bases: dict[str, int] = {}
+        self.stepping = False
+        self._step_chunks: list[ScheduledChunk] = []
+        self._step_started = 0.0
+        self._step_tokens = (0, 0)
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longer prompts (with resumed output) are refused, as the engine refuses them."""
+        return min(self.spec.max_model_len, self.block_manager.num_blocks * BLOCK_SIZE) - 1
+
+    def add(self, request_id: str, prompt: list[int], resumed: list[int], max_tokens: int, output_base: int) -> None:
+        """Queues a request whose i-th output token is `output_base + i` (the first len(resumed)
+        of them already generated elsewhere). The caller checks max_prompt_tokens first."""
+        params = self._params.get(max_tokens)
+        if params is None:
+            params = self._params[max_tokens] = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+        seq = Sequence(request_id, prompt, params, seed=0, arrival_time=self.loop.now, output_token_ids=resumed)
+        self.output_bases[request_id] = output_base
+        self.scheduler.add(seq)
+        if not self.stepping:
+            self._step()
+
+    def _step(self) -> None:
+        chunks = self.scheduler.schedule()
+        for seq in self.scheduler.outgrown:
+            self._retire(seq, "the sequence outgrew the whole KV cache")
+        self.scheduler.outgrown.clear()
+        if not chunks:
+            self.stepping = False
+            return
+        decode = sum(1 for c in chunks if c.completes_sequence and c.seq.output_token_ids)
+        prefill = sum(c.length for c in chunks) - decode
+        self.stepping = True
+        self._step_chunks, self._step_started, self._step_tokens = chunks, self.loop.now, (prefill, decode)
+        self.host.start(self.spec.worker_id, self.spec.threads, self.spec.cost.seconds(prefill, decode),
+                        self._step_done)
+
+    def _step_done(self) -> None:
+        prefill, decode = self._step_tokens
+        self.speed.observe(prefill, decode, self.loop.now - self._step_started)
+        chunks = self._step_chunks
+        for chunk in chunks:
+            chunk.seq.num_computed_tokens += chunk.length
+            self.block_manager.commit_computed(chunk.seq)
+        for chunk in chunks:
+            if not chunk.completes_sequence:
+                continue
+            seq = chunk.seq
+            seq.output_token_ids.append(self.output_bases[seq.request_id] + len(seq.output_token_ids))
+            if seq.first_token_time is None:
+                seq.first_token_time = self.loop.now
+                self.listener.first_token(self.spec.worker_id, seq)
+            if len(seq.output_token_ids) >= seq.params.max_tokens:
+                self.scheduler.finish(seq, "length")
+                self._retire(seq, None)
+        self._step()
+
+    def _retire(self, seq: Sequence, error: str | None) -> None:
+        del self.output_bases[seq.request_id]
+        self.listener.finished(self.spec.worker_id, seq, error)
+
+    def fail(self) -> list[Sequence]:
+        """The worker dies: returns its live sequences (as they were) and forgets everything."""
+        live = list(self.scheduler.running) + list(self.scheduler.waiting)
+        self.host.cancel(self.spec.worker_id)
+        self.up = False
+        self._empty()
+        return live
+
+    def recover(self) -> None:
+        self.up = True
+
+    def load_report(self) -> dict:
+        """The worker's /load report, with the keys and meanings of shoal's worker server."""
+        bm, speed, calibration = self.block_manager, self.speed, self.spec.calibration
+        live = self.scheduler.running + list(self.scheduler.waiting)
+        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
+        return {"max_model_len": self.spec.max_model_len, "draining": False,
+                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
+                "max_num_seqs": self.spec.max_num_seqs,
+                "outstanding_prefill_tokens": prefill,
+                "outstanding_decode_tokens": sum(s.params.max_tokens - len(s.output_token_ids) for s in live),
+                "free_kv_blocks": bm.num_free_blocks, "num_kv_blocks": bm.num_blocks, "block_size": BLOCK_SIZE,
+                "kv_cache_usage": bm.usage(), "prefill_tokens_per_s": speed.prefill_tokens_per_s,
+                "decode_tokens_per_s": speed.decode_tokens_per_s, "decode_step_s": speed.decode_step_s,
+                "capability": calibration.batched_decode_tokens_per_s, "calibration": self.calibration}
