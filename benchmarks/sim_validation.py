@@ -32,6 +32,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -235,7 +236,7 @@ async def probe(serve: Serve) -> dict:
         return (times[-1] - times[0]) / (len(times) - 1)
 
     slowdown = mean([itl(t) for t in together]) / itl(alone)
-    return {"request_overhead_s": mean([client - engine for engine, client in routed]),
+    return {"request_overhead_s": max(0.0, mean([client - engine for engine, client in routed])),
             "contention_slowdown": slowdown,
             "effective_cores": len(serve.workers) / max(1.0, slowdown),
             "raw": {"routed": routed, "itl_alone_s": itl(alone), "itl_together_s": [itl(t) for t in together]}}
@@ -374,6 +375,7 @@ def main() -> int:
     out.write_text(json.dumps({"args": vars(args), "commit": commit, "calibrated_alone": alone_report["calibration"],
                                "probed": probed,
                                "wall_s": time.monotonic() - started, "results": results}, indent=1))
+    shutil.rmtree(directory)  # the workers' cache holds converted weights (a failed run keeps it, with the logs)
     print(f"\nresults: {out} ({time.monotonic() - started:.0f} s)")
     for variant in ("a_priori", "live"):
         ratios = [r["figures"][variant][k] / r["figures"]["real"][k] for r in results

@@ -2,12 +2,16 @@
 cached membership views."""
 from __future__ import annotations
 
+import http.server
+import json
+import threading
+
 import pytest
 
 from shoal.bench.arrivals import ArrivalProcess
 from shoal.bench.lengths import Fixed, Uniform
 from shoal.bench.workloads import WorkloadConfig, build_workload
-from shoal.simulate.calibration import WorkerFigures, average
+from shoal.simulate.calibration import WorkerFigures, average, read_figures
 from shoal.simulate.cost_model import CALIBRATION_PROMPT_TOKENS, CalibrationFigures, StepCost
 from shoal.simulate.events import EventLoop
 from shoal.simulate.fleet import FleetSpec, WorkerClass, load_fleet, parse_mix
@@ -64,6 +68,37 @@ def test_a_serving_worker_is_taken_at_the_speeds_its_moving_averages_show():
     report = {"calibration": calibration.as_dict(), "prefill_tokens_per_s": 300.0,
               "decode_step_s": 1.5 * cost.seconds(0, 4), "decode_tokens_per_s": 4 / (1.5 * cost.seconds(0, 4))}
     assert WorkerFigures.from_report(report, "w").calibration == slower
+
+
+def test_figures_are_read_from_a_workers_load_endpoint_or_a_saved_report(tmp_path):
+    report = {"calibration": {"prefill_tokens_per_s": 400.0, "decode_tokens_per_s": 20.0,
+                              "batched_decode_tokens_per_s": 100.0, "batch": 8}, "num_kv_blocks": 64, "block_size": 16}
+
+    class LoadHandler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = json.dumps(report).encode() if self.path == "/load" else b"{}"
+            self.send_response(200 if self.path == "/load" else 404)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), LoadHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        assert read_figures(url).kv_tokens == 1024
+        assert read_figures(url + "/load/").calibration == read_figures(url).calibration
+    finally:
+        server.shutdown()
+    saved = tmp_path / "load.json"
+    saved.write_text(json.dumps(report))
+    assert read_figures(str(saved)).calibration == CalibrationFigures(400.0, 20.0, 100.0, 8)
+    saved.write_text("not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        read_figures(str(saved))
 
 
 def test_several_workers_average_into_one_typical_worker():

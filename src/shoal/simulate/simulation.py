@@ -38,6 +38,10 @@ class SimulationConfig:
     seed: int = 0
     request_overhead_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        if self.request_overhead_s < 0:
+            raise ValueError("the request overhead cannot be negative")
+
     def with_policy(self, policy: str) -> "SimulationConfig":
         return dataclasses.replace(self, router=dataclasses.replace(self.router, policy=policy))
 
