@@ -145,13 +145,13 @@ def measure_http(args, prompts: list[list[int]]) -> dict:
 
 
 def measure_in_process(args, prompts: list[list[int]]) -> dict:
-    from shoal.cli import kv_cache_budget
+    from shoal.sizes import parse_kv_cache
     from shoal.engine.async_engine import AsyncLLMEngine
     from shoal.engine.calibration import calibrate
     from shoal.engine.config import EngineConfig
     from shoal.engine.engine import LLMEngine
 
-    inner = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **kv_cache_budget(args.kv_cache)))
+    inner = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **parse_kv_cache(args.kv_cache)))
     calibrate(inner)  # the worker calibrates too: the same warm engine on both sides
     engine = AsyncLLMEngine(inner)
     try:

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import sys
 from pathlib import Path
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from shoal.bench.options import add_bench_arguments
+from shoal.engine.config_arguments import add_engine_config_arguments, engine_config_from_arguments
 from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
 from shoal.simulate.options import add_simulate_arguments
 
@@ -106,36 +106,11 @@ def generate(args: argparse.Namespace) -> int:
     return 0
 
 
-SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
-
-
-def kv_cache_budget(text: str) -> dict:
-    """`--kv-cache` as EngineConfig fields: a fraction of free memory ("0.3") or a size ("512MiB", "2GB")."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    unit = match and match.group(2).upper()
-    if not match or unit not in SIZE_UNITS:
-        raise argparse.ArgumentTypeError(f"{text!r} is neither a fraction like 0.3 nor a size like 512MiB")
-    value = float(match.group(1))
-    if not unit and value < 1:
-        if value <= 0:
-            raise argparse.ArgumentTypeError("the KV-cache fraction must be positive")
-        return {"kv_cache_fraction": value}
-    return {"kv_cache_bytes": int(value * SIZE_UNITS[unit])}
-
-
-def layer_counts(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of layer counts") from None
-
-
 def worker(args: argparse.Namespace) -> int:
     import uvicorn
 
     from shoal.engine.async_engine import AsyncLLMEngine
     from shoal.engine.calibration import calibrate, calibration_path
-    from shoal.engine.config import EngineConfig
     from shoal.engine.engine import LLMEngine
     from shoal.model.weight_cache import default_cache_dir
     from shoal.observability.tracing import Tracing
@@ -144,16 +119,12 @@ def worker(args: argparse.Namespace) -> int:
     from shoal.worker.server import RouterLink, create_app
 
     configure_logging()
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                    step_delay_ms=args.step_delay_ms, num_threads=args.num_threads,
-                                    prepack_weights=not args.share_weights,
-                                    tensor_parallel_size=args.tensor_parallel_size,
-                                    pipeline_parallel_size=args.pipeline_parallel_size,
-                                    layers_per_stage=args.layers_per_stage,
-                                    pipeline_stage_addresses=tuple(args.stage),
-                                    pipeline_spare_addresses=tuple(args.spare_stage),
-                                    pipeline_spares=args.spare_stages, **(args.kv_cache or {})),
-                       on_replica_failure=_exit_failed)
+    try:
+        config = engine_config_from_arguments(args)
+    except ValueError as exc:
+        print(f"shoal worker: invalid engine configuration: {exc}", file=sys.stderr)
+        return 2
+    engine = LLMEngine(config, on_replica_failure=_exit_failed)
     calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
@@ -168,7 +139,7 @@ def worker(args: argparse.Namespace) -> int:
         routers = [RouterLink(url, advertised, secret) for url in args.router]
     async_engine = AsyncLLMEngine(engine)
     tracing = Tracing("shoal-worker", args.otlp_endpoint, instance=advertised)
-    app = create_app(async_engine, args.served_model_name or args.model, drain, calibration, limits, routers, tracing)
+    app = create_app(async_engine, args.served_model_name or config.model, drain, calibration, limits, routers, tracing)
     # Past the drain's grace, responses still open are cut (a router continues them elsewhere).
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     DrainingServer(config, drain, args.drain_grace_s).run()
@@ -278,11 +249,9 @@ def main(argv: list[str] | None = None) -> int:
     gen_parser.add_argument("prompts", nargs="+")
     gen_parser.set_defaults(run=generate)
     worker_parser = commands.add_parser("worker", help="serve one replica over OpenAI-compatible HTTP")
-    _engine_args(worker_parser)
+    add_engine_config_arguments(worker_parser)
     worker_parser.add_argument("--host", default="127.0.0.1")
     worker_parser.add_argument("--port", type=int, default=8000)
-    worker_parser.add_argument("--kv-cache", type=kv_cache_budget, default=None,
-                               help="KV-cache budget: a size (512MiB, 2GB) or a fraction of free memory (0.3)")
     worker_parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
                                help="larger request bodies are refused with 413")
     worker_parser.add_argument("--max-waiting-requests", type=int, default=1024,
@@ -290,24 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     worker_parser.add_argument("--served-model-name", default=None)
     worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
                                help="on SIGTERM, how long in-flight requests may take to finish")
-    worker_parser.add_argument("--num-threads", type=int, default=None, help="compute threads (default: all cores)")
-    worker_parser.add_argument("--tensor-parallel-size", type=int, default=1,
-                               help="shard the model over this many processes on this host (one replica)")
-    worker_parser.add_argument("--pipeline-parallel-size", type=int, default=1,
-                               help="split the layers over this many stage processes (one replica)")
-    worker_parser.add_argument("--layers-per-stage", type=layer_counts, default=None, metavar="N,N,...",
-                               help="layers of each pipeline stage (default: planned)")
-    worker_parser.add_argument("--stage", action="append", default=[], metavar="ADDRESS",
-                               help="a `shoal stage` server for the next pipeline stage (repeatable, in order)")
-    worker_parser.add_argument("--spare-stage", action="append", default=[], metavar="ADDRESS",
-                               help="a `shoal stage` server kept as a spare for lost stages (repeatable)")
-    worker_parser.add_argument("--spare-stages", type=int, default=0,
-                               help="local spare stage processes, each with a stage's layers loaded")
-    worker_parser.add_argument("--share-weights", action="store_true",
-                               help="keep the memory-mapped weights shared with the host's other workers "
-                                    "instead of repacking a private copy for faster CPU matrix multiplies")
-    worker_parser.add_argument("--step-delay-ms", type=float, default=0.0,
-                               help="added to every engine step, to emulate a slower machine")
     worker_parser.add_argument("--router", action="append", default=[], metavar="URL",
                                help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET); "
                                     "repeat for redundant routers")

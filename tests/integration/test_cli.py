@@ -1,13 +1,8 @@
 """The `shoal` command runs the engine on a model and prints the completion."""
 from __future__ import annotations
 
-import argparse
 import subprocess
 import sys
-
-import pytest
-
-from shoal.cli import kv_cache_budget
 
 
 def test_generate_prints_a_completion(tiny_model_dir, shoal_cache_dir):
@@ -26,18 +21,3 @@ def test_chat_streams_a_reply_and_ends_on_empty_line(tiny_model_dir, shoal_cache
                             env={"SHOAL_CACHE_DIR": str(shoal_cache_dir), "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     assert "> " in result.stdout and len(result.stdout.splitlines()) >= 2
-
-
-@pytest.mark.parametrize("text,expected", [
-    ("0.3", {"kv_cache_fraction": 0.3}), ("512MiB", {"kv_cache_bytes": 512 << 20}),
-    ("2GB", {"kv_cache_bytes": 2 * 10**9}), ("1048576", {"kv_cache_bytes": 1 << 20}),
-    ("1.5GiB", {"kv_cache_bytes": 3 << 29}),
-])
-def test_kv_cache_budget_accepts_sizes_and_fractions(text, expected):
-    assert kv_cache_budget(text) == expected
-
-
-@pytest.mark.parametrize("text", ["lots", "-1", "0", "12 parsecs"])
-def test_kv_cache_budget_rejects_nonsense(text):
-    with pytest.raises(argparse.ArgumentTypeError):
-        kv_cache_budget(text)

@@ -31,6 +31,6 @@ def test_reduced_precision_is_batch_invariant(make_tiny_engine, dtype):
 def test_invariance_can_be_turned_off(make_tiny_engine):
     """batch_invariant=False uses plain GEMMs; the engine still serves every request to the end."""
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    results = run_to_completion(make_tiny_engine(batch_invariant=False, prepack_weights=False),
+    results = run_to_completion(make_tiny_engine(batch_invariant=False, share_weights=True),
                                 {f"q{i}": ([4 + i] * (2 + i), params) for i in range(5)})
     assert sorted(len(t) for t in results.values()) == [10] * 5

@@ -13,7 +13,7 @@ from tests.integration.serving import supervised
 MESSAGES = [{"role": "user", "content": "count to ten"}]
 
 
-@pytest.mark.parametrize("options", [{"tensor_parallel": 2}, {"pipeline_parallel": 2, "layers_per_stage": [1, 1]}],
+@pytest.mark.parametrize("options", [{"tensor_parallel_size": 2}, {"pipeline_parallel_size": 2, "layers_per_stage": [1, 1]}],
                          ids=["tensor", "pipeline"])
 def test_a_multi_process_replica_serves_as_one_worker_with_the_single_process_answer(
         deploy, tiny_model_dir, shoal_cache_dir, options):

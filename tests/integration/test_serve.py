@@ -7,10 +7,11 @@ import os
 import signal
 import time
 
+import httpx
 import openai
 import pytest
 
-from tests.integration.serving import busy, healthy_workers, shoal, supervised
+from tests.integration.serving import admin_workers, busy, healthy_workers, shoal, supervised
 from tests.waiting import wait_for
 
 
@@ -77,3 +78,16 @@ def test_a_rolling_restart_replaces_every_replica_without_failing_a_request(depl
     assert not before & after and len(after) == 2
     assert len(answers) > 0 and set(answers) == {16}  # every request during the restart was served whole
     assert len(healthy_workers(state_dir)) == 2
+
+
+def test_each_model_entry_gives_its_worker_the_kv_budget_it_says(deploy, tiny_model_dir):
+    """kv_cache 1.0 is all free memory (it once became one byte), 0.5 half of it, 2GiB exactly that."""
+    entries = [{"name": f"tiny-{i}", "model": str(tiny_model_dir), "dtype": "float32", "kv_cache": budget}
+               for i, budget in enumerate([1.0, 0.5, "2GiB"])]
+    _, _, state_dir, _ = deploy(replicas=3, top={"models": entries})
+    budgets = {}
+    for worker in admin_workers(state_dir):
+        load = httpx.get(worker["worker_id"] + "/load", timeout=10).json()
+        budgets[load["model"]] = load["kv_cache_budget_bytes"]
+    assert budgets["tiny-2"] == 2 << 30
+    assert budgets["tiny-0"] > 1 << 30 and budgets["tiny-0"] > 1.5 * budgets["tiny-1"] > 0, budgets

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 
 def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine):
-    engine = make_tiny_engine(prepack_weights=False)
+    engine = make_tiny_engine(share_weights=True)
     mapped = engine.checkpoint.weights
     layer = engine.model.layers[0]
     assert layer.down.weights[0].data_ptr() == mapped["model.layers.0.mlp.down_proj.weight"].data_ptr()

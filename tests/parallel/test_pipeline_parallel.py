@@ -86,7 +86,7 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
     pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=(2, 2, 1), step_delay_ms=10,
-                   pipeline_spares=spares, **options)
+                   spare_stages=spares, **options)
     runner = pipeline.engine.runner
     runner.settings = PipelineSettings(step_deadline_s=2.0, ping_timeout_s=1.0)
     victims = [runner.stages[stage].process for stage in stages]
@@ -135,7 +135,7 @@ def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, s
         expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
         for layers in [(2, 2, 1), (1, 1, 3)]:  # a second head, with another split, after the first stopped
             pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=layers,
-                           pipeline_stage_addresses=tuple(servers), **options)
+                           stage_servers=tuple(servers), **options)
             assert [s.process for s in pipeline.engine.runner.stages[1:]] == [None, None]  # started by nobody here
             assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
             assert all(process.poll() is None for process in processes)
@@ -150,7 +150,7 @@ def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
     with stage_servers(shoal_cache_dir, None, 1) as (servers, _), \
             caplog.at_level(logging.INFO, logger="shoal.engine.engine"):
-        pipeline = LLM(five_layer_model, pipeline_parallel_size=3, pipeline_stage_addresses=tuple(servers), **options)
+        pipeline = LLM(five_layer_model, pipeline_parallel_size=3, stage_servers=tuple(servers), **options)
         runner = pipeline.engine.runner
         profiles = runner.profiles
         assert [p.device.endswith("CPU threads)") for p in profiles] == [True] * 3
@@ -170,7 +170,7 @@ def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
     with stage_servers(shoal_cache_dir, None, None, log_dir=tmp_path) as (servers, processes):
         pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=(2, 2, 1), step_delay_ms=10,
-                       pipeline_stage_addresses=tuple(servers), **options)
+                       stage_servers=tuple(servers), **options)
         runner = pipeline.engine.runner
         runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5)
         hung = processes[0]

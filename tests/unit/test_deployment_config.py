@@ -2,6 +2,7 @@
 and why; the shipped examples are valid."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from pydantic import ValidationError
 
 from shoal.cluster.config import DeploymentConfig, ModelDeployment, describe
 from shoal.cluster.launcher_local import worker_command
+from shoal.engine.config import EngineConfig
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -17,19 +19,24 @@ BROKEN = [
     ({"port": 70000}, "port: Input should be less than or equal to 65535"),
     ({"models": [{"model": "x"}]}, "models.0.name: Field required"),
     ({"models": [{"name": "a", "replicas": -1}]}, "models.0.replicas: Input should be greater than or equal to 0"),
-    ({"models": [{"name": "a", "kv_cache": "lots"}]}, "models.0.kv_cache: 'lots' is not a size such as 256MiB"),
-    ({"models": [{"name": "a", "kv_cache": 1.5}]}, "models.0.kv_cache: a fraction of free memory must be in (0, 1]"),
+    ({"models": [{"name": "a", "kv_cache": "lots"}]}, "models.0.kv_cache: 'lots' is not a size such as 512MiB"),
+    ({"models": [{"name": "a", "kv_cache": 1.5}]}, "models.0.kv_cache: 1.5: a fraction of free memory must be in (0, 1]"),
     ({"models": [{"name": "a", "dtype": "int3"}]}, "models.0.dtype: Input should be 'auto', 'float32'"),
-    ({"models": [{"name": "a", "tensor_parallel": 2, "pipeline_parallel": 2}]},
-     "models.0: tensor_parallel and pipeline_parallel in one replica are not supported together yet"),
-    ({"models": [{"name": "a", "pipeline_parallel": 3, "layers_per_stage": [20, 10]}]},
+    ({"models": [{"name": "a", "tensor_parallel_size": 2, "pipeline_parallel_size": 2}]},
+     "models.0: tensor_parallel_size and pipeline_parallel_size in one replica are not supported together yet"),
+    ({"models": [{"name": "a", "pipeline_parallel_size": 3, "layers_per_stage": [20, 10]}]},
      "models.0: layers_per_stage needs one count of at least 1 per pipeline stage (3)"),
-    ({"models": [{"name": "a", "pipeline_parallel": 3, "stage_servers": ["tcp://b:7100"]}]},
+    ({"models": [{"name": "a", "pipeline_parallel_size": 3, "stage_servers": ["tcp://b:7100"]}]},
      "models.0: stage_servers needs one address per pipeline stage after the first (2)"),
-    ({"models": [{"name": "a", "replicas": 2, "pipeline_parallel": 2, "stage_servers": ["tcp://b:7100"]}]},
+    ({"models": [{"name": "a", "replicas": 2, "pipeline_parallel_size": 2, "stage_servers": ["tcp://b:7100"]}]},
      "models.0: stage_servers serve one pipeline replica"),
-    ({"models": [{"name": "a", "tensor_parallel": 0}]},
-     "models.0.tensor_parallel: Input should be greater than or equal to 1"),
+    ({"models": [{"name": "a", "tensor_parallel_size": 0}]},
+     "models.0.tensor_parallel_size: Input should be greater than or equal to 1"),
+    ({"models": [{"name": "a", "tensor_parallel": 2}]}, "models.0.tensor_parallel: unknown key"),
+    ({"models": [{"name": "a", "kv_cache": "1TB"}]}, "models.0.kv_cache: 1TB is more than this host's memory"),
+    ({"models": [{"name": "a", "kv_cache": "1048576"}]}, "models.0.kv_cache: '1048576': a fraction of free memory"),
+    ({"models": [{"name": "a", "max_num_seqs": 0}]}, "models.0.max_num_seqs: Input should be greater than or equal to 1"),
+    ({"models": [{"name": "a", "pipeline_wire_dtype": "int8"}]}, "models.0.pipeline_wire_dtype: Input should be"),
     ({"models": [{"name": "a"}, {"name": "a"}]}, "models: a defined more than once"),
     ({"models": [{"name": "a", "fallbacks": ["b"]}]}, "the fallbacks of a must be other models of this deployment; not b"),
     ({"router": {"port": 9000}}, "router: port: set by the deployment"),
@@ -69,10 +76,36 @@ def test_the_default_is_two_workers_of_the_bundled_model_and_fallbacks_reach_the
 
 
 def test_a_pipeline_replica_is_given_its_stage_servers_and_spares():
-    deployment = ModelDeployment(name="a", pipeline_parallel=3, layers_per_stage=[10, 10, 10],
+    deployment = ModelDeployment(name="a", pipeline_parallel_size=3, layers_per_stage=[10, 10, 10],
                                  stage_servers=["tcp://b:7100", "tcp://c:7100"], spare_stage_servers=["tcp://d:7100"])
-    command = " ".join(worker_command(deployment, "127.0.0.1", 8001))
-    assert ("--pipeline-parallel-size 3 --layers-per-stage 10,10,10 --stage tcp://b:7100 --stage tcp://c:7100 "
-            "--spare-stage tcp://d:7100") in command
-    placed = " ".join(worker_command(ModelDeployment(name="a", pipeline_parallel=2), "127.0.0.1", 8001, ("tcp://e:1",)))
-    assert placed.endswith("--pipeline-parallel-size 2 --stage tcp://e:1")
+    config = _shipped_engine_config(worker_command(deployment, "127.0.0.1", 8001))
+    assert config.pipeline_parallel_size == 3 and config.layers_per_stage == (10, 10, 10)
+    assert config.stage_servers == ("tcp://b:7100", "tcp://c:7100")
+    assert config.spare_stage_servers == ("tcp://d:7100",)
+    placed = ModelDeployment(name="a", pipeline_parallel_size=2)
+    assert _shipped_engine_config(worker_command(placed, "127.0.0.1", 8001, ("tcp://e:1",))).stage_servers == (
+        "tcp://e:1",)
+
+
+def _shipped_engine_config(command: list[str]) -> EngineConfig:
+    return EngineConfig.from_json(command[command.index("--engine-config") + 1])
+
+
+@pytest.mark.parametrize(("kv_cache", "expected"), [
+    (1.0, {"kv_cache_fraction": 1.0, "kv_cache_bytes": None}), (0.5, {"kv_cache_fraction": 0.5, "kv_cache_bytes": None}),
+    ("2GiB", {"kv_cache_bytes": 2 << 30}), (None, {"kv_cache_fraction": 0.1, "kv_cache_bytes": None})])
+def test_the_kv_cache_of_a_model_entry_reaches_the_engine_config_as_it_says(kv_cache, expected):
+    config = _shipped_engine_config(worker_command(ModelDeployment(name="a", kv_cache=kv_cache), "127.0.0.1", 8001))
+    assert {name: getattr(config, name) for name in expected} == expected
+
+
+def test_every_engine_setting_has_a_deployment_key_of_the_same_name():
+    settable = set(ModelDeployment.model_fields)
+    left_to_the_worker = {"cache_dir", "kv_cache_bytes", "kv_cache_fraction"}  # kv_cache sets the last two
+    assert {f.name for f in dataclasses.fields(EngineConfig)} - settable == left_to_the_worker
+    entry = ModelDeployment(name="served", model="m", dtype="float32", num_threads=3, share_weights=True,
+                            max_model_len=256, max_num_seqs=5, tensor_parallel_size=2, seed=9, itl_target_ms=40)
+    config = _shipped_engine_config(worker_command(entry, "127.0.0.1", 8001))
+    assert (config.model, config.dtype, config.num_threads, config.share_weights, config.max_model_len,
+            config.max_num_seqs, config.tensor_parallel_size, config.seed, config.itl_target_ms) == (
+        "m", "float32", 3, True, 256, 5, 2, 9, 40)

@@ -7,15 +7,17 @@ the deployment decides itself (where it listens, its workers, the models' fallba
 """
 from __future__ import annotations
 
-import re
+import dataclasses
 from typing import Literal
 
+import psutil
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from shoal.engine.config import EngineConfig
 from shoal.router.config import Frozen, ModelSettings, RouterConfig
+from shoal.sizes import parse_kv_cache
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
-SIZE = r"^\d+(\.\d+)?\s*(B|KB|KiB|MB|MiB|GB|GiB|TB|TiB)$"
 
 
 class Resources(Frozen):
@@ -52,37 +54,51 @@ class Autoscaling(Frozen):
 
 class ModelDeployment(Frozen):
     """One served model: `name` is what clients ask for; `model` is a registry name, a .gguf file
-    or a Hugging Face directory; `kv_cache` a size (256MiB) or a fraction of free memory (0.3);
-    `warm_spares` workers load the model but wait outside the router until a replica fails;
-    `share_weights` keeps the host's workers on one memory-mapped copy of the weights (CPU matrix
-    multiplies are then slower than on a private repacked copy);
-    `tensor_parallel` ranks or `pipeline_parallel` stages make each replica that many processes
-    (one replica to the router), `layers_per_stage` overriding the split planned from each node's
-    measured speed and memory: ranks run on the replica's host; stages run there too with the local
-    launcher, on nodes Ray picks (`resources` each) with the Ray launcher, or on `stage_servers`
-    (`shoal stage` addresses, one per stage after the first, for one replica) with
-    `spare_stage_servers` waiting to replace a lost one; with `autoscaling`, `replicas` is where it
-    starts."""
+    or a Hugging Face directory; `kv_cache` a fraction of free memory (0.3, 1.0) or a size
+    (256MiB); `warm_spares` workers load the model but wait outside the router until a replica
+    fails; with `autoscaling`, `replicas` is where it starts.
+
+    Every other key is the EngineConfig field of that name (shoal.engine.config), and
+    `engine_config()` is the config each replica runs, shipped to it whole. `share_weights` keeps
+    the host's workers on one memory-mapped copy of the weights (CPU matrix multiplies are then
+    slower than on a private repacked copy); `tensor_parallel_size` ranks or
+    `pipeline_parallel_size` stages make each replica that many processes (one replica to the
+    router), `layers_per_stage` overriding the split planned from each node's measured speed and
+    memory: ranks run on the replica's host; stages run there too with the local launcher, on nodes
+    Ray picks (`resources` each) with the Ray launcher, or on `stage_servers` (`shoal stage`
+    addresses, one per stage after the first, for one replica) with `spare_stage_servers` waiting
+    to replace a lost one."""
 
     name: str = Field(min_length=1)
     model: str = DEFAULT_MODEL
     replicas: int = Field(1, ge=0)
     warm_spares: int = Field(0, ge=0)
     autoscaling: Autoscaling | None = None
+    drain_grace_s: float = Field(30.0, ge=0)
+    fallbacks: list[str] = []
+    resources: Resources = Resources()
+    kv_cache: str | float | None = None
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     device: str = "auto"
-    kv_cache: str | float | None = None
     num_threads: int | None = Field(None, ge=1)
     step_delay_ms: float = Field(0.0, ge=0)
     share_weights: bool = False
-    drain_grace_s: float = Field(30.0, ge=0)
-    fallbacks: list[str] = []
-    tensor_parallel: int = Field(1, ge=1)
-    pipeline_parallel: int = Field(1, ge=1)
+    max_model_len: int | None = Field(None, ge=1)
+    max_num_seqs: int = Field(64, ge=1)
+    max_num_batched_tokens: int = Field(512, ge=1)
+    block_size: int = Field(16, ge=1)
+    enable_prefix_caching: bool = True
+    batch_invariant: bool = True
+    attention_kernel: Literal["auto", "rows", "tiles"] = "auto"
+    itl_target_ms: float | None = Field(None, gt=0)
+    seed: int = 0
+    tensor_parallel_size: int = Field(1, ge=1)
+    pipeline_parallel_size: int = Field(1, ge=1)
     layers_per_stage: list[int] | None = None
+    pipeline_wire_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     stage_servers: list[str] = []
     spare_stage_servers: list[str] = []
-    resources: Resources = Resources()
+    spare_stages: int = Field(0, ge=0)
 
     @model_validator(mode="after")
     def replicas_within_bounds(self) -> "ModelDeployment":
@@ -94,29 +110,47 @@ class ModelDeployment(Frozen):
 
     @model_validator(mode="after")
     def one_kind_of_parallelism(self) -> "ModelDeployment":
-        if self.tensor_parallel > 1 and self.pipeline_parallel > 1:
-            raise ValueError("tensor_parallel and pipeline_parallel in one replica are not supported together yet")
-        if self.layers_per_stage is not None and (len(self.layers_per_stage) != self.pipeline_parallel
+        if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
+            raise ValueError("tensor_parallel_size and pipeline_parallel_size in one replica are not supported "
+                             "together yet")
+        if self.layers_per_stage is not None and (len(self.layers_per_stage) != self.pipeline_parallel_size
                                                   or min(self.layers_per_stage) < 1):
             raise ValueError(f"layers_per_stage needs one count of at least 1 per pipeline stage "
-                             f"({self.pipeline_parallel})")
-        if self.stage_servers and len(self.stage_servers) != self.pipeline_parallel - 1:
+                             f"({self.pipeline_parallel_size})")
+        if self.stage_servers and len(self.stage_servers) != self.pipeline_parallel_size - 1:
             raise ValueError(f"stage_servers needs one address per pipeline stage after the first "
-                             f"({self.pipeline_parallel - 1})")
+                             f"({self.pipeline_parallel_size - 1})")
         if (self.stage_servers or self.spare_stage_servers) and (
-                self.replicas + self.warm_spares > 1 or self.autoscaling or self.pipeline_parallel == 1):
-            raise ValueError("stage_servers serve one pipeline replica: they need pipeline_parallel > 1, "
+                self.replicas + self.warm_spares > 1 or self.autoscaling or self.pipeline_parallel_size == 1):
+            raise ValueError("stage_servers serve one pipeline replica: they need pipeline_parallel_size > 1, "
                              "one replica, no warm spares and no autoscaling")
         return self
 
     @field_validator("kv_cache")
     @classmethod
-    def size_or_fraction(cls, value: str | float | None) -> str | float | None:
-        if isinstance(value, float | int) and not 0 < value <= 1:
-            raise ValueError("a fraction of free memory must be in (0, 1]")
-        if isinstance(value, str) and not re.match(SIZE, value.strip()):
-            raise ValueError(f"{value!r} is not a size such as 256MiB or 2GB")
+    def fraction_or_size(cls, value: str | float | None) -> str | float | None:
+        if value is not None:
+            parse_kv_cache(value)
         return value
+
+    @model_validator(mode="after")
+    def engine_accepts_it(self) -> "ModelDeployment":
+        self.engine_config()
+        return self
+
+    def kv_cache_bytes(self) -> int | None:
+        """The KV budget in bytes, when it is given as a size."""
+        return None if self.kv_cache is None else parse_kv_cache(self.kv_cache).get("kv_cache_bytes")
+
+    def engine_config(self, stage_servers: tuple[str, ...] = ()) -> EngineConfig:
+        """What each replica runs; `stage_servers` are pipeline stages a launcher started for it
+        (the deployment's own stage_servers come first)."""
+        fields = {f.name for f in dataclasses.fields(EngineConfig)} & set(type(self).model_fields)
+        options = {name: getattr(self, name) for name in fields}
+        options["stage_servers"] = self.stage_servers or list(stage_servers)
+        if self.kv_cache is not None:
+            options.update(parse_kv_cache(self.kv_cache))
+        return EngineConfig.from_dict(options)
 
 
 class SupervisorSettings(Frozen):
@@ -163,6 +197,20 @@ class DeploymentConfig(Frozen):
                                  f"deployment; not {', '.join(unknown)}")
         return self
 
+    @model_validator(mode="after")
+    def kv_caches_fit_this_host(self) -> "DeploymentConfig":
+        """With the local launcher every replica runs here: a KV budget beyond this host's memory
+        could never be allocated (on GPUs the engine checks it against the device)."""
+        if self.launcher != "local":
+            return self
+        memory = psutil.virtual_memory().total
+        for index, model in enumerate(self.models):
+            budget = model.kv_cache_bytes()
+            if budget and budget > memory and not model.device.startswith("cuda"):
+                raise ValueError(f"models.{index}.kv_cache: {model.kv_cache} is more than this host's memory "
+                                 f"({memory / 2**30:.1f} GiB)")
+        return self
+
     def router_config(self) -> RouterConfig:
         """The router's settings for this deployment: its address and the models' fallback chains
         (workers join it by registering)."""
@@ -174,7 +222,7 @@ def describe(error: ValidationError) -> str:
     """One line per bad key: its dotted path, then why."""
     lines = []
     for problem in error.errors():
-        where = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        where = ".".join(str(part) for part in problem["loc"])
         why = "unknown key" if problem["type"] == "extra_forbidden" else problem["msg"].removeprefix("Value error, ")
-        lines.append(f"{where}: {why}")
+        lines.append(f"{where}: {why}" if where else why)
     return "\n".join(lines)

@@ -42,26 +42,10 @@ class LocalLauncher:
 
 def worker_command(deployment: ModelDeployment, host: str, port: int,
                    stage_addresses: tuple[str, ...] = ()) -> list[str]:
-    """The `shoal worker` command line of one replica of `deployment`; its pipeline stages are the
-    deployment's stage servers, else `stage_addresses`, else local processes it starts."""
-    args = [sys.executable, "-m", "shoal.cli", "worker", "--model", deployment.model,
+    """The `shoal worker` command line of one replica of `deployment`: its engine config whole, as
+    JSON; its pipeline stages are the deployment's stage servers, else `stage_addresses`, else local
+    processes it starts."""
+    return [sys.executable, "-m", "shoal.cli", "worker",
+            "--engine-config", deployment.engine_config(stage_addresses).to_json(),
             "--served-model-name", deployment.name, "--host", host, "--port", str(port),
-            "--dtype", deployment.dtype, "--device", deployment.device,
-            "--drain-grace-s", str(deployment.drain_grace_s), "--step-delay-ms", str(deployment.step_delay_ms)]
-    if deployment.kv_cache is not None:
-        args += ["--kv-cache", str(deployment.kv_cache).replace(" ", "")]
-    if deployment.num_threads:
-        args += ["--num-threads", str(deployment.num_threads)]
-    if deployment.share_weights:
-        args.append("--share-weights")
-    if deployment.tensor_parallel > 1:
-        args += ["--tensor-parallel-size", str(deployment.tensor_parallel)]
-    if deployment.pipeline_parallel > 1:
-        args += ["--pipeline-parallel-size", str(deployment.pipeline_parallel)]
-    if deployment.layers_per_stage:
-        args += ["--layers-per-stage", ",".join(map(str, deployment.layers_per_stage))]
-    for address in deployment.stage_servers or stage_addresses:
-        args += ["--stage", address]
-    for address in deployment.spare_stage_servers:
-        args += ["--spare-stage", address]
-    return args
+            "--drain-grace-s", str(deployment.drain_grace_s)]

@@ -64,9 +64,9 @@ class WorkerActor:
         log_path = Path(log_dir) / f"{deployment.name.replace('/', '_')}-{slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         stages = []
-        if deployment.pipeline_parallel > 1 and not deployment.stage_servers:
+        if deployment.pipeline_parallel_size > 1 and not deployment.stage_servers:
             self.stage_actors = [StageActor.options(**actor_options(deployment), scheduling_strategy="SPREAD").remote()
-                                 for _ in range(deployment.pipeline_parallel - 1)]
+                                 for _ in range(deployment.pipeline_parallel_size - 1)]
             stages = ray.get([actor.start.remote(f"{log_path}.stage{i}") for i, actor in
                               enumerate(self.stage_actors, 1)])
         with open(log_path, "ab") as log:

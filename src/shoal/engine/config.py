@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch loads only where an engine runs: the deployment config builds this too
+    import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -16,14 +18,22 @@ class EngineConfig:
     reported by the engine, never written back here.
 
     kv_cache_bytes, when set, is the KV budget; otherwise kv_cache_fraction of the free memory of
-    the device is used. itl_target_ms turns on the adaptive batch size. prepack_weights trades the
-    page sharing of memory-mapped weights for faster CPU matrix multiplies. attention_kernel picks
+    the device is used. itl_target_ms turns on the adaptive batch size. share_weights keeps the
+    memory-mapped weights shared between the host's workers instead of repacking a private copy for
+    faster CPU matrix multiplies. attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
     step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
     tensor_parallel_size > 1 shards every layer over that many processes on this host (one failure
     domain); pipeline_parallel_size > 1 splits the layers into that many stage processes linked by
     messages (layers_per_stage overrides the planned split); pipeline_wire_dtype is the dtype of the
-    activations between stages ("auto": the model's, lossless; "bfloat16" halves float32 traffic).
+    activations between stages ("auto": the model's, lossless; "bfloat16" halves float32 traffic);
+    stage_servers are `shoal stage` addresses for the stages after the first, spare_stage_servers
+    wait to replace a lost one, spare_stages local processes do the same.
+
+    Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
+    Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
+    set kv_cache_fraction or kv_cache_bytes (shoal.sizes.parse_kv_cache). The config travels to
+    worker processes whole, as JSON (to_json / from_json).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -37,7 +47,7 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
-    prepack_weights: bool = True
+    share_weights: bool = False
     attention_kernel: str = "auto"
     itl_target_ms: float | None = None
     seed: int = 0
@@ -48,21 +58,25 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     layers_per_stage: tuple[int, ...] | None = None
     pipeline_wire_dtype: str = "auto"
-    pipeline_stage_addresses: tuple[str, ...] = ()
-    pipeline_spare_addresses: tuple[str, ...] = ()
-    pipeline_spares: int = 0
+    stage_servers: tuple[str, ...] = ()
+    spare_stage_servers: tuple[str, ...] = ()
+    spare_stages: int = 0
 
     def __post_init__(self) -> None:
-        if self.dtype != "auto" and self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
+            raise ValueError(f"dtype must be auto or one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
         for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
                      "pipeline_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
-        if self.pipeline_wire_dtype != "auto" and self.pipeline_wire_dtype not in DTYPES:
-            raise ValueError(f"pipeline_wire_dtype must be auto or one of {sorted(DTYPES)}")
+        if self.pipeline_wire_dtype != "auto" and self.pipeline_wire_dtype not in DTYPE_NAMES:
+            raise ValueError(f"pipeline_wire_dtype must be auto or one of {list(DTYPE_NAMES)}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError("kv_cache_bytes must be positive")
+        if self.spare_stages < 0:
+            raise ValueError("spare_stages must not be negative")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
 
@@ -75,8 +89,20 @@ class EngineConfig:
             raise ValueError(f"unknown engine config keys: {unknown}")
         return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in raw.items()})
 
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "EngineConfig":
+        raw = json.loads(text)
+        if not isinstance(raw, dict):
+            raise ValueError("an engine config in JSON must be an object")
+        return cls.from_dict(raw)
+
     def resolve_device(self, rank: int = 0) -> torch.device:
         """The device of tensor-parallel rank `rank`: on CUDA, the rank-th GPU from the one named."""
+        import torch
+
         if self.device == "auto":
             device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         else:
@@ -87,8 +113,10 @@ class EngineConfig:
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
         """auto: bfloat16 where the hardware computes it natively (CUDA, CPUs with AVX512-BF16/AMX)."""
+        import torch
+
         if self.dtype != "auto":
-            return DTYPES[self.dtype]
+            return getattr(torch, self.dtype)
         if device.type == "cuda" or _cpu_has_native_bf16():
             return torch.bfloat16
         return torch.float32

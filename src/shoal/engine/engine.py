@@ -104,11 +104,13 @@ class LLMEngine:
         self.model = build_model(config, self.checkpoint, self.device, self.dtype,
                                  layers=layout.head_layers if layout else None,
                                  tensor_parallel=self.tensor_group.context if self.tensor_group else None)
+        # The KV budget this engine was given, in bytes (a pipeline's stages each bound it too).
+        self.kv_cache_budget_bytes = config.kv_cache_bytes or int(free_memory_bytes(self.device)
+                                                                  * config.kv_cache_fraction)
         if layout:
             blocks = layout.num_blocks
         else:
-            budget = config.kv_cache_bytes or int(free_memory_bytes(self.device) * config.kv_cache_fraction)
-            blocks = num_kv_blocks(budget, config.block_size, self.model.kv_bytes_per_token(),
+            blocks = num_kv_blocks(self.kv_cache_budget_bytes, config.block_size, self.model.kv_bytes_per_token(),
                                    config.max_num_seqs * self.max_model_len)
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         if self.tensor_group:
@@ -121,8 +123,8 @@ class LLMEngine:
             self.runner = PipelineRunner(config, self.model, layout, self._live_sequences,
                                          self.block_manager.forget_free_cached,
                                          PipelineSettings(wire_dtype=config.pipeline_wire_dtype,
-                                                          spare_addresses=tuple(config.pipeline_spare_addresses),
-                                                          local_spares=config.pipeline_spares))
+                                                          spare_addresses=tuple(config.spare_stage_servers),
+                                                          local_spares=config.spare_stages))
         else:
             self.runner = ModelRunner(self.model, blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)

@@ -20,7 +20,7 @@ def build_model(config: EngineConfig, checkpoint: Checkpoint, device: torch.devi
     engine config asks: batch-invariant tiles, prepacked weights, attention kernel."""
     tile_rows = default_tile_rows(dtype) if config.batch_invariant else 0
     weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.weights.items()}
-    return LlamaModel(checkpoint.config, weights, tile_rows, device, config.prepack_weights, config.attention_kernel,
+    return LlamaModel(checkpoint.config, weights, tile_rows, device, not config.share_weights, config.attention_kernel,
                       layers=layers, tensor_parallel=tensor_parallel)
 
 

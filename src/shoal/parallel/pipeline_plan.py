@@ -92,11 +92,11 @@ class PipelineLayout:
                 probe_timeout_s: float = 120.0) -> "PipelineLayout":
         """Starts local stage processes (or links to config's stage servers), measures this node
         and every stage server, and plans. Local stage processes share this node's profile."""
-        addresses = config.pipeline_stage_addresses
+        addresses = config.stage_servers
         if addresses and len(addresses) != config.pipeline_parallel_size - 1:
             raise ValueError(f"{len(addresses)} stage addresses for {config.pipeline_parallel_size - 1} "
                              f"stages after the head")
-        links = StageLinks(addresses + config.pipeline_spare_addresses)
+        links = StageLinks(addresses + config.spare_stage_servers)
         stages = [links.handle(address) for address in addresses] or [
             links.handle() for _ in range(config.pipeline_parallel_size - 1)]
         try:

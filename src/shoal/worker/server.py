@@ -68,6 +68,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
                 "outstanding_prefill_tokens": stats.outstanding_prefill_tokens,
                 "outstanding_decode_tokens": stats.outstanding_decode_tokens,
                 "free_kv_blocks": stats.num_free_blocks, "num_kv_blocks": stats.num_kv_blocks,
+                "kv_cache_budget_bytes": engine.engine.kv_cache_budget_bytes,
                 "block_size": stats.block_size, "kv_cache_usage": stats.kv_cache_usage,
                 "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
                 "decode_step_s": stats.decode_step_s,
