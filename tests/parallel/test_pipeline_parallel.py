@@ -25,6 +25,7 @@ from shoal.parallel.pipeline import PipelineSettings
 from shoal.parallel.pipeline_plan import plan_stages
 from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
+from shoal.protocol.cluster_secret import SECRET_ENV
 from tests.parallel.test_tensor_parallel import TEXT_PROMPTS, TINY_PROMPTS
 from tests.tiny_model import write_tiny_model
 from tests.waiting import wait_for
@@ -109,10 +110,17 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
     assert ("takes over with its layers loaded" in caplog.text) == bool(spares)
 
 
+@pytest.fixture
+def cluster_secret(monkeypatch) -> str:
+    """The secret a head (this process) shares with the stage servers it did not start."""
+    monkeypatch.setenv(SECRET_ENV, "pipeline-test-secret")
+    return "pipeline-test-secret"
+
+
 @contextlib.contextmanager
 def stage_servers(cache_dir, *threads: int | None, log_dir=None) -> Iterator[tuple[list[str], list[subprocess.Popen]]]:
-    """`shoal stage` servers on loopback (anywhere the head can reach), with these CPU threads;
-    server i logs to log_dir/stage-i.log if given."""
+    """`shoal stage` servers on loopback (anywhere the head can reach), with these CPU threads and
+    this process's cluster secret; server i logs to log_dir/stage-i.log if given."""
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in threads]
     processes = []
     for i, (address, count) in enumerate(zip(addresses, threads)):
@@ -128,7 +136,7 @@ def stage_servers(cache_dir, *threads: int | None, log_dir=None) -> Iterator[tup
             process.wait()
 
 
-def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, shoal_cache_dir):
+def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, shoal_cache_dir, cluster_secret):
     """Stage servers take the layers the head assigns, and wait for the next head when this one stops."""
     with stage_servers(shoal_cache_dir, None, None) as (servers, processes):
         options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
@@ -142,7 +150,7 @@ def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, s
 
 
 def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five_layer_model, shoal_cache_dir,
-                                                                            caplog):
+                                                                            caplog, cluster_secret):
     """Probed by the head, each server times a layer with its own threads and reports its free
     memory; the plan is the planner's best split for these figures (servers on one host share its
     memory), and the log shows the figures with the plan."""
@@ -162,7 +170,8 @@ def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five
 
 
 def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale_slots(five_layer_model,
-                                                                                       shoal_cache_dir, tmp_path):
+                                                                                       shoal_cache_dir, tmp_path,
+                                                                                       cluster_secret):
     """Stage 1, a server SIGSTOPped mid-generation, is replaced; woken up, it forwards the steps
     that waited in its inbox, and stage 2 drops them: they come from a former upstream."""
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
@@ -200,7 +209,8 @@ def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_mo
     runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5, replacement_timeout_s=2.0)
     nowhere = f"tcp://127.0.0.1:{free_port()}"
     links = runner.links
-    links.handle = lambda address=None: StageHandle(links.context, next(links.idents), address or nowhere)
+    links.handle = lambda address=None: StageHandle(links.context, links.secret, next(links.idents),
+                                                    address or nowhere)
     runner.stages[1].process.kill()
     try:
         with pytest.raises(ReplicaFailedError, match="stage 1 did not load its layers"):

@@ -41,9 +41,10 @@ from shoal.errors import ReplicaFailedError
 from shoal.model.llama import LlamaModel
 from shoal.parallel.pipeline_plan import PipelineLayout
 from shoal.parallel.pipeline_stage import BoundaryLog, wire_dtype
-from shoal.parallel.stage_messages import (HEAD_IDENT, Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone,
-                                           SendReplay, Setup, Step, Stop, Upstream, receive, send)
 from shoal.parallel.stage_links import StageHandle
+from shoal.parallel.stage_messages import batch_frame, send
+from shoal.protocol.stage_frames import (HEAD_IDENT, Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay,
+                                         Setup, Step, Stop, Upstream)
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,7 @@ class PipelineRunner(ModelRunner):
                 upstream: int | None) -> StageHandle:
         """Loads stage `index`'s layers on `handle` (a cold load); returns it once ready."""
         spec = self.plan.stages[index]
-        config = dataclasses.asdict(self._stage_config(handle, index))
+        config = self._stage_config(handle, index).to_json()
         send(handle.control, Setup(index, handle.ident, config, spec.first_layer, spec.end_layer, self.num_blocks,
                                    downstream, upstream, self.address, self.settings.wire_dtype))
         self._await_control(lambda m: isinstance(m, Ready) and m.ident == handle.ident,
@@ -164,9 +165,8 @@ class PipelineRunner(ModelRunner):
     def _connect_downstream(self) -> None:
         if self.downstream is not None:
             self.downstream.close(linger=0)
-        self.downstream = self.links.context.socket(zmq.PUSH)
+        self.downstream = self.links.context.connect(zmq.PUSH, self.stages[1].inbox)
         self.downstream.setsockopt(zmq.LINGER, 0)
-        self.downstream.connect(self.stages[1].inbox)
 
     def _replace_lost(self, lost: list[int]) -> None:
         """Replaces the lost stages in pipeline order, so that each replacement's upstream already
@@ -194,7 +194,7 @@ class PipelineRunner(ModelRunner):
             self._connect_downstream()
             for table, tokens in sequences:
                 batch, rows = self.log.replay(table, tokens)
-                send(self.downstream, Step(-1, batch, HEAD_IDENT, replay=True), rows)
+                send(self.downstream, Step(-1, batch_frame(batch), HEAD_IDENT, replay=True), rows)
             send(self.downstream, ReplayDone(len(sequences), HEAD_IDENT))
         else:
             send(self.stages[index - 1].control, SendReplay(self.stages[index].inbox, sequences))
@@ -231,7 +231,7 @@ class PipelineRunner(ModelRunner):
         self.log.record(batch, outgoing)
         self.head_busy_s += time.perf_counter() - started
         self.head_times[step_id] = (0, started_ns, time.time_ns())
-        self.wire_bytes += send(self.downstream, Step(step_id, batch, HEAD_IDENT), outgoing)
+        self.wire_bytes += send(self.downstream, Step(step_id, batch_frame(batch), HEAD_IDENT), outgoing)
         self.wire_tokens += len(batch.input_ids)
 
     def collect(self, step_id: int) -> torch.Tensor:
@@ -277,13 +277,19 @@ class PipelineRunner(ModelRunner):
                 raise StageLost()
 
     def _receive(self, wait_ms: int) -> object | None:
-        """The next message within wait_ms, or None; the logits of a micro-batch in flight are kept."""
-        if not self.inbox.poll(wait_ms):
+        """The next message within wait_ms, or None; the logits of a micro-batch in flight are kept
+        (if they are one row of the vocabulary per row the batch samples)."""
+        if not self.inbox.poll(wait_ms) or (received := self.links.receive()) is None:
             return None
-        message, tensor = receive(self.inbox)
+        message, tensor = received
         last = self.stages[-1]
         if (isinstance(message, Logits) and message.step_id in self.in_flight and last is not None
                 and message.sender == last.ident):  # not from a replaced last stage
+            expected = (len(self.in_flight[message.step_id].last_rows), self.model.config.vocab_size)
+            if tuple(tensor.shape) != expected:
+                log.warning("pipeline head dropped logits of shape %s for micro-batch %d, not %s",
+                            list(tensor.shape), message.step_id, list(expected))
+                return None
             self.results[message.step_id] = tensor
             self.times[message.step_id] = [self.head_times.pop(message.step_id), *message.stage_times]
         return message

@@ -10,7 +10,14 @@ for every slot the head considers computed, what this stage sent for it. When th
 replaced, SendReplay streams the rows of the live sequences to the replacement, which rebuilds its
 KV cache (and its own boundary log) from them.
 
-    shoal stage --bind tcp://0.0.0.0:PORT      (or python -m shoal.parallel.pipeline_stage)
+Its links are ZeroMQ CURVE with the cluster secret (see cluster_sockets): only processes holding
+$SHOAL_CLUSTER_SECRET can connect, and a frame that is not a valid message for its inbox is dropped
+with a warning, never answered.
+
+    SHOAL_CLUSTER_SECRET=... shoal stage [--bind tcp://127.0.0.1:7100]   (or python -m shoal.parallel.pipeline_stage)
+
+It binds loopback unless given another address (`--bind tcp://10.0.0.5:7100` to serve heads on
+other machines).
 """
 from __future__ import annotations
 
@@ -27,9 +34,13 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.model.loader import load_checkpoint
 from shoal.observability.logging import configure_logging
-from shoal.parallel.stage_messages import (Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed, ReplayDone,
-                                           SendReplay, Setup, Step, Stop, Upstream, receive, send)
+from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.parallel.stage_messages import batch_frame, receive, send, step_batch
 from shoal.parallel.stage_profile import measure_node
+from shoal.protocol.cluster_secret import MissingClusterSecret, required_secret
+from shoal.protocol.frames import BadFrame
+from shoal.protocol.stage_frames import (STAGE_INBOX, Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed,
+                                         ReplayDone, SendReplay, Setup, Step, Stop, Upstream)
 
 log = logging.getLogger("shoal.parallel.pipeline_stage")
 
@@ -63,16 +74,16 @@ def wire_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
 
 
 class StageServer:
-    """One stage. Invariant: messages are handled in the order they arrive in the inbox."""
+    """One stage. Invariants: messages are handled in the order they arrive in the inbox; a message
+    that is invalid, or not valid before a Setup, is dropped with a warning and changes nothing."""
 
-    def __init__(self, inbox: str, num_threads: int | None = None):
+    def __init__(self, inbox: str, secret: str, num_threads: int | None = None):
         """num_threads: this node's CPU threads, whatever the head's config says."""
         self.num_threads = num_threads
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.context = zmq.Context()
-        self.inbox = self.context.socket(zmq.PULL)
-        self.inbox.bind(inbox)
+        self.links = ClusterContext(secret)
+        self.inbox = self.links.bind(zmq.PULL, inbox)
         self.head: zmq.Socket | None = None
         self.downstream: zmq.Socket | None = None
         self.runner: ModelRunner | None = None
@@ -81,56 +92,69 @@ class StageServer:
         self.busy_s = 0.0
 
     def _push(self, address: str) -> zmq.Socket:
-        sock = self.context.socket(zmq.PUSH)
-        sock.connect(address)
-        return sock
+        try:
+            return self.links.connect(zmq.PUSH, address)
+        except zmq.ZMQError as error:
+            raise BadFrame(f"cannot connect to {address!r}: {error}") from None
 
     def serve(self, persistent: bool = False) -> None:
         """Handles messages until Stop; a persistent server (`shoal stage`) then drops its layers
         and waits for its next head instead of exiting."""
         while True:
-            message, tensor = receive(self.inbox)
-            if isinstance(message, Stop):
-                if not persistent:
+            try:
+                message, tensor = receive(self.inbox, STAGE_INBOX)
+                if isinstance(message, Stop) and not persistent:
                     return
-                self.runner = None
-                log.info("released by its head; waiting for the next one")
-            if isinstance(message, Probe):
-                self._probe(message)
-            elif isinstance(message, Setup):
-                self._setup(message)
-            elif isinstance(message, Step | ReplayDone) and message.sender != self.upstream:
-                log.warning("dropped %s from %d, a former upstream", type(message).__name__, message.sender)
-            elif isinstance(message, Step):
-                started = time.perf_counter()
-                self._step(message, tensor)
-                self.busy_s += time.perf_counter() - started
-            elif isinstance(message, Connect):
-                self.upstream = message.upstream
-                if message.downstream:
-                    self._connect(message.downstream)
-                send(self.head, Ready(self.ident))
-            elif isinstance(message, Upstream):
-                self.upstream = message.upstream
-                send(self.head, Ready(self.ident))
-            elif isinstance(message, SendReplay):
-                self._connect(message.downstream)
-                self._send_replay(message)
-            elif isinstance(message, ReplayDone):
-                send(self.head, Replayed(self.ident, message.count))
-            elif isinstance(message, Ping):
-                send(self.head, Pong(self.ident, message.nonce, self.busy_s))
+                self._handle(message, tensor)
+            except BadFrame as error:
+                log.warning("dropped a message: %s", error)
 
-    def _config(self, raw: dict) -> EngineConfig:
+    def _handle(self, message: object, tensor: torch.Tensor | None) -> None:
+        if isinstance(message, Stop):
+            self.runner = None
+            log.info("released by its head; waiting for the next one")
+        elif isinstance(message, Probe):
+            self._probe(message)
+        elif isinstance(message, Setup):
+            self._setup(message)
+        elif self.runner is None:
+            raise BadFrame(f"{type(message).__name__} before any Setup")
+        elif isinstance(message, Step | ReplayDone) and message.sender != self.upstream:
+            log.warning("dropped %s from %d, a former upstream", type(message).__name__, message.sender)
+        elif isinstance(message, Step):
+            started = time.perf_counter()
+            self._step(message, tensor)
+            self.busy_s += time.perf_counter() - started
+        elif isinstance(message, Connect):
+            if message.downstream:
+                self._connect(message.downstream)
+            self.upstream = message.upstream
+            send(self.head, Ready(self.ident))
+        elif isinstance(message, Upstream):
+            self.upstream = message.upstream
+            send(self.head, Ready(self.ident))
+        elif isinstance(message, SendReplay):
+            self._connect(message.downstream)
+            self._send_replay(message)
+        elif isinstance(message, ReplayDone):
+            send(self.head, Replayed(self.ident, message.count))
+        elif isinstance(message, Ping):
+            send(self.head, Pong(self.ident, message.nonce, self.busy_s))
+
+    def _config(self, raw: str) -> EngineConfig:
         """The head's engine config, as this node runs it."""
-        config = EngineConfig.from_dict(raw)
+        try:
+            config = EngineConfig.from_json(raw)
+        except (ValueError, TypeError) as error:
+            raise BadFrame(f"invalid engine config: {error}") from None
         if config.num_threads and not self.num_threads:
             torch.set_num_threads(config.num_threads)
         return config
 
     def _probe(self, probe: Probe) -> None:
-        profile = measure_node(self._config(probe.engine_config))
+        config = self._config(probe.engine_config)
         reply = self._push(probe.head)
+        profile = measure_node(config)
         send(reply, Profiled(probe.ident, profile))
         reply.close(linger=1000)
         log.info("probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3,
@@ -138,9 +162,14 @@ class StageServer:
 
     def _setup(self, setup: Setup) -> None:
         config = self._config(setup.engine_config)
+        if setup.first_layer >= setup.end_layer:
+            raise BadFrame(f"Setup of no layers ({setup.first_layer} to {setup.end_layer})")
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
         checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
+        if setup.end_layer > checkpoint.config.num_layers:
+            raise BadFrame(f"Setup of layers up to {setup.end_layer} of a model of {checkpoint.config.num_layers}")
+        head = self._push(setup.head)
         model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
         self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
         self.ident, self.upstream, self.stage = setup.ident, setup.upstream, setup.stage
@@ -151,7 +180,7 @@ class StageServer:
         for sock in (self.head, self.downstream):  # a persistent server's previous head
             if sock is not None:
                 sock.close(linger=0)
-        self.head, self.downstream = self._push(setup.head), None
+        self.head, self.downstream = head, None
         if setup.downstream:
             self._connect(setup.downstream)
         log.info("%s layers %d-%d (stage %d)", "holds" if setup.downstream else "holds, as a spare,",
@@ -159,36 +188,51 @@ class StageServer:
         send(self.head, Ready(setup.ident))
 
     def _step(self, step: Step, hidden: torch.Tensor) -> None:
+        step.batch.check(self.runner.num_blocks, self.runner.block_size)
+        expected = (len(step.batch.positions), self.runner.model.config.hidden_size)
+        if tuple(hidden.shape) != expected:
+            raise BadFrame(f"Step {step.step_id} has hidden states of shape {list(hidden.shape)}, not {list(expected)}")
+        batch = step_batch(step.batch)
         started = time.time_ns()
-        hidden = self.runner.run_layers(step.batch, hidden.to(self.runner.model.device))
+        hidden = self.runner.run_layers(batch, hidden.to(self.runner.model.device))
         if self.is_last:
             if not step.replay:
-                logits = self.runner.logits(step.batch, hidden)
+                logits = self.runner.logits(batch, hidden)
                 times = (*step.stage_times, (self.stage, started, time.time_ns()))
                 send(self.head, Logits(step.step_id, self.ident, times), logits)
             return
         outgoing = hidden.to(self.wire).cpu()
-        self.log.record(step.batch, outgoing)
+        self.log.record(batch, outgoing)
         if not step.replay:
             times = (*step.stage_times, (self.stage, started, time.time_ns()))
             send(self.downstream, Step(step.step_id, step.batch, self.ident, stage_times=times), outgoing)
 
     def _connect(self, address: str) -> None:
+        downstream = self._push(address)
         if self.downstream is not None:
             self.downstream.close(linger=0)
-        self.downstream = self._push(address)
+        self.downstream = downstream
 
     def _send_replay(self, request: SendReplay) -> None:
+        num_blocks, block_size = self.runner.num_blocks, self.runner.block_size
+        for table, tokens in request.sequences:
+            if tokens > len(table) * block_size or any(block >= num_blocks for block in table):
+                raise BadFrame(f"SendReplay of a sequence beyond its block table or this stage's {num_blocks} blocks")
         for table, tokens in request.sequences:
             batch, rows = self.log.replay(table, tokens)
-            send(self.downstream, Step(-1, batch, self.ident, replay=True), rows)
+            send(self.downstream, Step(-1, batch_frame(batch), self.ident, replay=True), rows)
         send(self.downstream, ReplayDone(len(request.sequences), self.ident))
 
 
 def serve_stage(bind: str, persistent: bool = False, num_threads: int | None = None) -> None:
-    """Runs a stage server until SIGTERM, or until its head sends Stop unless `persistent`."""
+    """Runs a stage server until SIGTERM, or until its head sends Stop unless `persistent`. It
+    needs the cluster secret (its head hands it to the stage processes it starts)."""
+    try:
+        secret = required_secret("a pipeline stage server")
+    except MissingClusterSecret as error:
+        raise SystemExit(f"shoal stage: {error}") from None
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    StageServer(bind, num_threads).serve(persistent)
+    StageServer(bind, secret, num_threads).serve(persistent)
 
 
 def main() -> None:

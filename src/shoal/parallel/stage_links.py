@@ -1,22 +1,32 @@
 """The head's links to its pipeline stages: its inbox, bound where every stage can reach it, and a
-handle per stage server (a local process it started, or a `shoal stage` at an address)."""
+handle per stage server (a local process it started, or a `shoal stage` at an address).
+
+Every link is ZeroMQ CURVE with the cluster secret (see cluster_sockets). Stage servers at given
+addresses need the configured secret, the same as theirs; with local stage processes only, a head
+without one draws a secret for the run and hands it to them in their environment."""
 from __future__ import annotations
 
-import dataclasses
 import ipaddress
 import itertools
+import logging
 import socket
 import subprocess
 import sys
 import time
 
+import torch
 import zmq
 
 from shoal.engine.config import EngineConfig
 from shoal.errors import ReplicaFailedError
-from shoal.parallel.stage_messages import Probe, Profiled, receive, send
-from shoal.parallel.stage_profile import NodeProfile
+from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.parallel.stage_messages import receive, send
 from shoal.processes import die_with_parent, free_port
+from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
+from shoal.protocol.frames import BadFrame
+from shoal.protocol.stage_frames import HEAD_INBOX, NodeProfile, Probe, Profiled
+
+log = logging.getLogger(__name__)
 
 
 def address_host(address: str) -> str:
@@ -49,18 +59,18 @@ class StageHandle:
     """The head's link to one stage server. `ident` is unique per handle (replies carry it); `stage`
     is the stage it holds the layers of (None until set up)."""
 
-    def __init__(self, context: zmq.Context, ident: int, address: str | None = None):
+    def __init__(self, links: ClusterContext, secret: str, ident: int, address: str | None = None):
+        """A new local stage process (address None) gets `secret` as its cluster secret."""
         self.ident = ident
         self.stage: int | None = None
         self.process = None
         if address is None:
             address = f"tcp://127.0.0.1:{free_port()}"
             self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
-                                            preexec_fn=die_with_parent)
+                                            env=child_environment(secret), preexec_fn=die_with_parent)
         self.inbox = address
-        self.control = context.socket(zmq.PUSH)
+        self.control = links.connect(zmq.PUSH, address)
         self.control.setsockopt(zmq.LINGER, 0)
-        self.control.connect(address)
 
     def alive(self) -> bool:
         """False once a local process has exited; a remote one counts as alive until it fails a ping."""
@@ -79,26 +89,33 @@ class StageLinks:
     handles made here have distinct idents."""
 
     def __init__(self, stage_addresses: tuple[str, ...]):
-        self.context = zmq.Context()
-        self.inbox = self.context.socket(zmq.PULL)
-        host = head_host(stage_addresses)
-        self.address = f"tcp://{host}:{self.inbox.bind_to_random_port(f'tcp://{host}')}"
+        self.secret = required_secret("a pipeline with stage servers") if stage_addresses else run_secret()
+        self.context = ClusterContext(self.secret)
+        self.inbox, self.address = self.context.bind_to_random_port(zmq.PULL, head_host(stage_addresses))
         self.idents = itertools.count(1)
 
     def handle(self, address: str | None = None) -> StageHandle:
         """A link to the stage server at `address`, or to a new local stage process."""
-        return StageHandle(self.context, next(self.idents), address)
+        return StageHandle(self.context, self.secret, next(self.idents), address)
+
+    def receive(self) -> tuple[object, torch.Tensor | None] | None:
+        """The next message in the inbox and its tensor; None, with a warning, for an invalid one."""
+        try:
+            return receive(self.inbox, HEAD_INBOX)
+        except BadFrame as error:
+            log.warning("pipeline head dropped a message: %s", error)
+            return None
 
     def probe(self, handles: list[StageHandle], config: EngineConfig, timeout_s: float) -> list[NodeProfile]:
         """Each server's profile, measured there for `config`. Raises ReplicaFailedError naming the
         servers that did not answer within timeout_s."""
         for handle in handles:
-            send(handle.control, Probe(handle.ident, dataclasses.asdict(config), self.address))
+            send(handle.control, Probe(handle.ident, config.to_json(), self.address))
         profiles: dict[int, NodeProfile] = {}
         deadline = time.monotonic() + timeout_s
         while len(profiles) < len(handles) and time.monotonic() < deadline:
-            if self.inbox.poll(100):
-                message, _ = receive(self.inbox)
+            if self.inbox.poll(100) and (received := self.receive()) is not None:
+                message, _ = received
                 if isinstance(message, Profiled):
                     profiles[message.ident] = message.profile
         silent = [handle.inbox for handle in handles if handle.ident not in profiles]
@@ -108,4 +125,4 @@ class StageLinks:
         return [profiles[handle.ident] for handle in handles]
 
     def close(self) -> None:
-        self.context.destroy(linger=0)
+        self.context.close()

@@ -1,12 +1,11 @@
 """What a pipeline node can do, measured where it runs: its time per decoder layer on a reference
 batch, and its free memory. The head measures itself; each `shoal stage` server measures itself
-when probed; the partition planner weighs stages by these figures."""
+when probed; the partition planner weighs stages by these figures (NodeProfile, a wire message)."""
 from __future__ import annotations
 
 import socket
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -14,27 +13,12 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.memory import free_memory_bytes
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.model.loader import Checkpoint, load_checkpoint
+from shoal.protocol.stage_frames import NodeProfile
 
 # The reference batch: one prompt chunk and several decoding sequences, as a busy step has.
 PROMPT_TOKENS = 64
 DECODING_SEQUENCES = 8
 TIMED_RUNS = 5
-
-
-@dataclass(frozen=True)
-class NodeProfile:
-    """seconds_per_layer: median time of one decoder layer on the reference batch; free_bytes: the
-    device's free memory before the stage loads anything; host and device say where it was measured
-    (nodes on one host and device share its memory)."""
-
-    seconds_per_layer: float
-    free_bytes: int
-    host: str
-    device: str
-
-    @property
-    def location(self) -> tuple[str, str]:
-        return self.host, self.device
 
 
 def reference_batch(block_size: int) -> StepBatch:

@@ -3,9 +3,13 @@
 Rank 0 starts the followers as child processes on this host (they die with it), and forms the
 process group with them (gloo on CPU, NCCL on CUDA; collectives time out after
 `COLLECTIVE_TIMEOUT_S`, so a hung rank fails the step rather than the replica hanging forever).
-Each step's batch goes to every follower over its own ZeroMQ socket; then all ranks run their
-shard of the forward pass, meeting in the layers' explicit all-sums. Step batches travel by
-message rather than by collective so that an idle replica has no collective waiting to time out.
+Each step's batch goes to every follower over its own ZeroMQ socket (typed frames, see
+protocol.tensor_group_frames; CURVE with the cluster secret, see cluster_sockets, so no other
+process can connect to rank 0's sockets, and a secret drawn for the run when none is configured
+reaches the followers in their environment); then all ranks run their shard of the forward
+pass, meeting in the layers' explicit all-sums. Step batches travel by message rather than by
+collective so that an idle replica has no collective waiting to time out. A follower that
+receives a frame it cannot decode exits, which fails the group at once.
 
 The group is one failure domain: when any follower exits, the group is failed, the others are
 killed (so no collective waits on them), `on_failure` is called (a worker exits so that its
@@ -16,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
-import pickle
 import subprocess
 import sys
 import threading
@@ -35,8 +37,13 @@ from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
 from shoal.errors import ReplicaFailedError
 from shoal.model.loader import load_checkpoint
+from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.parallel.stage_messages import batch_frame, step_batch
 from shoal.parallel.tensor import TensorParallel
 from shoal.processes import die_with_parent, free_port
+from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
+from shoal.protocol.frames import BadFrame
+from shoal.protocol.tensor_group_frames import Begin, Finish, GroupFrame, RunBatch, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +82,8 @@ class TensorParallelGroup:
         self.size = config.tensor_parallel_size
         self.on_failure = on_failure
         self.failure: str | None = None
-        self._context = zmq.Context()
+        secret = run_secret()
+        self._context = ClusterContext(secret)
         self._sockets = []
         self.followers: list[subprocess.Popen] = []
         device = config.resolve_device(0)
@@ -83,13 +91,12 @@ class TensorParallelGroup:
         torch.set_num_threads(config.num_threads)
         port = free_port()
         for rank in range(1, self.size):
-            sock = self._context.socket(zmq.PUSH)
-            address = f"tcp://127.0.0.1:{sock.bind_to_random_port('tcp://127.0.0.1')}"
+            sock, address = self._context.bind_to_random_port(zmq.PUSH, "127.0.0.1")
             self._sockets.append(sock)
             self.followers.append(subprocess.Popen(
                 [sys.executable, "-m", "shoal.parallel.tensor_group", "--rank", str(rank), "--port", str(port),
-                 "--steps", address, "--config", json.dumps(dataclasses.asdict(config))],
-                preexec_fn=die_with_parent))
+                 "--steps", address, "--config", config.to_json()],
+                env=child_environment(secret), preexec_fn=die_with_parent))
         store = _store(0, self.size, port)
         self._await_followers(store)
         self.context = TensorParallel(0, self.size, _process_group(0, self.size, store, device))
@@ -114,15 +121,15 @@ class TensorParallelGroup:
 
     def begin(self, num_blocks: int) -> None:
         """Tells the followers how many KV blocks to allocate (rank 0's budget decides for all)."""
-        self._send(num_blocks)
+        self._send(Begin(num_blocks))
 
     def send(self, batch: StepBatch) -> None:
         if self.failure:
             raise ReplicaFailedError(self.failure)
-        self._send(batch)
+        self._send(RunBatch(batch_frame(batch)))
 
-    def _send(self, message: object) -> None:
-        payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    def _send(self, message: GroupFrame) -> None:
+        payload = encode(message)
         for sock in self._sockets:
             sock.send(payload)
 
@@ -146,16 +153,14 @@ class TensorParallelGroup:
         """Stops the followers (they finish the batch in hand first)."""
         if self.failure is None:
             self.failure = "shut down"
-            self._send(None)
+            self._send(Finish())
         for process in self.followers:
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        for sock in self._sockets:
-            sock.close(linger=0)
-        self._context.term()
+        self._context.close()
 
 
 class TensorParallelRunner(ModelRunner):
@@ -177,24 +182,35 @@ class TensorParallelRunner(ModelRunner):
             raise ReplicaFailedError(self.group.failure or f"a tensor-parallel collective failed: {exc}") from exc
 
 
-def follow(rank: int, port: int, steps: str, config: EngineConfig) -> None:
+def follow(rank: int, port: int, steps: str, config: EngineConfig, secret: str) -> None:
     """A follower's life: load its shard, join the group, then run every batch rank 0 sends, until
-    it sends None."""
+    it sends Finish. A frame that is not the next message expected ends it (SystemExit)."""
     device = config.resolve_device(rank)
     torch.set_num_threads(config.num_threads)
     dtype = config.resolve_dtype(device)
     checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
-    context = zmq.Context()
-    sock = context.socket(zmq.PULL)
-    sock.connect(steps)
+    sock = ClusterContext(secret).connect(zmq.PULL, steps)
     store = _store(rank, config.tensor_parallel_size, port)
     store.set(f"joined/{rank}", "1")
     tp = TensorParallel(rank, config.tensor_parallel_size, _process_group(rank, config.tensor_parallel_size,
                                                                          store, device))
     model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
-    runner = ModelRunner(model, pickle.loads(sock.recv()), config.block_size)
-    while (batch := pickle.loads(sock.recv())) is not None:
-        runner.run(batch)
+    try:
+        begin = _expect(sock, Begin)
+        runner = ModelRunner(model, begin.num_blocks, config.block_size)
+        while isinstance(message := _expect(sock, RunBatch | Finish), RunBatch):
+            message.batch.check(begin.num_blocks, config.block_size)
+            runner.run(step_batch(message.batch))
+    except BadFrame as error:
+        raise SystemExit(f"tensor-parallel rank {rank}: bad message from rank 0: {error}") from None
+
+
+def _expect(sock: zmq.Socket, kind: type) -> GroupFrame:
+    """The next message from rank 0; BadFrame unless it is one of `kind`."""
+    message = decode(sock.recv())
+    if not isinstance(message, kind):
+        raise BadFrame(f"{type(message).__name__} out of order")
+    return message
 
 
 def main() -> None:
@@ -204,7 +220,8 @@ def main() -> None:
     parser.add_argument("--steps", required=True)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
-    follow(args.rank, args.port, args.steps, EngineConfig.from_dict(json.loads(args.config)))
+    follow(args.rank, args.port, args.steps, EngineConfig.from_json(args.config),
+           required_secret("a tensor-parallel follower"))
 
 
 if __name__ == "__main__":
