@@ -291,7 +291,9 @@ def main(argv: list[str] | None = None) -> int:
     restart_parser.add_argument("--state-dir", default="~/.local/state/shoal")
     restart_parser.set_defaults(run=restart)
     stage_parser = commands.add_parser("stage", help="a pipeline stage server, given its layers by a worker's --stage")
-    stage_parser.add_argument("--bind", default="tcp://0.0.0.0:7100", help="ZeroMQ address of its inbox")
+    stage_parser.add_argument("--bind", default="tcp://127.0.0.1:7100",
+                              help="ZeroMQ address of its inbox (default: loopback only; e.g. tcp://10.0.0.5:7100 for "
+                                   "heads on other machines); peers need the cluster secret in $SHOAL_CLUSTER_SECRET")
     stage_parser.add_argument("--num-threads", type=int, default=None,
                               help="CPU threads of this stage (default: the head's setting, else every core)")
     stage_parser.set_defaults(run=stage)
