@@ -3,7 +3,9 @@ an existing Ray cluster has the replica's resources (CPUs, GPUs, custom resource
 heterogeneous nodes); a pipeline replica's stages are `shoal stage` servers in actors of their
 own, spread over the nodes that have the same resources (the head then measures them and plans).
 An actor owns its process: the process dies with it (parent-death signal), so a lost node or a
-killed actor is a worker exit, which the supervisor handles like any other.
+killed actor is a worker exit, which the supervisor handles like any other. The launcher hands
+every process it starts the cluster secret (the configured one, else one drawn for this run):
+a worker and its stage servers link only to holders of it.
 
 Ray is an optional dependency (`pip install shoal[ray]`), imported only when this launcher is used.
 """
@@ -21,6 +23,7 @@ import ray
 from shoal.cluster.config import ModelDeployment
 from shoal.cluster.launcher_local import LaunchedWorker, worker_command
 from shoal.processes import die_with_parent
+from shoal.protocol.cluster_secret import child_environment, run_secret
 
 START_TIMEOUT_S = 120.0
 
@@ -37,13 +40,13 @@ def node_address() -> tuple[str, int]:
 class StageActor:
     """Runs one pipeline stage server on its node. Invariant: the process does not outlive the actor."""
 
-    def start(self, log_path: str) -> tuple[str, str]:
+    def start(self, log_path: str, secret: str) -> tuple[str, str]:
         host, port = node_address()
         address = f"tcp://{host}:{port}"
         with open(log_path, "ab") as log:
             self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
                                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=die_with_parent)
+                                            env=child_environment(secret), preexec_fn=die_with_parent)
         return address, ray.get_runtime_context().get_node_id()
 
 
@@ -59,7 +62,8 @@ class WorkerActor:
     spreads them over) unless the deployment names stage servers. Invariants: the process does not
     outlive the actor; the stage actors belong to this actor, so they die with it."""
 
-    def start(self, deployment: ModelDeployment, log_dir: str, slot: int) -> tuple[int, str, str, str, list[str]]:
+    def start(self, deployment: ModelDeployment, log_dir: str, slot: int,
+              secret: str) -> tuple[int, str, str, str, list[str]]:
         host, port = node_address()
         log_path = Path(log_dir) / f"{deployment.name.replace('/', '_')}-{slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -67,12 +71,12 @@ class WorkerActor:
         if deployment.pipeline_parallel_size > 1 and not deployment.stage_servers:
             self.stage_actors = [StageActor.options(**actor_options(deployment), scheduling_strategy="SPREAD").remote()
                                  for _ in range(deployment.pipeline_parallel_size - 1)]
-            stages = ray.get([actor.start.remote(f"{log_path}.stage{i}") for i, actor in
+            stages = ray.get([actor.start.remote(f"{log_path}.stage{i}", secret) for i, actor in
                               enumerate(self.stage_actors, 1)])
         with open(log_path, "ab") as log:
             command = worker_command(deployment, host, port, tuple(address for address, _ in stages))
             self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            preexec_fn=die_with_parent)
+                                            env=child_environment(secret), preexec_fn=die_with_parent)
         return (self.process.pid, f"http://{host}:{port}", str(log_path), ray.get_runtime_context().get_node_id(),
                 [node for _, node in stages])
 
@@ -130,13 +134,14 @@ class RayLauncher:
         if not ray.is_initialized():
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
         self.log_dir = log_dir
+        self.secret = run_secret()
 
     def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker:
         """Blocks until Ray has placed the actor (call it off the event loop)."""
         actor = WorkerActor.options(**actor_options(deployment)).remote()
         try:
-            pid, url, log_path, node, stage_nodes = ray.get(actor.start.remote(deployment, str(self.log_dir), slot),
-                                                            timeout=START_TIMEOUT_S)
+            pid, url, log_path, node, stage_nodes = ray.get(
+                actor.start.remote(deployment, str(self.log_dir), slot, self.secret), timeout=START_TIMEOUT_S)
         except BaseException:
             ray.kill(actor)
             raise
