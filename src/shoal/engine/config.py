@@ -112,20 +112,14 @@ class EngineConfig:
         return device
 
     def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """auto: bfloat16 where the hardware computes it natively (CUDA, CPUs with AVX512-BF16/AMX)."""
+        """auto: bfloat16 where the hardware computes it natively (CUDA; CPUs whose effective features,
+        under SHOAL_CPU_ISA, include AVX512-BF16 or AMX), else float32."""
         import torch
+
+        from shoal.model.cpu_features import effective_cpu_features
 
         if self.dtype != "auto":
             return getattr(torch, self.dtype)
-        if device.type == "cuda" or _cpu_has_native_bf16():
+        if device.type == "cuda" or effective_cpu_features().native_bf16:
             return torch.bfloat16
         return torch.float32
-
-
-def _cpu_has_native_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
