@@ -37,6 +37,15 @@ def test_eligibility_filters_model_health_context_and_prefers_free_kv():
     assert [w.worker_id for w in eligible(request(), tiny)] == ["full"]
 
 
+def test_a_request_too_long_by_estimate_for_every_worker_goes_to_the_largest_which_counts_exactly():
+    windows = [worker("short", max_model_len=100), worker("long", max_model_len=120), worker("sick", healthy=False)]
+    assert [w.worker_id for w in eligible(request(prompt_tokens=500), windows)] == ["long"]
+    caches = [worker("small", free_kv_tokens=0, kv_capacity_tokens=50), worker("big", free_kv_tokens=0,
+                                                                              kv_capacity_tokens=80)]
+    assert [w.worker_id for w in eligible(request(prompt_tokens=500), caches)] == ["big"]
+    assert eligible(request(), [worker("sick", healthy=False), worker("other", models=frozenset({"x"}))]) == []
+
+
 def test_round_robin_cycles():
     policy = make_policy("round_robin")
     workers = [worker("a"), worker("b"), worker("c")]

@@ -130,13 +130,15 @@ async def _run(server: ServeServer, supervisor: Supervisor, app, url: str, confi
 
 
 async def _announce_when_ready(app, url: str, config: DeploymentConfig) -> None:
+    """Says `ready` once every replica serves in the router (so its /ready holds too); requests
+    sent before that wait for the first workers."""
     models = ", ".join(f"{m.name} ×{m.replicas}" for m in config.models)
-    print(f"shoal: OpenAI endpoint {url}/v1 ({models}); `shoal status` shows the cluster; Ctrl-C stops",
-          flush=True)
-    membership = app.state.front_door.membership
     wanted = sum(m.replicas for m in config.models)
+    print(f"shoal: starting {wanted} workers ({models}) behind {url}; requests wait for them", flush=True)
+    membership = app.state.front_door.membership
     while sum(1 for w in membership.workers.values() if w.available) < wanted:
-        await asyncio.sleep(0.5)
-    print(f"shoal: ready: {wanted} workers serving", flush=True)
+        await asyncio.sleep(0.2)
+    print(f"shoal: ready: {wanted} workers serving; OpenAI endpoint {url}/v1 ({models}); `shoal status` shows "
+          f"the cluster; Ctrl-C stops", flush=True)
     print(f"shoal: dashboard {url}/dashboard (sign in with the admin token in "
           f"{run_dir(config.state_dir) / 'serve.json'})", flush=True)

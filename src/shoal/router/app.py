@@ -102,8 +102,11 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     @app.get("/ready")
     async def ready() -> JSONResponse:
-        serving = any(w.available for w in membership.workers.values())
-        return JSONResponse({"ready": serving}, status_code=200 if serving else 503)
+        """Ready when every configured model (else every model seen) has a serving worker; the
+        body gives each model's count of serving workers."""
+        serving = membership.serving_counts(set(config.models) or membership.known_models)
+        is_ready = bool(serving) and all(serving.values())
+        return JSONResponse({"ready": is_ready, "models": serving}, status_code=200 if is_ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -129,7 +129,9 @@ class FrontDoor:
         degraded = None
         if routed.priority == "sheddable" and not self.admission.has_room(routed.model):
             routed, body, degraded = self._degrade(routed, body)
-        if self.capacity(routed.model) == 0:  # nothing serves it now: wait a little for a worker to return
+        if self.capacity(routed.model) == 0 and routed.model in self.membership.known_models:
+            # Its workers are gone: wait a little for one to return. A model whose first workers
+            # are still starting waits for them as long as the request's deadline allows.
             deadline_s = min(deadline_s, self.config.admission.unavailable_wait_s)
         try:
             if not self.admission.try_admit(routed.model, routed.priority):

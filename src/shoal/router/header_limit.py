@@ -2,7 +2,7 @@
 handler runs."""
 from __future__ import annotations
 
-import json
+from shoal.errors import error_json
 
 
 class HeaderLimitMiddleware:
@@ -12,8 +12,7 @@ class HeaderLimitMiddleware:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:
-            body = json.dumps({"error": {"message": f"request headers exceed {self.max_header_bytes} bytes",
-                                         "type": "invalid_request_error", "param": None, "code": 431}}).encode()
+            body = error_json(f"request headers exceed {self.max_header_bytes} bytes", 431, "invalid_request_error")
             await send({"type": "http.response.start", "status": 431,
                         "headers": [(b"content-type", b"application/json"),
                                     (b"content-length", str(len(body)).encode())]})

@@ -123,6 +123,10 @@ class Membership:
     def models(self) -> set[str]:
         return {m for w in self.workers.values() for m in w.models}
 
+    def serving_counts(self, models: set[str]) -> dict[str, int]:
+        """Per model, how many available workers serve it now."""
+        return {m: sum(1 for w in self.workers.values() if w.available and m in w.models) for m in sorted(models)}
+
     def _set_models(self, state: WorkerState, models: frozenset[str]) -> None:
         state.models = models
         self.known_models |= models

@@ -4,14 +4,14 @@ OpenAI-shaped error body every refusal of the router uses. The upstream client i
 did (benchmarks/router_overhead.py)."""
 from __future__ import annotations
 
-import json
-
 from starlette.responses import Response
+
+from shoal.errors import error_json
 
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate", "x-request-id")
 
 
 def error_response(status: int, message: str, kind: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
-    body = json.dumps({"error": {"message": message, "type": kind, "param": param, "code": status}})
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
+                   headers: dict[str, str] | None = None, code: str | None = None) -> Response:
+    return Response(error_json(message, status, kind, param, code), status_code=status, media_type="application/json",
+                    headers=headers)

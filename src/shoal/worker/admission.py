@@ -2,7 +2,6 @@
 and the count of in-flight requests that a drain waits for."""
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -84,7 +83,7 @@ class AdmissionMiddleware:
                 return b"".join(chunks)
 
     async def _refuse(self, send, status: int, message: str, kind: str) -> None:
-        body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": status}}).encode()
+        body = error_json(message, status, kind)
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if status == 503:
             headers.append((b"retry-after", str(self.limits.retry_after_s).encode()))

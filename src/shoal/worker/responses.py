@@ -14,7 +14,7 @@ from starlette.background import BackgroundTask
 
 from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
-from shoal.errors import EngineRequestError, InvalidRequestError
+from shoal.errors import EngineRequestError, InvalidRequestError, PromptTooLongError
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
 from shoal.worker.request_tracing import WorkerRequestSpan
@@ -41,8 +41,8 @@ async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: lis
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
     if max_tokens is not None and max_tokens > room:
-        raise InvalidRequestError(f"max_tokens={max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
-                                  f"and the context window {max_model_len}", param="max_tokens")
+        raise PromptTooLongError(f"max_tokens={max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
+                                 f"and the context window {max_model_len}", param="max_tokens")
     max_tokens = max_tokens or max(1, room)
     resume = None
     if body.resume_token_ids is not None:

@@ -19,7 +19,7 @@ from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.calibration import Calibration
 from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
-from shoal.errors import EngineRequestError, InvalidRequestError
+from shoal.errors import ModelNotFoundError, ShoalError, error_body
 from shoal.observability.tracing import Tracing
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.drain import DrainState
@@ -33,11 +33,7 @@ CANARY_PROMPT = "ping"
 
 
 def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": status}}, status_code=status)
-
-
-class ModelNotFound(Exception):
-    pass
+    return JSONResponse(error_body(message, status, kind, param), status_code=status)
 
 
 @dataclass(frozen=True)
@@ -105,17 +101,9 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return error_response(exc.status_code, str(exc.detail), kind=kind)
 
-    @app.exception_handler(InvalidRequestError)
-    async def invalid_request(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return error_response(400, exc.message, param=exc.param)
-
-    @app.exception_handler(ModelNotFound)
-    async def unknown_model(_: Request, exc: ModelNotFound) -> JSONResponse:
-        return error_response(404, str(exc), kind="not_found_error", param="model")
-
-    @app.exception_handler(EngineRequestError)
-    async def engine_failed(_: Request, exc: EngineRequestError) -> JSONResponse:
-        return error_response(500, f"the engine failed this request: {exc}", kind="internal_error")
+    @app.exception_handler(ShoalError)
+    async def refused(_: Request, exc: ShoalError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
 
     @app.get("/health")
     async def health() -> dict:
@@ -162,7 +150,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
 
     def check_model(body: SamplingFields) -> None:
         if body.model != model_name:
-            raise ModelNotFound(f"model {body.model!r} is not served here; this worker serves {model_name!r}")
+            raise ModelNotFoundError(f"model {body.model!r} is not served here; this worker serves {model_name!r}",
+                                     param="model")
 
     def traced(request: Request) -> WorkerRequestSpan:
         return WorkerRequestSpan(tracing, engine_spans, request.headers, request.url.path, model_name)
