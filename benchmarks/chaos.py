@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import difflib
 import json
-import math
 import os
 import random
 import re
@@ -42,6 +41,8 @@ import httpx
 import yaml
 
 from routing_quality import free_port, wait_for
+
+from shoal.percentile import percentile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.tiny_model import write_tiny_model  # noqa: E402  (the repository root is not on the path of a script)
@@ -343,20 +344,13 @@ class Injector:
                   f"({fault['router_in_flight']} in flight there)", flush=True)
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
-
-
 def latency(records: list[dict]) -> dict:
     done = [r for r in records if r["done"] and not r["error"]]
     ttft = [r["ttft_s"] for r in done if r["ttft_s"] is not None]
     itl = [gap for r in done for gap in r["itl_s"]]
     e2e = [r["e2e_s"] for r in done]
-    figures = {f"{name}_p{int(q * 100)}_s": percentile(values, q)
-               for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)) for q in (0.5, 0.99)}
+    figures = {f"{name}_p{q}_s": percentile(values, q)
+               for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)) for q in (50, 99)}
     return {**figures, "itl_max_s": max(itl, default=None)}
 
 
@@ -445,7 +439,7 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
     finite = [d for d in detect if d is not None]
     bound = 2 * args.heartbeat_interval_s
     result["detection"] = {"kill_and_stop_s": detect, "max_s": max(finite, default=None),
-                           "p50_s": percentile(finite, 0.5), "target_s": bound, "undetected": len(detect) - len(finite)}
+                           "p50_s": percentile(finite, 50), "target_s": bound, "undetected": len(detect) - len(finite)}
     ttft_ratio = None
     if result["faulted"]["ttft_p99_s"] and result["reference"]["ttft_p99_s"]:
         ttft_ratio = result["faulted"]["ttft_p99_s"] / result["reference"]["ttft_p99_s"]

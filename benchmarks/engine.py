@@ -36,6 +36,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from shoal.percentile import percentile
+
 os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion progress bars
 
 import torch  # noqa: E402
@@ -84,15 +86,6 @@ class PromptPool:
 # --------------------------------------------------------------------------------------------------
 # Measurement helpers
 # --------------------------------------------------------------------------------------------------
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
-
 
 def best_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
     for _ in range(warmup):
@@ -190,10 +183,10 @@ def token_metrics(t0: float, token_times: list[list[float]], num_prompt_tokens: 
         "wall_s": last - t0,
         "end_to_end_tok_s": total / (last - t0),
         "gen_tok_s": gen_tokens / (last - gen_start) if last > gen_start else float("nan"),
-        "ttft_ms_mean": statistics.fmean(ttft), "ttft_ms_p50": percentile(ttft, 0.5),
+        "ttft_ms_mean": statistics.fmean(ttft), "ttft_ms_p50": percentile(ttft, 50),
         "ttft_ms_max": max(ttft),
         "itl_ms_mean": statistics.fmean(gaps) if gaps else float("nan"),
-        "itl_ms_p50": percentile(gaps, 0.5), "itl_ms_p90": percentile(gaps, 0.9),
+        "itl_ms_p50": percentile(gaps, 50), "itl_ms_p90": percentile(gaps, 90),
         "itl_ms_max": max(gaps) if gaps else float("nan"),
         "itl_ms_mean_of_request_means": statistics.fmean(per_request_mean) if per_request_mean else float("nan"),
     }

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import httpx
 
+from shoal.percentile import percentiles
+
 RESULTS = Path(__file__).parent / "results"
 
 
@@ -45,16 +47,12 @@ class RunResult:
         ttft = [t.token_times[0] - t.submitted for t in self.timings if t.token_times]
         itl = [b - a for t in self.timings for a, b in zip(t.token_times, t.token_times[1:])]
         return {"tokens": self.tokens, "seconds": self.seconds, "tokens_per_s": self.tokens / self.seconds,
-                "ttft_s": percentiles(ttft), "itl_s": percentiles(itl)}
+                "ttft_s": distribution(ttft), "itl_s": distribution(itl)}
 
 
-def percentiles(values: list[float]) -> dict:
-    ordered = sorted(values)
-
-    def at(q: float) -> float:
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "mean": statistics.fmean(ordered)}
+def distribution(values: list[float]) -> dict:
+    p50, p90, p99 = percentiles(values, (50, 90, 99))
+    return {"p50": p50, "p90": p90, "p99": p99, "mean": statistics.fmean(values)}
 
 
 def make_prompts(count: int, length: int, vocab_low: int, vocab_high: int) -> list[list[int]]:

@@ -9,7 +9,8 @@ import pytest
 from shoal.bench.arrivals import ArrivalProcess
 from shoal.bench.lengths import Fixed, Normal, Uniform, parse_length
 from shoal.bench.records import RequestRecord
-from shoal.bench.stats import SLO, Distribution, percentile, summarize
+from shoal.bench.stats import SLO, Distribution, summarize
+from shoal.percentile import percentile
 from shoal.bench.text import MESSAGE_OVERHEAD_TOKENS
 from shoal.bench.workloads import WorkloadConfig, build_workload, with_answers
 
@@ -146,6 +147,8 @@ def test_percentiles_interpolate_and_are_ordered():
     assert percentile([1, 2, 3, 4, 5], 0) == 1 and percentile([1, 2, 3, 4, 5], 100) == 5
     assert percentile([10, 20], 90) == pytest.approx(19)
     assert percentile([], 50) is None and Distribution.of([]) is None
+    with pytest.raises(ValueError, match="within 0 and 100"):
+        percentile([1.0], 101)
     values = [random.Random(5).expovariate(1.0) for _ in range(1000)]
     d = Distribution.of(values)
     assert d.count == 1000 and d.p50 <= d.p90 <= d.p95 <= d.p99 <= max(values)

@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry
 from starlette.testclient import TestClient
 
 from shoal.observability.cluster_events import ClusterEvents
-from shoal.observability.request_window import RequestWindow, RollingSamples, percentile
+from shoal.observability.request_window import RequestWindow, RollingSamples
+from shoal.percentile import percentile
 from shoal.router.config import HealthSettings, RouterConfig
 from shoal.router.dashboard.cluster_view import ClusterView
 from shoal.router.dashboard.requests_view import summarize
@@ -50,13 +51,13 @@ def test_health_events_write_the_feed_and_keep_their_own_view():
     assert HealthEvents(CollectorRegistry()).recent == []  # without a feed, it keeps one of its own
 
 
-def test_percentiles_are_nearest_rank_over_the_window_only():
-    assert percentile([], 50) is None
-    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0 and percentile([1.0, 2.0, 3.0, 4.0], 99) == 4.0
+def test_percentiles_are_the_one_definition_over_the_window_only():
     samples = RollingSamples(window_s=10, max_samples=1000)
     for i in range(1, 101):
         samples.add(float(i), now=0.0)
-    assert samples.percentiles(now=5.0) == {"p50": 50.0, "p90": 90.0, "p99": 99.0}
+    assert samples.percentiles(now=5.0) == {"p50": percentile(range(1, 101), 50), "p90": percentile(range(1, 101), 90),
+                                            "p99": percentile(range(1, 101), 99)} == {"p50": 50.5, "p90": 90.1,
+                                                                                      "p99": pytest.approx(99.01)}
     samples.add(1000.0, now=11.0)
     assert samples.percentiles(now=10.5) == {"p50": 1000.0, "p90": 1000.0, "p99": 1000.0}  # the first hundred aged out
     assert samples.percentiles(now=30.0) == {"p50": None, "p90": None, "p99": None}
@@ -77,7 +78,7 @@ def test_the_window_counts_requests_tokens_and_workers():
     snapshot = window.snapshot(now=2.0)
     assert (snapshot["finished"], snapshot["failed"], snapshot["tokens"]) == (2, 1, 6)
     assert snapshot["tokens_by_worker"] == {"http://a": 4, "http://b": 2}
-    assert snapshot["ttft"]["p50"] == 0.2 and snapshot["itl"]["p99"] == 0.07 and snapshot["e2e"]["p50"] == 1.5
+    assert snapshot["ttft"]["p50"] == 0.2 and snapshot["itl"]["p99"] == pytest.approx(0.0698) and snapshot["e2e"]["p50"] == 1.5
     window.forget_worker("http://b")
     assert window.snapshot(now=2.0)["tokens_by_worker"] == {"http://a": 4}
     window.check_integrity()

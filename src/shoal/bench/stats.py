@@ -7,18 +7,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 from shoal.bench.records import RequestRecord
-
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The q-th percentile (0 ≤ q ≤ 100), interpolating linearly between the closest ranks as
-    numpy does by default; None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+from shoal.percentile import percentiles
 
 
 @dataclass(frozen=True)
@@ -37,7 +26,7 @@ class Distribution:
         """None for no values."""
         if not values:
             return None
-        return cls(len(values), sum(values) / len(values), *(percentile(values, q) for q in (50, 90, 95, 99)))
+        return cls(len(values), sum(values) / len(values), *percentiles(values, (50, 90, 95, 99)))
 
 
 @dataclass(frozen=True)

@@ -6,20 +6,13 @@ Prometheus histograms say the same over all time; this says it for the last few 
 """
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import Counter, deque
 
+from shoal.percentile import percentiles
+
 PERCENTILES = (50, 90, 99)
-
-
-def percentile(sorted_values: list[float], q: float) -> float | None:
-    """The nearest-rank q-th percentile (0 < q <= 100) of ascending values; None if empty."""
-    if not sorted_values:
-        return None
-    rank = max(1, math.ceil(q / 100 * len(sorted_values)))
-    return sorted_values[rank - 1]
 
 
 class RollingSamples:
@@ -48,7 +41,7 @@ class RollingSamples:
     def percentiles(self, now: float, qs: tuple[float, ...] = PERCENTILES) -> dict[str, float | None]:
         """{"p50": ..., "p90": ..., "p99": ...} over the window (None where nothing was observed)."""
         ordered = sorted(self.values(now))
-        return {f"p{q:g}": percentile(ordered, q) for q in qs}
+        return {f"p{q:g}": value for q, value in zip(qs, percentiles(ordered, qs))}
 
 
 class RequestWindow:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shoal.errors import error_json
 from shoal.worker.drain import DrainState
 
 
