@@ -1,8 +1,11 @@
-"""The row-wise paged attention kernel for CPUs (csrc/paged_attention_cpu.cpp).
+"""The row-wise paged attention kernel for CPUs (csrc/paged_attention_cpu.cpp, the operator
+`torch.ops.shoal.paged_attention_rows`).
 
-It is compiled on first use with the machine's own instruction set and cached under
-`<shoal cache>/extensions/<hash of source and CPU flags>`, so a different CPU or a changed source
-gets its own build. Where no compiler is available the model uses the tiled torch kernel instead.
+It is compiled on first use for the effective instruction set (the machine's own, `-march=native`,
+unless SHOAL_CPU_ISA caps it, see cpu_features) and cached under
+`<shoal cache>/extensions/<hash of source, CPU flags, compiler flags and torch version>`, so a
+different CPU, cap or source gets its own build. Where no compiler is available the model uses the
+tiled torch kernel instead.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from types import ModuleType
 
 import torch
 
+from shoal.model.cpu_features import effective_cpu_features
 from shoal.model.paged_attention import AttentionMetadata
 from shoal.model.weight_cache import default_cache_dir
 
@@ -21,29 +25,25 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
 @functools.cache
 def load_cpu_attention() -> ModuleType | None:
-    """The compiled kernel module, or None if it cannot be built here (cached per process: a
-    compiled extension can be loaded into a process only once anyway)."""
+    """The operator namespace holding the compiled kernel, or None if it cannot be built here (cached
+    per process: an operator library can be loaded into a process only once anyway)."""
     from torch.utils import cpp_extension
 
-    digest = hashlib.sha256(SOURCE.read_bytes() + _cpu_flags().encode() + torch.__version__.encode()).hexdigest()[:16]
-    build_dir = default_cache_dir() / "extensions" / digest
+    features = effective_cpu_features()
+    cflags = ["-O3", *features.compiler_flags()]
+    key = [SOURCE.read_bytes(), " ".join(sorted(features.flags)).encode(), " ".join(cflags).encode(),
+           torch.__version__.encode()]
+    build_dir = default_cache_dir() / "extensions" / hashlib.sha256(b"\0".join(key)).hexdigest()[:16]
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        return cpp_extension.load(name="shoal_paged_attention_cpu", sources=[str(SOURCE)], build_directory=str(build_dir),
-                                  extra_cflags=["-O3", "-march=native"], verbose=False)
-    except Exception as exc:  # no compiler, no headers, read-only cache: fall back to the torch kernel
+        cpp_extension.load(name="shoal_paged_attention_cpu", sources=[str(SOURCE)], build_directory=str(build_dir),
+                           extra_cflags=cflags, is_python_module=False, verbose=False)
+    except (RuntimeError, OSError, ImportError) as exc:  # no compiler or headers, read-only cache: tiled kernel
         log.warning("CPU attention kernel unavailable (%s); using the tiled torch kernel", exc)
         return None
+    return torch.ops.shoal
 
 
 def row_paged_attention(kernel: ModuleType, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],

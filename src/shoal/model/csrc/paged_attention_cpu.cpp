@@ -4,8 +4,13 @@
 // over its keys 0..position[t] in order (online softmax, fixed 16-lane partial sums), and never
 // reads another row's data. Its bits therefore do not depend on the batch, the chunking of the
 // prompt, or how many other tokens the step computes: batch invariance by construction.
-#include <torch/extension.h>
+// Registered as the operator torch.ops.shoal.paged_attention_rows; it includes only the ATen and
+// operator-registration headers it uses, which keeps the first-use build to seconds.
+#include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
+#include <torch/library.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
@@ -74,16 +79,16 @@ void attend(const float* q, const scalar_t* k_cache, const scalar_t* v_cache, co
 
 // q: [T, H, D] float32. k_cache: [NB, Hkv, bs, D]; v_cache: [NB, Hkv, bs, Dv >= D] (same dtype).
 // block_tables: [S, W] int64; token_sequences, positions: [T] int64. Returns [T, H, D] float32.
-torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                                   torch::Tensor block_tables, torch::Tensor token_sequences,
-                                   torch::Tensor positions, double scale) {
+at::Tensor paged_attention_rows(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache,
+                                   at::Tensor block_tables, at::Tensor token_sequences,
+                                   at::Tensor positions, double scale) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous(), "q must be contiguous float32");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches differ in dtype");
   auto tables = block_tables.contiguous();
   auto sequences = token_sequences.contiguous();
   auto pos = positions.contiguous();
-  auto out = torch::empty_like(q);
+  auto out = at::empty_like(q);
   const int64_t tokens = q.size(0), heads = q.size(1), dim = q.size(2);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, k_cache.scalar_type(), "paged_attention_rows", [&] {
     attend<scalar_t>(q.data_ptr<float>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
@@ -94,6 +99,6 @@ torch::Tensor paged_attention_rows(torch::Tensor q, torch::Tensor k_cache, torch
   return out;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_attention_rows", &paged_attention_rows, "Batch-invariant paged causal attention (CPU)");
+TORCH_LIBRARY(shoal, m) {
+  m.def("paged_attention_rows", &paged_attention_rows);
 }
