@@ -11,6 +11,7 @@ import asyncio
 import logging
 import queue
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -35,6 +36,16 @@ class Resume:
     text_offset: int | None = None
 
 
+@dataclass(frozen=True)
+class EngineActivity:
+    """What the engine thread is on: for how many seconds it has been on its current step or
+    command, and how long that step should take (None outside a step, or while the engine does
+    not know its speed yet). A stuck or dead engine thread shows as busy_s growing past step_s."""
+
+    busy_s: float
+    step_s: float | None
+
+
 @dataclass
 class _Subscriber:
     loop: asyncio.AbstractEventLoop
@@ -54,6 +65,8 @@ class AsyncLLMEngine:
         self._subscribers: dict[str, _Subscriber] = {}
         self._stopped = threading.Event()
         self.stats: EngineStats = engine.stats()
+        # (time.monotonic() when the engine thread began its current work, whether that is a step).
+        self._working: tuple[float, bool] = (time.monotonic(), False)
         self._thread = threading.Thread(target=self._run, name="shoal-engine", daemon=True)
         self._thread.start()
 
@@ -83,6 +96,11 @@ class AsyncLLMEngine:
             if not finished:
                 self._commands.put(("abort", request_id))
 
+    def activity(self) -> EngineActivity:
+        """From any thread: what the engine thread is doing now."""
+        since, stepping = self._working
+        return EngineActivity(time.monotonic() - since, self.engine.step_expected_s if stepping else None)
+
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 
@@ -101,6 +119,7 @@ class AsyncLLMEngine:
     def _run(self) -> None:
         """Drains all pending commands, then steps; sleeps on the command queue when idle."""
         while not self._stopped.is_set():
+            self._working = (time.monotonic(), False)
             idle = not self.engine.has_unfinished_requests()
             try:
                 command = self._commands.get(timeout=0.5) if idle else self._commands.get_nowait()
@@ -109,6 +128,7 @@ class AsyncLLMEngine:
             if command is not None:
                 self._handle(command)
             elif not idle:
+                self._working = (time.monotonic(), True)
                 self._step()
             else:
                 continue

@@ -138,6 +138,8 @@ class LLMEngine:
         self.in_flight: deque[tuple[object, list[ScheduledChunk], float]] = deque()
         self._last_collected = 0.0
         self.speed = SpeedEstimator()
+        # How long the step being collected should take (read by other threads: one attribute).
+        self.step_expected_s: float | None = None
         self.observer: RequestObserver | None = None
         self.reset_counters()
         log.info("engine ready: model=%s dtype=%s device=%s kv_blocks=%d (%d tokens)", config.model,
@@ -233,6 +235,8 @@ class LLMEngine:
         rows = [i for i, c in enumerate(sampling) if not c.seq.is_finished]  # not aborted while in flight
         chunks = [c for c in chunks if not c.seq.is_finished]
         completing = [sampling[i] for i in rows]
+        prefill_tokens, decode_tokens = _split_work(chunks)
+        self.step_expected_s = self.speed.step_seconds(prefill_tokens, decode_tokens)
         try:
             sampled = self._sample(completing, self.runner.collect(handle)[rows])
             stage_times = self.runner.stage_times(handle)
@@ -245,15 +249,11 @@ class LLMEngine:
         finished_at = time.perf_counter()
         elapsed = finished_at - max(submitted, self._last_collected)
         self._last_collected = finished_at
-        decode_tokens = 0
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.length
             self.block_manager.commit_computed(chunk.seq)
-            # Everything but the newest sampled token is prompt (or recomputed) work.
-            is_decode = chunk.completes_sequence and bool(chunk.seq.output_token_ids)
-            decode_tokens += is_decode
-            self.prompt_tokens_computed += chunk.length - is_decode
-        self.speed.observe(sum(c.length for c in chunks) - decode_tokens, decode_tokens, elapsed)
+        self.prompt_tokens_computed += prefill_tokens
+        self.speed.observe(prefill_tokens, decode_tokens, elapsed)
         now = time.monotonic()
         for chunk, token in zip(completing, sampled):
             seq = chunk.seq
@@ -386,3 +386,10 @@ class LLMEngine:
             assert not seq.block_table, f"waiting {seq.request_id} holds blocks"
         assert {s.request_id for s in live} | {s.request_id for s in self.scheduler.waiting} == set(self.sequences)
         self.block_manager.check_integrity(live)
+
+
+def _split_work(chunks: list[ScheduledChunk]) -> tuple[int, int]:
+    """(prompt tokens, decode tokens) of a micro-batch: everything but the newest sampled token of
+    a decoding sequence is prompt (or recomputed) work."""
+    decode = sum(c.completes_sequence and bool(c.seq.output_token_ids) for c in chunks)
+    return sum(c.length for c in chunks) - decode, decode

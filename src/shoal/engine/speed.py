@@ -58,6 +58,15 @@ class SpeedEstimator:
         decode_share = decode_tokens / decode_rate if decode_rate else 0.0
         self.prefill.add(prefill_tokens, max(0.0, seconds - decode_share))
 
+    def step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float | None:
+        """How long a step with these tokens should take: its prompt tokens at the prefill rate,
+        plus the decode step time if it decodes too. None while a figure it needs is unknown."""
+        prefill_rate = self.prefill.rate
+        if (prefill_tokens and prefill_rate is None) or (decode_tokens and self.decode_step_s is None):
+            return None
+        prefill_s = prefill_tokens / prefill_rate if prefill_tokens else 0.0
+        return (prefill_s + (self.decode_step_s if decode_tokens else 0.0)) or None
+
     def seed(self, prefill_tokens_per_s: float, decode_tokens_per_s: float, decode_step_s: float) -> None:
         """Starts from calibrated figures (worth one second of observations each)."""
         self.prefill.add(prefill_tokens_per_s, 1.0)

@@ -81,9 +81,11 @@ class FailoverSettings(Frozen):
     """Retries and migrations. A request that fails before its first byte is retried on another
     worker, up to `attempts[priority]` workers in all, sleeping base × 2^k (capped, half of it
     jittered) between tries; critical requests then fall back along the model's chain. A stream
-    migrates at most `max_migrations` times. A stream with no event for
-    clamp(token_deadline_factor × the worker's expected inter-token latency, min, max) is taken as
-    hung (before its first token: token_deadline_max_s)."""
+    migrates at most `max_migrations` times. A stream with no event (token or keep-alive) for
+    clamp(token_deadline_factor × expected, min, max) is taken as hung, where expected is the larger
+    of the worker's expected inter-token latency and the step time it last stated in a keep-alive
+    (before its first token: token_deadline_max_s); so is one whose keep-alive says its engine has
+    been on a step for longer than that bound of the step's stated time."""
 
     attempts: dict[str, int] = {"critical": 5, "standard": 3, "sheddable": 2}
     backoff_base_s: float = Field(0.05, ge=0)

@@ -10,9 +10,13 @@ found down or ejected by the health monitor (which severs its streams), or fails
 error event), the request continues on another worker from the prompt plus those token ids, with
 the same seed (shoal's `resume_token_ids` / `resume_text_offset` extension). The client sees one
 stream: the same response id, no repeated role chunk, no missing or repeated tokens; with a seed,
-the same tokens as a run without the failure. Migrations are bounded per request. Non-streaming
-clients get the same protection: the router streams from the worker and assembles the response.
+the same tokens as a run without the failure. Migrations are bounded per request. A worker left
+for looking hung may take the stream again once it answers (tried_workers.py); while no worker can
+take it, the stream waits up to unavailable_wait_s for one, with keep-alives to the client.
+Non-streaming clients get the same protection: the router streams from the worker and assembles
+the response.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,53 +25,31 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import aiohttp
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from shoal.protocol.keep_alive import BARE
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
 from shoal.router.health_monitor import HealthMonitor
-from shoal.router.membership import Membership, WorkerState
+from shoal.router.membership import Membership
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
+from shoal.router.stream_relay import DONE, StreamBroken, StreamProgress, relay
+from shoal.router.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
 
-DONE = b"data: [DONE]\n\n"
-
 # Errors that mean the worker's process or host is gone, not merely slow or failing requests.
 CONNECTION_LOST = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)
-
-
-class StreamBroken(Exception):
-    """The worker stopped streaming before `[DONE]`; `connection_lost` when its connection broke."""
-
-    def __init__(self, message: str, connection_lost: bool = False):
-        super().__init__(message)
-        self.connection_lost = connection_lost
-
-
-@dataclass
-class StreamProgress:
-    """What the client has received so far. Invariant: token_ids are exactly the tokens relayed;
-    `opened` once an opening (role) chunk was relayed, and only then."""
-
-    token_ids: list[int] = field(default_factory=list)
-    opened: bool = False
-    text_chars: int = 0
-    seed: int | None = None
-    response_id: str | None = None
-    migrations: int = 0
-
-    def resume_body(self, body: dict) -> dict:
-        return {**body, "resume_token_ids": list(self.token_ids), "resume_text_offset": self.text_chars,
-                "seed": self.seed if self.seed is not None else body.get("seed")}
+# How often a stream waiting for a worker to continue on sends the client a keep-alive.
+CLIENT_KEEP_ALIVE_S = 1.0
 
 
 @dataclass
@@ -87,9 +69,16 @@ class StreamFailover:
     worker is abandoned or the stream ends, and `done` runs exactly once at the end. An open
     upstream is in its worker's `streams` (so the health monitor can sever it) until released."""
 
-    def __init__(self, session: aiohttp.ClientSession, balancer: Balancer, membership: Membership,
-                 monitor: HealthMonitor, settings: FailoverSettings, fallbacks: Callable[[str], list[str]],
-                 unavailable_wait_s: float):
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        balancer: Balancer,
+        membership: Membership,
+        monitor: HealthMonitor,
+        settings: FailoverSettings,
+        fallbacks: Callable[[str], list[str]],
+        unavailable_wait_s: float,
+    ):
         self.session = session
         self.balancer = balancer
         self.membership = membership
@@ -98,16 +87,17 @@ class StreamFailover:
         self.fallbacks = fallbacks
         self.unavailable_wait_s = unavailable_wait_s
 
-    async def open(self, attempt: Attempt, path: str, headers: Mapping[str, str], failed: set[str],
-                   resuming: bool) -> bool:
+    async def open(
+        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, resuming: bool
+    ) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
         answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
         forwarded = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
-        for tried in range(self.settings.attempts[attempt.routed.priority]):
+        for try_number in range(self.settings.attempts[attempt.routed.priority]):
             if attempt.placement is None:
                 return False
-            if tried:
-                await asyncio.sleep(self._backoff(tried))
+            if try_number:
+                await asyncio.sleep(self._backoff(try_number))
             worker = attempt.placement.worker
             outgoing = dict(forwarded)
             attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
@@ -129,52 +119,55 @@ class StreamFailover:
             attempt.telemetry.end_attempt("failed", reason)
             attempt.telemetry.retried(worker.worker_id, reason)
             log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
-            self._abandon(attempt, failed, reason, lost)
-            attempt.placement = await self._place(attempt, failed, resuming, wait=False)
+            self._abandon(attempt, tried, reason, lost)
+            attempt.placement = self._place(attempt, tried, resuming)
         return False
 
-    def _backoff(self, tried: int) -> float:
+    def _backoff(self, try_number: int) -> float:
         """Exponential, capped, half of it jittered."""
-        delay = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (tried - 1))
+        delay = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (try_number - 1))
         return delay / 2 + random.uniform(0, delay / 2)
 
-    async def _place(self, attempt: Attempt, failed: set[str], resuming: bool, wait: bool) -> Placement | None:
-        """Another worker for the request: of its model (a resumed stream only on shoal workers, the
-        only ones that take resume_token_ids), else for a critical request one of a fallback model
-        (never mid-stream: token ids are the model's own). With `wait`, waits up to
-        unavailable_wait_s for one to become available."""
-        deadline = time.monotonic() + (self.unavailable_wait_s if wait else 0)
-        while True:
-            exclude = set(failed)
-            if resuming:
-                exclude |= {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
-            started_ns = time.time_ns()
-            placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude))
-            attempt.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
-            if placement is None and not resuming and attempt.routed.priority == "critical":
-                for model in self.fallbacks(attempt.routed.model):
-                    placement = self.balancer.place(replace(attempt.routed, model=model), exclude=frozenset(failed))
-                    if placement is not None:
-                        log.warning("critical request falls back from %s to %s", attempt.routed.model, model)
-                        attempt.routed = replace(attempt.routed, model=model)
-                        attempt.body = {**attempt.body, "model": model}
-                        break
-            if placement is not None or time.monotonic() >= deadline:
-                return placement
-            await asyncio.sleep(0.05)
+    def _place(self, attempt: Attempt, tried: TriedWorkers, resuming: bool) -> Placement | None:
+        """Another worker for the request, now or None: of its model (a resumed stream only on shoal
+        workers, the only ones that take resume_token_ids), else for a critical request one of a
+        fallback model (never mid-stream: token ids are the model's own)."""
+        excluded = tried.excluded(self.membership.workers)
+        exclude = set(excluded)
+        if resuming:
+            exclude |= {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
+        started_ns = time.time_ns()
+        placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude))
+        attempt.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
+        if placement is None and not resuming and attempt.routed.priority == "critical":
+            for model in self.fallbacks(attempt.routed.model):
+                placement = self.balancer.place(replace(attempt.routed, model=model), exclude=excluded)
+                if placement is not None:
+                    log.warning("critical request falls back from %s to %s", attempt.routed.model, model)
+                    attempt.routed = replace(attempt.routed, model=model)
+                    attempt.body = {**attempt.body, "model": model}
+                    break
+        return placement
 
-    def _abandon(self, attempt: Attempt, failed: set[str], reason: str, connection_lost: bool) -> None:
-        """Gives up the current worker for this request; counts the failure unless the health
-        monitor itself took the worker out (and severed the stream)."""
+    def _abandon(
+        self, attempt: Attempt, tried: TriedWorkers, reason: str, connection_lost: bool, timed_out: bool = False
+    ) -> None:
+        """Gives up the current worker for this request: for good if it failed it, until it answers
+        again if it looked hung or the health monitor took it out (severing the stream). Counts the
+        failure unless the health monitor took it out."""
         worker = attempt.placement.worker
-        failed.add(worker.worker_id)
+        taken_out = worker.down or worker.ejected_until is not None
+        if timed_out or taken_out:
+            tried.leave(worker.worker_id, time.monotonic())
+        else:
+            tried.fail(worker.worker_id)
         if attempt.upstream is not None:
             worker.streams.discard(attempt.upstream)
             attempt.upstream.release()
             attempt.upstream = None
         self.balancer.release(attempt.placement)
         attempt.placement = None
-        if not worker.down and worker.ejected_until is None:
+        if not taken_out:
             self.monitor.request_failed(worker, reason, connection_lost)
 
     def _finish(self, attempt: Attempt) -> None:
@@ -186,31 +179,48 @@ class StreamFailover:
             self.balancer.release(attempt.placement)
             attempt.placement = None
 
-    async def _start(self, attempt: Attempt, path: str, headers: Mapping[str, str],
-                     failed: set[str]) -> Response | None:
+    async def _start(
+        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers
+    ) -> Response | None:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
         worker's refusal, or 503)."""
-        if not await self.open(attempt, path, headers, failed, resuming=False):
-            return error_response(503, "no worker could take this request", "service_unavailable",
-                                  headers={"retry-after": "1"})
+        if not await self.open(attempt, path, headers, tried, resuming=False):
+            return error_response(
+                503, "no worker could take this request", "service_unavailable", headers={"retry-after": "1"}
+            )
         upstream, worker = attempt.upstream, attempt.placement.worker
         if upstream.status != 200 or not upstream.headers.get("content-type", "").startswith("text/event-stream"):
             content = await upstream.read()
             self._finish(attempt)
-            return Response(content, status_code=upstream.status, media_type=upstream.headers.get("content-type"),
-                            headers={"x-shoal-worker": worker.worker_id})
+            return Response(
+                content,
+                status_code=upstream.status,
+                media_type=upstream.headers.get("content-type"),
+                headers={"x-shoal-worker": worker.worker_id},
+            )
         return None
 
-    async def serve(self, routed: RouteRequest, body: dict, path: str, headers: Mapping[str, str],
-                    placement: Placement, done: Callable[[], None], extra_headers: dict[str, str],
-                    chat: bool, telemetry: RequestTelemetry) -> Response:
+    async def serve(
+        self,
+        routed: RouteRequest,
+        body: dict,
+        path: str,
+        headers: Mapping[str, str],
+        placement: Placement,
+        done: Callable[[], None],
+        extra_headers: dict[str, str],
+        chat: bool,
+        telemetry: RequestTelemetry,
+    ) -> Response:
         """Serves a completion, streamed or not, with any number of choices; `done` runs once when
         it is over (also when the client leaves before the stream is read). A stream's end also
         finishes its telemetry (any other response's status is the caller's to record)."""
         streaming = body.get("stream") is True
         bodies = choice_bodies(body, force_stream=not streaming)
-        attempts = [Attempt(routed, b, telemetry, placement if i == 0 else self.balancer.place(routed))
-                    for i, b in enumerate(bodies)]
+        attempts = [
+            Attempt(routed, b, telemetry, placement if i == 0 else self.balancer.place(routed))
+            for i, b in enumerate(bodies)
+        ]
         finished = False
 
         def finish() -> None:
@@ -225,10 +235,10 @@ class StreamFailover:
             finish()
             telemetry.finish(200)
 
-        failed_per_choice = [set() for _ in attempts]
+        tried_per_choice = [TriedWorkers() for _ in attempts]
         try:
-            for attempt, failed in zip(attempts, failed_per_choice):
-                refusal = await self._start(attempt, path, headers, failed)
+            for attempt, tried in zip(attempts, tried_per_choice):
+                refusal = await self._start(attempt, path, headers, tried)
                 if refusal is not None:
                     finish()
                     refusal.headers.update(extra_headers)
@@ -239,11 +249,15 @@ class StreamFailover:
         reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **extra_headers}
         if attempts[0].routed.model != routed.model:
             reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
-        streams = [self._events(a, path, headers, f) for a, f in zip(attempts, failed_per_choice)]
+        streams = [self._events(a, path, headers, t) for a, t in zip(attempts, tried_per_choice)]
         events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
         if streaming:
-            return StreamingResponse(_finally(events, stream_over), media_type="text/event-stream",
-                                     headers=reply_headers, background=BackgroundTask(stream_over))
+            return StreamingResponse(
+                _finally(events, stream_over),
+                media_type="text/event-stream",
+                headers=reply_headers,
+                background=BackgroundTask(stream_over),
+            )
         try:
             collected = [json.loads(chunk[6:]) async for chunk in events if chunk.startswith(b"data: {")]
         finally:
@@ -254,21 +268,23 @@ class StreamFailover:
             return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **reply_headers})
         return JSONResponse(assemble(collected, chat), headers=reply_headers)
 
-    async def _events(self, attempt: Attempt, path: str, headers: Mapping[str, str],
-                      failed: set[str]) -> AsyncIterator[bytes]:
+    async def _events(
+        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers
+    ) -> AsyncIterator[bytes]:
         progress = StreamProgress(seed=attempt.body.get("seed"))
         original_body = attempt.body
         try:
             while True:
                 try:
-                    async for event in self._read(attempt.upstream, attempt.placement.worker, progress,
-                                                  attempt.telemetry):
+                    async for event in relay(
+                        attempt.upstream, attempt.placement.worker, progress, attempt.telemetry, self.settings
+                    ):
                         yield event
                     return
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
                     attempt.telemetry.end_attempt("broken", str(broken))
-                    self._abandon(attempt, failed, str(broken), broken.connection_lost)
+                    self._abandon(attempt, tried, str(broken), broken.connection_lost, broken.timed_out)
                     if progress.migrations >= self.settings.max_migrations:
                         yield _gave_up(attempt, "the request failed on every worker tried")
                         yield DONE
@@ -278,73 +294,45 @@ class StreamFailover:
                         yield DONE
                         return
                     progress.migrations += 1
-                    log.warning("migrating a stream (%s, seed %s) from %s after %d tokens (%s)", progress.response_id,
-                                progress.seed, worker_id, len(progress.token_ids), broken)
+                    log.warning(
+                        "migrating a stream (%s, seed %s) from %s after %d tokens (%s)",
+                        progress.response_id,
+                        progress.seed,
+                        worker_id,
+                        len(progress.token_ids),
+                        broken,
+                    )
                     attempt.telemetry.migrated(worker_id, len(progress.token_ids), str(broken))
                     resuming = bool(progress.token_ids)
                     attempt.body = progress.resume_body(original_body) if resuming else original_body
-                    attempt.placement = await self._place(attempt, failed, resuming, wait=True)
-                    if not await self.open(attempt, path, headers, failed, resuming) or attempt.upstream.status != 200:
+                    async for keep_alive in self._reopen(attempt, path, headers, tried, resuming):
+                        yield keep_alive
+                    if attempt.upstream is None or attempt.upstream.status != 200:
                         yield _gave_up(attempt, "no worker left to continue this stream")
                         yield DONE
                         return
         finally:
             self._finish(attempt)
-    def _token_deadline(self, worker: WorkerState, first: bool) -> float:
-        """Seconds without an event after which the stream is taken as hung."""
-        expected = None if first else worker.expected_itl_s()
-        if expected is None:
-            return self.settings.token_deadline_max_s
-        return min(max(self.settings.token_deadline_factor * expected, self.settings.token_deadline_min_s),
-                   self.settings.token_deadline_max_s)
 
-    async def _read(self, upstream: aiohttp.ClientResponse, worker: WorkerState, progress: StreamProgress,
-                    telemetry: RequestTelemetry) -> AsyncIterator[bytes]:
-        """Relays one worker's events, updating progress and the worker's latency figures; raises
-        StreamBroken if it stops short."""
-        resumed = progress.migrations > 0
-        last = time.monotonic()
-        first = True
+    async def _reopen(
+        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, resuming: bool
+    ) -> AsyncIterator[bytes]:
+        """Opens the stream on another worker (attempt.upstream), waiting up to unavailable_wait_s
+        while none can take it (every one tried, down or busy); yields keep-alives for the client
+        meanwhile. attempt.upstream stays None if no worker took it by then."""
+        now = time.monotonic()
+        deadline, keep_alive_at = now + self.unavailable_wait_s, now + CLIENT_KEEP_ALIVE_S
         while True:
-            deadline = self._token_deadline(worker, first)
-            try:
-                line = await asyncio.wait_for(upstream.content.readline(), deadline)
-            except TimeoutError:
-                raise StreamBroken(f"no event within {deadline:.1f} s") from None
-            except aiohttp.ClientError as exc:
-                raise StreamBroken(type(exc).__name__, connection_lost=True) from None
-            if not line:
-                raise StreamBroken("the stream ended without [DONE]", connection_lost=True)
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                yield DONE
+            attempt.placement = self._place(attempt, tried, resuming)
+            if attempt.placement is not None and await self.open(attempt, path, headers, tried, resuming):
                 return
-            event = json.loads(payload)
-            if "error" in event:
-                raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
-            choice = (event.get("choices") or [{}])[0]
-            token_ids = choice.get("token_ids") or []
-            if token_ids:
-                now = time.monotonic()
-                if not first:
-                    worker.latency.observe_itl((now - last) / len(token_ids))
-                last, first = now, False
-                telemetry.tokens(len(token_ids))
-            opening = bool(event.get("choices")) and not token_ids and not choice.get("finish_reason")
-            if opening and progress.opened:
-                continue  # a continuation's opening role chunk: the client has one already
-            progress.opened = progress.opened or opening
-            progress.token_ids += token_ids
-            progress.seed = choice.get("seed", progress.seed)
-            progress.text_chars += len(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
-            if progress.response_id is None:
-                progress.response_id = event.get("id")
-            if resumed:
-                event["id"] = progress.response_id
-                payload = json.dumps(event).encode()
-            yield b"data: " + payload + b"\n\n"
+            now = time.monotonic()
+            if now >= deadline:
+                return
+            if now >= keep_alive_at:
+                keep_alive_at = now + CLIENT_KEEP_ALIVE_S
+                yield BARE
+            await asyncio.sleep(0.05)
 
 
 async def _finally(events: AsyncIterator[bytes], finish: Callable[[], None]) -> AsyncIterator[bytes]:

@@ -1,6 +1,7 @@
 """Completion and chat completion responses from engine streams: one JSON body, or server-sent
 events. Every choice carries its token ids and seed, so a router can resume the request elsewhere
-(prompt + token ids, same seed)."""
+(prompt + token ids, same seed). A stream with nothing to send for KEEP_ALIVE_S gets a keep-alive
+comment saying what the engine is busy with, so a router tells a long step from a hung worker."""
 from __future__ import annotations
 
 import asyncio
@@ -15,9 +16,12 @@ from starlette.background import BackgroundTask
 from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
 from shoal.errors import EngineRequestError, InvalidRequestError, PromptTooLongError
+from shoal.protocol.keep_alive import KeepAlive
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
 from shoal.worker.request_tracing import WorkerRequestSpan
+
+KEEP_ALIVE_S = 0.5
 
 
 async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
@@ -65,8 +69,9 @@ async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: lis
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(streams, firsts, meta, chat, len(prompt_ids), include_usage, render, resumed,
-                                      trace), media_type="text/event-stream", background=BackgroundTask(trace.end))
+        return StreamingResponse(_sse(engine, streams, firsts, meta, chat, len(prompt_ids), include_usage, render,
+                                      resumed, trace), media_type="text/event-stream",
+                                 background=BackgroundTask(trace.end))
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
     return _full_response(finals, meta, chat, len(prompt_ids), render)
 
@@ -105,10 +110,11 @@ def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_t
             "usage": _usage(prompt_tokens, completion_tokens)}
 
 
-async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, include_usage: bool,
-               render: LogprobRenderer, resumed: int, trace: WorkerRequestSpan):
-    """Merges the choices' outputs into SSE chunks; abandoning it (client gone) aborts every choice.
-    Usage counts the `resumed` tokens too: the client's completion includes them."""
+async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, prompt_tokens: int,
+               include_usage: bool, render: LogprobRenderer, resumed: int, trace: WorkerRequestSpan):
+    """Merges the choices' outputs into SSE chunks, with a keep-alive after every KEEP_ALIVE_S
+    without one; abandoning it (client gone) aborts every choice. Usage counts the `resumed`
+    tokens too: the client's completion includes them."""
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, stream, first: RequestOutput) -> None:
@@ -130,7 +136,11 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
                     {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
         remaining = len(streams)
         while remaining:
-            index, output = await queue.get()
+            try:
+                index, output = await asyncio.wait_for(queue.get(), KEEP_ALIVE_S)
+            except TimeoutError:
+                yield _keep_alive(engine)
+                continue
             if output is None:
                 remaining -= 1
                 continue
@@ -160,6 +170,12 @@ async def _sse(streams, firsts, meta: dict, chat: bool, prompt_tokens: int, incl
         for stream in streams:
             await stream.aclose()
         trace.end()
+
+
+def _keep_alive(engine: AsyncLLMEngine) -> str:
+    activity = engine.activity()
+    step_s = None if activity.step_s is None else round(activity.step_s, 3)
+    return KeepAlive(busy_s=round(activity.busy_s, 3), step_s=step_s).encode().decode()
 
 
 def _event(payload: dict) -> str:

@@ -1,0 +1,141 @@
+"""Relays one worker's server-sent events to the client, keeping what a migration needs (token
+ids, seed, text received) and telling a busy worker from a hung one.
+
+A worker is taken as hung when it sends nothing (no token, no keep-alive) for its token deadline:
+clamp(token_deadline_factor × expected, min, max), where `expected` is the larger of its expected
+inter-token latency and the step time it last stated in a keep-alive (before the first token:
+token_deadline_max_s). A keep-alive resets the deadline, unless it says the engine has been busy
+past the deadline of the step it is on: an engine stuck in a step still has a live HTTP server.
+Keep-alives reach the client as bare SSE comments.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from shoal.protocol.keep_alive import BARE, parse_keep_alive
+from shoal.router.config import FailoverSettings
+from shoal.router.membership import WorkerState
+from shoal.router.request_telemetry import RequestTelemetry
+
+DONE = b"data: [DONE]\n\n"
+
+
+class StreamBroken(Exception):
+    """The worker stopped streaming before `[DONE]`: `connection_lost` when its connection broke,
+    `timed_out` when it looked hung, neither when it failed the request (an error event)."""
+
+    def __init__(self, message: str, connection_lost: bool = False, timed_out: bool = False):
+        super().__init__(message)
+        self.connection_lost = connection_lost
+        self.timed_out = timed_out
+
+
+@dataclass
+class StreamProgress:
+    """What the client has received so far. Invariant: token_ids are exactly the tokens relayed;
+    `opened` once an opening (role) chunk was relayed, and only then."""
+
+    token_ids: list[int] = field(default_factory=list)
+    opened: bool = False
+    text_chars: int = 0
+    seed: int | None = None
+    response_id: str | None = None
+    migrations: int = 0
+
+    def resume_body(self, body: dict) -> dict:
+        return {
+            **body,
+            "resume_token_ids": list(self.token_ids),
+            "resume_text_offset": self.text_chars,
+            "seed": self.seed if self.seed is not None else body.get("seed"),
+        }
+
+
+def token_deadline(settings: FailoverSettings, expected_s: float | None) -> float:
+    """Seconds of silence (or of one engine step) after which a worker is taken as hung."""
+    if expected_s is None:
+        return settings.token_deadline_max_s
+    return min(
+        max(settings.token_deadline_factor * expected_s, settings.token_deadline_min_s), settings.token_deadline_max_s
+    )
+
+
+async def relay(
+    upstream: aiohttp.ClientResponse,
+    worker: WorkerState,
+    progress: StreamProgress,
+    telemetry: RequestTelemetry,
+    settings: FailoverSettings,
+) -> AsyncIterator[bytes]:
+    """Yields the worker's events (one SSE event a chunk), updating progress and the worker's
+    latency figures; raises StreamBroken if it stops short."""
+    resumed = progress.migrations > 0
+    last = time.monotonic()
+    first = True
+    stated_step_s: float | None = None  # the step time the worker last stated, since its last token
+    while True:
+        expected = (
+            stated_step_s if first else max((s for s in (worker.expected_itl_s(), stated_step_s) if s), default=None)
+        )
+        deadline = token_deadline(settings, expected)
+        try:
+            line = await asyncio.wait_for(upstream.content.readline(), deadline)
+        except TimeoutError:
+            raise StreamBroken(f"no event within {deadline:.1f} s", timed_out=True) from None
+        except aiohttp.ClientError as exc:
+            raise StreamBroken(type(exc).__name__, connection_lost=True) from None
+        if not line:
+            raise StreamBroken("the stream ended without [DONE]", connection_lost=True)
+        keep_alive = parse_keep_alive(line)
+        if keep_alive is not None:
+            stated_step_s = keep_alive.step_s or stated_step_s
+            limit = token_deadline(settings, keep_alive.step_s)
+            if keep_alive.busy_s is not None and keep_alive.busy_s > limit:
+                raise StreamBroken(
+                    f"the engine has been on one step for {keep_alive.busy_s:.1f} s (limit {limit:.1f} s)",
+                    timed_out=True,
+                )
+            yield BARE
+            continue
+        if not line.startswith(b"data: "):
+            continue
+        payload = line[6:].strip()
+        if payload == b"[DONE]":
+            yield DONE
+            return
+        try:
+            event = json.loads(payload)
+        except ValueError:
+            event = None
+        if not isinstance(event, dict):
+            raise StreamBroken("the worker sent an event that is not a JSON object")
+        if "error" in event:
+            raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
+        choice = (event.get("choices") or [{}])[0]
+        token_ids = choice.get("token_ids") or []
+        if token_ids:
+            now = time.monotonic()
+            if not first:
+                worker.latency.observe_itl((now - last) / len(token_ids))
+            last, first, stated_step_s = now, False, None
+            telemetry.tokens(len(token_ids))
+        opening = bool(event.get("choices")) and not token_ids and not choice.get("finish_reason")
+        if opening and progress.opened:
+            continue  # a continuation's opening role chunk: the client has one already
+        progress.opened = progress.opened or opening
+        progress.token_ids += token_ids
+        progress.seed = choice.get("seed", progress.seed)
+        progress.text_chars += len(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+        if progress.response_id is None:
+            progress.response_id = event.get("id")
+        if resumed:
+            event["id"] = progress.response_id
+            payload = json.dumps(event).encode()
+        yield b"data: " + payload + b"\n\n"
