@@ -32,7 +32,7 @@ import zmq
 
 from shoal.engine.config import EngineConfig
 from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
-from shoal.model.loader import load_checkpoint
+from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.observability.logging import configure_logging
 from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.parallel.stage_messages import batch_frame, receive, send, step_batch
@@ -151,10 +151,19 @@ class StageServer:
             torch.set_num_threads(config.num_threads)
         return config
 
+    @staticmethod
+    def _checkpoint(config: EngineConfig) -> Checkpoint:
+        """The model the config names, as this node runs it; BadFrame if this node cannot load it."""
+        try:
+            return load_checkpoint(config.model, dtype=config.resolve_dtype(config.resolve_device()),
+                                   cache_dir=config.cache_dir)
+        except (ValueError, OSError, TypeError) as error:
+            raise BadFrame(f"cannot load the model {config.model!r}: {error}") from None
+
     def _probe(self, probe: Probe) -> None:
         config = self._config(probe.engine_config)
         reply = self._push(probe.head)
-        profile = measure_node(config)
+        profile = measure_node(config, self._checkpoint(config))
         send(reply, Profiled(probe.ident, profile))
         reply.close(linger=1000)
         log.info("probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3,
@@ -166,7 +175,7 @@ class StageServer:
             raise BadFrame(f"Setup of no layers ({setup.first_layer} to {setup.end_layer})")
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
-        checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
+        checkpoint = self._checkpoint(config)
         if setup.end_layer > checkpoint.config.num_layers:
             raise BadFrame(f"Setup of layers up to {setup.end_layer} of a model of {checkpoint.config.num_layers}")
         head = self._push(setup.head)

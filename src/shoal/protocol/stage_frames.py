@@ -183,7 +183,7 @@ def decode(decoder: msgspec.msgpack.Decoder, frames: list[bytes | memoryview]) -
     envelope = decode_header(decoder, frames[0])
     message, spec = envelope.message, envelope.tensor
     if message.carries_tensor != (spec is not None):
-        raise BadFrame(f"{type(message).__name__} {'needs' if message.carries_tensor else 'carries no'} tensor")
+        raise BadFrame(f"{type(message).__name__} {'needs a' if message.carries_tensor else 'takes no'} tensor")
     if len(frames) != 1 + (spec is not None):
         raise BadFrame(f"{type(message).__name__} came in {len(frames)} frames, not {1 + (spec is not None)}")
     if spec is not None:
