@@ -39,7 +39,7 @@ class TensorSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def decode_header(decoder: msgspec.msgpack.Decoder, frame: bytes | memoryview):
-    """The header a decoder's schema describes; BadFrame for anything else (garbage, a pickle,
+    """The header a decoder's schema describes; BadFrame for anything else (garbage, a Python serialization,
     a message of another type, a missing or mistyped field)."""
     try:
         return decoder.decode(frame)
