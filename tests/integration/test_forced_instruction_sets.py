@@ -1,0 +1,78 @@
+"""The engine under SHOAL_CPU_ISA on any machine at or above the level: an AVX2-only CPU and a Zen 4
+(AVX512-BF16, no AMX, no avx512_fp16). Each level runs in its own process, where the cap reaches torch's
+libraries before their first use: ATen, oneDNN and MKL report the narrower instruction set, the
+attention kernel is compiled for it, every dtype runs, and runs stay batch invariant."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
+from tests.support.engine_under_isa_cap import REPORT_PREFIX
+
+REPO = Path(__file__).resolve().parents[2]
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class Expected:
+    aten: str
+    onednn_bf16: bool
+    backends: dict[str, str]
+    auto_dtype: str
+    compiler_flags: str
+    onednn_isa: str | None  # None: the run uses no oneDNN primitive
+    mkl_excludes: str
+
+
+LEVELS = {
+    "avx2": Expected("AVX2", False, {"float32": "mkl", "bfloat16": "mkl", "float16": "mkl"}, "torch.float32",
+                     "-O3 -march=x86-64-v3", None, "AVX-512"),
+    "avx512_bf16": Expected("AVX512", True, {"float32": "mkl", "bfloat16": "onednn", "float16": "mkl"},
+                            "torch.bfloat16", "-O3 -march=x86-64-v4 -mavx512bf16 -mavx512vnni",
+                            "isa:Intel AVX-512 with Intel DL Boost and bfloat16 support", "AMX"),
+}
+
+
+def run_engine_under_cap(level: str, model_dir: Path, cache_dir: Path) -> tuple[dict, list[str]]:
+    env = {**os.environ, "SHOAL_CPU_ISA": level, "ONEDNN_VERBOSE": "1", "MKL_VERBOSE": "1"}
+    result = subprocess.run([sys.executable, "-m", "tests.support.engine_under_isa_cap", str(model_dir), str(cache_dir),
+                             *DTYPES], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert result.returncode == 0, result.stderr[-4000:]
+    lines = result.stdout.splitlines()
+    return json.loads(lines[-1].removeprefix(REPORT_PREFIX)), lines
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model_dir, shoal_cache_dir):
+    host = effective_cpu_features().host_level.name
+    if LEVEL_NAMES.index(host) < LEVEL_NAMES.index(level):
+        pytest.skip(f"this CPU's level is {host}, below {level}")
+    expected = LEVELS[level]
+    report, lines = run_engine_under_cap(level, tiny_model_dir, shoal_cache_dir)
+
+    assert (report["level"], report["capped"], report["auto_dtype"]) == (level, True, expected.auto_dtype)
+    # torch's own view: ATen's kernels, and oneDNN's 16-bit support, which follows its capped ISA.
+    assert report["torch"] == {"aten": expected.aten, "onednn_bf16": expected.onednn_bf16, "onednn_fp16": False}
+    assert (report["features"]["onednn_bf16"], report["features"]["onednn_fp16"]) == (expected.onednn_bf16, False)
+    mkl_banner = next(line for line in lines if line.startswith("MKL_VERBOSE oneMKL"))
+    assert expected.mkl_excludes not in mkl_banner and "AMX" not in mkl_banner, mkl_banner
+    onednn_isa = [line.removeprefix("onednn_verbose,v1,info,cpu,") for line in lines
+                  if line.startswith("onednn_verbose,v1,info,cpu,isa:")]
+    implementations = {line.split(",")[6] for line in lines if line.startswith("onednn_verbose,v1,primitive,exec")}
+    assert onednn_isa == ([expected.onednn_isa] if expected.onednn_isa else [])
+    assert not [name for name in implementations if "amx" in name or "fp16" in name], implementations
+
+    if shutil.which("c++"):
+        assert report["kernel_cflags"].endswith(expected.compiler_flags), report["kernel_cflags"]
+    for dtype, run in report["runs"].items():
+        assert run["backend"] == expected.backends[dtype], dtype
+        assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
+        assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)

@@ -1,0 +1,67 @@
+"""A program that runs the tiny engine under this process's SHOAL_CPU_ISA and prints what it ran on.
+
+    python -m tests.support.engine_under_isa_cap MODEL_DIR CACHE_DIR DTYPE...
+
+The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
+report: the effective level, what torch's libraries say about themselves, the compiler flags of the
+attention kernel loaded here, and per dtype the GEMM backend and whether requests run alone and
+together got the same tokens.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+REPORT_PREFIX = "ENGINE_UNDER_ISA_CAP "
+
+
+def loaded_kernel_build_flags() -> str:
+    """The cflags in build.ninja beside the attention kernel's library mapped into this process."""
+    with open("/proc/self/maps") as maps:
+        libraries = {line.split()[-1] for line in maps if line.rstrip().endswith("shoal_paged_attention_cpu.so")}
+    if len(libraries) != 1:
+        return ""
+    build = (Path(libraries.pop()).parent / "build.ninja").read_text()
+    return next((line for line in build.splitlines() if line.startswith("cflags")), "")
+
+
+def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
+    from shoal.model.cpu_features import apply_cpu_isa_cap
+
+    features = apply_cpu_isa_cap()
+
+    import torch
+
+    from shoal.engine.config import EngineConfig
+    from shoal.engine.engine import LLMEngine
+    from shoal.engine.sampling_params import SamplingParams
+    from tests.conftest import run_to_completion
+
+    def engine(dtype: str) -> LLMEngine:
+        # One thread: on a busy machine two threads wait on each other at every tiny multiply.
+        return LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", kv_cache_bytes=4 << 20, block_size=4,
+                                      max_num_batched_tokens=64, cache_dir=cache_dir, num_threads=1))
+
+    params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
+    prompts = {f"p{i}": ([4 + i] * (3 + 5 * i), params) for i in range(5)}
+    runs = {}
+    for dtype in dtypes:
+        together_engine, alone_engine = engine(dtype), engine(dtype)
+        together = run_to_completion(together_engine, prompts)
+        alone = {key: run_to_completion(alone_engine, {key: request})[key] for key, request in prompts.items()}
+        runs[dtype] = {"backend": together_engine.model.layers[0].qkv.backend, "invariant": alone == together,
+                       "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
+                       "attention_uses_tiles": together_engine.model.attention_uses_tiles}
+    return {"level": features.level.name, "capped": features.capped,
+            "features": {"native_bf16": features.native_bf16, "onednn_bf16": features.onednn_bf16,
+                         "onednn_fp16": features.onednn_fp16},
+            "torch": {"aten": torch.backends.cpu.get_cpu_capability(),
+                      "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+                      "onednn_fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported()},
+            "auto_dtype": str(EngineConfig(dtype="auto").resolve_dtype(torch.device("cpu"))),
+            "kernel_cflags": loaded_kernel_build_flags(), "runs": runs}
+
+
+if __name__ == "__main__":
+    print(REPORT_PREFIX + json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3:])), flush=True)
