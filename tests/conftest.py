@@ -8,6 +8,13 @@ import pytest
 from tests.tiny_model import write_tiny_model
 
 
+def pytest_configure(config) -> None:
+    """SHOAL_CPU_ISA, when set, caps torch's libraries in this process before any test runs an operation."""
+    from shoal.model.cpu_features import apply_cpu_isa_cap
+
+    apply_cpu_isa_cap()
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
