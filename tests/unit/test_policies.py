@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from shoal.engine.speed import SpeedEstimator
 from shoal.router.policies import POLICIES, eligible, make_policy
 from shoal.router.policies.cache_aware import CacheAware
 from shoal.router.policies.cost import CostPolicy, estimated_seconds
@@ -99,6 +100,80 @@ def test_cost_policy_counts_only_uncached_prefill_and_prefers_fast_prefill_for_l
     fast_prefill = worker("p", prefill_tokens_per_s=10_000, capability=100)
     slow_prefill = worker("q", prefill_tokens_per_s=500, capability=150)
     assert CostPolicy().choose(req, [fast_prefill, slow_prefill], RoutingContext()).worker_id == "p"
+
+
+class TimedReplica:
+    """A worker as the router sees it: steps of a fixed true duration (a tiny model's cost is its step
+    delay), the engine's own SpeedEstimator fed with every step and seeded the way calibration seeds
+    it, and the start-up calibration reported beside the live figures."""
+
+    def __init__(self, name: str, step_s: float, single: float, batched: float, batch: int = 8,
+                 prefill: float = 2000.0):
+        self.name, self.step_s, self.single, self.batched = name, step_s, single, batched
+        self.speed = SpeedEstimator()
+        self.speed.seed(prefill, batched, batch / batched)
+        self.remaining: list[int] = []  # tokens left per running request
+        self.joining = 0  # requests whose prompt the next step computes
+        self.next_step_s = 0.0
+
+    def view(self) -> WorkerView:
+        speed = self.speed
+        return worker(self.name, running=len(self.remaining), in_flight=len(self.remaining),
+                      outstanding_decode_tokens=sum(self.remaining), prefill_tokens_per_s=speed.prefill_tokens_per_s,
+                      decode_tokens_per_s=speed.decode_tokens_per_s, decode_step_s=speed.decode_step_s,
+                      single_step_s=1 / self.single, capability=self.batched)
+
+    def start(self, tokens: int, now_s: float) -> None:
+        if not self.remaining:
+            self.next_step_s = now_s + self.step_s
+        self.remaining.append(tokens)
+        self.joining += 1
+
+    def step(self, prompt_tokens: int) -> int:
+        """One step: every running request gets a token; returns how many requests finished."""
+        self.speed.observe(self.joining * prompt_tokens, len(self.remaining) - self.joining, self.step_s)
+        self.joining = 0
+        self.remaining = [left - 1 for left in self.remaining]
+        finished = self.remaining.count(0)
+        self.remaining = [left for left in self.remaining if left]
+        self.next_step_s += self.step_s
+        return finished
+
+
+def closed_loop(replicas: list[TimedReplica], requests: int, clients: int, tokens: int, prompt_tokens: int = 3):
+    """`clients` clients each send their next request as soon as the last one ends, until `requests`
+    were sent; each is placed by the cost policy on the views of that moment. Returns the counts."""
+    policy, picks, now_s = CostPolicy(), Counter(), 0.0
+
+    def send() -> None:
+        chosen = policy.choose(request(prompt_tokens, tokens), [r.view() for r in replicas], RoutingContext())
+        next(r for r in replicas if r.name == chosen.worker_id).start(tokens, now_s)
+        picks[chosen.worker_id] += 1
+
+    for _ in range(clients):
+        send()
+    while any(r.remaining for r in replicas):
+        stepping = min((r for r in replicas if r.remaining), key=lambda r: r.next_step_s)
+        now_s = stepping.next_step_s
+        for _ in range(stepping.step(prompt_tokens)):
+            if picks.total() < requests:
+                send()
+    return picks
+
+
+def test_a_fast_worker_calibrated_on_a_starved_cpu_still_gets_the_work_once_it_has_served():
+    """The cost test that sent 48 of 48 requests to the slow worker: the fast worker (13 ms steps)
+    reported a start-up calibration measured while other processes had the CPU (83 ms single-stream
+    steps, 90 tokens/s at batch 8), below the slow worker's (45 ms steps, calibrated 50 ms). Idle, it
+    was costed by that calibration although it had since served a stream at its real 13 ms, so it
+    lost every request to the busy slow worker and, getting none, was never measured again."""
+    fast = TimedReplica("fast", step_s=0.013, single=12.0, batched=90.0)
+    slow = TimedReplica("slow", step_s=0.045, single=20.0, batched=160.0)
+    fast.start(100, 0.0)  # the stream an earlier test ran on it
+    while fast.remaining:
+        fast.step(prompt_tokens=3)
+    picks = closed_loop([fast, slow], requests=48, clients=8, tokens=24)
+    assert picks["fast"] >= 2 * picks["slow"], picks
 
 
 def test_cache_aware_follows_the_prefix_until_load_wins():

@@ -10,8 +10,15 @@ their batch and every sequence's steps get slower. So for a worker, the estimate
          + its expected decode tokens x per-token time
 
 per-token time = max(decode step time, (running + 1) / decode throughput): the step time the
-batch has now (for an idle worker, its calibrated single-stream step: the last measured one is stale),
-or the batch's share of the worker's aggregate decode rate once it is saturated.
+batch has now, or the batch's share of the worker's aggregate decode rate once it is saturated.
+
+Figures from start-up calibration and figures measured since are both kept, and where they differ
+the faster one is believed: an idle worker's step is its calibrated single-stream step or its last
+measured step, whichever is shorter (a step at any batch takes no less than one at batch 1), and
+its throughput the calibrated aggregate rate or the rate it has reached since, whichever is higher
+(a rate reached is a rate it can do). Errors are not symmetric: a worker estimated too fast gets
+work and is measured again, one estimated too slow gets none and would keep its figures forever.
+A calibration taken while other processes had the CPU must not exile a fast worker for good.
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
@@ -48,12 +55,21 @@ def _median_or(values: list[float | None], default: float) -> float:
     return statistics.median(known) if known else default
 
 
+def decode_throughput(worker: WorkerView) -> float | None:
+    """The calibrated aggregate decode rate or the one measured since, whichever is higher."""
+    return max(filter(None, (worker.capability, worker.decode_tokens_per_s)), default=None)
+
+
+def idle_step_s(worker: WorkerView) -> float | None:
+    """The calibrated single-stream step or the last measured step, whichever is shorter."""
+    return min(filter(None, (worker.single_step_s, worker.decode_step_s)), default=None)
+
+
 def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
     """The worker's measured speeds, the fleet's median where it has none, defaults if nobody has."""
-    throughput = worker.capability or worker.decode_tokens_per_s
     return Speeds(
         worker.prefill_tokens_per_s or _median_or([w.prefill_tokens_per_s for w in fleet], DEFAULT_PREFILL_TOKENS_PER_S),
-        throughput or _median_or([w.capability or w.decode_tokens_per_s for w in fleet], DEFAULT_DECODE_TOKENS_PER_S),
+        decode_throughput(worker) or _median_or([decode_throughput(w) for w in fleet], DEFAULT_DECODE_TOKENS_PER_S),
         worker.decode_step_s or _median_or([w.decode_step_s for w in fleet], DEFAULT_DECODE_STEP_S))
 
 
@@ -61,7 +77,7 @@ def estimated_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence
                       context: RoutingContext) -> float:
     speed = speeds(worker, fleet)
     running = max(worker.running, worker.in_flight - worker.waiting)
-    step = speed.decode_step_s if running or not worker.single_step_s else worker.single_step_s
+    step = speed.decode_step_s if running else idle_step_s(worker) or speed.decode_step_s
     per_token = max(step, (running + 1) / speed.decode_tokens_per_s)
     ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
     if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
