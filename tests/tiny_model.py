@@ -28,15 +28,17 @@ def write_tiny_tokenizer(directory: Path) -> None:
     }))
 
 
-def write_tiny_model(directory: Path, num_layers: int = 2) -> Path:
-    """Hugging Face directory of a random Llama (2 layers unless told, vocab 128, hidden 64, GQA 4/2 heads)."""
+def write_tiny_model(directory: Path, num_layers: int = 2, hidden_size: int = 64,
+                     max_position_embeddings: int = 512) -> Path:
+    """Hugging Face directory of a random Llama (2 layers, hidden 64 and 512 positions unless told;
+    vocab 128, GQA 4/2 heads, MLP twice the hidden size)."""
     import transformers
 
     torch.manual_seed(1234)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, bos_token_id=1, eos_token_id=2,
-        tie_word_embeddings=False, rms_norm_eps=1e-5)
+        vocab_size=128, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
+        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, rms_norm_eps=1e-5)
     model = transformers.LlamaForCausalLM(config)
     # Larger weights than the init default so that logits are spread and greedy output varies.
     with torch.no_grad():
