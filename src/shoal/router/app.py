@@ -19,6 +19,7 @@ from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.router_metrics import RouterMetrics
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import Tracing
+from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
 from shoal.router.balancer import Balancer
 from shoal.router.config import RouterConfig
 from shoal.router.dashboard import Dashboard
@@ -130,29 +131,29 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     @app.post("/admin/workers")
     async def register(request: Request) -> Response:
-        """A worker joins: {"url": ..., "models": [...], "load": {...}} (cluster secret)."""
+        """A worker joins with a Registration (protocol.worker_load; cluster secret)."""
         if not _bearer_matches(request, cluster_secret):
             return unauthorized("cluster secret")
         try:
-            body = await request.json()
-            state = membership.register(str(body["url"]), [str(m) for m in body["models"]], body.get("load"))
-        except (ValueError, KeyError, TypeError) as exc:
+            joining = decode_registration(await request.body())
+        except ValueError as exc:
             return error_response(400, f"invalid registration: {exc}", "invalid_request_error")
+        state = membership.register(joining.url, joining.models, joining.load)
         front_door.admission.wake()
-        return JSONResponse({"worker_id": state.worker_id, "lease_s": config.health.lease_s,
-                             "heartbeat_interval_s": config.health.heartbeat_interval_s})
+        accepted = RegistrationAccepted(worker_id=state.worker_id, lease_s=config.health.lease_s,
+                                        heartbeat_interval_s=config.health.heartbeat_interval_s)
+        return Response(encode(accepted), media_type="application/json")
 
     @app.post("/admin/workers/heartbeat")
     async def heartbeat(request: Request) -> Response:
-        """{"worker_id": ..., "load": {...}} (cluster secret); 404 tells a forgotten worker to register again."""
+        """A Heartbeat (protocol.worker_load; cluster secret); 404 tells a forgotten worker to register again."""
         if not _bearer_matches(request, cluster_secret):
             return unauthorized("cluster secret")
         try:
-            body = await request.json()
-            known = membership.heartbeat(str(body["worker_id"]), body.get("load"))
-        except (ValueError, KeyError, TypeError) as exc:
+            beat = decode_heartbeat(await request.body())
+        except ValueError as exc:
             return error_response(400, f"invalid heartbeat: {exc}", "invalid_request_error")
-        if not known:
+        if not membership.heartbeat(beat.worker_id, beat.load):
             return error_response(404, "unknown worker; register again", "not_found_error")
         return JSONResponse({"ok": True})
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from shoal.protocol.worker_load import WorkerLoad
+
 # Per server family: (running requests, waiting requests, KV usage fraction) metric names.
 PROMETHEUS_NAMES = (
     ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
@@ -36,19 +38,19 @@ class LoadReport:
     draining: bool = False
 
     @classmethod
-    def from_shoal(cls, report: dict) -> "LoadReport":
-        block_size = int(report.get("block_size") or 0)
-        single_rate = (report.get("calibration") or {}).get("decode_tokens_per_s")
+    def from_shoal(cls, report: WorkerLoad) -> "LoadReport":
+        block_size = report.block_size or 0
+        single_rate = report.calibration.decode_tokens_per_s if report.calibration else None
         return cls(
-            running=int(report.get("running", 0)), waiting=int(report.get("waiting", 0)),
-            max_num_seqs=report.get("max_num_seqs"), outstanding_prefill_tokens=report.get("outstanding_prefill_tokens"),
-            outstanding_decode_tokens=report.get("outstanding_decode_tokens"),
-            free_kv_tokens=int(report["free_kv_blocks"]) * block_size if "free_kv_blocks" in report else None,
-            kv_capacity_tokens=int(report["num_kv_blocks"]) * block_size if "num_kv_blocks" in report else None,
-            kv_cache_usage=report.get("kv_cache_usage"), max_model_len=report.get("max_model_len"),
-            prefill_tokens_per_s=report.get("prefill_tokens_per_s"),
-            decode_tokens_per_s=report.get("decode_tokens_per_s"), decode_step_s=report.get("decode_step_s"),
-            single_step_s=1.0 / single_rate if single_rate else None, capability=report.get("capability"), draining=bool(report.get("draining", False)))
+            running=report.running, waiting=report.waiting, max_num_seqs=report.max_num_seqs,
+            outstanding_prefill_tokens=report.outstanding_prefill_tokens,
+            outstanding_decode_tokens=report.outstanding_decode_tokens,
+            free_kv_tokens=None if report.free_kv_blocks is None else report.free_kv_blocks * block_size,
+            kv_capacity_tokens=None if report.num_kv_blocks is None else report.num_kv_blocks * block_size,
+            kv_cache_usage=report.kv_cache_usage, max_model_len=report.max_model_len,
+            prefill_tokens_per_s=report.prefill_tokens_per_s, decode_tokens_per_s=report.decode_tokens_per_s,
+            decode_step_s=report.decode_step_s, single_step_s=1.0 / single_rate if single_rate else None,
+            capability=report.capability, draining=report.draining)
 
     @classmethod
     def from_prometheus(cls, text: str) -> "LoadReport | None":

@@ -20,6 +20,7 @@ from shoal.router.circuit_breaker import BreakerState, CircuitBreaker
 from shoal.router.config import HealthSettings
 from shoal.router.health_events import HealthEvents
 from shoal.router.latency_stats import LatencyStats
+from shoal.protocol.worker_load import WorkerLoad, decode_load
 from shoal.router.load_report import LoadReport
 from shoal.router.views import WorkerView
 
@@ -155,7 +156,7 @@ class Membership:
         await self.poll(state)
         return state
 
-    def register(self, url: str, models: list[str], report: dict | None) -> WorkerState:
+    def register(self, url: str, models: list[str], report: WorkerLoad | None) -> WorkerState:
         """A worker announcing itself; it must then heartbeat within every lease."""
         url = normalize_url(url)
         state = self.workers.get(url)
@@ -166,7 +167,7 @@ class Membership:
         self.events.record(url, "registered", f"serving {', '.join(sorted(models))}")
         return state
 
-    def heartbeat(self, worker_id: str, report: dict | None) -> bool:
+    def heartbeat(self, worker_id: str, report: WorkerLoad | None) -> bool:
         state = self.workers.get(normalize_url(worker_id))
         if state is None:
             return False
@@ -212,7 +213,7 @@ class Membership:
             status, body = await self._get(state.url + "/load")
             if status == 200:
                 state.load_source = "shoal"
-                return LoadReport.from_shoal(json.loads(body))
+                return LoadReport.from_shoal(decode_load(body))
             state.load_source = "prometheus"
         if state.load_source == "prometheus":
             status, body = await self._get(state.url + "/metrics")

@@ -7,6 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import msgspec
+
+from shoal.protocol.worker_load import WorkerLoad
 from shoal.simulate.cost_model import CalibrationFigures
 
 # A SmolLM2-135M-Instruct worker on one core of a 2-core Xeon (AVX512-BF16/AMX) machine: bfloat16,
@@ -33,16 +36,18 @@ class WorkerFigures:
         served yet, the calibration itself). A bare calibration dict is taken as it is."""
         if "calibration" not in report:
             return cls(CalibrationFigures.from_dict(report), source=source)
-        if not report["calibration"]:
+        try:
+            load = msgspec.convert(report, WorkerLoad)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{source} is not a shoal load report: {exc}") from None
+        if load.calibration is None:
             raise ValueError(f"{source} reports no calibration")
-        calibration = CalibrationFigures.from_dict(report["calibration"])
-        live = (report.get("prefill_tokens_per_s"), report.get("decode_step_s"), report.get("decode_tokens_per_s"))
+        calibration = CalibrationFigures.from_dict(msgspec.to_builtins(load.calibration))
+        live = (load.prefill_tokens_per_s, load.decode_step_s, load.decode_tokens_per_s)
         if all(live):
             calibration = calibration.rescaled(*live)
-        kv = None
-        if report.get("num_kv_blocks") and report.get("block_size"):
-            kv = int(report["num_kv_blocks"]) * int(report["block_size"])
-        return cls(calibration, kv, report.get("max_num_seqs"), report.get("max_model_len"), source)
+        kv = load.num_kv_blocks * load.block_size if load.num_kv_blocks and load.block_size else None
+        return cls(calibration, kv, load.max_num_seqs, load.max_model_len, source)
 
     def as_dict(self) -> dict:
         return {"calibration": self.calibration.as_dict(), "kv_tokens": self.kv_tokens,

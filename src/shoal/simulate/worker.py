@@ -9,6 +9,7 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler
 from shoal.engine.sequence import Sequence
 from shoal.engine.speed import SpeedEstimator
+from shoal.protocol.worker_load import CalibrationFigures, WorkerLoad
 from shoal.simulate.events import EventLoop
 from shoal.simulate.fleet import WorkerSpec
 from shoal.simulate.host import Host
@@ -42,7 +43,11 @@ class SimWorker:
         self.listener = listener
         self.up = True
         self._params: dict[int, SamplingParams] = {}
-        self.calibration = spec.calibration.as_dict()
+        figures = spec.calibration
+        self.calibration = CalibrationFigures(
+            prefill_tokens_per_s=figures.prefill_tokens_per_s, decode_tokens_per_s=figures.decode_tokens_per_s,
+            batched_decode_tokens_per_s=figures.batched_decode_tokens_per_s, batch=figures.batch,
+            capability=figures.batched_decode_tokens_per_s)
         self._empty()
 
     def _empty(self) -> None:
@@ -125,17 +130,17 @@ class SimWorker:
     def recover(self) -> None:
         self.up = True
 
-    def load_report(self) -> dict:
-        """The worker's /load report, with the keys and meanings of shoal's worker server."""
+    def load_report(self) -> WorkerLoad:
+        """The worker's /load report, as shoal's worker server builds it."""
         bm, speed, calibration = self.block_manager, self.speed, self.spec.calibration
         live = self.scheduler.running + list(self.scheduler.waiting)
         prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
-        return {"max_model_len": self.spec.max_model_len, "draining": False,
-                "running": len(self.scheduler.running), "waiting": len(self.scheduler.waiting),
-                "max_num_seqs": self.spec.max_num_seqs,
-                "outstanding_prefill_tokens": prefill,
-                "outstanding_decode_tokens": sum(s.params.max_tokens - len(s.output_token_ids) for s in live),
-                "free_kv_blocks": bm.num_free_blocks, "num_kv_blocks": bm.num_blocks, "block_size": BLOCK_SIZE,
-                "kv_cache_usage": bm.usage(), "prefill_tokens_per_s": speed.prefill_tokens_per_s,
-                "decode_tokens_per_s": speed.decode_tokens_per_s, "decode_step_s": speed.decode_step_s,
-                "capability": calibration.batched_decode_tokens_per_s, "calibration": self.calibration}
+        return WorkerLoad(max_model_len=self.spec.max_model_len, running=len(self.scheduler.running),
+                          waiting=len(self.scheduler.waiting), max_num_seqs=self.spec.max_num_seqs,
+                          outstanding_prefill_tokens=prefill,
+                          outstanding_decode_tokens=sum(s.params.max_tokens - len(s.output_token_ids) for s in live),
+                          free_kv_blocks=bm.num_free_blocks, num_kv_blocks=bm.num_blocks, block_size=BLOCK_SIZE,
+                          kv_cache_usage=bm.usage(), prefill_tokens_per_s=speed.prefill_tokens_per_s,
+                          decode_tokens_per_s=speed.decode_tokens_per_s, decode_step_s=speed.decode_step_s,
+                          capability=calibration.batched_decode_tokens_per_s,
+                          calibration=self.calibration)

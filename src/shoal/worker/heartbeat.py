@@ -11,16 +11,18 @@ from collections.abc import Callable
 
 import httpx
 
+from shoal.protocol.worker_load import Heartbeat, Registration, WorkerLoad, decode_registration_accepted, encode
+
 log = logging.getLogger(__name__)
 
 
 class RouterHeartbeat:
     def __init__(self, router_url: str, advertise_url: str, model_name: str, secret: str,
-                 load_report: Callable[[], dict], interval_s: float = 1.0):
+                 load_report: Callable[[], WorkerLoad], interval_s: float = 1.0):
         self.router_url = router_url.rstrip("/")
         self.advertise_url = advertise_url
         self.model_name = model_name
-        self.headers = {"authorization": f"Bearer {secret}"}
+        self.headers = {"authorization": f"Bearer {secret}", "content-type": "application/json"}
         self.load_report = load_report
         self.interval_s = interval_s
         self.registered = False
@@ -37,14 +39,14 @@ class RouterHeartbeat:
     async def _beat(self, client: httpx.AsyncClient) -> None:
         if self.registered:
             response = await client.post("/admin/workers/heartbeat",
-                                         json={"worker_id": self.advertise_url, "load": self.load_report()})
+                                         content=encode(Heartbeat(worker_id=self.advertise_url, load=self.load_report())))
             if response.status_code != 404:
                 response.raise_for_status()
                 return
             log.warning("router %s forgot this worker; registering again", self.router_url)
-        response = await client.post("/admin/workers", json={"url": self.advertise_url, "models": [self.model_name],
-                                                             "load": self.load_report()})
+        response = await client.post("/admin/workers", content=encode(
+            Registration(url=self.advertise_url, models=[self.model_name], load=self.load_report())))
         response.raise_for_status()
         self.registered = True
-        self.interval_s = float(response.json().get("heartbeat_interval_s", self.interval_s))
+        self.interval_s = decode_registration_accepted(response.content).heartbeat_interval_s
         log.info("registered with router %s as %s", self.router_url, self.advertise_url)

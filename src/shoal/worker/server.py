@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import msgspec
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
@@ -21,6 +22,7 @@ from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import ModelNotFoundError, ShoalError, error_body
 from shoal.observability.tracing import Tracing
+from shoal.protocol.worker_load import CalibrationFigures, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.drain import DrainState
 from shoal.worker.heartbeat import RouterHeartbeat
@@ -55,21 +57,21 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
     drain = drain or DrainState()
     tracing = tracing or Tracing("shoal-worker")
 
-    def load_report() -> dict:
+    figures = msgspec.convert(calibration.as_dict(), CalibrationFigures) if calibration else None
+
+    def load_report() -> WorkerLoad:
         """The compact load report for routers (from the engine's latest stats snapshot)."""
         stats = engine.stats
-        return {"model": model_name, "max_model_len": max_model_len, "draining": drain.draining,
-                "running": stats.num_running, "waiting": stats.num_waiting,
-                "max_num_seqs": engine.engine.config.max_num_seqs,
-                "outstanding_prefill_tokens": stats.outstanding_prefill_tokens,
-                "outstanding_decode_tokens": stats.outstanding_decode_tokens,
-                "free_kv_blocks": stats.num_free_blocks, "num_kv_blocks": stats.num_kv_blocks,
-                "kv_cache_budget_bytes": engine.engine.kv_cache_budget_bytes,
-                "block_size": stats.block_size, "kv_cache_usage": stats.kv_cache_usage,
-                "prefill_tokens_per_s": stats.prefill_tokens_per_s, "decode_tokens_per_s": stats.decode_tokens_per_s,
-                "decode_step_s": stats.decode_step_s,
-                "capability": calibration.capability if calibration else None,
-                "calibration": calibration.as_dict() if calibration else None}
+        return WorkerLoad(model=model_name, max_model_len=max_model_len, draining=drain.draining,
+                          running=stats.num_running, waiting=stats.num_waiting,
+                          max_num_seqs=engine.engine.config.max_num_seqs,
+                          outstanding_prefill_tokens=stats.outstanding_prefill_tokens,
+                          outstanding_decode_tokens=stats.outstanding_decode_tokens,
+                          free_kv_blocks=stats.num_free_blocks, num_kv_blocks=stats.num_kv_blocks,
+                          kv_cache_budget_bytes=engine.engine.kv_cache_budget_bytes, block_size=stats.block_size,
+                          kv_cache_usage=stats.kv_cache_usage, prefill_tokens_per_s=stats.prefill_tokens_per_s,
+                          decode_tokens_per_s=stats.decode_tokens_per_s, decode_step_s=stats.decode_step_s,
+                          capability=calibration.capability if calibration else None, calibration=figures)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -131,8 +133,8 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         return JSONResponse({"ok": True, "token_ids": token_ids, "latency_s": time.monotonic() - started})
 
     @app.get("/load")
-    async def load() -> dict:
-        return load_report()
+    async def load() -> Response:
+        return Response(encode(load_report()), media_type="application/json")
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

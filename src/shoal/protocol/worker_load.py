@@ -1,0 +1,99 @@
+"""What a worker tells routers about itself: its load report (`GET /load`, and the body of every
+heartbeat), its registration and its heartbeat. One schema each, encoded and decoded by both ends.
+
+JSON on the wire. Every figure but the two queue lengths may be absent (None: the worker does not
+say); counts are never negative. Unknown keys are ignored, so a newer worker can report more to an
+older router. A body that does not fit the schema is refused whole (`decode_*` raise ValueError
+with msgspec's reason), never half-read.
+"""
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Rate = Annotated[float, msgspec.Meta(ge=0)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
+    """Speeds measured at start-up (engine.calibration), over `seconds` when said; `capability`,
+    when said, is the batched decode rate routers compare across heterogeneous replicas."""
+
+    prefill_tokens_per_s: Rate
+    decode_tokens_per_s: Rate
+    batched_decode_tokens_per_s: Rate
+    batch: Count
+    capability: Rate | None = None
+    seconds: Rate | None = None
+
+
+class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's load report. Blocks are `block_size` tokens; `kv_cache_budget_bytes` is the KV
+    budget the engine was given; speeds are the engine's recent measurements."""
+
+    model: str | None = None
+    max_model_len: Count | None = None
+    draining: bool = False
+    running: Count = 0
+    waiting: Count = 0
+    max_num_seqs: Count | None = None
+    outstanding_prefill_tokens: Count | None = None
+    outstanding_decode_tokens: Count | None = None
+    free_kv_blocks: Count | None = None
+    num_kv_blocks: Count | None = None
+    block_size: Count | None = None
+    kv_cache_budget_bytes: Count | None = None
+    kv_cache_usage: Fraction | None = None
+    prefill_tokens_per_s: Rate | None = None
+    decode_tokens_per_s: Rate | None = None
+    decode_step_s: Rate | None = None
+    capability: Rate | None = None
+    calibration: CalibrationFigures | None = None
+
+
+class Registration(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /admin/workers`: a worker joins at `url`, serving `models`."""
+
+    url: Annotated[str, msgspec.Meta(min_length=1)]
+    models: list[str]
+    load: WorkerLoad | None = None
+
+
+class RegistrationAccepted(msgspec.Struct, frozen=True, kw_only=True):
+    """The router's answer: the worker's id, and how often it must heartbeat to keep its lease."""
+
+    worker_id: str
+    lease_s: float
+    heartbeat_interval_s: float
+
+
+class Heartbeat(msgspec.Struct, frozen=True, kw_only=True):
+    """`POST /admin/workers/heartbeat`: the worker is alive, with its load now."""
+
+    worker_id: str
+    load: WorkerLoad | None = None
+
+
+def encode(message: msgspec.Struct) -> bytes:
+    return msgspec.json.encode(message)
+
+
+def _decoder(kind: type):
+    decoder = msgspec.json.Decoder(kind)
+
+    def decode(body: bytes) -> kind:
+        try:
+            return decoder.decode(body)
+        except msgspec.DecodeError as exc:  # ValidationError included
+            raise ValueError(str(exc)) from None
+
+    decode.__doc__ = f"A {kind.__name__} from its JSON; ValueError naming what does not fit."
+    return decode
+
+
+decode_load = _decoder(WorkerLoad)
+decode_registration = _decoder(Registration)
+decode_heartbeat = _decoder(Heartbeat)
+decode_registration_accepted = _decoder(RegistrationAccepted)
