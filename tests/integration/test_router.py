@@ -5,7 +5,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
@@ -15,8 +14,10 @@ import pytest
 import yaml
 
 from tests.integration.test_worker_server import MODEL, free_port, scrape, spawn_worker, wait_ready
+from tests.waiting import wait_for
 
 SECRET = "test-cluster-secret"
+ADMIN_TOKEN = "test-admin-token"
 
 
 def start_router(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen, str]:
@@ -29,18 +30,21 @@ def start_router(args: list[str], env: dict[str, str] | None = None) -> tuple[su
                                env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},
                                stdout=subprocess.DEVNULL, stderr=log)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def healthy() -> bool:
         try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                process.log_file = log
-                return process, url
+            return httpx.get(url + "/health", timeout=1).status_code == 200
         except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    log.seek(0)
-    pytest.fail(f"router did not start: {log.read().decode()[-2000:]}")
+            return False
+
+    try:
+        wait_for(healthy, timeout_s=60)
+    except AssertionError:
+        process.kill()
+        log.seek(0)
+        pytest.fail(f"router did not start: {log.read().decode()[-2000:]}")
+    process.log_file = log
+    return process, url
 
 
 def router_log(process: subprocess.Popen) -> str:
@@ -77,7 +81,7 @@ def router_for(fleet, tmp_path):
         config = tmp_path / f"router-{len(routers)}.yaml"
         config.write_text(yaml.safe_dump({"policy": policy, "policy_options": options,
                                           "workers": [{"url": url} for url in workers]}))
-        process, url = start_router(["--config", str(config)])
+        process, url = start_router(["--config", str(config)], env={"SHOAL_ADMIN_TOKEN": ADMIN_TOKEN})
         routers.append(process)
         return url
 
@@ -110,6 +114,18 @@ def served_by(url: str, path: str, body: dict, headers: dict | None = None) -> s
     return response.headers["x-shoal-worker"]
 
 
+def routers_view(url: str) -> dict[str, dict]:
+    """Each worker as a router made by router_for sees it now (load, health, speeds), by worker id."""
+    response = httpx.get(url + "/dashboard/api/cluster", headers={"authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert response.status_code == 200, response.text
+    return {w["worker_id"]: w for w in response.json()["workers"]}
+
+
+def idle_in_routers_view(url: str) -> bool:
+    """Every worker has reported to the router that it runs nothing, and the router sent it nothing since."""
+    return all(w["running"] == w["waiting"] == w["in_flight"] == 0 for w in routers_view(url).values())
+
+
 def test_openai_client_through_the_router(fleet, router_for):
     url = router_for("cost", fleet[:2])
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
@@ -126,17 +142,23 @@ def test_openai_client_through_the_router(fleet, router_for):
 
 
 def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, router_for):
-    """400 tokens take the worker over 4 s; the abort must come long before that."""
+    """400 tokens take the worker over 4 s: a request that ends as an abort was cut short."""
     url = router_for("round_robin", fleet[:1])
-    aborted_before = scrape(fleet[0]).get("shoal:request_success_total[('finished_reason', 'abort')]", 0)
+
+    def finished() -> Counter:
+        metrics = scrape(fleet[0])
+        return Counter({reason: metrics.get(f"shoal:request_success_total[('finished_reason', '{reason}')]", 0)
+                        for reason in ("abort", "length", "stop")})
+
+    before = finished()
     body = {"model": MODEL, "prompt": "leave early", "max_tokens": 400, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as response:
         lines = response.iter_lines()
         assert next(line for line in lines if line.startswith("data:"))
-    time.sleep(1.0)
-    after = scrape(fleet[0])
-    assert after["shoal:request_success_total[('finished_reason', 'abort')]"] == aborted_before + 1
-    assert after["shoal:num_requests_running"] == 0 and after["shoal:kv_cache_usage_perc"] == 0
+    after = wait_for(lambda: (finished() - before) or None)
+    assert after == Counter(abort=1)
+    wait_for(lambda: (metrics := scrape(fleet[0]))["shoal:num_requests_running"] == 0
+             and metrics["shoal:kv_cache_usage_perc"] == 0)
 
 
 @pytest.mark.parametrize("body,status", [
@@ -186,7 +208,7 @@ def test_load_policies_avoid_the_busy_worker(fleet, router_for, policy):
     streams = occupy(url, 1, {})
     try:
         busy = streams[0][1].headers["x-shoal-worker"]
-        time.sleep(1.0)  # a load poll sees it
+        wait_for(lambda: routers_view(url)[busy]["running"] == 1)  # a load poll has seen it
         picks = {served_by(url, "/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2}) for _ in range(4)}
         assert busy not in picks
     finally:
@@ -203,7 +225,7 @@ def test_session_affinity_yields_when_its_worker_is_overloaded(fleet, router_for
         assert any(r.headers["x-shoal-worker"] != home for _, r in streams)  # bounded load spills over
     finally:
         release(streams)
-    time.sleep(1.0)
+    wait_for(lambda: idle_in_routers_view(url))
     assert served_by(url, "/v1/completions", body) == home  # and comes back once the load is gone
 
 
@@ -229,10 +251,24 @@ def test_prefix_affinity_yields_to_load_beyond_the_thresholds(fleet, router_for)
 
 
 def test_the_cost_policy_gives_the_fast_worker_more_work(fleet, router_for):
+    """Both workers have served (their speeds are measured, not only calibrated at start-up, when
+    the fleet's other workers were starting too) and the router holds the figures they report."""
     fast, slow = fleet[0], fleet[2]
     url = router_for("cost", [fast, slow])
-    time.sleep(1.5)  # a few load polls, so the router has both workers' measured speeds
     body = {"model": MODEL, "prompt": "spread me", "max_tokens": 24, "ignore_eos": True}
+    for worker in (fast, slow):
+        assert httpx.post(worker + "/v1/completions", json=body, timeout=60).status_code == 200
+
+    def router_has_the_measured_speeds() -> bool:
+        seen = routers_view(url)
+        for worker in (fast, slow):
+            load = httpx.get(worker + "/load").json()
+            if load["running"] or any(seen[worker][figure] != load[figure]
+                                      for figure in ("prefill_tokens_per_s", "decode_tokens_per_s", "capability")):
+                return False
+        return idle_in_routers_view(url)
+
+    wait_for(router_has_the_measured_speeds)
     with ThreadPoolExecutor(8) as pool:
         picks = Counter(pool.map(lambda _: served_by(url, "/v1/completions", body), range(48)))
     assert picks[fast] >= 2 * picks[slow], picks
@@ -252,20 +288,15 @@ def test_workers_register_with_the_secret_and_leave_when_their_lease_expires(tin
              "--router", spare_url],
             env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir), "SHOAL_CLUSTER_SECRET": SECRET},
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and not all(
-                "joiner" in str(httpx.get(u + "/v1/models").json()) for u in (url, spare_url)):
-            time.sleep(0.3)
+        wait_for(lambda: all("joiner" in str(httpx.get(u + "/v1/models").json()) for u in (url, spare_url)),
+                 timeout_s=120)
         body = {"model": "joiner", "prompt": "hello", "max_tokens": 3}
         for router_url in (url, spare_url):
             assert [m["id"] for m in httpx.get(router_url + "/v1/models").json()["data"]] == ["joiner"]
             assert served_by(router_url, "/v1/completions", body) == f"http://127.0.0.1:{port}"
         worker.kill()
         worker.wait(timeout=30)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and any(httpx.get(u + "/v1/models").json()["data"] for u in (url, spare_url)):
-            time.sleep(0.3)
-        assert httpx.get(url + "/v1/models").json()["data"] == httpx.get(spare_url + "/v1/models").json()["data"] == []
+        wait_for(lambda: not any(httpx.get(u + "/v1/models").json()["data"] for u in (url, spare_url)), timeout_s=20)
         # A model this router has served is not unknown: with no worker left it is unavailable.
         gone = httpx.post(url + "/v1/completions", json=body, headers={"x-shoal-deadline-s": "0.5"})
         assert gone.status_code == 503 and "retry-after" in gone.headers

@@ -68,7 +68,8 @@ def idle_step_s(worker: WorkerView) -> float | None:
 def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
     """The worker's measured speeds, the fleet's median where it has none, defaults if nobody has."""
     return Speeds(
-        worker.prefill_tokens_per_s or _median_or([w.prefill_tokens_per_s for w in fleet], DEFAULT_PREFILL_TOKENS_PER_S),
+        worker.prefill_tokens_per_s
+        or _median_or([w.prefill_tokens_per_s for w in fleet], DEFAULT_PREFILL_TOKENS_PER_S),
         decode_throughput(worker) or _median_or([decode_throughput(w) for w in fleet], DEFAULT_DECODE_TOKENS_PER_S),
         worker.decode_step_s or _median_or([w.decode_step_s for w in fleet], DEFAULT_DECODE_STEP_S))
 
