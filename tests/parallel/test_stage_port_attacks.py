@@ -81,10 +81,10 @@ class Head:
             self.answers.append(HEAD_INBOX.decode(self.inbox.recv()).message)
         return any(isinstance(a, Profiled) and a.ident == ident for a in self.answers)
 
-    def check_still_served(self, ident: int) -> None:
+    def check_still_served(self, ident: int, timeout_s: float = 120) -> None:
         """An authentic Probe sent now is answered, and nothing else has arrived."""
         self.control.send(encode(self.probe(ident)))
-        wait_for(lambda: self.answered(ident), timeout_s=60)
+        wait_for(lambda: self.answered(ident), timeout_s=timeout_s)
         assert [(type(a).__name__, a.ident) for a in self.answers] == [("Profiled", ident)]
         self.answers.clear()
 
@@ -104,7 +104,7 @@ def stage(tmp_path_factory, shoal_cache_dir):
 def head(stage, tiny_model_dir, shoal_cache_dir):
     head = Head(stage, EngineConfig(model=str(tiny_model_dir), dtype="float32", device="cpu",
                                     cache_dir=str(shoal_cache_dir)))
-    head.check_still_served(ident=1)  # the stage is up and answers an authentic head
+    head.check_still_served(ident=1, timeout_s=600)  # the stage is up (it may build kernels first) and answers
     yield head
     assert head.answers == [] and stage.process.poll() is None
     head.close()
@@ -203,6 +203,7 @@ def test_malformed_frames_from_a_peer_with_the_secret_are_dropped(stage, head, t
         [encode(Probe(75, dataclasses.replace(head.engine_config, model="/no/such/model").to_json(), head.address))],
         [encode(Probe(73, head.config, "not-an-address"))],
         [encode(Setup(1, 74, head.config, 2, 1, 16, None, None, head.address, "auto"))],  # no layers
+        [encode(Setup(1, 76, head.config, 0, 1, 16, None, None, head.address, "load"))],  # torch.load?
     ]
     dropped_before = stage.log_count("dropped a message")
     for frames in bad:
@@ -256,7 +257,7 @@ def test_a_recorded_authentic_connection_replayed_is_refused(stage, head):
     try:
         sock = client.connect(zmq.PUSH, proxy.address)
         sock.send(encode(head.probe(ident=80)))
-        wait_for(lambda: head.answered(80), timeout_s=60)  # the recording holds an authentic Probe
+        wait_for(lambda: head.answered(80), timeout_s=120)  # the recording holds an authentic Probe
         head.answers.clear()
     finally:
         client.close()

@@ -5,7 +5,8 @@ owns the block tables; every stage holds its layers' KV cache with the same bloc
 hidden states travel head -> stage 1 -> ... -> last stage over ZeroMQ (in the model's dtype by
 default, so 16-bit models send 2 bytes a value and results equal one process's), and the last
 stage returns the logits of the rows to sample. Stages are linked by messages with deadlines, not
-by a process group, so one lost stage does not take the others with it.
+by a process group, so one lost stage does not take the others with it; the messages are typed
+frames on links authenticated with the cluster secret (see stage_links).
 
 Several micro-batches may be in flight (`submit` returns at once; `collect` waits for one), so
 while stage 2 computes micro-batch i, the head computes i + 1 and the network carries i's output.

@@ -38,7 +38,7 @@ from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.parallel.stage_messages import batch_frame, receive, send, step_batch
 from shoal.parallel.stage_profile import measure_node
 from shoal.protocol.cluster_secret import MissingClusterSecret, required_secret
-from shoal.protocol.frames import BadFrame
+from shoal.protocol.frames import WIRE_DTYPES, BadFrame
 from shoal.protocol.stage_frames import (STAGE_INBOX, Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed,
                                          ReplayDone, SendReplay, Setup, Step, Stop, Upstream)
 
@@ -173,6 +173,8 @@ class StageServer:
         config = self._config(setup.engine_config)
         if setup.first_layer >= setup.end_layer:
             raise BadFrame(f"Setup of no layers ({setup.first_layer} to {setup.end_layer})")
+        if setup.wire_dtype != "auto" and setup.wire_dtype not in WIRE_DTYPES:
+            raise BadFrame(f"Setup with wire dtype {setup.wire_dtype!r}, not auto or one of {sorted(WIRE_DTYPES)}")
         device = config.resolve_device()
         dtype = config.resolve_dtype(device)
         checkpoint = self._checkpoint(config)
