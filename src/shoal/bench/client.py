@@ -9,6 +9,7 @@ import aiohttp
 
 from shoal.bench.records import RequestRecord
 from shoal.bench.workloads import BenchRequest, Message
+from shoal.protocol.sse import data_of, is_done, json_data
 
 ERROR_TEXT_CHARS = 500
 
@@ -95,16 +96,15 @@ class _Stream:
 
     async def read(self, content: aiohttp.StreamReader) -> None:
         """Reads SSE events up to `data: [DONE]`; an error event, or an end without [DONE], is an error."""
-        async for raw in content:
-            line = raw.decode("utf-8", "replace").strip()
-            if not line.startswith("data:"):
+        async for line in content:
+            data = data_of(line)
+            if data is None:
                 continue
-            data = line.removeprefix("data:").strip()
-            if data == "[DONE]":
+            if is_done(data):
                 return
-            event = json.loads(data)
+            event = json_data(data)
             if "error" in event:
-                self.error = _error_text(data)
+                self.error = _error_text(data.decode("utf-8", "replace"))
                 return
             self.usage = event.get("usage") or self.usage
             pieces = [(choice.get("delta") or {}).get("content") for choice in event.get("choices") or []]

@@ -3,10 +3,11 @@ streamed, and carries the previous turn's response id, so the router (or another
 state store) continues the conversation with its full history whichever worker serves it."""
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 
 import httpx
+
+from shoal.protocol.sse import data_of, is_done, json_data
 
 TURN_TIMEOUT_S = 600.0
 
@@ -44,9 +45,10 @@ class RemoteChat:
 
     def _events(self, reply: httpx.Response) -> Iterator[str]:
         for line in reply.iter_lines():
-            if not line.startswith("data: "):
+            data = data_of(line)
+            if data is None or is_done(data):
                 continue
-            event = json.loads(line[6:])
+            event = json_data(data)
             kind = event.get("type")
             if kind == "response.output_text.delta":
                 yield event["delta"]

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
+
+from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 
 
 def choice_bodies(body: dict, force_stream: bool) -> list[dict]:
@@ -45,9 +46,10 @@ async def merged(streams: list[AsyncIterator[bytes]], include_usage: bool) -> As
             if chunk is None:
                 running -= 1
                 continue
-            if not chunk.startswith(b"data: {"):
-                continue  # each stream's [DONE]
-            event = json.loads(chunk[6:])
+            data = data_of(chunk)
+            if data is None or is_done(data):
+                continue  # keep-alives, and each stream's [DONE]
+            event = json_data(data)
             if "error" in event:
                 yield chunk
                 continue
@@ -58,10 +60,10 @@ async def merged(streams: list[AsyncIterator[bytes]], include_usage: bool) -> As
             event["id"] = response_id
             for choice in event.get("choices") or []:
                 choice["index"] = index
-            yield b"data: " + json.dumps(event).encode() + b"\n\n"
+            yield data_event(event)
         if include_usage and usage is not None:
-            yield b"data: " + json.dumps({"id": response_id, "choices": [], "usage": usage}).encode() + b"\n\n"
-        yield b"data: [DONE]\n\n"
+            yield data_event({"id": response_id, "choices": [], "usage": usage})
+        yield DONE
     finally:
         for task in pumps:
             task.cancel()

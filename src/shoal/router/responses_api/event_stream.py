@@ -2,26 +2,12 @@
 from __future__ import annotations
 
 import itertools
-import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
+from shoal.protocol.sse import json_events, named_event
 from shoal.router.responses_api.response_object import (failed_response, finished_response, output_message,
                                                         output_text_part)
 from shoal.router.responses_api.store import StoreUnavailable
-
-
-async def _chat_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[dict]:
-    """The JSON events of a chat completion stream, up to `[DONE]`, however the bytes are split."""
-    buffer = b""
-    async for chunk in chunks:
-        *lines, buffer = (buffer + chunk).split(b"\n")
-        for line in lines:
-            if not line.startswith(b"data: "):
-                continue
-            payload = line[6:].strip()
-            if payload == b"[DONE]":
-                return
-            yield json.loads(payload)
 
 
 async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: dict, message_id: str,
@@ -35,8 +21,7 @@ async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: di
     sequence = itertools.count()
 
     def event(kind: str, **fields) -> bytes:
-        data = json.dumps({"type": kind, "sequence_number": next(sequence), **fields})
-        return f"event: {kind}\ndata: {data}\n\n".encode()
+        return named_event(kind, {"type": kind, "sequence_number": next(sequence), **fields})
 
     def failure(message: str) -> list[bytes]:
         return [event("error", code="server_error", message=message, param=None),
@@ -50,7 +35,7 @@ async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: di
                event("response.content_part.added", **position, part=output_text_part(""))]
     pieces, finish_reason, usage, model, error = [], None, None, None, None
     try:
-        async for chat_event in _chat_events(chat_chunks):
+        async for chat_event in json_events(chat_chunks):
             for opened in opening:
                 yield opened
             opening = []
