@@ -20,7 +20,6 @@ the response.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
 import time
@@ -31,7 +30,9 @@ import aiohttp
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from shoal.errors import error_body
 from shoal.protocol.keep_alive import BARE
+from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
@@ -40,7 +41,7 @@ from shoal.router.membership import Membership
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
-from shoal.router.stream_relay import DONE, StreamBroken, StreamProgress, relay
+from shoal.router.stream_relay import StreamBroken, StreamProgress, relay
 from shoal.router.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest
 
@@ -259,7 +260,8 @@ class StreamFailover:
                 background=BackgroundTask(stream_over),
             )
         try:
-            collected = [json.loads(chunk[6:]) async for chunk in events if chunk.startswith(b"data: {")]
+            collected = [json_data(data) async for chunk in events
+                         if (data := data_of(chunk)) is not None and not is_done(data)]
         finally:
             finish()
         errors = [e["error"] for e in collected if "error" in e]
@@ -355,5 +357,4 @@ def _gave_up(attempt: Attempt, message: str) -> bytes:
 
 def _error_event(message: str) -> bytes:
     """One server-sent event (each chunk this module yields is exactly one)."""
-    body = {"error": {"message": message, "type": "service_unavailable", "param": None, "code": 503}}
-    return b"data: " + json.dumps(body).encode() + b"\n\n"
+    return data_event(error_body(message, 503, "service_unavailable"))

@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from shoal.protocol.keep_alive import BARE, parse_keep_alive
+from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.config import FailoverSettings
 from shoal.router.membership import WorkerState
 from shoal.router.request_telemetry import RequestTelemetry
 
-DONE = b"data: [DONE]\n\n"
 
 
 class StreamBroken(Exception):
@@ -104,18 +104,16 @@ async def relay(
                 )
             yield BARE
             continue
-        if not line.startswith(b"data: "):
+        payload = data_of(line)
+        if payload is None:
             continue
-        payload = line[6:].strip()
-        if payload == b"[DONE]":
+        if is_done(payload):
             yield DONE
             return
         try:
-            event = json.loads(payload)
+            event = json_data(payload)
         except ValueError:
-            event = None
-        if not isinstance(event, dict):
-            raise StreamBroken("the worker sent an event that is not a JSON object")
+            raise StreamBroken("the worker sent an event that is not a JSON object") from None
         if "error" in event:
             raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
         choice = (event.get("choices") or [{}])[0]
@@ -138,4 +136,4 @@ async def relay(
         if resumed:
             event["id"] = progress.response_id
             payload = json.dumps(event).encode()
-        yield b"data: " + payload + b"\n\n"
+        yield data_event(payload)

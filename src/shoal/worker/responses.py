@@ -5,7 +5,6 @@ comment saying what the engine is busy with, so a router tells a long step from 
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +16,7 @@ from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
 from shoal.errors import EngineRequestError, InvalidRequestError, PromptTooLongError
 from shoal.protocol.keep_alive import KeepAlive
+from shoal.protocol.sse import DONE, data_event
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
 from shoal.worker.request_tracing import WorkerRequestSpan
@@ -132,7 +132,7 @@ async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, 
     try:
         if chat:
             for index in range(len(streams)):
-                yield _event({**meta, "object": kind, "choices": [
+                yield data_event({**meta, "object": kind, "choices": [
                     {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
         remaining = len(streams)
         while remaining:
@@ -145,8 +145,7 @@ async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, 
                 remaining -= 1
                 continue
             if isinstance(output, EngineRequestError):
-                yield _event({"error": {"message": str(output), "type": "internal_error", "param": None,
-                                        "code": 500}})
+                yield data_event(output.body())
                 continue
             completion_tokens += len(output.new_token_ids)
             choice = {"index": index, "finish_reason": output.outputs[0].finish_reason if output.finished
@@ -158,10 +157,10 @@ async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, 
                 choice["delta"] = {"content": output.new_text} if output.new_text else {}
             else:
                 choice["text"] = output.new_text
-            yield _event({**meta, "object": kind, "choices": [choice]})
+            yield data_event({**meta, "object": kind, "choices": [choice]})
         if include_usage:
-            yield _event({**meta, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
-        yield "data: [DONE]\n\n"
+            yield data_event({**meta, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+        yield DONE
     finally:
         for task in tasks:
             task.cancel()
@@ -172,11 +171,9 @@ async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, 
         trace.end()
 
 
-def _keep_alive(engine: AsyncLLMEngine) -> str:
+def _keep_alive(engine: AsyncLLMEngine) -> bytes:
     activity = engine.activity()
     step_s = None if activity.step_s is None else round(activity.step_s, 3)
-    return KeepAlive(busy_s=round(activity.busy_s, 3), step_s=step_s).encode().decode()
+    return KeepAlive(busy_s=round(activity.busy_s, 3), step_s=step_s).encode()
 
 
-def _event(payload: dict) -> str:
-    return f"data: {json.dumps(payload)}\n\n"
