@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shoal.model.config import LlamaConfig
-from shoal.parallel.tensor import TensorParallel, shard_weights
+from shoal.model.sharding import TensorParallel, shard_weights
 
 
 @pytest.mark.parametrize("count,size", [(3, 2), (49152, 2), (1536, 3), (7, 7), (5, 4)])

@@ -27,7 +27,7 @@ from shoal.engine.speed import SpeedEstimator
 from shoal.errors import (DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError,
                           ReplicaFailedError)
 from shoal.model.loader import Checkpoint, load_checkpoint
-from shoal.parallel.tensor import check_shardable
+from shoal.model.sharding import check_shardable
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
-from shoal.parallel.tensor import TensorParallel
+from shoal.model.sharding import TensorParallel
 
 
 def build_model(config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,

@@ -21,7 +21,7 @@ from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.rope import RotaryEmbedding, apply_rotary
-from shoal.parallel.tensor import TensorParallel, shard_weights
+from shoal.model.sharding import TensorParallel, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]

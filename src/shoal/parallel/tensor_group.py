@@ -39,7 +39,7 @@ from shoal.errors import ReplicaFailedError
 from shoal.model.loader import load_checkpoint
 from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.parallel.stage_messages import batch_frame, step_batch
-from shoal.parallel.tensor import TensorParallel
+from shoal.model.sharding import TensorParallel
 from shoal.processes import die_with_parent, free_port
 from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
 from shoal.protocol.frames import BadFrame

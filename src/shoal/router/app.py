@@ -16,7 +16,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.responses import JSONResponse, Response
 
 from shoal.observability.cluster_events import ClusterEvents
-from shoal.observability.router_metrics import RouterMetrics
+from shoal.router.metrics import RouterMetrics
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode

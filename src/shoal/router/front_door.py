@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.observability.cluster_events import ClusterEvents
-from shoal.observability.router_metrics import RouterMetrics
+from shoal.router.metrics import RouterMetrics
 from shoal.observability.tracing import Tracing
 from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, Client

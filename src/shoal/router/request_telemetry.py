@@ -18,7 +18,7 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.logging import bind_request
-from shoal.observability.router_metrics import RouterMetrics
+from shoal.router.metrics import RouterMetrics
 from shoal.observability.tracing import Tracing, json_attribute, trace_id_of
 from shoal.router.balancer import Placement
 from shoal.router.policies.cost import estimated_seconds

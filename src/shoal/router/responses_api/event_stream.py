@@ -5,8 +5,8 @@ import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from shoal.protocol.sse import json_events, named_event
-from shoal.router.responses_api.response_object import (failed_response, finished_response, output_message,
-                                                        output_text_part)
+from shoal.router.responses_api.message_items import output_message, output_text_part
+from shoal.router.responses_api.response_object import failed_response, finished_response
 from shoal.router.responses_api.store import StoreUnavailable
 
 

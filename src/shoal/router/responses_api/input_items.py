@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shoal.router.responses_api.ids import new_message_id
-from shoal.router.responses_api.response_object import output_message, output_text_part
+from shoal.router.responses_api.message_items import output_message, output_text_part
 from shoal.router.responses_api.store import StoredTurn
 from shoal.router.route_request import RequestError
 

@@ -3,16 +3,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from shoal.router.responses_api.message_items import output_message, output_text_part
+
 if TYPE_CHECKING:
     from shoal.router.responses_api.responses_request import ResponsesRequest
-
-
-def output_text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": []}
-
-
-def output_message(message_id: str, status: str, content: list[dict]) -> dict:
-    return {"type": "message", "id": message_id, "status": status, "role": "assistant", "content": content}
 
 
 def response_skeleton(response_id: str, request: ResponsesRequest, created_at: int) -> dict:
