@@ -4,8 +4,8 @@
 
 The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
-attention kernel loaded here, and per dtype the GEMM backend and whether requests run alone and
-together got the same tokens.
+attention kernel loaded here, and per dtype the GEMM backend with the dtype it computes in, and
+whether requests run alone and together got the same tokens.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
 
     import torch
 
-    from shoal.engine.config import EngineConfig
+    from shoal.config.engine import EngineConfig
+    from shoal.runner.devices import resolve_dtype
     from shoal.engine.engine import LLMEngine
     from shoal.engine.sampling_params import SamplingParams
     from tests.conftest import run_to_completion
@@ -50,7 +51,9 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         together_engine, alone_engine = engine(dtype), engine(dtype)
         together = run_to_completion(together_engine, prompts)
         alone = {key: run_to_completion(alone_engine, {key: request})[key] for key, request in prompts.items()}
-        runs[dtype] = {"backend": together_engine.model.layers[0].qkv.backend, "invariant": alone == together,
+        projection = together_engine.model.layers[0].qkv
+        runs[dtype] = {"backend": f"{projection.backend} {str(projection.compute_dtype).removeprefix('torch.')}",
+                       "invariant": alone == together,
                        "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
                        "attention_uses_tiles": together_engine.model.attention_uses_tiles}
     return {"level": features.level.name, "capped": features.capped,
@@ -59,7 +62,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
             "torch": {"aten": torch.backends.cpu.get_cpu_capability(),
                       "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
                       "onednn_fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported()},
-            "auto_dtype": str(EngineConfig(dtype="auto").resolve_dtype(torch.device("cpu"))),
+            "auto_dtype": str(resolve_dtype(EngineConfig(dtype="auto"), torch.device("cpu"))),
             "kernel_cflags": loaded_kernel_build_flags(), "runs": runs}
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from shoal.model.cpu_features import resolve_cpu_features
-from shoal.model.invariant_linear import InvariantLinear, cpu_gemm_backend, default_tile_rows
+from shoal.model.invariant_linear import InvariantLinear, default_tile_rows, onednn_compute_dtype
 from tests.support.cpu_flags import HASWELL, SAPPHIRE_RAPIDS, ZEN4
 
 CPUS = {"sapphire_rapids": SAPPHIRE_RAPIDS, "zen4": ZEN4, "haswell": HASWELL}
@@ -38,13 +38,12 @@ ONEDNN_KERNELS = {("sapphire_rapids", torch.bfloat16), ("sapphire_rapids", torch
 
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_backend_follows_the_cpu_and_torchs_own_check(cpu, dtype):
-    """oneDNN only where the CPU has its kernels for the dtype and torch (whose check follows oneDNN's
-    capped ISA, not the CPU) agrees; MKL in float32 everywhere else."""
+def test_16_bit_weights_use_onednn_kernels_only_where_cpu_and_torch_both_have_them(cpu, dtype):
+    """torch's check follows oneDNN's capped ISA, not the CPU; float32 is the fallback everywhere."""
     torch_allows = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                    torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}.get(dtype, False)
-    expected = "onednn" if (cpu, dtype) in ONEDNN_KERNELS and torch_allows else "mkl"
-    assert cpu_gemm_backend(dtype, resolve_cpu_features(CPUS[cpu], None)) == expected
+                    torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}.get(dtype, True)
+    native = dtype == torch.float32 or ((cpu, dtype) in ONEDNN_KERNELS and torch_allows)
+    assert onednn_compute_dtype(dtype, resolve_cpu_features(CPUS[cpu], None)) == (dtype if native else torch.float32)
 
 
 @pytest.mark.parametrize("cpu,dtype", [("zen4", torch.float16), ("haswell", torch.bfloat16), ("haswell", torch.float16)])
@@ -52,10 +51,34 @@ def test_backend_follows_the_cpu_and_torchs_own_check(cpu, dtype):
 def test_16_bit_weights_without_onednn_kernels_stay_invariant_in_float32(cpu, dtype, in_features, out_features):
     torch.manual_seed(0)
     weight, bias = torch.randn(out_features, in_features).to(dtype), torch.randn(out_features).to(dtype)
-    linear = InvariantLinear([weight], [bias], default_tile_rows(dtype), True, resolve_cpu_features(CPUS[cpu], None))
-    assert linear.backend == "mkl"
+    features = resolve_cpu_features(CPUS[cpu], None)
+    linear = InvariantLinear([weight], [bias], default_tile_rows(dtype), True, features)
+    assert (linear.backend, linear.compute_dtype) == ("onednn-packed", torch.float32)
     assert_rows_do_not_depend_on_batch(linear, in_features, dtype)
     x = torch.randn(40, in_features).to(dtype)
     out = linear(x)
     assert out.dtype == dtype
     torch.testing.assert_close(out, torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(dtype))
+    assert InvariantLinear([weight], [bias], default_tile_rows(dtype), False, features).backend == "aten"
+
+
+@pytest.mark.parametrize("threads", [2, 6, 12])
+@pytest.mark.parametrize("prepack", [False, True])
+@pytest.mark.parametrize("in_features,out_features", [(576, 64), (576, 576), (1536, 576)])
+def test_float32_rows_do_not_depend_on_their_place_in_the_tile_at_any_thread_count(threads, prepack, in_features,
+                                                                                  out_features):
+    """The thread counts at which MKL's sgemm gives a tile's last rows other bits (AVX2 and AVX-512)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        linear = InvariantLinear([torch.randn(out_features, in_features)], None, 16, prepack)
+        assert linear.backend == ("onednn-packed" if prepack else "onednn")
+        x = torch.randn(1, in_features)
+        alone = linear(x)[0]
+        for where in range(16):
+            tile = torch.randn(16, in_features)
+            tile[where] = x[0]
+            assert torch.equal(linear(tile)[where], alone), where
+    finally:
+        torch.set_num_threads(before)

@@ -3,14 +3,18 @@
 CPU GEMM libraries pick kernels and blocking by problem shape, so row 0 of `x @ W.T` changes in
 its last bits when more rows are added. That would make a request's tokens depend on its
 neighbours. Here every multiply runs on tiles of exactly `tile_rows` rows (the last tile
-zero-padded): the kernel always sees one shape, and each row's result depends on that row alone.
+zero-padded), so the kernel always sees one shape. A fixed shape is not enough by itself: MKL's
+sgemm (ATen's float32 matmul) splits a tile's rows over threads and gives the rows at the end of a
+split to other kernels, so a row's bits depend on its place in the tile (seen with AVX2 on 2
+threads, and with AVX-512 on 12 or 16, for SmolLM2's shapes). oneDNN's inner-product kernels compute
+every row of a tile alike (checked at every row place, 1 to 16 threads, AVX2 to AMX), so on CPU the
+tiles go to oneDNN: prepacked once for the tile height (private copies of the weights), or, without
+prepacking, on the shared memory-mapped weights as they are.
 
-On CPU the weights can be prepacked once for that fixed tile height, which is both faster and, being
-a fixed kernel, just as invariant: oneDNN for bfloat16/float16 where the CPU runs oneDNN's kernels of
-that dtype (`CpuFeatures.onednn_bf16` / `onednn_fp16`, and torch's own check, which follows oneDNN's
-capped ISA), else MKL in float32, the 16-bit weights widened once (exactly) and each tile widened on
-the way in and rounded back on the way out. Prepacked weights are private copies; without prepacking
-the weights stay shared memory-mapped pages.
+oneDNN multiplies bfloat16/float16 where the CPU has its kernels for them (`CpuFeatures.onednn_bf16`
+/ `onednn_fp16`, and torch's own check, which follows oneDNN's capped ISA); elsewhere prepacked
+16-bit weights are widened to float32 once (exactly), each tile is widened on the way in and
+rounded back on the way out, and unprepacked ones use ATen's kernels.
 """
 from __future__ import annotations
 
@@ -34,9 +38,11 @@ def default_tile_rows(dtype: torch.dtype) -> int:
 class InvariantLinear:
     """`x @ W.T + b` for x [T, K], where W is the row-wise concatenation of `weights` (fused projections).
 
-    Invariant: with tile_rows > 0, output row i depends only on input row i and the weights.
-    tile_rows == 0 turns invariance off (one plain GEMM per call). The output has the weights' dtype.
-    `features` is the CPU whose kernels prepacking may use (default: this process's effective features).
+    Invariant: with tile_rows > 0 on a CPU with oneDNN, output row i depends only on input row i and
+    the weights. tile_rows == 0 turns invariance off (one plain GEMM per call). The output has the
+    weights' dtype. `features` is the CPU whose kernels may be used (default: this process's).
+    `backend` says what runs: "onednn-packed" (in `compute_dtype`), "onednn" (on the shared weights) or
+    "aten".
     """
 
     def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None, tile_rows: int,
@@ -46,18 +52,17 @@ class InvariantLinear:
         self.out_features = sum(w.shape[0] for w in weights)
         self.bias = None if all(b is None for b in biases) else torch.cat(
             [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-        on_cpu = prepack and tile_rows > 0 and weights[0].device.type == "cpu"
-        self.backend = cpu_gemm_backend(weights[0].dtype, features or effective_cpu_features()) if on_cpu else "plain"
-        if self.backend == "plain":
-            self.weights = weights
-            return
-        weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-        if self.backend == "onednn":
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, tile_rows)
+        on_cpu = tile_rows > 0 and weights[0].device.type == "cpu"
+        compute = onednn_compute_dtype(weights[0].dtype, features or effective_cpu_features()) if on_cpu else None
+        self.compute_dtype = compute or weights[0].dtype
+        if compute is not None and prepack:
+            self.backend = "onednn-packed"
+            weight = torch.cat(weights) if len(weights) > 1 else weights[0]
+            self.bias = None if self.bias is None else self.bias.to(compute)
+            self.weights = [torch.ops.mkldnn._reorder_linear_weight(weight.to(compute), tile_rows)]
         else:
-            self.weights = [weight.float()]
-            self.bias = None if self.bias is None else self.bias.float()
-            self.packed = torch.ops.mkl._mkl_reorder_linear_weight(self.weights[0], tile_rows)
+            self.backend = "onednn" if compute == weights[0].dtype else "aten"
+            self.weights = weights
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.tile_rows == 0:
@@ -71,27 +76,30 @@ class InvariantLinear:
         return torch.cat([self._multiply(x[start:start + tile]) for start in range(0, padded, tile)])[:rows]
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "onednn-packed":
+            wide = x.to(self.compute_dtype)
+            return torch.ops.mkldnn._linear_pointwise(wide, self.weights[0], self.bias, "none", [], "").to(x.dtype)
         if self.backend == "onednn":
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        if self.backend == "mkl":
-            wide = torch.ops.mkl._mkl_linear(x.float(), self.packed, self.weights[0], self.bias, self.tile_rows)
-            return wide.to(x.dtype)
-        if len(self.weights) == 1:
+            parts = [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in self.weights]
+        elif len(self.weights) == 1:
             return torch.nn.functional.linear(x, self.weights[0], self.bias)
-        out = torch.cat([x @ w.t() for w in self.weights], dim=1)
+        else:
+            parts = [x @ w.t() for w in self.weights]
+        out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
         return out + self.bias if self.bias is not None else out
 
 
 @functools.cache
-def cpu_gemm_backend(dtype: torch.dtype, features: CpuFeatures) -> str:
-    """The prepacked kernel for `dtype` weights on `features`: "onednn" (16-bit, where oneDNN runs that
-    dtype), "mkl" (float32, and 16-bit weights widened to float32 elsewhere), or "plain" (neither
-    library present). Logged once per dtype and CPU."""
-    onednn = torch.backends.mkldnn.is_available() and (
-        (dtype == torch.bfloat16 and features.onednn_bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported())
-        or (dtype == torch.float16 and features.onednn_fp16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()))
-    backend = "onednn" if onednn else "mkl" if torch.backends.mkl.is_available() else "plain"
-    if dtype != torch.float32 and backend != "onednn":
-        log.info("%s weights on CPU level %s: no oneDNN kernels for them, so %s", dtype, features.describe(),
-                 "widened to float32 for MKL" if backend == "mkl" else "multiplied by ATen's generic kernels")
-    return backend
+def onednn_compute_dtype(dtype: torch.dtype, features: CpuFeatures) -> torch.dtype | None:
+    """The dtype oneDNN multiplies `dtype` weights in on `features`: `dtype` itself where oneDNN has
+    kernels for it (float32 always), float32 for 16-bit weights elsewhere, None without oneDNN.
+    Logged once per dtype and CPU when 16-bit weights fall back."""
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return None
+    native = {torch.float32: True,
+              torch.bfloat16: features.onednn_bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+              torch.float16: features.onednn_fp16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()}[dtype]
+    if not native:
+        log.info("%s weights on CPU level %s: oneDNN has no kernels for them here; prepacked ones are "
+                 "multiplied in float32", dtype, features.describe())
+    return dtype if native else torch.float32
