@@ -18,7 +18,8 @@ measured step, whichever is shorter (a step at any batch takes no less than one 
 its throughput the calibrated aggregate rate or the rate it has reached since, whichever is higher
 (a rate reached is a rate it can do). Errors are not symmetric: a worker estimated too fast gets
 work and is measured again, one estimated too slow gets none and would keep its figures forever.
-A calibration taken while other processes had the CPU must not exile a fast worker for good.
+So a calibration taken while other processes had the CPU no longer exiles a worker that has since
+shown its speed; one that has served nothing yet is judged by its calibration alone.
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
