@@ -102,6 +102,18 @@ def test_cost_policy_counts_only_uncached_prefill_and_prefers_fast_prefill_for_l
     assert CostPolicy().choose(req, [fast_prefill, slow_prefill], RoutingContext()).worker_id == "p"
 
 
+def test_an_idle_worker_is_costed_by_the_shorter_of_its_calibrated_and_last_measured_steps():
+    """The last step measured under load is stale for an idle worker (longer than a single-stream
+    step), a calibration measured on a starved CPU is stale the other way; neither makes it look slower."""
+    req, fleet = request(prompt_tokens=0, decode=10), [worker("peer")]
+    after_load = worker("w", single_step_s=0.02, decode_step_s=0.1, capability=1000.0)
+    after_starved_start = worker("w", single_step_s=0.1, decode_step_s=0.02, capability=1000.0)
+    for idle in (after_load, after_starved_start):
+        assert estimated_seconds(req, idle, fleet, RoutingContext()) == pytest.approx(10 * 0.02)
+    busy = worker("w", running=1, single_step_s=0.02, decode_step_s=0.1, capability=1000.0)
+    assert estimated_seconds(req, busy, fleet, RoutingContext()) == pytest.approx(10 * 0.1)
+
+
 class TimedReplica:
     """A worker as the router sees it: steps of a fixed true duration (a tiny model's cost is its step
     delay), the engine's own SpeedEstimator fed with every step and seeded the way calibration seeds
