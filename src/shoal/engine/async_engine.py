@@ -101,6 +101,12 @@ class AsyncLLMEngine:
         since, stepping = self._working
         return EngineActivity(time.monotonic() - since, self.engine.step_expected_s if stepping else None)
 
+    def longest_step_s(self) -> float | None:
+        """From any thread: how long the longest step the engine may run now should take (a full
+        prefill chunk beside every running sequence); None while its speed is unknown."""
+        engine = self.engine
+        return engine.speed.step_seconds(engine.config.max_num_batched_tokens, self.stats.num_running)
+
     def abort(self, request_id: str) -> None:
         self._commands.put(("abort", request_id))
 

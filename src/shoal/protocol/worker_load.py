@@ -31,7 +31,8 @@ class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
 
 class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's load report. Blocks are `block_size` tokens; `kv_cache_budget_bytes` is the KV
-    budget the engine was given; speeds are the engine's recent measurements."""
+    budget the engine was given; speeds are the engine's recent measurements, `longest_step_s` how
+    long its longest step now should take (a full prefill chunk beside its running sequences)."""
 
     model: str | None = None
     max_model_len: Count | None = None
@@ -49,6 +50,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     prefill_tokens_per_s: Rate | None = None
     decode_tokens_per_s: Rate | None = None
     decode_step_s: Rate | None = None
+    longest_step_s: Rate | None = None
     capability: Rate | None = None
     calibration: CalibrationFigures | None = None
 

@@ -85,7 +85,8 @@ class FailoverSettings(Frozen):
     clamp(token_deadline_factor × expected, min, max) is taken as hung, where expected is the larger
     of the worker's expected inter-token latency and the step time it last stated in a keep-alive
     (before its first token: token_deadline_max_s); so is one whose keep-alive says its engine has
-    been on a step for longer than that bound of the step's stated time."""
+    been on a step for longer than token_deadline_factor × the step's stated time (at least the min;
+    not capped by the max, which only bounds a step of unknown length)."""
 
     attempts: dict[str, int] = {"critical": 5, "standard": 3, "sheddable": 2}
     backoff_base_s: float = Field(0.05, ge=0)

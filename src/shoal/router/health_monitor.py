@@ -25,6 +25,9 @@ from shoal.router.latency_stats import LatencyStats
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.outlier_detection import normalised, outliers
 
+# The most a worker's canary endpoint accepts as its timeout.
+CANARY_TIMEOUT_LIMIT_S = 300.0
+
 
 class HealthMonitor:
     """Invariant: at most one canary per worker is in flight; a worker is `down` only between a
@@ -154,7 +157,10 @@ class HealthMonitor:
         self.canaries[state.worker_id] = asyncio.create_task(self._canary(state))
 
     async def _canary(self, state: WorkerState) -> None:
-        timeout_s = self.settings.canary_timeout_s
+        """One canary, given canary_timeout_s plus the time of the two longest steps the worker says
+        it may run now (the one in flight, then the canary's own): a busy worker is not a broken one."""
+        longest_step_s = state.report.longest_step_s if state.report else None
+        timeout_s = min(CANARY_TIMEOUT_LIMIT_S, self.settings.canary_timeout_s + 2 * (longest_step_s or 0.0))
         try:
             async with self.membership.session.get(f"{state.url}/health/canary", params={"timeout_s": str(timeout_s)},
                                                    timeout=aiohttp.ClientTimeout(total=timeout_s + 1)) as response:

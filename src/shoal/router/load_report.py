@@ -33,6 +33,7 @@ class LoadReport:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
+    longest_step_s: float | None = None
     single_step_s: float | None = None
     capability: float | None = None
     draining: bool = False
@@ -49,7 +50,8 @@ class LoadReport:
             kv_capacity_tokens=None if report.num_kv_blocks is None else report.num_kv_blocks * block_size,
             kv_cache_usage=report.kv_cache_usage, max_model_len=report.max_model_len,
             prefill_tokens_per_s=report.prefill_tokens_per_s, decode_tokens_per_s=report.decode_tokens_per_s,
-            decode_step_s=report.decode_step_s, single_step_s=1.0 / single_rate if single_rate else None,
+            decode_step_s=report.decode_step_s, longest_step_s=report.longest_step_s,
+            single_step_s=1.0 / single_rate if single_rate else None,
             capability=report.capability, draining=report.draining)
 
     @classmethod

@@ -5,8 +5,8 @@ A worker is taken as hung when it sends nothing (no token, no keep-alive) for it
 clamp(token_deadline_factor × expected, min, max), where `expected` is the larger of its expected
 inter-token latency and the step time it last stated in a keep-alive (before the first token:
 token_deadline_max_s). A keep-alive resets the deadline, unless it says the engine has been busy
-past the deadline of the step it is on: an engine stuck in a step still has a live HTTP server.
-Keep-alives reach the client as bare SSE comments.
+past the deadline of the step it is on (step_deadline): an engine stuck in a step still has a live
+HTTP server. Keep-alives reach the client as bare SSE comments.
 """
 
 from __future__ import annotations
@@ -59,12 +59,21 @@ class StreamProgress:
 
 
 def token_deadline(settings: FailoverSettings, expected_s: float | None) -> float:
-    """Seconds of silence (or of one engine step) after which a worker is taken as hung."""
+    """Seconds of silence after which a worker is taken as hung."""
     if expected_s is None:
         return settings.token_deadline_max_s
     return min(
         max(settings.token_deadline_factor * expected_s, settings.token_deadline_min_s), settings.token_deadline_max_s
     )
+
+
+def step_deadline(settings: FailoverSettings, step_s: float | None) -> float:
+    """Seconds one engine step may run before its worker is taken as hung: token_deadline_factor ×
+    the step's stated time, at least token_deadline_min_s, and not capped (a worker that expects
+    a long step may take it); token_deadline_max_s for a step of unknown length."""
+    if step_s is None:
+        return settings.token_deadline_max_s
+    return max(settings.token_deadline_factor * step_s, settings.token_deadline_min_s)
 
 
 async def relay(
@@ -96,10 +105,11 @@ async def relay(
         keep_alive = parse_keep_alive(line)
         if keep_alive is not None:
             stated_step_s = keep_alive.step_s or stated_step_s
-            limit = token_deadline(settings, keep_alive.step_s)
+            limit = step_deadline(settings, keep_alive.step_s)
             if keep_alive.busy_s is not None and keep_alive.busy_s > limit:
                 raise StreamBroken(
-                    f"the engine has been on one step for {keep_alive.busy_s:.1f} s (limit {limit:.1f} s)",
+                    f"the engine has been on one step for {keep_alive.busy_s:.1f} s, expected "
+                    f"{keep_alive.step_s or 'unknown'} s (limit {limit:.1f} s)",
                     timed_out=True,
                 )
             yield BARE

@@ -71,6 +71,7 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
                           kv_cache_budget_bytes=engine.engine.kv_cache_budget_bytes, block_size=stats.block_size,
                           kv_cache_usage=stats.kv_cache_usage, prefill_tokens_per_s=stats.prefill_tokens_per_s,
                           decode_tokens_per_s=stats.decode_tokens_per_s, decode_step_s=stats.decode_step_s,
+                          longest_step_s=engine.longest_step_s(),
                           capability=calibration.capability if calibration else None, calibration=figures)
 
     @contextlib.asynccontextmanager
