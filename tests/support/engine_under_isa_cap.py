@@ -34,9 +34,9 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     import torch
 
     from shoal.config.engine import EngineConfig
-    from shoal.runner.devices import resolve_dtype
     from shoal.engine.engine import LLMEngine
     from shoal.engine.sampling_params import SamplingParams
+    from shoal.runner.devices import resolve_dtype
     from tests.conftest import run_to_completion
 
     def engine(dtype: str) -> LLMEngine:

@@ -80,8 +80,10 @@ class CpuFeatures:
 
     @property
     def onednn_bf16(self) -> bool:
-        """oneDNN's bfloat16 GEMMs run here (the check torch makes before prepacking bfloat16 weights)."""
-        return self.has("avx512bw", "avx512vl", "avx512dq") or self.has("avx_ne_convert")
+        """oneDNN's bfloat16 GEMMs run here in hardware (bfloat16 dot products, or avx_ne_convert). On
+        plain AVX-512 torch would allow them too, but oneDNN emulates them there, several times slower
+        than float32 (docs/performance.md, "Instruction sets")."""
+        return self.native_bf16 or self.has("avx_ne_convert")
 
     @property
     def onednn_fp16(self) -> bool:
