@@ -146,7 +146,7 @@ def measure_in_process(args, prompts: list[list[int]]) -> dict:
     from shoal.sizes import parse_kv_cache
     from shoal.engine.async_engine import AsyncLLMEngine
     from shoal.engine.calibration import calibrate
-    from shoal.engine.config import EngineConfig
+    from shoal.config.engine import EngineConfig
     from shoal.engine.engine import LLMEngine
 
     inner = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **parse_kv_cache(args.kv_cache)))

@@ -28,7 +28,7 @@ def shoal_cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def make_tiny_engine(tiny_model_dir, shoal_cache_dir):
     """Factory: LLMEngine on the tiny model with float32 and a small KV cache unless overridden."""
-    from shoal.engine.config import EngineConfig
+    from shoal.config.engine import EngineConfig
     from shoal.engine.engine import LLMEngine
 
     def make(**overrides) -> LLMEngine:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from shoal.bench.options import add_bench_arguments
-from shoal.engine.config_arguments import add_engine_config_arguments, engine_config_from_arguments
+from shoal.config.engine_arguments import add_engine_config_arguments, engine_config_from_arguments
 from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
 from shoal.simulate.options import add_simulate_arguments
 
@@ -32,7 +32,7 @@ def _engine_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine(args: argparse.Namespace) -> LLMEngine:
-    from shoal.engine.config import EngineConfig
+    from shoal.config.engine import EngineConfig
     from shoal.engine.engine import LLMEngine
 
     return LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))

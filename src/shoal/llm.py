@@ -5,7 +5,7 @@ import itertools
 from collections.abc import Sequence as Seq
 from typing import Any
 
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 from shoal.engine.engine import LLMEngine
 from shoal.engine.outputs import RequestOutput
 from shoal.engine.sampling_params import SamplingParams

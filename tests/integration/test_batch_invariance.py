@@ -64,7 +64,7 @@ def engine_kv_bytes_per_token(make_engine) -> int:
 
 def test_smollm2_batch_of_16_with_cache_hits_and_preemption(shoal_cache_dir):
     """The real model, float32: alone vs batched (prefix hits) vs batched under preemption."""
-    from shoal.engine.config import EngineConfig
+    from shoal.config.engine import EngineConfig
     from shoal.engine.engine import LLMEngine
 
     def make(**overrides):

@@ -45,7 +45,7 @@ def test_engine_drawn_seed_is_reported_and_reproduces(make_tiny_engine):
 
 RESUME_SCRIPT = """
 import json, sys
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
 args = json.loads(sys.argv[1])

@@ -20,7 +20,7 @@ import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
 from shoal.parallel.cluster_sockets import ClusterContext

@@ -108,7 +108,7 @@ def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tin
 def test_a_rank_that_dies_before_joining_fails_the_start_at_once(tiny_model_dir, shoal_cache_dir):
     """Rank 0 waits for its followers to join, watching them: one killed while loading fails the
     replica's start there and then, not at the rendezvous timeout."""
-    from shoal.engine.config import EngineConfig
+    from shoal.config.engine import EngineConfig
     from shoal.errors import ReplicaFailedError
     from shoal.parallel.tensor_group import START_TIMEOUT_S, TensorParallelGroup
 

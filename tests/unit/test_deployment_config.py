@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from shoal.cluster.config import DeploymentConfig, ModelDeployment, describe
 from shoal.cluster.launcher_local import worker_command
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 

@@ -13,7 +13,7 @@ from typing import Literal
 import psutil
 from pydantic import Field, ValidationError, field_validator, model_validator
 
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 from shoal.router.config import Frozen, ModelSettings, RouterConfig
 from shoal.sizes import parse_kv_cache
 

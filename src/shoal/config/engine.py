@@ -1,13 +1,11 @@
-"""Engine configuration: one frozen dataclass, built by the CLI or tests and passed down."""
+"""Engine configuration: one frozen dataclass, built by the CLI, a deployment or tests and passed
+down. It imports nothing heavy: what "auto" resolves to on this machine is runner.devices' work."""
 from __future__ import annotations
 
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # torch loads only where an engine runs: the deployment config builds this too
-    import torch
+from typing import Any
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
@@ -98,28 +96,3 @@ class EngineConfig:
         if not isinstance(raw, dict):
             raise ValueError("an engine config in JSON must be an object")
         return cls.from_dict(raw)
-
-    def resolve_device(self, rank: int = 0) -> torch.device:
-        """The device of tensor-parallel rank `rank`: on CUDA, the rank-th GPU from the one named."""
-        import torch
-
-        if self.device == "auto":
-            device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        else:
-            device = torch.device(self.device)
-        if device.type == "cuda":
-            return torch.device("cuda", (device.index or 0) + rank)
-        return device
-
-    def resolve_dtype(self, device: torch.device) -> torch.dtype:
-        """auto: bfloat16 where the hardware computes it natively (CUDA; CPUs whose effective features,
-        under SHOAL_CPU_ISA, include AVX512-BF16 or AMX), else float32."""
-        import torch
-
-        from shoal.model.cpu_features import effective_cpu_features
-
-        if self.dtype != "auto":
-            return getattr(torch, self.dtype)
-        if device.type == "cuda" or effective_cpu_features().native_bf16:
-            return torch.bfloat16
-        return torch.float32

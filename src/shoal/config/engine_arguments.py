@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 from shoal.sizes import parse_kv_cache
 
 KV_BUDGET_FIELDS = ("kv_cache_bytes", "kv_cache_fraction")

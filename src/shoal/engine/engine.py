@@ -13,15 +13,16 @@ import torch
 
 from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.block_manager import BlockManager
-from shoal.engine.config import EngineConfig
-from shoal.engine.memory import free_memory_bytes, num_kv_blocks
-from shoal.engine.model_runner import ModelRunner, build_model
+from shoal.config.engine import EngineConfig
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.memory import free_memory_bytes, num_kv_blocks
+from shoal.runner.model_runner import ModelRunner, build_model
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
 from shoal.engine.sampler import SampledToken, SamplingRow, sample
 from shoal.engine.sampling_params import SamplingParams
-from shoal.engine.scheduler import ScheduledChunk, Scheduler
+from shoal.engine.scheduler import ScheduledChunk, Scheduler, batch_of
 from shoal.engine.sequence import Sequence
 from shoal.engine.speed import SpeedEstimator
 from shoal.errors import (DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError,
@@ -77,8 +78,8 @@ class LLMEngine:
         self.config = config
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
-        self.device = config.resolve_device()
-        self.dtype = config.resolve_dtype(self.device)
+        self.device = resolve_device(config)
+        self.dtype = resolve_dtype(config, self.device)
         self.checkpoint = checkpoint or load_checkpoint(config.model, dtype=self.dtype, cache_dir=config.cache_dir)
         model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
@@ -289,7 +290,7 @@ class LLMEngine:
                 if chunk.seq.first_scheduled_time is None:
                     chunk.seq.first_scheduled_time = now
             try:
-                self.in_flight.append((self.runner.submit(chunks), chunks, time.perf_counter()))
+                self.in_flight.append((self.runner.submit(batch_of(chunks)), chunks, time.perf_counter()))
             except ReplicaFailedError as exc:
                 self._replica_failed(exc)
             except Exception as exc:
@@ -303,7 +304,7 @@ class LLMEngine:
         raise exc
 
     def _forward_and_sample(self, chunks: list[ScheduledChunk]) -> list[SampledToken]:
-        return self._sample([c for c in chunks if c.completes_sequence], self.runner.execute(chunks))
+        return self._sample([c for c in chunks if c.completes_sequence], self.runner.run(batch_of(chunks)))
 
     def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[SampledToken]:
         """Tokens for the chunks that complete their sequence, from their rows of `logits`."""

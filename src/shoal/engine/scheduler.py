@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from shoal.engine.block_manager import BlockManager
 from shoal.engine.sequence import Sequence, SequenceStatus
+from shoal.runner.step_batch import StepBatch
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,20 @@ class ScheduledChunk:
     def completes_sequence(self) -> bool:
         """True when the chunk reaches the last known token, so a new token is sampled after it."""
         return self.start + self.length == self.seq.num_tokens
+
+
+def batch_of(chunks: list[ScheduledChunk]) -> StepBatch:
+    """The step batch that computes `chunks` (logits wanted for those completing their sequence)."""
+    input_ids: list[int] = []
+    positions: list[int] = []
+    last_rows: list[int] = []
+    for chunk in chunks:
+        input_ids.extend(chunk.seq.all_token_ids[chunk.start:chunk.start + chunk.length])
+        positions.extend(range(chunk.start, chunk.start + chunk.length))
+        if chunk.completes_sequence:
+            last_rows.append(len(input_ids) - 1)
+    return StepBatch(input_ids, positions, [c.length for c in chunks], [c.start for c in chunks],
+                     [list(c.seq.block_table) for c in chunks], last_rows)
 
 
 class Scheduler:

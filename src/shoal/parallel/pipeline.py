@@ -35,9 +35,9 @@ from dataclasses import dataclass
 import torch
 import zmq
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.model_runner import ModelRunner, StepBatch
-from shoal.engine.scheduler import ScheduledChunk
+from shoal.config.engine import EngineConfig
+from shoal.runner.model_runner import ModelRunner
+from shoal.runner.step_batch import StepBatch
 from shoal.errors import ReplicaFailedError
 from shoal.model.llama import LlamaModel
 from shoal.parallel.pipeline_plan import PipelineLayout
@@ -213,12 +213,9 @@ class PipelineRunner(ModelRunner):
         return len(self.stages)
 
     def run(self, batch: StepBatch) -> torch.Tensor:
-        return self.collect(self._submit_batch(batch))
+        return self.collect(self.submit(batch))
 
-    def submit(self, chunks: list[ScheduledChunk]) -> int:
-        return self._submit_batch(StepBatch.from_chunks(chunks))
-
-    def _submit_batch(self, batch: StepBatch) -> int:
+    def submit(self, batch: StepBatch) -> int:
         """Runs the head's layers and sends the result on; returns the micro-batch's id."""
         step_id = next(self.step_ids)
         self._submit_as(step_id, batch)

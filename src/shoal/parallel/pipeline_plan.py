@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.memory import num_kv_blocks
+from shoal.config.engine import EngineConfig
+from shoal.runner.memory import num_kv_blocks
 from shoal.model.config import LlamaConfig
 from shoal.model.loader import Checkpoint
 from shoal.model.llama import kv_bytes_per_token_per_layer

@@ -30,8 +30,10 @@ import time
 import torch
 import zmq
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
+from shoal.config.engine import EngineConfig
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.step_batch import StepBatch
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.observability.logging import configure_logging
 from shoal.parallel.cluster_sockets import ClusterContext
@@ -155,7 +157,7 @@ class StageServer:
     def _checkpoint(config: EngineConfig) -> Checkpoint:
         """The model the config names, as this node runs it; BadFrame if this node cannot load it."""
         try:
-            return load_checkpoint(config.model, dtype=config.resolve_dtype(config.resolve_device()),
+            return load_checkpoint(config.model, dtype=resolve_dtype(config, resolve_device(config)),
                                    cache_dir=config.cache_dir)
         except (ValueError, OSError, TypeError) as error:
             raise BadFrame(f"cannot load the model {config.model!r}: {error}") from None
@@ -175,8 +177,8 @@ class StageServer:
             raise BadFrame(f"Setup of no layers ({setup.first_layer} to {setup.end_layer})")
         if setup.wire_dtype != "auto" and setup.wire_dtype not in WIRE_DTYPES:
             raise BadFrame(f"Setup with wire dtype {setup.wire_dtype!r}, not auto or one of {sorted(WIRE_DTYPES)}")
-        device = config.resolve_device()
-        dtype = config.resolve_dtype(device)
+        device = resolve_device(config)
+        dtype = resolve_dtype(config, device)
         checkpoint = self._checkpoint(config)
         if setup.end_layer > checkpoint.config.num_layers:
             raise BadFrame(f"Setup of layers up to {setup.end_layer} of a model of {checkpoint.config.num_layers}")

@@ -17,7 +17,7 @@ import time
 import torch
 import zmq
 
-from shoal.engine.config import EngineConfig
+from shoal.config.engine import EngineConfig
 from shoal.errors import ReplicaFailedError
 from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.parallel.stage_messages import receive, send

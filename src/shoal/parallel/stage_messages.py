@@ -9,7 +9,7 @@ import msgspec
 import torch
 import zmq
 
-from shoal.engine.model_runner import StepBatch
+from shoal.runner.step_batch import StepBatch
 from shoal.protocol.frames import TensorSpec
 from shoal.protocol.stage_frames import StageFrame, decode, encode
 from shoal.protocol.step_batch import StepBatchFrame

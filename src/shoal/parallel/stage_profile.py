@@ -9,9 +9,11 @@ import time
 
 import torch
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.memory import free_memory_bytes
-from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
+from shoal.config.engine import EngineConfig
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.memory import free_memory_bytes
+from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.step_batch import StepBatch
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.protocol.stage_frames import NodeProfile
 
@@ -36,8 +38,8 @@ def reference_batch(block_size: int) -> StepBatch:
 def measure_node(config: EngineConfig, checkpoint: Checkpoint | None = None) -> NodeProfile:
     """Loads the model's first layer (with the embedding, whose lookup costs next to nothing) as the
     engine config would run it here, and times it on the reference batch."""
-    device = config.resolve_device()
-    dtype = config.resolve_dtype(device)
+    device = resolve_device(config)
+    dtype = resolve_dtype(config, device)
     free = free_memory_bytes(device)
     checkpoint = checkpoint or load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
     model = build_model(config, checkpoint, device, dtype, layers=range(1))

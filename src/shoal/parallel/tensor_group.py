@@ -33,8 +33,10 @@ import torch
 import torch.distributed as dist
 import zmq
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.model_runner import ModelRunner, StepBatch, build_model
+from shoal.config.engine import EngineConfig
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.step_batch import StepBatch
 from shoal.errors import ReplicaFailedError
 from shoal.model.loader import load_checkpoint
 from shoal.parallel.cluster_sockets import ClusterContext
@@ -86,7 +88,7 @@ class TensorParallelGroup:
         self._context = ClusterContext(secret)
         self._sockets = []
         self.followers: list[subprocess.Popen] = []
-        device = config.resolve_device(0)
+        device = resolve_device(config, 0)
         config = dataclasses.replace(config, num_threads=threads_per_rank(config))
         torch.set_num_threads(config.num_threads)
         port = free_port()
@@ -185,9 +187,9 @@ class TensorParallelRunner(ModelRunner):
 def follow(rank: int, port: int, steps: str, config: EngineConfig, secret: str) -> None:
     """A follower's life: load its shard, join the group, then run every batch rank 0 sends, until
     it sends Finish. A frame that is not the next message expected ends it (SystemExit)."""
-    device = config.resolve_device(rank)
+    device = resolve_device(config, rank)
     torch.set_num_threads(config.num_threads)
-    dtype = config.resolve_dtype(device)
+    dtype = resolve_dtype(config, device)
     checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
     sock = ClusterContext(secret).connect(zmq.PULL, steps)
     store = _store(rank, config.tensor_parallel_size, port)

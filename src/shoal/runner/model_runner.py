@@ -1,16 +1,14 @@
-"""Runs one scheduled step through the model: builds the flat batch, returns logits to sample from."""
+"""Runs one step batch through the model and returns the logits to sample from."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 
-from shoal.engine.config import EngineConfig
-from shoal.engine.scheduler import ScheduledChunk
+from shoal.config.engine import EngineConfig
 from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
+from shoal.runner.step_batch import StepBatch
 from shoal.model.sharding import TensorParallel
 
 
@@ -22,33 +20,6 @@ def build_model(config: EngineConfig, checkpoint: Checkpoint, device: torch.devi
     weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.weights.items()}
     return LlamaModel(checkpoint.config, weights, tile_rows, device, not config.share_weights, config.attention_kernel,
                       layers=layers, tensor_parallel=tensor_parallel)
-
-
-@dataclass(frozen=True)
-class StepBatch:
-    """One forward step as plain lists, so it can be sent to other ranks and pipeline stages.
-    Sequence i computes query_lens[i] tokens from start_positions[i] with block_tables[i];
-    last_rows are the rows (into input_ids) whose logits are wanted, in order."""
-
-    input_ids: list[int]
-    positions: list[int]
-    query_lens: list[int]
-    start_positions: list[int]
-    block_tables: list[list[int]]
-    last_rows: list[int]
-
-    @classmethod
-    def from_chunks(cls, chunks: list[ScheduledChunk]) -> "StepBatch":
-        input_ids: list[int] = []
-        positions: list[int] = []
-        last_rows: list[int] = []
-        for chunk in chunks:
-            input_ids.extend(chunk.seq.all_token_ids[chunk.start:chunk.start + chunk.length])
-            positions.extend(range(chunk.start, chunk.start + chunk.length))
-            if chunk.completes_sequence:
-                last_rows.append(len(input_ids) - 1)
-        return cls(input_ids, positions, [c.length for c in chunks], [c.start for c in chunks],
-                   [list(c.seq.block_table) for c in chunks], last_rows)
 
 
 class ModelRunner:
@@ -67,25 +38,21 @@ class ModelRunner:
     # How many micro-batches this runner keeps in flight (a pipeline: one per stage).
     depth = 1
 
-    def submit(self, chunks: list[ScheduledChunk]) -> object:
+    def submit(self, batch: StepBatch) -> object:
         """Starts a micro-batch; collect(handle) gives its logits. Here nothing runs until then."""
-        return chunks
+        return batch
 
     def collect(self, handle: object) -> torch.Tensor:
-        return self.execute(handle)
+        return self.run(handle)
 
     def stage_times(self, handle: object) -> list[tuple[int, int, int]]:
         """For a collected micro-batch: (pipeline stage, start, end) of each stage's compute, in
         nanoseconds since the epoch; empty for a model in one process."""
         return []
 
-    def execute(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        """Computes all chunks in one forward pass; returns float32 logits [n, vocab] for the chunks
-        that complete their sequence, in order."""
-        return self.run(StepBatch.from_chunks(chunks))
-
     def run(self, batch: StepBatch) -> torch.Tensor:
-        """The whole model on one batch: logits [len(last_rows), vocab] on the CPU."""
+        """The whole model on one batch in one forward pass: float32 logits [len(last_rows), vocab]
+        on the CPU, for the rows whose sequences sample next, in order."""
         hidden = self.run_layers(batch, torch.tensor(batch.input_ids, device=self.model.device))
         return self.logits(batch, hidden)
 

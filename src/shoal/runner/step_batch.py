@@ -1,0 +1,19 @@
+"""One forward step as plain lists: what a runner is given, locally or sent to other ranks and
+pipeline stages (protocol.step_batch is its wire form)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One forward step as plain lists, so it can be sent to other ranks and pipeline stages.
+    Sequence i computes query_lens[i] tokens from start_positions[i] with block_tables[i];
+    last_rows are the rows (into input_ids) whose logits are wanted, in order."""
+
+    input_ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    start_positions: list[int]
+    block_tables: list[list[int]]
+    last_rows: list[int]
