@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from shoal.bench.options import add_bench_arguments
 from shoal.config.engine_arguments import add_engine_config_arguments, engine_config_from_arguments
+from shoal.model.cpu_features import apply_cpu_isa_cap
 from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
 from shoal.simulate.options import add_simulate_arguments
 
@@ -308,6 +309,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.log_format:
         os.environ[FORMAT_VARIABLE] = args.log_format
+    try:  # before torch runs anything; the processes this one starts inherit the cap
+        apply_cpu_isa_cap()
+    except ValueError as exc:
+        print(f"shoal: {exc}", file=sys.stderr)
+        return 2
     return args.run(args)
 
 

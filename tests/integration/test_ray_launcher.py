@@ -44,7 +44,7 @@ def test_a_pipeline_replica_has_its_stages_placed_on_other_nodes(deploy, ray_clu
     """Each process of the replica asks for one `accel` and each node has one: the stage lands on
     the other node, the head measures it and plans, and the replica serves as one worker."""
     cluster, nodes = ray_cluster
-    _, url, state_dir, _ = deploy(replicas=1, pipeline_parallel=2, resources={"cpus": 1, "custom": {"accel": 1}},
+    _, url, state_dir, _ = deploy(replicas=1, pipeline_parallel_size=2, resources={"cpus": 1, "custom": {"accel": 1}},
                                   top={"launcher": "ray", "ray_address": cluster.address})
     [replica] = supervised(state_dir)
     assert {replica["node"], *replica["stage_nodes"]} == {node.node_id for node in nodes}
