@@ -39,13 +39,12 @@ from pathlib import Path
 
 import httpx
 import yaml
-
 from routing_quality import free_port, wait_for
 
 from shoal.percentile import percentile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.tiny_model import write_tiny_model  # noqa: E402  (the repository root is not on the path of a script)
+from tests.support.tiny_model import write_tiny_model
 
 RESULTS = Path(__file__).parent / "results"
 MODEL_NAME = "chaos"

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.tiny_model import write_tiny_model
+from tests.support.tiny_model import write_tiny_model
 
 
 def pytest_configure(config) -> None:
@@ -40,23 +40,12 @@ def make_tiny_engine(tiny_model_dir, shoal_cache_dir):
     return make
 
 
-def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
-    """Adds (prompt, params) per request id, steps until done, checks invariants every step."""
-    for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params)
-    results: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if output.finished:
-                results[output.request_id] = output.outputs[0].token_ids
-        engine.check_integrity()
-    return results
 
 
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory) -> str:
     """URL of a real redis-server for the whole session (installed first if missing)."""
-    from tests.redis_server import start_redis_server
+    from tests.support.redis_server import start_redis_server
 
     process, url = start_redis_server(tmp_path_factory.mktemp("redis"))
     yield url

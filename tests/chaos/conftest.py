@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.chaos.fleet import Fleet
-from tests.integration.test_worker_server import MODEL
+from tests.support.fleet import Fleet
+from tests.support.workers import MODEL
 
 
 @pytest.fixture

@@ -19,11 +19,11 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.chaos.fleet import router_config, start
-from tests.integration.test_router import router_log, stop
-from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
-from tests.tiny_model import write_tiny_model
-from tests.waiting import wait_for
+from tests.support.fleet import router_config, start
+from tests.support.routers import router_log, stop
+from tests.support.tiny_model import write_tiny_model
+from tests.support.waiting import wait_for
+from tests.support.workers import MODEL, spawn_worker, wait_ready
 
 LIVE_STREAMS = 4
 LONG_PROMPTS = 4

@@ -5,67 +5,17 @@ The failing worker is a small HTTP server on loopback whose answers the test swi
 worker is a real shoal worker."""
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import time
 
 import httpx
 import pytest
-from aiohttp import web
 
-from tests.chaos.fleet import admin, router_config, start
-from tests.integration.test_router import stop
-from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
-from tests.waiting import wait_for
-
-
-class ScriptedWorker:
-    """Serves /v1/models; answers completions with `mode`: "500", "400", "ok" (a one-token SSE
-    stream) or "cut" (the stream's headers, then the connection closes before any event)."""
-
-    def __init__(self):
-        self.mode = "500"
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.completions = 0
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._serve, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _serve(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_get("/v1/models", self._models)
-        app.router.add_post("/v1/chat/completions", self._complete)
-        runner = web.AppRunner(app)
-        self.loop.run_until_complete(runner.setup())
-        self.loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", self.port).start())
-        ready.set()
-        self.loop.run_forever()
-
-    async def _models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
-
-    async def _complete(self, request: web.Request) -> web.StreamResponse:
-        self.completions += 1
-        if self.mode == "cut":
-            response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-            await response.prepare(request)
-            request.transport.close()
-            return response
-        if self.mode != "ok":
-            status = int(self.mode)
-            return web.json_response({"error": {"message": f"scripted {status}", "type": "x", "code": status}},
-                                     status=status)
-        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
-        await response.prepare(request)
-        chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": MODEL,
-                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
-        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
-        return response
+from tests.support.fleet import admin, router_config, start
+from tests.support.routers import stop
+from tests.support.scripted_worker import ScriptedWorker
+from tests.support.waiting import wait_for
+from tests.support.workers import MODEL, spawn_worker, wait_ready
 
 
 @pytest.fixture

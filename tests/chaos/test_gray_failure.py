@@ -13,9 +13,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.chaos.fleet import admin, complete, router_config, start
-from tests.integration.test_router import stop
-from tests.waiting import wait_for
+from tests.support.fleet import admin, complete, router_config, start
+from tests.support.routers import stop
+from tests.support.waiting import wait_for
 
 
 def slow_down(pid: int, until: threading.Event) -> None:

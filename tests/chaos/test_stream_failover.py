@@ -11,9 +11,10 @@ import httpx
 import pytest
 import yaml
 
-from tests.integration.test_router import start_router, stop
-from tests.integration.test_worker_server import MODEL, scrape, spawn_worker, wait_ready
-from tests.waiting import wait_for
+from tests.support.routers import start_router, stop
+from tests.support.streams import read_stream
+from tests.support.waiting import wait_for
+from tests.support.workers import MODEL, scrape, spawn_worker, wait_ready
 
 MAX_TOKENS = 150
 ADMIN = {"authorization": "Bearer failover-admin-token"}
@@ -46,31 +47,6 @@ def chat(seed: int | None) -> dict:
     return body if seed is None else {**body, "seed": seed}
 
 
-def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
-    """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived.
-    `seeds` are the sampling seeds its chunks name (the one drawn by the worker when none was given)."""
-    ids, text, response_ids, seeds, usage, roles = [], [], set(), set(), None, 0
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200
-        worker, trace_id = response.headers["x-shoal-worker"], response.headers["x-shoal-trace-id"]
-        for line in response.iter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            event = json.loads(line[6:])
-            assert "error" not in event, event
-            response_ids.add(event["id"])
-            usage = event.get("usage") or usage
-            for choice in event["choices"]:
-                ids += choice.get("token_ids") or []
-                if choice.get("token_ids"):
-                    seeds.add(choice.get("seed"))
-                roles += "role" in choice.get("delta", {})
-                text.append(choice.get("delta", {}).get("content") or "")
-            if fault and len(ids) >= after_tokens:
-                fault(worker)
-                fault = None
-    return {"ids": ids, "text": "".join(text), "response_ids": response_ids, "seeds": seeds, "usage": usage,
-            "roles": roles, "worker": worker, "trace_id": trace_id}
 
 
 def migrations(url: str) -> float:

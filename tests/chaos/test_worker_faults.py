@@ -14,9 +14,17 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
-from tests.chaos.fleet import HEARTBEAT_S, MAX_TOKENS, admin, body, complete, router_config, start
-from tests.integration.test_router import router_log, stop
-from tests.waiting import wait_for
+from tests.support.fleet import (
+    HEARTBEAT_S,
+    MAX_TOKENS,
+    admin,
+    body,
+    complete,
+    router_config,
+    start,
+)
+from tests.support.routers import router_log, stop
+from tests.support.waiting import wait_for
 
 
 def test_killing_workers_again_and_again_under_load_loses_no_request_and_no_token(fleet, tmp_path):

@@ -1,4 +1,6 @@
-"""The `deploy` fixture: `shoal serve` of the tiny model, stopped (workers too) after the test."""
+"""Fixtures of the integration tests: `deploy` (`shoal serve` of the tiny model, stopped with its
+workers after the test), one tiny worker shared by the whole session (`worker_url`), and a router
+in front of a real worker and a failing one, all exporting traces (`traced_fleet`)."""
 from __future__ import annotations
 
 import os
@@ -9,9 +11,13 @@ import sys
 import pytest
 import yaml
 
-from tests.integration.serving import supervised
-from tests.integration.test_worker_server import free_port
-from tests.waiting import wait_for
+from tests.support.fleet import ADMIN, router_config
+from tests.support.otlp_collector import OtlpCollector
+from tests.support.routers import start_router, stop
+from tests.support.scripted_worker import ScriptedWorker
+from tests.support.serving import supervised
+from tests.support.waiting import wait_for
+from tests.support.workers import MODEL, free_port, spawn_worker, start_worker, wait_ready
 
 
 @pytest.fixture
@@ -51,3 +57,29 @@ def deploy(tiny_model_dir, shoal_cache_dir, tmp_path):
                 os.kill(slot["pid"], signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+@pytest.fixture
+def traced_fleet(tiny_model_dir, shoal_cache_dir, tmp_path):
+    collector = OtlpCollector()
+    real = wait_ready(*spawn_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name",
+                                     MODEL, "--kv-cache", "8MiB", "--otlp-endpoint", collector.endpoint],
+                                    shoal_cache_dir))
+    scripted = ScriptedWorker()  # answers 500
+    router, url = start_router(["--config", router_config(tmp_path, [scripted.url, real[1]], policy="round_robin",
+                                                          tracing={"otlp_endpoint": collector.endpoint})],
+                               env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:], "SHOAL_LOG_FORMAT": "json"})
+    yield url, scripted.url, real[1], collector, router.log_file
+    stop(router)
+    real[0].kill()
+    real[0].wait(timeout=30)
+    collector.close()
+
+
+@pytest.fixture(scope="session")
+def worker_url(tiny_model_dir, shoal_cache_dir):
+    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
+                                 "--kv-cache", "8MiB"], shoal_cache_dir)
+    yield url
+    process.terminate()
+    process.wait(timeout=30)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.tiny_model import write_tiny_tokenizer
-from tests.integration.test_golden_transformers import max_logit_difference
+from tests.support.logits import max_logit_difference
+from tests.support.tiny_model import write_tiny_tokenizer
 
 COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)

@@ -20,7 +20,7 @@ def async_engine(make_tiny_engine):
 
 
 def test_streams_match_the_synchronous_engine(async_engine, make_tiny_engine):
-    from tests.conftest import run_to_completion
+    from tests.support.engine_runs import run_to_completion
 
     prompts = {f"s{i}": [5 + i, 20, 30 + i] for i in range(4)}
     expected = run_to_completion(make_tiny_engine(), {k: (p, PARAMS) for k, p in prompts.items()})

@@ -7,8 +7,8 @@ import time
 
 import openai
 
-from tests.integration.serving import busy, supervised
-from tests.waiting import wait_for
+from tests.support.serving import busy, supervised
+from tests.support.waiting import wait_for
 
 RAMP = {"min_replicas": 1, "max_replicas": 2, "target_queued_per_replica": None, "target_kv_cache_usage": None,
         "target_outstanding_tokens_per_replica": 300, "upscale_delay_s": 1, "downscale_delay_s": 3}

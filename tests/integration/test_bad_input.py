@@ -4,7 +4,12 @@ from __future__ import annotations
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
-from shoal.errors import DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError
+from shoal.errors import (
+    DuplicateRequestError,
+    EmptyPromptError,
+    InvalidRequestError,
+    PromptTooLongError,
+)
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.conftest import run_to_completion
+from tests.support.engine_runs import run_to_completion
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 

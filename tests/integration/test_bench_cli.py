@@ -5,8 +5,8 @@ import json
 import os
 import re
 
-from tests.integration.serving import shoal
-from tests.integration.test_worker_server import MODEL, free_port, worker_url  # noqa: F401 (a fixture)
+from tests.support.serving import shoal
+from tests.support.workers import MODEL, free_port
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -17,7 +17,7 @@ import openai
 import pytest
 from playwright.sync_api import expect, sync_playwright
 
-from tests.integration.serving import supervised
+from tests.support.serving import supervised
 
 ENSURE_CHROMIUM = Path(__file__).resolve().parents[2] / "scripts" / "ensure_chromium.sh"
 WAIT_MS = 60_000

@@ -9,7 +9,7 @@ import pytest
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import EngineRequestError
-from tests.conftest import run_to_completion
+from tests.support.engine_runs import run_to_completion
 
 PARAMS = SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True)
 PROMPTS = {"a": [5, 6, 7], "poison": [8, 9, 10, 11], "b": [12, 13]}

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.integration.test_tracing import streamed, traced_fleet  # noqa: F401 (the fixture)
+from tests.support.traces import streamed
 
 DASHBOARD = Path(__file__).parents[2] / "deploy" / "grafana" / "shoal-dashboard.json"
 SERIES = re.compile(r"\b(shoal[_:][a-z0-9_:]+)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.conftest import run_to_completion
+from tests.support.engine_runs import run_to_completion
 
 
 def test_byte_budget_sets_the_token_capacity(make_tiny_engine):

@@ -8,7 +8,7 @@ import pytest
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
-from tests.integration.serving import supervised
+from tests.support.serving import supervised
 
 MESSAGES = [{"role": "user", "content": "count to ten"}]
 

@@ -9,8 +9,8 @@ import openai
 import pytest
 from ray import cluster_utils
 
-from tests.integration.serving import busy, healthy_workers, supervised
-from tests.waiting import wait_for
+from tests.support.serving import busy, healthy_workers, supervised
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture

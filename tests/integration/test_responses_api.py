@@ -11,10 +11,9 @@ import pytest
 import yaml
 
 from shoal.router.auth import key_hash
-from tests.integration.test_router import start_router, stop
-from tests.integration.test_worker_server import MODEL, free_port, scrape, start_worker
+from tests.support.routers import start_router, stop
+from tests.support.workers import MODEL, free_port, scrape, start_worker
 
-# A fixed seed makes a turn's output a function of its full prompt, which is what is compared.
 SAMPLING = {"temperature": 0.8, "max_output_tokens": 12}
 SEED = 7
 INSTRUCTIONS = "Answer like a fish."

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from shoal.router.auth import key_hash
-from tests.integration.test_router import router_log, start_router, stop
-from tests.integration.test_worker_server import spawn_worker, wait_ready
-from tests.waiting import wait_for
+from tests.support.routers import router_log, start_router, stop
+from tests.support.waiting import wait_for
+from tests.support.workers import spawn_worker, wait_ready
 
 KEY, OTHER_KEY = "sk-test-alpha", "sk-test-beta"
 ADMIN_TOKEN = "admission-admin-token"

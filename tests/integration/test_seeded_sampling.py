@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.conftest import run_to_completion
+from tests.support.engine_runs import run_to_completion
 
 PARAMS = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, max_tokens=30, seed=1234,
                         ignore_eos=True)

@@ -11,8 +11,14 @@ import httpx
 import openai
 import pytest
 
-from tests.integration.serving import admin_workers, busy, healthy_workers, shoal, supervised
-from tests.waiting import wait_for
+from tests.support.serving import (
+    admin_workers,
+    busy,
+    healthy_workers,
+    shoal,
+    supervised,
+)
+from tests.support.waiting import wait_for
 
 
 def test_one_command_serves_restarts_crashed_workers_and_stops_cleanly(deploy):

@@ -13,9 +13,9 @@ import openai
 import pytest
 import yaml
 
-from tests.integration.serving import supervised
-from tests.integration.test_worker_server import free_port
-from tests.waiting import wait_for
+from tests.support.serving import supervised
+from tests.support.waiting import wait_for
+from tests.support.workers import free_port
 
 
 @pytest.fixture

@@ -8,45 +8,11 @@ import json
 import secrets
 
 import httpx
-import pytest
 
-from tests.chaos.fleet import ADMIN, router_config
-from tests.chaos.test_failing_worker import ScriptedWorker
-from tests.integration.test_router import start_router, stop
-from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
-from tests.otlp_collector import OtlpCollector
-from tests.waiting import wait_for
-
-MAX_TOKENS = 6
-
-
-@pytest.fixture
-def traced_fleet(tiny_model_dir, shoal_cache_dir, tmp_path):
-    collector = OtlpCollector()
-    real = wait_ready(*spawn_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name",
-                                     MODEL, "--kv-cache", "8MiB", "--otlp-endpoint", collector.endpoint],
-                                    shoal_cache_dir))
-    scripted = ScriptedWorker()  # answers 500
-    router, url = start_router(["--config", router_config(tmp_path, [scripted.url, real[1]], policy="round_robin",
-                                                          tracing={"otlp_endpoint": collector.endpoint})],
-                               env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:], "SHOAL_LOG_FORMAT": "json"})
-    yield url, scripted.url, real[1], collector, router.log_file
-    stop(router)
-    real[0].kill()
-    real[0].wait(timeout=30)
-    collector.close()
-
-
-def streamed(url: str, traceparent: str) -> tuple[str, str]:
-    """Streams one chat completion to the end; returns the trace and request ids the router
-    answered with."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": MAX_TOKENS,
-            "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60,
-                      headers={"traceparent": traceparent}) as response:
-        assert response.status_code == 200
-        assert response.read().endswith(b"data: [DONE]\n\n")
-        return response.headers["x-shoal-trace-id"], response.headers["x-request-id"]
+from tests.support.fleet import ADMIN
+from tests.support.traces import MAX_TOKENS, streamed
+from tests.support.waiting import wait_for
+from tests.support.workers import MODEL, spawn_worker, wait_ready
 
 
 def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):

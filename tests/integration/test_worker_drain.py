@@ -8,7 +8,7 @@ import time
 
 import httpx
 
-from tests.integration.test_worker_server import start_worker
+from tests.support.workers import start_worker
 
 
 def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):

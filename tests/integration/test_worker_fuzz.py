@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 
-from tests.integration.test_worker_server import MODEL, start_worker
+from tests.support.workers import MODEL, start_worker
 
 REFERENCE = {"model": MODEL, "prompt": "fuzz me", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 

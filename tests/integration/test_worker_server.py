@@ -1,62 +1,13 @@
 """A real worker process on loopback, driven with the official openai client."""
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
 import time
 
 import httpx
 import openai
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-MODEL = "tiny"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn_worker(args: list[str], cache_dir, port: int | None = None,
-                 stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
-    """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for it."""
-    port = port or free_port()
-    process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
-                               env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=subprocess.DEVNULL,
-                               stderr=stderr)
-    return process, f"http://127.0.0.1:{port}"
-
-
-def wait_ready(process: subprocess.Popen, url: str) -> tuple[subprocess.Popen, str]:
-    """Returns once the worker's /ready answers 200; fails the test with its stderr if it never does."""
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(url + "/ready", timeout=1).status_code == 200:
-                return process, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    process.kill()
-    log = process.stderr.read().decode()[-2000:] if process.stderr else "(its log went to a file)"
-    pytest.fail(f"worker did not start: {log}")
-
-
-def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
-    """Starts `shoal worker ARGS` on a free loopback port; returns once /ready answers 200."""
-    return wait_ready(*spawn_worker(args, cache_dir))
-
-
-@pytest.fixture(scope="module")
-def worker_url(tiny_model_dir, shoal_cache_dir):
-    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-                                 "--kv-cache", "8MiB"], shoal_cache_dir)
-    yield url
-    process.terminate()
-    process.wait(timeout=30)
+from tests.support.workers import MODEL, scrape
 
 
 @pytest.fixture
@@ -122,16 +73,6 @@ def test_malformed_json_is_a_400(worker_url):
     assert response.status_code == 400
 
 
-def scrape(url: str) -> dict[str, float]:
-    """/metrics as {series name with labels: value}, label-free names for single series."""
-    values = {}
-    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
-        for sample in family.samples:
-            labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "le")}
-            key = sample.name + ("" if not labels else str(sorted(labels.items())))
-            if "le" not in sample.labels:
-                values[key] = sample.value
-    return values
 
 
 def test_client_disconnect_mid_stream_frees_the_request(worker_url):

@@ -19,16 +19,16 @@ import pytest
 
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.sampling_params import SamplingParams
-from shoal.llm import LLM
 from shoal.errors import ReplicaFailedError
+from shoal.llm import LLM
 from shoal.parallel.pipeline import PipelineSettings
 from shoal.parallel.pipeline_plan import plan_stages
 from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
 from shoal.protocol.cluster_secret import SECRET_ENV
-from tests.parallel.test_tensor_parallel import TEXT_PROMPTS, TINY_PROMPTS
-from tests.tiny_model import write_tiny_model
-from tests.waiting import wait_for
+from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
+from tests.support.tiny_model import write_tiny_model
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture(scope="module")

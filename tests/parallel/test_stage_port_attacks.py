@@ -27,9 +27,18 @@ from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.processes import free_port
 from shoal.protocol.cluster_secret import SECRET_ENV
 from shoal.protocol.frames import TensorSpec
-from shoal.protocol.stage_frames import HEAD_INBOX, Ping, Pong, Probe, Profiled, Setup, Step, encode
+from shoal.protocol.stage_frames import (
+    HEAD_INBOX,
+    Ping,
+    Pong,
+    Probe,
+    Profiled,
+    Setup,
+    Step,
+    encode,
+)
 from shoal.protocol.step_batch import StepBatchFrame
-from tests.waiting import wait_for
+from tests.support.waiting import wait_for
 
 SECRET = "the-stage-port-attacks-secret"
 REFUSED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL, zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH)

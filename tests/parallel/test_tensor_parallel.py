@@ -14,14 +14,11 @@ import pytest
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
-from tests.chaos.fleet import admin, router_config, start
-from tests.integration.test_router import stop
-from tests.integration.test_worker_server import MODEL, spawn_worker, wait_ready
-from tests.waiting import wait_for
-
-TINY_PROMPTS = [[(7 * i + j) % 90 + 3 for j in range(5 + 3 * i)] for i in range(8)]
-TEXT_PROMPTS = ["The capital of France is", "Once upon a time", "def fibonacci(n):", "Water boils at",
-                "The best way to learn", "In 1492,", "My favourite colour is", "To be or not to be"]
+from tests.support.fleet import admin, router_config, start
+from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
+from tests.support.routers import stop
+from tests.support.waiting import wait_for
+from tests.support.workers import MODEL, spawn_worker, wait_ready
 
 
 def greedy_tokens(model: str, prompts: list, cache_dir, max_tokens: int, **options) -> list[list[int]]:

@@ -37,7 +37,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from shoal.engine.engine import LLMEngine
     from shoal.engine.sampling_params import SamplingParams
     from shoal.runner.devices import resolve_dtype
-    from tests.conftest import run_to_completion
+    from tests.support.engine_runs import run_to_completion
 
     def engine(dtype: str) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.

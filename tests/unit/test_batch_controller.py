@@ -35,7 +35,7 @@ def test_engine_holds_the_latency_target(make_tiny_engine):
     """With an unreachable target the limit falls to 1: once the first wave (admitted before the
     controller had measured anything) drains, later requests run one at a time. All finish."""
     from shoal.engine.sampling_params import SamplingParams
-    from tests.conftest import run_to_completion
+    from tests.support.engine_runs import run_to_completion
 
     engine = make_tiny_engine(itl_target_ms=1e-6)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)

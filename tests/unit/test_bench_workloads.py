@@ -10,9 +10,9 @@ from shoal.bench.arrivals import ArrivalProcess
 from shoal.bench.lengths import Fixed, Normal, Uniform, parse_length
 from shoal.bench.records import RequestRecord
 from shoal.bench.stats import SLO, Distribution, summarize
-from shoal.percentile import percentile
 from shoal.bench.text import MESSAGE_OVERHEAD_TOKENS
 from shoal.bench.workloads import WorkloadConfig, build_workload, with_answers
+from shoal.percentile import percentile
 
 CLOSED = ArrivalProcess("closed", concurrency=4)
 KINDS = ["synthetic", "multi-turn", "long-prompt"]

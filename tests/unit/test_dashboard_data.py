@@ -207,7 +207,7 @@ def test_the_supervisor_and_the_autoscaler_report_to_the_feed(tmp_path):
     from shoal.cluster.config import Autoscaling, ModelDeployment, SupervisorSettings
     from shoal.cluster.launcher_local import LaunchedWorker
     from shoal.cluster.supervisor import RouterLink, SlotState, Supervisor
-    from tests.unit.test_supervisor import StandInProcess
+    from tests.support.stand_in_process import StandInProcess
 
     feed = ClusterEvents()
 

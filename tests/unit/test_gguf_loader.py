@@ -10,7 +10,13 @@ import torch
 from gguf import GGMLQuantizationType as Q
 
 from shoal.model.errors import ModelLoadError
-from shoal.model.gguf_loader import dequantize_tensor, gguf_config, gguf_state_dict, load_gguf, open_gguf
+from shoal.model.gguf_loader import (
+    dequantize_tensor,
+    gguf_config,
+    gguf_state_dict,
+    load_gguf,
+    open_gguf,
+)
 from shoal.model.registry import resolve_model
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40

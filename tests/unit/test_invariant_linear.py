@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from shoal.model.cpu_features import resolve_cpu_features
-from shoal.model.invariant_linear import InvariantLinear, default_tile_rows, onednn_compute_dtype
+from shoal.model.invariant_linear import (
+    InvariantLinear,
+    default_tile_rows,
+    onednn_compute_dtype,
+)
 from tests.support.cpu_flags import HASWELL, SAPPHIRE_RAPIDS, ZEN4
 
 CPUS = {"sapphire_rapids": SAPPHIRE_RAPIDS, "zen4": ZEN4, "haswell": HASWELL}

@@ -3,8 +3,17 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.protocol.worker_load import (Heartbeat, Registration, RegistrationAccepted, WorkerLoad, decode_heartbeat,
-                                        decode_load, decode_registration, decode_registration_accepted, encode)
+from shoal.protocol.worker_load import (
+    Heartbeat,
+    Registration,
+    RegistrationAccepted,
+    WorkerLoad,
+    decode_heartbeat,
+    decode_load,
+    decode_registration,
+    decode_registration_accepted,
+    encode,
+)
 from shoal.router.load_report import LoadReport
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.

@@ -7,7 +7,12 @@ import pytest
 import torch
 
 from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
-from shoal.model.paged_attention import allocate_kv_cache, build_attention_metadata, tiled_paged_attention, write_kv
+from shoal.model.paged_attention import (
+    allocate_kv_cache,
+    build_attention_metadata,
+    tiled_paged_attention,
+    write_kv,
+)
 
 BLOCK, KV_HEADS, GROUP, DIM = 4, 2, 3, 16
 HEADS = KV_HEADS * GROUP

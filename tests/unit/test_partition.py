@@ -6,8 +6,14 @@ import random
 
 import pytest
 
-from shoal.parallel.partition import (ModelCost, PartitionError, StageNode, plan_from_counts, plan_partition,
-                                      stage_cost)
+from shoal.parallel.partition import (
+    ModelCost,
+    PartitionError,
+    StageNode,
+    plan_from_counts,
+    plan_partition,
+    stage_cost,
+)
 
 MiB = 2**20
 

@@ -6,7 +6,12 @@ import pytest
 
 from shoal.model.config import LlamaConfig
 from shoal.model.llama import kv_bytes_per_token_per_layer
-from shoal.parallel.pipeline_plan import layer_values, pipeline_kv_blocks, plan_stages, shared_free_bytes
+from shoal.parallel.pipeline_plan import (
+    layer_values,
+    pipeline_kv_blocks,
+    plan_stages,
+    shared_free_bytes,
+)
 from shoal.parallel.stage_profile import NodeProfile, reference_batch
 
 GiB = 2**30

@@ -10,8 +10,15 @@ import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
 from shoal.router.responses_api.event_stream import response_events
-from shoal.router.responses_api.input_items import conversation_messages, input_items_page, normalize_input
-from shoal.router.responses_api.response_object import finished_response, response_skeleton
+from shoal.router.responses_api.input_items import (
+    conversation_messages,
+    input_items_page,
+    normalize_input,
+)
+from shoal.router.responses_api.response_object import (
+    finished_response,
+    response_skeleton,
+)
 from shoal.router.responses_api.responses_request import ResponsesRequest
 from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
 from shoal.router.route_request import RequestError

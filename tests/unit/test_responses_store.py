@@ -14,7 +14,7 @@ from shoal.router.responses_api.open_store import open_store
 from shoal.router.responses_api.redis_store import RedisStore
 from shoal.router.responses_api.sqlite_store import SQLiteStore
 from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
-from tests.integration.test_worker_server import free_port
+from tests.support.workers import free_port
 
 
 def turn(previous: str | None = None, text: str = "hello") -> StoredTurn:

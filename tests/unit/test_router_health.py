@@ -174,11 +174,11 @@ def test_at_most_the_configured_fraction_of_a_model_is_ejected_worst_first():
 def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):
     from prometheus_client import CollectorRegistry
 
-    from shoal.router.metrics import RouterMetrics
     from shoal.observability.tracing import Tracing
     from shoal.router.balancer import Balancer
     from shoal.router.config import RouterConfig
     from shoal.router.front_door import FrontDoor
+    from shoal.router.metrics import RouterMetrics
     from shoal.router.policies import make_policy
 
     monitor, _ = fleet

@@ -12,7 +12,11 @@ from shoal.bench.arrivals import ArrivalProcess
 from shoal.bench.lengths import Fixed, Uniform
 from shoal.bench.workloads import WorkloadConfig, build_workload
 from shoal.simulate.calibration import WorkerFigures, average, read_figures
-from shoal.simulate.cost_model import CALIBRATION_PROMPT_TOKENS, CalibrationFigures, StepCost
+from shoal.simulate.cost_model import (
+    CALIBRATION_PROMPT_TOKENS,
+    CalibrationFigures,
+    StepCost,
+)
 from shoal.simulate.events import EventLoop
 from shoal.simulate.fleet import FleetSpec, WorkerClass, load_fleet, parse_mix
 from shoal.simulate.host import Host

@@ -7,7 +7,15 @@ import asyncio
 import pytest
 
 from shoal.protocol.keep_alive import KeepAlive
-from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data, json_events, named_event
+from shoal.protocol.sse import (
+    DONE,
+    data_event,
+    data_of,
+    is_done,
+    json_data,
+    json_events,
+    named_event,
+)
 
 
 def test_events_read_back_as_written():

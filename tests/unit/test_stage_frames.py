@@ -8,11 +8,35 @@ import pytest
 from shoal.parallel.stage_messages import batch_frame, step_batch
 from shoal.parallel.stage_profile import reference_batch
 from shoal.protocol import tensor_group_frames
-from shoal.protocol.cluster_secret import SECRET_ENV, MissingClusterSecret, derived_key, required_secret, run_secret
+from shoal.protocol.cluster_secret import (
+    SECRET_ENV,
+    MissingClusterSecret,
+    derived_key,
+    required_secret,
+    run_secret,
+)
 from shoal.protocol.frames import BadFrame, TensorSpec
-from shoal.protocol.stage_frames import (HEAD_INBOX, STAGE_INBOX, Connect, Logits, NodeProfile, Ping, Pong, Probe,
-                                         Profiled, Ready, Replayed, ReplayDone, SendReplay, Setup, Step, Stop,
-                                         Upstream, decode, encode)
+from shoal.protocol.stage_frames import (
+    HEAD_INBOX,
+    STAGE_INBOX,
+    Connect,
+    Logits,
+    NodeProfile,
+    Ping,
+    Pong,
+    Probe,
+    Profiled,
+    Ready,
+    ReplayDone,
+    Replayed,
+    SendReplay,
+    Setup,
+    Step,
+    Stop,
+    Upstream,
+    decode,
+    encode,
+)
 from shoal.protocol.step_batch import StepBatchFrame
 
 BATCH = StepBatchFrame([5, 6, 7], [0, 1, 4], [2, 1], [0, 4], [[0], [1, 2]], [1, 2])

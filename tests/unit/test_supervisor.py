@@ -8,28 +8,7 @@ from pathlib import Path
 from shoal.cluster.config import ModelDeployment, SupervisorSettings
 from shoal.cluster.launcher_local import LaunchedWorker
 from shoal.cluster.supervisor import RouterLink, SlotState, Supervisor
-
-
-class StandInProcess:
-    """What the supervisor uses of a Popen: it exits when told to."""
-
-    next_pid = 1000
-
-    def __init__(self):
-        StandInProcess.next_pid += 1
-        self.pid, self.returncode = StandInProcess.next_pid, None
-
-    def poll(self):
-        return self.returncode
-
-    def send_signal(self, sig):
-        self.returncode = -sig
-
-    def kill(self):
-        self.returncode = -9
-
-    def wait(self, timeout=None):
-        return self.returncode
+from tests.support.stand_in_process import StandInProcess
 
 
 def serving_fleet(tmp_path: Path, replicas: int, spares: int):

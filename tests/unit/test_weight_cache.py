@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model import loader as loader_module
+from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.loader import load_checkpoint
 from shoal.model.weight_cache import CACHE_DTYPES, WeightCache
 

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.integration.test_worker_server import free_port
+from tests.support.workers import free_port
 
 ENSURE_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ensure_redis_server.sh"
 

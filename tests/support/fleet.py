@@ -9,9 +9,9 @@ import signal
 import httpx
 import yaml
 
-from tests.chaos.test_stream_failover import read_stream
-from tests.integration.test_router import start_router
-from tests.integration.test_worker_server import MODEL, free_port, spawn_worker, wait_ready
+from tests.support.routers import start_router
+from tests.support.streams import read_stream
+from tests.support.workers import MODEL, free_port, spawn_worker, wait_ready
 
 ADMIN = {"authorization": "Bearer test-admin-token"}
 HEARTBEAT_S = 0.5

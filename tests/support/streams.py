@@ -1,0 +1,33 @@
+"""Reading a streamed chat completion through a router, with a fault injected once enough tokens arrived."""
+from __future__ import annotations
+
+import json
+
+import httpx
+
+
+def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
+    """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived.
+    `seeds` are the sampling seeds its chunks name (the one drawn by the worker when none was given)."""
+    ids, text, response_ids, seeds, usage, roles = [], [], set(), set(), None, 0
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        worker, trace_id = response.headers["x-shoal-worker"], response.headers["x-shoal-trace-id"]
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            response_ids.add(event["id"])
+            usage = event.get("usage") or usage
+            for choice in event["choices"]:
+                ids += choice.get("token_ids") or []
+                if choice.get("token_ids"):
+                    seeds.add(choice.get("seed"))
+                roles += "role" in choice.get("delta", {})
+                text.append(choice.get("delta", {}).get("content") or "")
+            if fault and len(ids) >= after_tokens:
+                fault(worker)
+                fault = None
+    return {"ids": ids, "text": "".join(text), "response_ids": response_ids, "seeds": seeds, "usage": usage,
+            "roles": roles, "worker": worker, "trace_id": trace_id}

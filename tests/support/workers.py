@@ -1,0 +1,61 @@
+"""Real `shoal worker` processes on loopback ports: start them, wait for them, read their metrics."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+MODEL = "tiny"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_worker(args: list[str], cache_dir, port: int | None = None,
+                 stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+    """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for it."""
+    port = port or free_port()
+    process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
+                               env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=subprocess.DEVNULL,
+                               stderr=stderr)
+    return process, f"http://127.0.0.1:{port}"
+
+
+def wait_ready(process: subprocess.Popen, url: str) -> tuple[subprocess.Popen, str]:
+    """Returns once the worker's /ready answers 200; fails the test with its stderr if it never does."""
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            if httpx.get(url + "/ready", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    process.kill()
+    log = process.stderr.read().decode()[-2000:] if process.stderr else "(its log went to a file)"
+    pytest.fail(f"worker did not start: {log}")
+
+
+def start_worker(args: list[str], cache_dir) -> tuple[subprocess.Popen, str]:
+    """Starts `shoal worker ARGS` on a free loopback port; returns once /ready answers 200."""
+    return wait_ready(*spawn_worker(args, cache_dir))
+
+
+def scrape(url: str) -> dict[str, float]:
+    """/metrics as {series name with labels: value}, label-free names for single series."""
+    values = {}
+    for family in text_string_to_metric_families(httpx.get(url + "/metrics").text):
+        for sample in family.samples:
+            labels = {k: v for k, v in sample.labels.items() if k not in ("model_name", "le")}
+            key = sample.name + ("" if not labels else str(sorted(labels.items())))
+            if "le" not in sample.labels:
+                values[key] = sample.value
+    return values
