@@ -9,6 +9,7 @@ Down workers rejoin as soon as they answer again; ejected ones when their ejecti
 breakers half-open after their open time and close on a successful probe (the canary, for shoal
 workers). Every change goes through HealthEvents.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +23,7 @@ from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import HealthSettings
 from shoal.router.health_events import HealthEvents
 from shoal.router.latency_stats import LatencyStats
+from shoal.router.load_report import LoadReport
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.outlier_detection import normalised, outliers
 
@@ -33,8 +35,9 @@ class HealthMonitor:
     """Invariant: at most one canary per worker is in flight; a worker is `down` only between a
     recorded "down" event and the next "up" (or its removal)."""
 
-    def __init__(self, membership: Membership, settings: HealthSettings, events: HealthEvents,
-                 forget: Callable[[str], None]):
+    def __init__(
+        self, membership: Membership, settings: HealthSettings, events: HealthEvents, forget: Callable[[str], None]
+    ):
         self.membership = membership
         self.settings = settings
         self.events = events
@@ -123,11 +126,15 @@ class HealthMonitor:
             serving = [s for s in group if s.ejected_until is None]
             steps = {s.worker_id: s.report.single_step_s if s.report else None for s in serving}
             for metric, label in (("itl", "inter-token latency"), ("ttft", "time to first token")):
-                measured = {s.worker_id: getattr(s.latency, f"{metric}_s") for s in serving
-                            if getattr(s.latency, f"{metric}_samples") >= settings.min_samples}
+                measured = {
+                    s.worker_id: getattr(s.latency, f"{metric}_s")
+                    for s in serving
+                    if getattr(s.latency, f"{metric}_samples") >= settings.min_samples
+                }
                 scores = normalised(measured, steps)
-                for worker_id in sorted(outliers(scores, settings.factor, settings.min_workers),
-                                        key=scores.get, reverse=True):
+                for worker_id in sorted(
+                    outliers(scores, settings.factor, settings.min_workers), key=scores.get, reverse=True
+                ):
                     state = self.membership.workers[worker_id]
                     if budget <= 0 or state.ejected_until is not None:
                         continue
@@ -135,8 +142,12 @@ class HealthMonitor:
                     state.ejections += 1
                     state.ejected_until = now + settings.ejection_s * state.ejections
                     median = sorted(scores.values())[len(scores) // 2]
-                    self.events.record(worker_id, "ejected", f"{label} {measured[worker_id] * 1e3:.0f} ms, "
-                                                             f"{scores[worker_id] / median:.1f}x the fleet median")
+                    self.events.record(
+                        worker_id,
+                        "ejected",
+                        f"{label} {measured[worker_id] * 1e3:.0f} ms, "
+                        f"{scores[worker_id] / median:.1f}x the fleet median",
+                    )
                     state.sever()
 
     # Active probes: the canary generation of shoal workers.
@@ -157,13 +168,17 @@ class HealthMonitor:
         self.canaries[state.worker_id] = asyncio.create_task(self._canary(state))
 
     async def _canary(self, state: WorkerState) -> None:
-        """One canary, given canary_timeout_s plus the time of the two longest steps the worker says
-        it may run now (the one in flight, then the canary's own): a busy worker is not a broken one."""
-        longest_step_s = state.report.longest_step_s if state.report else None
-        timeout_s = min(CANARY_TIMEOUT_LIMIT_S, self.settings.canary_timeout_s + 2 * (longest_step_s or 0.0))
+        """One canary, given canary_timeout_s plus the time the worker says the work ahead of it
+        takes: the prompt tokens it has yet to prefill (running prefills keep the step budget until
+        they are done) and two of its longest steps (the one in flight, then the canary's own). A
+        busy worker is not a broken one."""
+        timeout_s = min(CANARY_TIMEOUT_LIMIT_S, self.settings.canary_timeout_s + _work_ahead_s(state.report))
         try:
-            async with self.membership.session.get(f"{state.url}/health/canary", params={"timeout_s": str(timeout_s)},
-                                                   timeout=aiohttp.ClientTimeout(total=timeout_s + 1)) as response:
+            async with self.membership.session.get(
+                f"{state.url}/health/canary",
+                params={"timeout_s": str(timeout_s)},
+                timeout=aiohttp.ClientTimeout(total=timeout_s + 1),
+            ) as response:
                 ok = response.status == 200
                 reason = f"canary answered {response.status}"
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -178,3 +193,12 @@ class HealthMonitor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _work_ahead_s(report: LoadReport | None) -> float:
+    """Seconds of work a worker's load report says it has before a request admitted first."""
+    if report is None:
+        return 0.0
+    rate = report.prefill_tokens_per_s
+    prefill_s = (report.outstanding_prefill_tokens or 0) / rate if rate else 0.0
+    return prefill_s + 2 * (report.longest_step_s or 0.0)
