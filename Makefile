@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test install bench clean
+.PHONY: serve test lint install bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,14 @@ install: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/shoal serve
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest -q
+
+# The import contracts of pyproject.toml (layers, light processes, leaves, no cycles), then ruff.
+lint: $(STAMP)
+	$(BIN)/lint-imports
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/engine.py

@@ -6,6 +6,7 @@ engine benchmark's results.
 
     .venv/bin/python benchmarks/batch_invariance_cost.py [--dtype bfloat16] [--concurrency 1,8,32,64]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,9 +21,13 @@ TOPICS = ["rivers", "volcanoes", "bees", "glass", "tides", "chess", "bread", "co
 
 def prompts(llm: LLM, count: int) -> list[list[int]]:
     tokenizer = llm.get_tokenizer()
-    return [tokenizer.encode(tokenizer.apply_chat_template(
-        [{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} ({i})."}]), add_special_tokens=False)
-        for i in range(count)]
+    return [
+        tokenizer.encode(
+            tokenizer.apply_chat_template([{"role": "user", "content": f"Describe {TOPICS[i % len(TOPICS)]} ({i})."}]),
+            add_special_tokens=False,
+        )
+        for i in range(count)
+    ]
 
 
 def generation_tokens_per_second(llm: LLM, count: int, new_tokens: int) -> float:
@@ -54,8 +59,9 @@ def main() -> None:
     for invariant in (True, False):
         llm = LLM(dtype=args.dtype, device="cpu", kv_cache_bytes=512 << 20, batch_invariant=invariant)
         generation_tokens_per_second(llm, 4, 8)  # warm-up
-        results[str(invariant)] = {c: max(generation_tokens_per_second(llm, c, args.new_tokens)
-                                          for _ in range(args.repeats)) for c in levels}
+        results[str(invariant)] = {
+            c: max(generation_tokens_per_second(llm, c, args.new_tokens) for _ in range(args.repeats)) for c in levels
+        }
     print(f"{'conc':>5} {'invariant tok/s':>16} {'plain tok/s':>12} {'ratio':>6}")
     for c in levels:
         on, off = results["True"][c], results["False"][c]

@@ -20,6 +20,7 @@ of kills and stops within 2 heartbeat periods, TTFT p99 under faults <= 3x fault
     .venv/bin/python benchmarks/chaos.py --tiny --duration-s 30        # tiny random Llama, fast
     .venv/bin/python benchmarks/chaos.py                               # SmolLM2-135M-Instruct
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,9 +49,23 @@ from tests.support.tiny_model import write_tiny_model
 
 RESULTS = Path(__file__).parent / "results"
 MODEL_NAME = "chaos"
-SUBJECTS = ["a lighthouse keeper", "a river", "an old clock", "a fox in winter", "the first snow", "a ship's cat",
-            "a mountain road", "a lost key", "a garden at night", "a quiet library", "a storm at sea", "a baker"]
-MIGRATING = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*migrating a stream .*? after (\d+) tokens \((.*)\)")
+SUBJECTS = [
+    "a lighthouse keeper",
+    "a river",
+    "an old clock",
+    "a fox in winter",
+    "the first snow",
+    "a ship's cat",
+    "a mountain road",
+    "a lost key",
+    "a garden at night",
+    "a quiet library",
+    "a storm at sea",
+    "a baker",
+]
+MIGRATING = re.compile(
+    r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) .*migrating a stream .*? after (\d+) tokens \((.*)\)"
+)
 DETECTED = ("down", "ejected")
 
 
@@ -59,12 +74,22 @@ def make_spec(index: int, args) -> dict:
     rng = random.Random(args.seed * 1_000_003 + index)
     subject = rng.choice(SUBJECTS)
     prompt = f"Tell story {index} about {subject}, part {rng.randrange(100)}."
-    body = {"model": MODEL_NAME, "max_tokens": args.max_tokens, "temperature": 0.8, "top_p": 0.95,
-            "seed": args.seed * 100_000 + index, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL_NAME,
+        "max_tokens": args.max_tokens,
+        "temperature": 0.8,
+        "top_p": 0.95,
+        "seed": args.seed * 100_000 + index,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     if index % 2 == 0:
-        return {"index": index, "path": "/v1/chat/completions",
-                "body": {**body, "messages": [{"role": "user", "content": prompt}]}}
+        return {
+            "index": index,
+            "path": "/v1/chat/completions",
+            "body": {**body, "messages": [{"role": "user", "content": prompt}]},
+        }
     return {"index": index, "path": "/v1/completions", "body": {**body, "prompt": prompt}}
 
 
@@ -82,10 +107,28 @@ class Fleet:
         self.router_url = ""
 
     def start_worker(self, k: int) -> subprocess.Popen:
-        command = [sys.executable, "-m", "shoal.cli", "worker", "--model", self.model, "--port", str(self.ports[k]),
-                   "--served-model-name", MODEL_NAME, "--kv-cache", self.args.kv_cache, "--num-threads",
-                   str(self.args.threads_per_worker), "--drain-grace-s", str(self.args.drain_grace_s),
-                   "--step-delay-ms", str(self.args.step_delay_ms), "--dtype", self.args.dtype]
+        command = [
+            sys.executable,
+            "-m",
+            "shoal.cli",
+            "worker",
+            "--model",
+            self.model,
+            "--port",
+            str(self.ports[k]),
+            "--served-model-name",
+            MODEL_NAME,
+            "--kv-cache",
+            self.args.kv_cache,
+            "--num-threads",
+            str(self.args.threads_per_worker),
+            "--drain-grace-s",
+            str(self.args.drain_grace_s),
+            "--step-delay-ms",
+            str(self.args.step_delay_ms),
+            "--dtype",
+            self.args.dtype,
+        ]
         with open(self.log_dir / f"worker-{k}.log", "a") as log:
             log.write(f"\n=== started at {time.time():.3f}: {' '.join(command)}\n")
             log.flush()
@@ -97,17 +140,22 @@ class Fleet:
             self.start_worker(k)
         for k, url in enumerate(self.urls):
             wait_for(url + "/ready", self.processes[k])
-        config = {"workers": [{"url": url} for url in self.urls],
-                  "load_poll_interval_s": self.args.heartbeat_interval_s,  # polls are the static workers' heartbeats
-                  "health": {"heartbeat_interval_s": self.args.heartbeat_interval_s},
-                  "failover": {"token_deadline_min_s": self.args.token_deadline_min_s}}
+        config = {
+            "workers": [{"url": url} for url in self.urls],
+            "load_poll_interval_s": self.args.heartbeat_interval_s,  # polls are the static workers' heartbeats
+            "health": {"heartbeat_interval_s": self.args.heartbeat_interval_s},
+            "failover": {"token_deadline_min_s": self.args.token_deadline_min_s},
+        }
         config_path = self.log_dir / "router.yaml"
         config_path.write_text(yaml.safe_dump(config))
         port = free_port()
         with open(self.log_dir / "router.log", "a") as log:
             self.router = subprocess.Popen(
                 [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(config_path)],
-                env={**os.environ, "SHOAL_ADMIN_TOKEN": self.admin_token}, stdout=subprocess.DEVNULL, stderr=log)
+                env={**os.environ, "SHOAL_ADMIN_TOKEN": self.admin_token},
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
         self.router_url = f"http://127.0.0.1:{port}"
         wait_for(self.router_url + "/ready", self.router, timeout_s=60)
 
@@ -141,8 +189,9 @@ class AdminWatch:
         self.rotation_changes: list[tuple[float, str, bool]] = []
 
     async def refresh(self, client: httpx.AsyncClient) -> None:
-        response = await client.get(self.router_url + "/admin/workers",
-                                    headers={"authorization": f"Bearer {self.token}"}, timeout=5)
+        response = await client.get(
+            self.router_url + "/admin/workers", headers={"authorization": f"Bearer {self.token}"}, timeout=5
+        )
         response.raise_for_status()
         now, body = time.time(), response.json()
         for event in body["events"]:
@@ -168,9 +217,24 @@ class AdminWatch:
 
 async def stream_one(client: httpx.AsyncClient, spec: dict, open_streams: dict) -> dict:
     """One streamed request as the client sees it."""
-    record = {"index": spec["index"], "path": spec["path"], "worker": None, "status": None, "error": None,
-              "done": False, "ids": [], "text": "", "usage_tokens": None, "response_ids": [], "roles": 0,
-              "ttft_s": None, "itl_s": [], "e2e_s": None, "started_at": time.time(), "ended_at": None}
+    record = {
+        "index": spec["index"],
+        "path": spec["path"],
+        "worker": None,
+        "status": None,
+        "error": None,
+        "done": False,
+        "ids": [],
+        "text": "",
+        "usage_tokens": None,
+        "response_ids": [],
+        "roles": 0,
+        "ttft_s": None,
+        "itl_s": [],
+        "e2e_s": None,
+        "started_at": time.time(),
+        "ended_at": None,
+    }
     sent = time.perf_counter()
     last = None
     text = []
@@ -219,8 +283,14 @@ async def stream_one(client: httpx.AsyncClient, spec: dict, open_streams: dict) 
     return record
 
 
-async def run_phase(router_url: str, specs, concurrency: int, open_streams: dict,
-                    deadline_s: float | None = None, count: int | None = None) -> tuple[list[dict], float]:
+async def run_phase(
+    router_url: str,
+    specs,
+    concurrency: int,
+    open_streams: dict,
+    deadline_s: float | None = None,
+    count: int | None = None,
+) -> tuple[list[dict], float]:
     """`concurrency` lanes take the next request of `specs(i)` until `count` were sent or, with
     `deadline_s`, until that many seconds have passed. Returns the records (by index) and seconds."""
     records: list[dict] = []
@@ -229,15 +299,17 @@ async def run_phase(router_url: str, specs, concurrency: int, open_streams: dict
 
     async def lane(client: httpx.AsyncClient) -> None:
         nonlocal next_index
-        while ((count is None or next_index < count)
-               and (deadline_s is None or time.perf_counter() - started < deadline_s)):
+        while (count is None or next_index < count) and (
+            deadline_s is None or time.perf_counter() - started < deadline_s
+        ):
             spec = specs(next_index)
             next_index += 1
             records.append(await stream_one(client, spec, open_streams))
 
     timeout = httpx.Timeout(120, connect=10)
-    async with httpx.AsyncClient(base_url=router_url, timeout=timeout,
-                                 limits=httpx.Limits(max_connections=concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        base_url=router_url, timeout=timeout, limits=httpx.Limits(max_connections=concurrency + 4)
+    ) as client:
         await asyncio.gather(*(lane(client) for _ in range(concurrency)))
     return sorted(records, key=lambda r: r["index"]), time.perf_counter() - started
 
@@ -263,8 +335,11 @@ class Injector:
     async def pick_target(self, finished: asyncio.Event) -> int | None:
         deadline = time.monotonic() + 3
         while not finished.is_set():
-            healthy = [k for k, url in enumerate(self.fleet.urls)
-                       if self.watch.workers.get(url, {}).get("healthy") and self.fleet.processes[k].poll() is None]
+            healthy = [
+                k
+                for k, url in enumerate(self.fleet.urls)
+                if self.watch.workers.get(url, {}).get("healthy") and self.fleet.processes[k].poll() is None
+            ]
             busy = [k for k in healthy if self.watch.workers[self.fleet.urls[k]]["in_flight"] > 0]
             if busy or (healthy and time.monotonic() > deadline):
                 return self.rng.choice(busy or healthy)
@@ -297,9 +372,12 @@ class Injector:
         url, process = self.fleet.urls[k], self.fleet.processes[k]
         async with httpx.AsyncClient() as client:
             await self.watch.refresh(client)  # the in-flight count as of now, not 0.1 s ago
-        fault = {"kind": kind, "worker": url,
-                 "router_in_flight": self.watch.workers[url]["in_flight"],
-                 "client_streams_opened_there": sorted(i for i, w in self.open_streams.items() if w == url)}
+        fault = {
+            "kind": kind,
+            "worker": url,
+            "router_in_flight": self.watch.workers[url]["in_flight"],
+            "client_streams_opened_there": sorted(i for i, w in self.open_streams.items() if w == url),
+        }
         fault["injected_at"] = time.time()
         if kind == "kill":
             os.kill(process.pid, signal.SIGKILL)
@@ -339,8 +417,11 @@ class Injector:
             fault = await self.inject(k, kind)
             fault["planned_offset_s"], fault["offset_s"] = offset, fault["injected_at"] - self.phase_started_wall
             self.faults.append(fault)
-            print(f"  fault {len(self.faults)}: {kind} {fault['worker']} at {fault['offset_s']:.1f} s "
-                  f"({fault['router_in_flight']} in flight there)", flush=True)
+            print(
+                f"  fault {len(self.faults)}: {kind} {fault['worker']} at {fault['offset_s']:.1f} s "
+                f"({fault['router_in_flight']} in flight there)",
+                flush=True,
+            )
 
 
 def latency(records: list[dict]) -> dict:
@@ -348,8 +429,11 @@ def latency(records: list[dict]) -> dict:
     ttft = [r["ttft_s"] for r in done if r["ttft_s"] is not None]
     itl = [gap for r in done for gap in r["itl_s"]]
     e2e = [r["e2e_s"] for r in done]
-    figures = {f"{name}_p{q}_s": percentile(values, q)
-               for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e)) for q in (50, 99)}
+    figures = {
+        f"{name}_p{q}_s": percentile(values, q)
+        for name, values in (("ttft", ttft), ("itl", itl), ("e2e", e2e))
+        for q in (50, 99)
+    }
     return {**figures, "itl_max_s": max(itl, default=None)}
 
 
@@ -375,16 +459,28 @@ def compare(reference: dict, faulted: dict) -> dict:
         if tag in ("insert", "replace"):
             extra += j2 - j1
     first = next((i for i, (a, b) in enumerate(zip(ref, got)) if a != b), min(len(ref), len(got)))
-    return {"index": faulted["index"], "reference_tokens": len(ref), "tokens": len(got), "lost": lost,
-            "repeated": extra, "first_difference": first if ref != got else None,
-            "text_differs": reference["text"] != faulted["text"]}
+    return {
+        "index": faulted["index"],
+        "reference_tokens": len(ref),
+        "tokens": len(got),
+        "lost": lost,
+        "repeated": extra,
+        "first_difference": first if ref != got else None,
+        "text_differs": reference["text"] != faulted["text"],
+    }
 
 
 def summarise_phase(records: list[dict], seconds: float) -> dict:
     failed = [r for r in records if r["error"] or not r["done"]]
-    return {"sent": len(records), "completed": len(records) - len(failed), "failed": len(failed),
-            "failures": [{"index": r["index"], "error": r["error"], "tokens": len(r["ids"])} for r in failed][:20],
-            "seconds": seconds, "tokens": sum(len(r["ids"]) for r in records), **latency(records)}
+    return {
+        "sent": len(records),
+        "completed": len(records) - len(failed),
+        "failed": len(failed),
+        "failures": [{"index": r["index"], "error": r["error"], "tokens": len(r["ids"])} for r in failed][:20],
+        "seconds": seconds,
+        "tokens": sum(len(r["ids"]) for r in records),
+        **latency(records),
+    }
 
 
 def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: Path) -> dict:
@@ -412,33 +508,61 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
         if reference_record["ids"] != record["ids"] or reference_record["text"] != record["text"]:
             diffs.append(compare(reference_record, record))
         if record["usage_tokens"] != len(record["ids"]):
-            usage_wrong.append({"index": record["index"], "usage": record["usage_tokens"],
-                                "received": len(record["ids"])})
+            usage_wrong.append(
+                {"index": record["index"], "usage": record["usage_tokens"], "received": len(record["ids"])}
+            )
         if len(record["response_ids"]) != 1 or (record["path"].endswith("chat/completions") and record["roles"] != 1):
-            anomalies.append({"index": record["index"], "response_ids": record["response_ids"],
-                              "roles": record["roles"]})
+            anomalies.append(
+                {"index": record["index"], "response_ids": record["response_ids"], "roles": record["roles"]}
+            )
     exposed = {i for f in faults for i in f["client_streams_opened_there"]}
-    result["tokens"] = {"requests_differing": len(diffs), "tokens_lost": sum(d["lost"] for d in diffs),
-                        "tokens_repeated": sum(d["repeated"] for d in diffs),
-                        "differing_streams_exposed_to_a_fault": sum(d["index"] in exposed for d in diffs),
-                        "usage_mismatches": len(usage_wrong), "stream_anomalies": len(anomalies),
-                        "differences": diffs[:20], "usage_wrong": usage_wrong[:20], "anomalies": anomalies[:20]}
+    result["tokens"] = {
+        "requests_differing": len(diffs),
+        "tokens_lost": sum(d["lost"] for d in diffs),
+        "tokens_repeated": sum(d["repeated"] for d in diffs),
+        "differing_streams_exposed_to_a_fault": sum(d["index"] in exposed for d in diffs),
+        "usage_mismatches": len(usage_wrong),
+        "stream_anomalies": len(anomalies),
+        "differences": diffs[:20],
+        "usage_wrong": usage_wrong[:20],
+        "anomalies": anomalies[:20],
+    }
     for i, fault in enumerate(faults):
         until = faults[i + 1]["injected_at"] if i + 1 < len(faults) else fault_window[1]
-        hit = next((e for e in events if e["worker_id"] == fault["worker"] and e["change"] in DETECTED
-                    and e["time"] >= fault["injected_at"]), None)
-        fault["detected"] = None if hit is None else {"change": hit["change"], "reason": hit["reason"],
-                                                      "after_s": hit["time"] - fault["injected_at"]}
-        out = next((t for t, w, healthy in watch.rotation_changes
-                    if w == fault["worker"] and not healthy and t >= fault["injected_at"]), None)
+        hit = next(
+            (
+                e
+                for e in events
+                if e["worker_id"] == fault["worker"] and e["change"] in DETECTED and e["time"] >= fault["injected_at"]
+            ),
+            None,
+        )
+        fault["detected"] = (
+            None
+            if hit is None
+            else {"change": hit["change"], "reason": hit["reason"], "after_s": hit["time"] - fault["injected_at"]}
+        )
+        out = next(
+            (
+                t
+                for t, w, healthy in watch.rotation_changes
+                if w == fault["worker"] and not healthy and t >= fault["injected_at"]
+            ),
+            None,
+        )
         fault["out_of_rotation_after_s"] = None if out is None else out - fault["injected_at"]
         fault["migrations_logged"] = len(migrations(log_dir / "router.log", fault["injected_at"], until))
         fault["events"] = [e for e in events if fault["injected_at"] <= e["time"] <= until]
     detect = [f["detected"]["after_s"] if f["detected"] else None for f in faults if f["kind"] in ("kill", "stop")]
     finite = [d for d in detect if d is not None]
     bound = 2 * args.heartbeat_interval_s
-    result["detection"] = {"kill_and_stop_s": detect, "max_s": max(finite, default=None),
-                           "p50_s": percentile(finite, 50), "target_s": bound, "undetected": len(detect) - len(finite)}
+    result["detection"] = {
+        "kill_and_stop_s": detect,
+        "max_s": max(finite, default=None),
+        "p50_s": percentile(finite, 50),
+        "target_s": bound,
+        "undetected": len(detect) - len(finite),
+    }
     ttft_ratio = None
     if result["faulted"]["ttft_p99_s"] and result["reference"]["ttft_p99_s"]:
         ttft_ratio = result["faulted"]["ttft_p99_s"] / result["reference"]["ttft_p99_s"]
@@ -446,10 +570,12 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
     tokens = result["tokens"]
     result["targets"] = {
         "no lost request": result["faulted"]["failed"] == 0 and result["reference"]["failed"] == 0,
-        "no lost or repeated token": tokens["requests_differing"] == 0 and tokens["usage_mismatches"] == 0
-                                     and tokens["stream_anomalies"] == 0,
-        f"kills and stops detected within 2 heartbeats ({bound:g} s)": bool(finite) and len(finite) == len(detect)
-                                                                             and max(finite) <= bound,
+        "no lost or repeated token": tokens["requests_differing"] == 0
+        and tokens["usage_mismatches"] == 0
+        and tokens["stream_anomalies"] == 0,
+        f"kills and stops detected within 2 heartbeats ({bound:g} s)": bool(finite)
+        and len(finite) == len(detect)
+        and max(finite) <= bound,
         "TTFT p99 under faults <= 3x fault-free": ttft_ratio is not None and ttft_ratio <= 3,
     }
     result["faults"] = faults
@@ -464,30 +590,43 @@ def report(result: dict) -> None:
     for i, f in enumerate(result["faults"], 1):
         detected = f["detected"]
         back = f["back_in_rotation_at"] and f["back_in_rotation_at"] - f["injected_at"]
-        drained = f" (exited {f['exited_at'] - f['injected_at']:.1f} s after SIGTERM; not a detection)" \
-            if f["kind"] == "restart" else ""
+        drained = (
+            f" (exited {f['exited_at'] - f['injected_at']:.1f} s after SIGTERM; not a detection)"
+            if f["kind"] == "restart"
+            else ""
+        )
         found = f"{detected['change']} after {ms(detected['after_s'])} ({detected['reason']})" if detected else "never"
-        print(f"  {i:>2} {f['kind']:<7} {f['worker']} at {f['offset_s']:5.1f} s: {f['router_in_flight']} in flight, "
-              f"{f['migrations_logged']} migrations logged, detected {found}"
-              + f"{drained}, out of rotation after {ms(f['out_of_rotation_after_s'])}, back after {ms(back)}")
+        print(
+            f"  {i:>2} {f['kind']:<7} {f['worker']} at {f['offset_s']:5.1f} s: {f['router_in_flight']} in flight, "
+            f"{f['migrations_logged']} migrations logged, detected {found}"
+            + f"{drained}, out of rotation after {ms(f['out_of_rotation_after_s'])}, back after {ms(back)}"
+        )
     hit = sum(f["router_in_flight"] > 0 for f in result["faults"])
-    print(f"{len(result['faults'])} of {result['faults_planned']} planned faults injected, {hit} with streams "
-          f"in flight on the worker ({sum(f['router_in_flight'] for f in result['faults'])} streams in all)")
+    print(
+        f"{len(result['faults'])} of {result['faults_planned']} planned faults injected, {hit} with streams "
+        f"in flight on the worker ({sum(f['router_in_flight'] for f in result['faults'])} streams in all)"
+    )
     for name in ("reference", "faulted"):
         p = result[name]
-        print(f"{name:>9}: {p['sent']} sent, {p['completed']} completed, {p['failed']} failed, {p['tokens']} tokens in "
-              f"{p['seconds']:.1f} s; TTFT p50 {ms(p['ttft_p50_s'])} p99 {ms(p['ttft_p99_s'])}, ITL p50 "
-              f"{ms(p['itl_p50_s'])} p99 {ms(p['itl_p99_s'])} max {ms(p['itl_max_s'])}, e2e p50 "
-              f"{ms(p['e2e_p50_s'])} p99 {ms(p['e2e_p99_s'])}; "
-              f"{len(p['migrations'])} migrations; events {p['health_events']}")
+        print(
+            f"{name:>9}: {p['sent']} sent, {p['completed']} completed, {p['failed']} failed, {p['tokens']} tokens in "
+            f"{p['seconds']:.1f} s; TTFT p50 {ms(p['ttft_p50_s'])} p99 {ms(p['ttft_p99_s'])}, ITL p50 "
+            f"{ms(p['itl_p50_s'])} p99 {ms(p['itl_p99_s'])} max {ms(p['itl_max_s'])}, e2e p50 "
+            f"{ms(p['e2e_p50_s'])} p99 {ms(p['e2e_p99_s'])}; "
+            f"{len(p['migrations'])} migrations; events {p['health_events']}"
+        )
     t = result["tokens"]
-    print(f"tokens: {t['requests_differing']} requests differ from the reference ({t['tokens_lost']} tokens lost, "
-          f"{t['tokens_repeated']} repeated/extra), {t['usage_mismatches']} usage mismatches, "
-          f"{t['stream_anomalies']} stream anomalies")
+    print(
+        f"tokens: {t['requests_differing']} requests differ from the reference ({t['tokens_lost']} tokens lost, "
+        f"{t['tokens_repeated']} repeated/extra), {t['usage_mismatches']} usage mismatches, "
+        f"{t['stream_anomalies']} stream anomalies"
+    )
     d = result["detection"]
-    print(f"detection (kill, stop): max {ms(d['max_s'])}, p50 {ms(d['p50_s'])}, {d['undetected']} undetected, "
-          f"target {ms(d['target_s'])}; TTFT p99 faulted / fault-free: "
-          + ("-" if result["ttft_p99_ratio"] is None else f"{result['ttft_p99_ratio']:.2f}"))
+    print(
+        f"detection (kill, stop): max {ms(d['max_s'])}, p50 {ms(d['p50_s'])}, {d['undetected']} undetected, "
+        f"target {ms(d['target_s'])}; TTFT p99 faulted / fault-free: "
+        + ("-" if result["ttft_p99_ratio"] is None else f"{result['ttft_p99_ratio']:.2f}")
+    )
     for name, ok in result["targets"].items():
         print(f"  {'PASS' if ok else 'MISS'}  {name}")
 
@@ -498,12 +637,14 @@ async def scenario(fleet: Fleet, args) -> dict:
     watcher = asyncio.create_task(watch.run(stop_watch))
     open_streams: dict[int, str] = {}
     warm = args.concurrency * 2
-    await run_phase(fleet.router_url, lambda i: make_spec(1_000_000 + i, args), args.concurrency, open_streams,
-                    count=warm)
+    await run_phase(
+        fleet.router_url, lambda i: make_spec(1_000_000 + i, args), args.concurrency, open_streams, count=warm
+    )
     print(f"reference phase: {args.duration_s:g} s at concurrency {args.concurrency}", flush=True)
     since = time.time()
-    reference = await run_phase(fleet.router_url, lambda i: make_spec(i, args), args.concurrency, open_streams,
-                                deadline_s=args.duration_s)
+    reference = await run_phase(
+        fleet.router_url, lambda i: make_spec(i, args), args.concurrency, open_streams, deadline_s=args.duration_s
+    )
     reference_window = (since, time.time())
     await asyncio.sleep(2 * args.heartbeat_interval_s)
     sent = len(reference[0])
@@ -513,8 +654,9 @@ async def scenario(fleet: Fleet, args) -> dict:
     finished = asyncio.Event()
     since = injector.phase_started_wall = time.time()
     injection = asyncio.create_task(injector.run(plan, finished))
-    faulted = await run_phase(fleet.router_url, lambda i: make_spec(i, args), args.concurrency, open_streams,
-                              count=sent)
+    faulted = await run_phase(
+        fleet.router_url, lambda i: make_spec(i, args), args.concurrency, open_streams, count=sent
+    )
     finished.set()
     await injection
     faulted_window = (since, time.time())
@@ -548,8 +690,12 @@ def main() -> int:
     parser.add_argument("--log-dir", default=None, help="worker and router logs (default: a new temporary folder)")
     args = parser.parse_args()
     tiny = args.tiny
-    defaults = {"max_tokens": (128, 64), "step_delay_ms": (20.0, 0.0), "dtype": ("float32", "auto"),
-                "kv_cache": ("8MiB", "256MiB")}
+    defaults = {
+        "max_tokens": (128, 64),
+        "step_delay_ms": (20.0, 0.0),
+        "dtype": ("float32", "auto"),
+        "kv_cache": ("8MiB", "256MiB"),
+    }
     for name, (small, real) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, small if tiny else real)
@@ -559,8 +705,9 @@ def main() -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     model = str(write_tiny_model(log_dir / "tiny-llama")) if tiny else args.model
     load_before = os.getloadavg()
-    shoal_from = subprocess.run([sys.executable, "-c", "import shoal; print(shoal.__file__)"], capture_output=True,
-                                text=True).stdout.strip()  # what the workers and the router will run
+    shoal_from = subprocess.run(
+        [sys.executable, "-c", "import shoal; print(shoal.__file__)"], capture_output=True, text=True
+    ).stdout.strip()  # what the workers and the router will run
     fleet = Fleet(args, model, log_dir, secrets.token_hex(16))
     print(f"logs: {log_dir}", flush=True)
     try:
@@ -577,11 +724,23 @@ def main() -> int:
     if not shoal_from.startswith(str(repo / "src")):  # an export on PYTHONPATH: the checkout says nothing
         commit, dirty = args.commit or f"unknown (shoal from {shoal_from})", None
     out = RESULTS / f"chaos-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"args": vars(args), "model": "tiny random Llama" if tiny else args.model,
-                               "commit": commit, "uncommitted_src_changes": dirty, "shoal_imported_from": shoal_from,
-                               "log_dir": str(log_dir), "cpus": os.cpu_count(),
-                               "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
-                               "results": result}, indent=2, default=str))
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "model": "tiny random Llama" if tiny else args.model,
+                "commit": commit,
+                "uncommitted_src_changes": dirty,
+                "shoal_imported_from": shoal_from,
+                "log_dir": str(log_dir),
+                "cpus": os.cpu_count(),
+                "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
+                "results": result,
+            },
+            indent=2,
+            default=str,
+        )
+    )
     print(f"results: {out}")
     return 0 if all(result["targets"].values()) else 1
 

@@ -18,6 +18,7 @@ Usage:
 Results are printed and written to benchmarks/results/engine-<timestamp>.json.
 Not a test: pytest only collects tests/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,10 +32,11 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from shoal.percentile import percentile
 
@@ -50,15 +52,70 @@ MODEL = "smollm2-135m-instruct"
 # default system prompt). Every request in the whole run gets a message no other request has.
 # --------------------------------------------------------------------------------------------------
 
-TASKS = ["Describe {}.", "Explain {} simply.", "Write a haiku about {}.", "List three facts about {}.",
-         "Why do people like {}?", "Tell a short story about {}.", "What is {}?", "Give advice about {}.",
-         "Summarize the history of {}.", "Teach me about {}."]
-TOPICS = ["rivers", "volcanoes", "the moon", "bread", "jazz", "chess", "penguins", "bicycles", "glaciers",
-          "coffee", "libraries", "tigers", "deserts", "violins", "rainbows", "trains", "honey bees",
-          "lighthouses", "tea", "castles", "owls", "mountains", "the ocean", "gardens", "clocks", "maps",
-          "bridges", "whales", "forests", "candles", "kites", "dolphins", "comets", "cheese", "sailing",
-          "pottery", "thunderstorms", "museums", "elephants", "snow", "origami", "robots", "tulips",
-          "chocolate", "rain", "football", "painting", "owls at night", "spiders", "satellites"]
+TASKS = [
+    "Describe {}.",
+    "Explain {} simply.",
+    "Write a haiku about {}.",
+    "List three facts about {}.",
+    "Why do people like {}?",
+    "Tell a short story about {}.",
+    "What is {}?",
+    "Give advice about {}.",
+    "Summarize the history of {}.",
+    "Teach me about {}.",
+]
+TOPICS = [
+    "rivers",
+    "volcanoes",
+    "the moon",
+    "bread",
+    "jazz",
+    "chess",
+    "penguins",
+    "bicycles",
+    "glaciers",
+    "coffee",
+    "libraries",
+    "tigers",
+    "deserts",
+    "violins",
+    "rainbows",
+    "trains",
+    "honey bees",
+    "lighthouses",
+    "tea",
+    "castles",
+    "owls",
+    "mountains",
+    "the ocean",
+    "gardens",
+    "clocks",
+    "maps",
+    "bridges",
+    "whales",
+    "forests",
+    "candles",
+    "kites",
+    "dolphins",
+    "comets",
+    "cheese",
+    "sailing",
+    "pottery",
+    "thunderstorms",
+    "museums",
+    "elephants",
+    "snow",
+    "origami",
+    "robots",
+    "tulips",
+    "chocolate",
+    "rain",
+    "football",
+    "painting",
+    "owls at night",
+    "spiders",
+    "satellites",
+]
 
 
 class PromptPool:
@@ -76,8 +133,9 @@ class PromptPool:
     def take(self, n: int) -> list[list[int]]:
         out = []
         for _ in range(n):
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": self.message(self.next_index)}],
-                                                      add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": self.message(self.next_index)}], add_generation_prompt=True
+            )
             out.append(self.tokenizer.encode(text, add_special_tokens=False))
             self.next_index += 1
         return out
@@ -86,6 +144,7 @@ class PromptPool:
 # --------------------------------------------------------------------------------------------------
 # Measurement helpers
 # --------------------------------------------------------------------------------------------------
+
 
 def best_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
     for _ in range(warmup):
@@ -115,7 +174,7 @@ class CpuMonitor:
         ru = resource.getrusage(resource.RUSAGE_SELF)
         return time.perf_counter(), busy, ru.ru_utime + ru.ru_stime
 
-    def __enter__(self) -> "CpuMonitor":
+    def __enter__(self) -> CpuMonitor:
         self.start = self._sample()
         return self
 
@@ -141,8 +200,9 @@ def wait_for_idle(max_wait_s: float, threshold_cores: float = 0.15, window_s: fl
         time.sleep(3.0)
 
 
-def measured(label: str, fn: Callable[[int], tuple[dict[str, Any], Any]], args: argparse.Namespace,
-             log: Callable[[str], None]) -> tuple[dict[str, Any], Any]:
+def measured(
+    label: str, fn: Callable[[int], tuple[dict[str, Any], Any]], args: argparse.Namespace, log: Callable[[str], None]
+) -> tuple[dict[str, Any], Any]:
     """Runs fn(attempt); when other processes shared the CPU during it (more than --noise-threshold
     cores), waits for an idle CPU and repeats, up to --retries times. Keeps the least disturbed run."""
     best = None
@@ -173,8 +233,9 @@ def token_metrics(t0: float, token_times: list[list[float]], num_prompt_tokens: 
     gen_start = max(firsts)
     gen_tokens = sum(1 for ts in token_times for t in ts if t > gen_start)
     gaps = [(b - a) * 1e3 for ts in token_times for a, b in zip(ts, ts[1:])]
-    per_request_mean = [statistics.fmean([(b - a) * 1e3 for a, b in zip(ts, ts[1:])]) for ts in token_times
-                        if len(ts) > 1]
+    per_request_mean = [
+        statistics.fmean([(b - a) * 1e3 for a, b in zip(ts, ts[1:])]) for ts in token_times if len(ts) > 1
+    ]
     ttft = [(t - t0) * 1e3 for t in firsts]
     return {
         "requests": len(token_times),
@@ -183,10 +244,12 @@ def token_metrics(t0: float, token_times: list[list[float]], num_prompt_tokens: 
         "wall_s": last - t0,
         "end_to_end_tok_s": total / (last - t0),
         "gen_tok_s": gen_tokens / (last - gen_start) if last > gen_start else float("nan"),
-        "ttft_ms_mean": statistics.fmean(ttft), "ttft_ms_p50": percentile(ttft, 50),
+        "ttft_ms_mean": statistics.fmean(ttft),
+        "ttft_ms_p50": percentile(ttft, 50),
         "ttft_ms_max": max(ttft),
         "itl_ms_mean": statistics.fmean(gaps) if gaps else float("nan"),
-        "itl_ms_p50": percentile(gaps, 50), "itl_ms_p90": percentile(gaps, 90),
+        "itl_ms_p50": percentile(gaps, 50),
+        "itl_ms_p90": percentile(gaps, 90),
         "itl_ms_max": max(gaps) if gaps else float("nan"),
         "itl_ms_mean_of_request_means": statistics.fmean(per_request_mean) if per_request_mean else float("nan"),
     }
@@ -195,6 +258,7 @@ def token_metrics(t0: float, token_times: list[list[float]], num_prompt_tokens: 
 # --------------------------------------------------------------------------------------------------
 # shoal
 # --------------------------------------------------------------------------------------------------
+
 
 def shoal_run(llm: Any, prompts: list[list[int]], new_tokens: int, tag: str) -> tuple[dict[str, Any], list[list[int]]]:
     from shoal import SamplingParams
@@ -226,20 +290,36 @@ def shoal_run(llm: Any, prompts: list[list[int]], new_tokens: int, tag: str) -> 
     if bad:
         raise RuntimeError(f"shoal: {len(bad)} requests did not produce {new_tokens} tokens")
     m = token_metrics(t0, [times[r] for r in ids], sum(map(len, prompts)))
-    m.update(steps=len(step_ms), step_ms_max=max(step_ms), prefix_cached_tokens=sum(cached.values()),
-             prompt_tokens_computed=after.prompt_tokens_computed - before.prompt_tokens_computed,
-             preemptions=after.num_preemptions - before.num_preemptions,
-             other_cores=mon.other_cores, own_cores=mon.own_cores)
+    m.update(
+        steps=len(step_ms),
+        step_ms_max=max(step_ms),
+        prefix_cached_tokens=sum(cached.values()),
+        prompt_tokens_computed=after.prompt_tokens_computed - before.prompt_tokens_computed,
+        preemptions=after.num_preemptions - before.num_preemptions,
+        other_cores=mon.other_cores,
+        own_cores=mon.own_cores,
+    )
     return m, [outputs[r] for r in ids]
 
 
-def bench_shoal(dtype: str, args: argparse.Namespace, prompts_for: dict[int, list[list[int]]],
-                pool: PromptPool, log: Callable[[str], None]) -> dict[str, Any]:
+def bench_shoal(
+    dtype: str,
+    args: argparse.Namespace,
+    prompts_for: dict[int, list[list[int]]],
+    pool: PromptPool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     from shoal import LLM
 
     def new_engine() -> Any:
-        return LLM(MODEL, dtype=dtype, device="cpu", kv_cache_bytes=args.kv_cache_bytes,
-                   max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+        return LLM(
+            MODEL,
+            dtype=dtype,
+            device="cpu",
+            kv_cache_bytes=args.kv_cache_bytes,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+        )
 
     t = time.perf_counter()
     llm = new_engine()
@@ -247,6 +327,7 @@ def bench_shoal(dtype: str, args: argparse.Namespace, prompts_for: dict[int, lis
     attention = "tiled torch kernel"
     try:  # which attention implementation this build of shoal runs on the CPU
         from shoal.model.cpu_attention import load_cpu_attention
+
         if load_cpu_attention() is not None:
             attention = "compiled CPU kernel (shoal.model.cpu_attention)"
     except ImportError:
@@ -256,6 +337,7 @@ def bench_shoal(dtype: str, args: argparse.Namespace, prompts_for: dict[int, lis
         shoal_run(llm, pool.take(c), min(8, args.new_tokens), f"warm-{dtype}-{c}")
     result: dict[str, Any] = {"dtype": dtype, "load_s": load_s, "attention": attention, "runs": {}, "outputs": {}}
     log(f"  shoal {dtype}: loaded in {load_s:.1f} s; attention: {attention}")
+
     def attempt_run(c: int, attempt: int) -> tuple[dict[str, Any], list[list[int]]]:
         nonlocal llm
         if attempt:
@@ -271,8 +353,10 @@ def bench_shoal(dtype: str, args: argparse.Namespace, prompts_for: dict[int, lis
         m, outs = measured(f"shoal {dtype} c={c}", lambda attempt: attempt_run(c, attempt), args, log)
         result["runs"][c] = m
         result["outputs"][c] = outs
-        log(f"  shoal {dtype:8s} c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
-            f"ITL p50 {m['itl_ms_p50']:7.2f} ms  TTFT {m['ttft_ms_mean']:8.1f} ms  (others: {m['other_cores']:.2f} cores)")
+        log(
+            f"  shoal {dtype:8s} c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
+            f"ITL p50 {m['itl_ms_p50']:7.2f} ms  TTFT {m['ttft_ms_mean']:8.1f} ms  (others: {m['other_cores']:.2f} cores)"
+        )
     del llm
     gc.collect()
     return result
@@ -282,46 +366,70 @@ def bench_shoal(dtype: str, args: argparse.Namespace, prompts_for: dict[int, lis
 # transformers
 # --------------------------------------------------------------------------------------------------
 
+
 def hf_generate(model: Any, prompts: list[list[int]], new_tokens: int, pad_id: int, eos_id: int) -> tuple[float, Any]:
     width = max(map(len, prompts))
     ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.inference_mode():
         t = time.perf_counter()
-        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, pad_token_id=pad_id, eos_token_id=eos_id)
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            pad_token_id=pad_id,
+            eos_token_id=eos_id,
+        )
         wall = time.perf_counter() - t
     if out.shape[1] != width + new_tokens:
         raise RuntimeError(f"transformers made {out.shape[1] - width} tokens, not {new_tokens}")
     return wall, out[:, width:].tolist()
 
 
-def bench_hf(dtype: str, gguf_path: Path, args: argparse.Namespace, prompts_for: dict[int, list[list[int]]],
-             eos_id: int, log: Callable[[str], None]) -> dict[str, Any]:
+def bench_hf(
+    dtype: str,
+    gguf_path: Path,
+    args: argparse.Namespace,
+    prompts_for: dict[int, list[list[int]]],
+    eos_id: int,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     import transformers
     from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     t = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                                 dtype=getattr(torch, dtype))
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=getattr(torch, dtype)
+    )
     model.eval()
     load_s = time.perf_counter() - t
     pad_id = eos_id
     for c in args.concurrency:  # warm-up: every batch size, a few tokens
         hf_generate(model, prompts_for[c], 2, pad_id, eos_id)
-    result: dict[str, Any] = {"dtype": dtype, "load_s": load_s, "attn_implementation": model.config._attn_implementation,
-                              "linear_types": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__}),
-                              "runs": {}, "outputs": {}}
+    result: dict[str, Any] = {
+        "dtype": dtype,
+        "load_s": load_s,
+        "attn_implementation": model.config._attn_implementation,
+        "linear_types": sorted({type(m).__name__ for m in model.modules() if "Linear" in type(m).__name__}),
+        "runs": {},
+        "outputs": {},
+    }
     n = args.new_tokens
     for c in args.concurrency:
         prompts = prompts_for[c]
-        m, outs = measured(f"transformers {dtype} c={c}", lambda attempt: hf_run(model, prompts, n, pad_id, eos_id), args, log)
+        m, outs = measured(
+            f"transformers {dtype} c={c}", lambda attempt: hf_run(model, prompts, n, pad_id, eos_id), args, log
+        )
         result["runs"][c] = m
         result["outputs"][c] = outs
-        log(f"  transformers {dtype:8s} c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
-            f"per-token {m['per_token_ms']:7.2f} ms  (others: {m['other_cores']:.2f} cores)")
+        log(
+            f"  transformers {dtype:8s} c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
+            f"per-token {m['per_token_ms']:7.2f} ms  (others: {m['other_cores']:.2f} cores)"
+        )
     del model
     gc.collect()
     return result
@@ -334,15 +442,19 @@ def hf_run(model: Any, prompts: list[list[int]], n: int, pad_id: int, eos_id: in
         t1 = min(hf_generate(model, prompts, 1, pad_id, eos_id)[0] for _ in range(2))
         tn, outs = hf_generate(model, prompts, n, pad_id, eos_id)
     m = {
-        "requests": c, "output_tokens": c * n, "prompt_tokens": sum(map(len, prompts)),
-        "padded_prompt_len": max(map(len, prompts)), "wall_s": tn,
+        "requests": c,
+        "output_tokens": c * n,
+        "prompt_tokens": sum(map(len, prompts)),
+        "padded_prompt_len": max(map(len, prompts)),
+        "wall_s": tn,
         "end_to_end_tok_s": c * n / tn,
         # generation phase: the N-token call minus the 1-token call (prefill + first token)
         "gen_tok_s": c * (n - 1) / (tn - t1) if tn > t1 else float("nan"),
         "ttft_ms_mean": t1 * 1e3,
         "per_token_ms": tn / n * 1e3,  # batch wall time / N steps (includes prefill)
         "itl_ms_mean": (tn - t1) / (n - 1) * 1e3 if n > 1 else float("nan"),  # decode steps only
-        "other_cores": mon.other_cores, "own_cores": mon.own_cores,
+        "other_cores": mon.other_cores,
+        "own_cores": mon.own_cores,
     }
     return m, outs
 
@@ -368,12 +480,15 @@ sys.exit(lc.llama_decode(ctx, batch))
 def llama_extra_bufts_ok(gguf_path: Path) -> tuple[bool, str]:
     """Whether llama.cpp's default CPU setup (extra buffer types: AMX / repacked weights) decodes
     without crashing here. Probed in a child process, since a crash there is a segfault."""
-    proc = subprocess.run([sys.executable, "-c", _LLAMA_PROBE, str(gguf_path), "1"], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LLAMA_PROBE, str(gguf_path), "1"], capture_output=True, text=True, timeout=300
+    )
     if proc.returncode == 0:
         return True, "default (extra buffer types on)"
-    return False, (f"default setup exited with {proc.returncode} on a 4-token decode (probe in a child process); "
-                   f"measured with use_extra_bufts=False (no AMX / repacked-weight buffers)")
+    return False, (
+        f"default setup exited with {proc.returncode} on a 4-token decode (probe in a child process); "
+        f"measured with use_extra_bufts=False (no AMX / repacked-weight buffers)"
+    )
 
 
 def _llama_with_model_params(use_extra_bufts: bool) -> Callable[[], Any]:
@@ -391,16 +506,28 @@ def _llama_with_model_params(use_extra_bufts: bool) -> Callable[[], Any]:
     return lambda: setattr(high_level.llama_cpp, "llama_model_default_params", original)
 
 
-def bench_llama_single(gguf_path: Path, args: argparse.Namespace, prompts: list[list[int]],
-                       warm_prompt: list[int], use_extra_bufts: bool, log: Callable[[str], None]) -> dict[str, Any]:
+def bench_llama_single(
+    gguf_path: Path,
+    args: argparse.Namespace,
+    prompts: list[list[int]],
+    warm_prompt: list[int],
+    use_extra_bufts: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """The high-level API, one stream: `Llama.generate` yields each greedy token (EOS is not a stop)."""
     import llama_cpp
 
     n = args.new_tokens
     restore = _llama_with_model_params(use_extra_bufts)
     try:
-        llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=max(map(len, prompts)) + n + 64, n_threads=args.threads,
-                              n_threads_batch=args.threads, n_batch=512, verbose=False)
+        llm = llama_cpp.Llama(
+            model_path=str(gguf_path),
+            n_ctx=max(map(len, prompts)) + n + 64,
+            n_threads=args.threads,
+            n_threads_batch=args.threads,
+            n_batch=512,
+            verbose=False,
+        )
     finally:
         restore()
 
@@ -428,14 +555,18 @@ def bench_llama_single(gguf_path: Path, args: argparse.Namespace, prompts: list[
     return {"runs": {1: m}, "outputs": {1: outs}}
 
 
-def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: dict[int, list[list[int]]],
-                        warm_prompts: list[list[int]], use_extra_bufts: bool,
-                        log: Callable[[str], None]) -> dict[str, Any]:
+def bench_llama_batched(
+    gguf_path: Path,
+    args: argparse.Namespace,
+    prompts_for: dict[int, list[list[int]]],
+    warm_prompts: list[list[int]],
+    use_extra_bufts: bool,
+    log: Callable[[str], None],
+) -> dict[str, Any]:
     """Real parallel sequences through llama.cpp's C API: one llama_decode per step for every request
     (one seq_id each), prefill of all prompts in one batch, greedy argmax over each row's logits."""
     import llama_cpp as lc
     import numpy as np
-
     from llama_cpp._logger import set_verbose
 
     set_verbose(False)  # llama.cpp's load and graph logs
@@ -468,6 +599,7 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
             raise RuntimeError("llama.cpp could not create a context")
         batch = lc.llama_batch_init(max(prompt_total, c), 0, 1)
         try:
+
             def fill(entries: list[tuple[int, int, int, bool]]) -> None:
                 batch.n_tokens = len(entries)
                 for i, (tok, pos, seq, want) in enumerate(entries):
@@ -482,8 +614,10 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
 
             # Warm this context (first decodes allocate and plan graphs), then empty its KV cache.
             k = max(1, min(512, prompt_total) // c)  # fits the batch and each sequence's cells
-            for entries in ([(1, pos, s, pos == k - 1) for s in range(c) for pos in range(k)],
-                            [(1, k, s, True) for s in range(c)]):
+            for entries in (
+                [(1, pos, s, pos == k - 1) for s in range(c) for pos in range(k)],
+                [(1, k, s, True) for s in range(c)],
+            ):
                 fill(entries)
                 if lc.llama_decode(ctx, batch) != 0:
                     raise RuntimeError("llama_decode failed (warm-up)")
@@ -529,8 +663,10 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
         m, outs = measured(f"llama.cpp batched c={c}", lambda attempt: run(prompts_for[c], n), args, log)
         result["runs"][c] = m
         result["outputs"][c] = outs
-        log(f"  llama.cpp batched Q4_1 c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
-            f"ITL p50 {m['itl_ms_p50']:7.2f} ms  (others: {m['other_cores']:.2f} cores)")
+        log(
+            f"  llama.cpp batched Q4_1 c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
+            f"ITL p50 {m['itl_ms_p50']:7.2f} ms  (others: {m['other_cores']:.2f} cores)"
+        )
     lc.llama_model_free(model)
     return result
 
@@ -538,6 +674,7 @@ def bench_llama_batched(gguf_path: Path, args: argparse.Namespace, prompts_for: 
 # --------------------------------------------------------------------------------------------------
 # Ceilings
 # --------------------------------------------------------------------------------------------------
+
 
 @dataclass
 class ModelShape:
@@ -552,12 +689,24 @@ class ModelShape:
     matmuls: list[tuple[int, int]] = field(default_factory=list)  # (out, in) per layer, then lm_head
 
     @classmethod
-    def from_config(cls, cfg: Any) -> "ModelShape":
-        s = cls(cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings)
+    def from_config(cls, cfg: Any) -> ModelShape:
+        s = cls(
+            cfg.num_layers,
+            cfg.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.vocab_size,
+            cfg.tie_word_embeddings,
+        )
         q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        s.matmuls = [(q + 2 * kv, cfg.hidden_size), (cfg.hidden_size, q),
-                     (2 * cfg.intermediate_size, cfg.hidden_size), (cfg.hidden_size, cfg.intermediate_size)]
+        s.matmuls = [
+            (q + 2 * kv, cfg.hidden_size),
+            (cfg.hidden_size, q),
+            (2 * cfg.intermediate_size, cfg.hidden_size),
+            (cfg.hidden_size, cfg.intermediate_size),
+        ]
         return s
 
     @property
@@ -570,8 +719,9 @@ class ModelShape:
         return {"linear": linear, "attention": attention, "total": linear + attention, "context": context}
 
 
-def measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Path, context: float,
-                     log: Callable[[str], None]) -> dict[str, Any]:
+def measure_ceilings(
+    args: argparse.Namespace, shape: ModelShape, gguf_path: Path, context: float, log: Callable[[str], None]
+) -> dict[str, Any]:
     torch.set_flush_denormal(True)  # reinterpreted bfloat16 bits below may look like float32 denormals
     try:
         return _measure_ceilings(args, shape, gguf_path, context, log)
@@ -579,8 +729,9 @@ def measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Pat
         torch.set_flush_denormal(False)  # the default; the engines run with it
 
 
-def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Path, context: float,
-                      log: Callable[[str], None]) -> dict[str, Any]:
+def _measure_ceilings(
+    args: argparse.Namespace, shape: ModelShape, gguf_path: Path, context: float, log: Callable[[str], None]
+) -> dict[str, Any]:
     from shoal.model.loader import load_checkpoint
 
     reps = args.ceiling_repeats
@@ -601,12 +752,20 @@ def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Pa
         }
         best_method = min(times, key=times.get)
         t = times[best_method]
-        bw[name] = {"weight_bytes": nbytes, "tensors": len(weights), "times_ms": {k: v * 1e3 for k, v in times.items()},
-                    "best_method": best_method, "best_ms": t * 1e3, "GB_s": nbytes / t / 1e9,
-                    "ceiling_tok_s": 1.0 / t,
-                    "per_tensor_ceiling_tok_s": 1.0 / min(times["per_tensor_sum"], times["per_tensor_sum_as_f32"])}
-        log(f"  stream {name:8s} weights {nbytes / 1e6:6.0f} MB: best {t * 1e3:6.2f} ms ({best_method}) = "
-            f"{nbytes / t / 1e9:5.1f} GB/s -> {1 / t:6.1f} tok/s single-stream ceiling")
+        bw[name] = {
+            "weight_bytes": nbytes,
+            "tensors": len(weights),
+            "times_ms": {k: v * 1e3 for k, v in times.items()},
+            "best_method": best_method,
+            "best_ms": t * 1e3,
+            "GB_s": nbytes / t / 1e9,
+            "ceiling_tok_s": 1.0 / t,
+            "per_tensor_ceiling_tok_s": 1.0 / min(times["per_tensor_sum"], times["per_tensor_sum_as_f32"]),
+        }
+        log(
+            f"  stream {name:8s} weights {nbytes / 1e6:6.0f} MB: best {t * 1e3:6.2f} ms ({best_method}) = "
+            f"{nbytes / t / 1e9:5.1f} GB/s -> {1 / t:6.1f} tok/s single-stream ceiling"
+        )
         del weights, flat, as_f32
         gc.collect()
     # Reference: a buffer far larger than the caches, to see DRAM streaming bandwidth.
@@ -618,13 +777,20 @@ def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Pa
     # The GGUF's native Q4_1 format: its tensor bytes at the best bandwidth measured on the weights above.
     try:
         import gguf
+
         reader = gguf.GGUFReader(str(gguf_path))
         q_bytes = int(sum(int(t.n_bytes) for t in reader.tensors))
         gbs = max(bw["float32"]["GB_s"], bw["bfloat16"]["GB_s"])
-        bw["gguf_q4_1"] = {"weight_bytes": q_bytes, "GB_s_assumed": gbs, "ceiling_tok_s": gbs * 1e9 / q_bytes,
-                           "types": sorted({t.tensor_type.name for t in reader.tensors})}
-        log(f"  GGUF (Q4_1) tensors {q_bytes / 1e6:6.1f} MB at {gbs:5.1f} GB/s -> "
-            f"{gbs * 1e9 / q_bytes:6.1f} tok/s single-stream ceiling")
+        bw["gguf_q4_1"] = {
+            "weight_bytes": q_bytes,
+            "GB_s_assumed": gbs,
+            "ceiling_tok_s": gbs * 1e9 / q_bytes,
+            "types": sorted({t.tensor_type.name for t in reader.tensors}),
+        }
+        log(
+            f"  GGUF (Q4_1) tensors {q_bytes / 1e6:6.1f} MB at {gbs:5.1f} GB/s -> "
+            f"{gbs * 1e9 / q_bytes:6.1f} tok/s single-stream ceiling"
+        )
     except Exception as exc:  # noqa: BLE001 - the gguf reader is optional here
         bw["gguf_q4_1"] = {"error": repr(exc)}
     # GEMM FLOP/s.
@@ -634,10 +800,17 @@ def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Pa
         dt = getattr(torch, name)
         a, b = torch.randn(n, n, dtype=dt), torch.randn(n, n, dtype=dt)
         t = best_time(lambda: torch.mm(a, b), reps)
-        rate = 2.0 * n ** 3 / t
-        out["gemm"][name] = {"size": n, "best_ms": t * 1e3, "GFLOP_s": rate / 1e9, "roofline_tok_s": rate / flops["total"]}
-        log(f"  GEMM {n}^3 {name:8s}: {rate / 1e9:7.1f} GFLOP/s -> {rate / flops['total']:7.1f} tok/s roofline "
-            f"({flops['total'] / 1e6:.1f} MFLOP/token)")
+        rate = 2.0 * n**3 / t
+        out["gemm"][name] = {
+            "size": n,
+            "best_ms": t * 1e3,
+            "GFLOP_s": rate / 1e9,
+            "roofline_tok_s": rate / flops["total"],
+        }
+        log(
+            f"  GEMM {n}^3 {name:8s}: {rate / 1e9:7.1f} GFLOP/s -> {rate / flops['total']:7.1f} tok/s roofline "
+            f"({flops['total'] / 1e6:.1f} MFLOP/token)"
+        )
     # Extra: only the model's matmuls (its real shapes, distinct weights per layer) at batch M = c.
     for name in ("float32", "bfloat16"):
         dt = getattr(torch, name)
@@ -661,8 +834,10 @@ def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Pa
             t = best_time(forward, max(3, reps // 2))
             res[c] = {"best_ms": t * 1e3, "tok_s": c / t}
         out["matmul_model_shapes"][name] = res
-        log(f"  torch matmuls only, model shapes, {name:8s}: "
-            + "  ".join(f"c={c}: {r['tok_s']:.0f} tok/s" for c, r in res.items()))
+        log(
+            f"  torch matmuls only, model shapes, {name:8s}: "
+            + "  ".join(f"c={c}: {r['tok_s']:.0f} tok/s" for c, r in res.items())
+        )
         del layer_w, head
         gc.collect()
     return out
@@ -672,17 +847,29 @@ def _measure_ceilings(args: argparse.Namespace, shape: ModelShape, gguf_path: Pa
 # Report
 # --------------------------------------------------------------------------------------------------
 
+
 def machine_info() -> dict[str, Any]:
-    info: dict[str, Any] = {"python": platform.python_version(), "torch": torch.__version__,
-                            "torch_threads": torch.get_num_threads(), "cpu_count": os.cpu_count()}
+    info: dict[str, Any] = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+    }
     try:
         lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
         for line in lscpu.splitlines():
             key, _, value = line.partition(":")
-            if key.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "L2 cache",
-                               "L3 cache", "Hypervisor vendor"):
+            if key.strip() in (
+                "Model name",
+                "CPU(s)",
+                "Thread(s) per core",
+                "Core(s) per socket",
+                "L2 cache",
+                "L3 cache",
+                "Hypervisor vendor",
+            ):
                 info[key.strip()] = value.strip()
-        flags = next((l.split(":", 1)[1] for l in lscpu.splitlines() if l.startswith("Flags")), "")
+        flags = next((line.split(":", 1)[1] for line in lscpu.splitlines() if line.startswith("Flags")), "")
         info["isa"] = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags.split()]
     except (OSError, subprocess.CalledProcessError):
         pass
@@ -702,15 +889,19 @@ def machine_info() -> dict[str, Any]:
 def git_info() -> dict[str, Any]:
     def git(*a: str) -> str:
         return subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True).stdout.strip()
+
     import hashlib
     import importlib.util
 
     diff = git("diff", "HEAD", "--", "src")
-    return {"commit": git("log", "-1", "--format=%h"), "src_dirty": bool(diff),
-            "src_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None,
-            "src_changed_files": git("diff", "HEAD", "--name-only", "--", "src").split(),
-            "benchmark_script_sha1": hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12],
-            "shoal_imported_from": str(Path(importlib.util.find_spec("shoal").origin).parent)}
+    return {
+        "commit": git("log", "-1", "--format=%h"),
+        "src_dirty": bool(diff),
+        "src_diff_sha1": hashlib.sha1(diff.encode()).hexdigest()[:12] if diff else None,
+        "src_changed_files": git("diff", "HEAD", "--name-only", "--", "src").split(),
+        "benchmark_script_sha1": hashlib.sha1(Path(__file__).read_bytes()).hexdigest()[:12],
+        "shoal_imported_from": str(Path(importlib.util.find_spec("shoal").origin).parent),
+    }
 
 
 def fmt(v: Any, width: int, prec: int = 1) -> str:
@@ -741,11 +932,20 @@ def build_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def table_text(rows: list[dict[str, Any]]) -> str:
-    cols = [("engine", "engine", 22, None), ("dtype", "dtype", 8, None), ("c", "conc", 4, None),
-            ("end_to_end_tok_s", "e2e tok/s", 9, 1), ("gen_tok_s", "gen tok/s", 9, 1),
-            ("ttft_ms_mean", "TTFT ms", 8, 1), ("itl_ms_mean", "ITL mean", 8, 2), ("itl_ms_p50", "ITL p50", 8, 2),
-            ("itl_ms_p90", "ITL p90", 8, 2), ("per_token_ms", "wall/N ms", 9, 2), ("prefix_cached_tokens", "cached", 6, 0),
-            ("other_cores", "others", 6, 2)]
+    cols = [
+        ("engine", "engine", 22, None),
+        ("dtype", "dtype", 8, None),
+        ("c", "conc", 4, None),
+        ("end_to_end_tok_s", "e2e tok/s", 9, 1),
+        ("gen_tok_s", "gen tok/s", 9, 1),
+        ("ttft_ms_mean", "TTFT ms", 8, 1),
+        ("itl_ms_mean", "ITL mean", 8, 2),
+        ("itl_ms_p50", "ITL p50", 8, 2),
+        ("itl_ms_p90", "ITL p90", 8, 2),
+        ("per_token_ms", "wall/N ms", 9, 2),
+        ("prefix_cached_tokens", "cached", 6, 0),
+        ("other_cores", "others", 6, 2),
+    ]
     lines = ["  ".join(h.rjust(w) if p is not None else h.ljust(w) for _, h, w, p in cols)]
     lines.append("  ".join("-" * w for _, _, w, _ in cols))
     for r in rows:
@@ -775,8 +975,11 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
             best = [(h[c]["end_to_end_tok_s"], h[c]["gen_tok_s"], d) for d, h in hf.items() if c in h]
             if best:
                 e2e, gen, d = max(best)
-                entry.update(best_dtype=d, best_e2e=m["end_to_end_tok_s"] / e2e,
-                             best_gen=m["gen_tok_s"] / max(b[1] for b in best))
+                entry.update(
+                    best_dtype=d,
+                    best_e2e=m["end_to_end_tok_s"] / e2e,
+                    best_gen=m["gen_tok_s"] / max(b[1] for b in best),
+                )
             vt[c] = entry
         vc = out["vs_ceilings"][dtype] = {}
         bw = ceil.get("bandwidth", {}).get(dtype, {})
@@ -803,11 +1006,21 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
                     vl[f"c{c}_batched_e2e"] = m["end_to_end_tok_s"] / ll["batched"]["runs"][c]["end_to_end_tok_s"]
 
         def target(name: str, value: float | None, goal: float) -> None:
-            out["targets"].append({"dtype": dtype, "target": name, "value": value, "goal": goal,
-                                   "pass": None if value is None else value >= goal})
+            out["targets"].append(
+                {
+                    "dtype": dtype,
+                    "target": name,
+                    "value": value,
+                    "goal": goal,
+                    "pass": None if value is None else value >= goal,
+                }
+            )
 
-        target("c=1 gen tok/s >= 70% of the bandwidth ceiling of its weight format",
-               vc.get("c1_gen_over_bandwidth_ceiling"), 0.70)
+        target(
+            "c=1 gen tok/s >= 70% of the bandwidth ceiling of its weight format",
+            vc.get("c1_gen_over_bandwidth_ceiling"),
+            0.70,
+        )
         target("c=1 e2e tok/s >= 2x best transformers", vt.get(1, {}).get("best_e2e"), 2.0)
         target("c=32 e2e tok/s >= 3x best transformers", vt.get(32, {}).get("best_e2e"), 3.0)
         target("c=64 gen tok/s >= 0.5x GEMM roofline", vc.get("c64_gen_over_gemm_roofline"), 0.5)
@@ -822,7 +1035,9 @@ def ratios_text(ratios: dict[str, Any], ceilings: dict[str, Any]) -> str:
             if "same_dtype_e2e" in e:
                 parts.append(f"vs transformers {dtype}: e2e {e['same_dtype_e2e']:.2f}x, gen {e['same_dtype_gen']:.2f}x")
             if "best_e2e" in e:
-                parts.append(f"vs best transformers ({e['best_dtype']}): e2e {e['best_e2e']:.2f}x, gen {e['best_gen']:.2f}x")
+                parts.append(
+                    f"vs best transformers ({e['best_dtype']}): e2e {e['best_e2e']:.2f}x, gen {e['best_gen']:.2f}x"
+                )
             lines.append(f"shoal {dtype} c={c}: " + "; ".join(parts))
     for dtype, vc in ratios["vs_ceilings"].items():
         for k, v in vc.items():
@@ -855,6 +1070,7 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> dict[str, float]:
 # Main
 # --------------------------------------------------------------------------------------------------
 
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated numbers of concurrent requests")
@@ -873,15 +1089,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ceiling-repeats", type=int, default=10, help="runs per ceiling measurement (best is kept)")
     p.add_argument("--gemm-size", type=int, default=2048)
     p.add_argument("--dram-probe-mb", type=int, default=2048)
-    p.add_argument("--wait-idle", type=float, default=60.0,
-                   help="before each section and repeat, wait up to this many seconds for other processes to go idle")
-    p.add_argument("--noise-threshold", type=float, default=0.15,
-                   help="cores used by other processes above which a measurement counts as disturbed")
-    p.add_argument("--retries", type=int, default=2, help="repeats of a disturbed measurement (the least disturbed is kept)")
+    p.add_argument(
+        "--wait-idle",
+        type=float,
+        default=60.0,
+        help="before each section and repeat, wait up to this many seconds for other processes to go idle",
+    )
+    p.add_argument(
+        "--noise-threshold",
+        type=float,
+        default=0.15,
+        help="cores used by other processes above which a measurement counts as disturbed",
+    )
+    p.add_argument(
+        "--retries", type=int, default=2, help="repeats of a disturbed measurement (the least disturbed is kept)"
+    )
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--no-json", action="store_true")
-    p.add_argument("--markdown", metavar="RESULTS_JSON",
-                   help="print Markdown tables for a saved results file (runs nothing)")
+    p.add_argument(
+        "--markdown", metavar="RESULTS_JSON", help="print Markdown tables for a saved results file (runs nothing)"
+    )
     args = p.parse_args(argv)
     if args.quick:
         args.concurrency, args.new_tokens = "1,8", 32
@@ -895,49 +1122,72 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def markdown_report(results: dict[str, Any]) -> str:
     """Markdown tables (results, ceilings, ratios, targets) from a saved results JSON."""
+
     def num(v: Any, prec: int = 1) -> str:
         return "-" if v is None or (isinstance(v, float) and v != v) else f"{v:.{prec}f}"
 
-    out = ["| engine | dtype | conc | e2e tok/s | gen tok/s | TTFT ms | ITL mean ms | ITL p50 ms | ITL p90 ms "
-           "| wall/N ms | cached | others |",
-           "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    out = [
+        "| engine | dtype | conc | e2e tok/s | gen tok/s | TTFT ms | ITL mean ms | ITL p50 ms | ITL p90 ms "
+        "| wall/N ms | cached | others |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+    ]
     for r in results["table"]:
         cached = r.get("prefix_cached_tokens")
-        out.append(f"| {r['engine']} | {r['dtype']} | {r['c']} | {num(r['end_to_end_tok_s'])} | {num(r['gen_tok_s'])} "
-                   f"| {num(r['ttft_ms_mean'])} | {num(r.get('itl_ms_mean'), 2)} | {num(r.get('itl_ms_p50'), 2)} "
-                   f"| {num(r.get('itl_ms_p90'), 2)} | {num(r.get('per_token_ms'), 2)} "
-                   f"| {'-' if cached is None else cached} | {num(r.get('other_cores'), 2)} |")
+        out.append(
+            f"| {r['engine']} | {r['dtype']} | {r['c']} | {num(r['end_to_end_tok_s'])} | {num(r['gen_tok_s'])} "
+            f"| {num(r['ttft_ms_mean'])} | {num(r.get('itl_ms_mean'), 2)} | {num(r.get('itl_ms_p50'), 2)} "
+            f"| {num(r.get('itl_ms_p90'), 2)} | {num(r.get('per_token_ms'), 2)} "
+            f"| {'-' if cached is None else cached} | {num(r.get('other_cores'), 2)} |"
+        )
     ceil = results.get("ceilings", {})
     if "bandwidth" in ceil:
         bw, f = ceil["bandwidth"], ceil["flops_per_token"]
         out += ["", "| ceiling | measured | tokens/s |", "|---|---|--:|"]
         for name in ("float32", "bfloat16"):
             b = bw[name]
-            out.append(f"| weight stream, {name} ({b['weight_bytes'] / 1e6:.0f} MB) | {b['best_ms']:.2f} ms = "
-                       f"{b['GB_s']:.1f} GB/s (one flat buffer; per-tensor sums: {1e3 / b['per_tensor_ceiling_tok_s']:.2f} ms) "
-                       f"| {b['ceiling_tok_s']:.1f} (per-tensor {b['per_tensor_ceiling_tok_s']:.1f}) |")
+            out.append(
+                f"| weight stream, {name} ({b['weight_bytes'] / 1e6:.0f} MB) | {b['best_ms']:.2f} ms = "
+                f"{b['GB_s']:.1f} GB/s (one flat buffer; per-tensor sums: {1e3 / b['per_tensor_ceiling_tok_s']:.2f} ms) "
+                f"| {b['ceiling_tok_s']:.1f} (per-tensor {b['per_tensor_ceiling_tok_s']:.1f}) |"
+            )
         q = bw.get("gguf_q4_1", {})
         if "ceiling_tok_s" in q:
-            out.append(f"| weight stream, GGUF Q4_1 ({q['weight_bytes'] / 1e6:.1f} MB) | at {q['GB_s_assumed']:.1f} GB/s "
-                       f"(computed, not timed) | {q['ceiling_tok_s']:.1f} |")
-        out.append(f"| DRAM probe ({bw['dram_probe']['bytes'] / 2 ** 20:.0f} MiB buffer sum) | "
-                   f"{bw['dram_probe']['GB_s']:.1f} GB/s | - |")
+            out.append(
+                f"| weight stream, GGUF Q4_1 ({q['weight_bytes'] / 1e6:.1f} MB) | at {q['GB_s_assumed']:.1f} GB/s "
+                f"(computed, not timed) | {q['ceiling_tok_s']:.1f} |"
+            )
+        out.append(
+            f"| DRAM probe ({bw['dram_probe']['bytes'] / 2**20:.0f} MiB buffer sum) | "
+            f"{bw['dram_probe']['GB_s']:.1f} GB/s | - |"
+        )
         for name, g in ceil["gemm"].items():
-            out.append(f"| GEMM {g['size']}x{g['size']}x{g['size']}, {name} | {g['GFLOP_s']:.0f} GFLOP/s "
-                       f"/ {f['total'] / 1e6:.1f} MFLOP per token | {g['roofline_tok_s']:.0f} |")
+            out.append(
+                f"| GEMM {g['size']}x{g['size']}x{g['size']}, {name} | {g['GFLOP_s']:.0f} GFLOP/s "
+                f"/ {f['total'] / 1e6:.1f} MFLOP per token | {g['roofline_tok_s']:.0f} |"
+            )
         for name, res in ceil.get("matmul_model_shapes", {}).items():
-            out.append(f"| torch matmuls only (model shapes), {name} | "
-                       + ", ".join(f"c={c}: {r['best_ms']:.1f} ms" for c, r in res.items()) + " | "
-                       + ", ".join(f"c={c}: {r['tok_s']:.0f}" for c, r in res.items()) + " |")
+            out.append(
+                f"| torch matmuls only (model shapes), {name} | "
+                + ", ".join(f"c={c}: {r['best_ms']:.1f} ms" for c, r in res.items())
+                + " | "
+                + ", ".join(f"c={c}: {r['tok_s']:.0f}" for c, r in res.items())
+                + " |"
+            )
         out.append("")
-        out.append(f"FLOPs per token: {f['linear'] / 1e6:.1f} M in the linear layers (2 x {results['model']['matmul_params'] / 1e6:.2f} M "
-                   f"matmul parameters: q/k/v/o, gate/up/down in {results['model']['layers']} layers, and the lm_head, which "
-                   f"is the tied embedding) + {f['attention'] / 1e6:.2f} M in attention (4 x layers x heads x head_dim x "
-                   f"context, context {f['context']:.0f} = mean prompt + half the new tokens) = {f['total'] / 1e6:.1f} M. "
-                   f"Norms, RoPE, activations and sampling are not counted.")
+        out.append(
+            f"FLOPs per token: {f['linear'] / 1e6:.1f} M in the linear layers (2 x {results['model']['matmul_params'] / 1e6:.2f} M "
+            f"matmul parameters: q/k/v/o, gate/up/down in {results['model']['layers']} layers, and the lm_head, which "
+            f"is the tied embedding) + {f['attention'] / 1e6:.2f} M in attention (4 x layers x heads x head_dim x "
+            f"context, context {f['context']:.0f} = mean prompt + half the new tokens) = {f['total'] / 1e6:.1f} M. "
+            f"Norms, RoPE, activations and sampling are not counted."
+        )
     ratios = results.get("ratios", {})
-    out += ["", "| shoal dtype | conc | vs transformers same dtype (e2e / gen) | vs best transformers (e2e / gen) "
-            "| vs llama.cpp Q4_1 (e2e / gen) |", "|---|--:|---|---|---|"]
+    out += [
+        "",
+        "| shoal dtype | conc | vs transformers same dtype (e2e / gen) | vs best transformers (e2e / gen) "
+        "| vs llama.cpp Q4_1 (e2e / gen) |",
+        "|---|--:|---|---|---|",
+    ]
     for dtype, per_c in ratios.get("vs_transformers", {}).items():
         vl = ratios.get("vs_llama_cpp", {}).get(dtype, {})
         for c, e in per_c.items():
@@ -968,7 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - started:6.0f}s] {msg}", flush=True)
@@ -987,17 +1237,35 @@ def main(argv: list[str] | None = None) -> int:
     lens = [len(p) for p in all_prompts]
     context = statistics.fmean(lens) + args.new_tokens / 2  # mean attended context while generating
     results: dict[str, Any] = {
-        "timestamp_utc": stamp, "git": git_info(), "machine": machine_info(),
+        "timestamp_utc": stamp,
+        "git": git_info(),
+        "machine": machine_info(),
         "args": {k: v for k, v in vars(args).items()},
-        "model": {"name": MODEL, "gguf": str(gguf_path), "matmul_params": shape.matmul_params,
-                  "layers": shape.layers, "hidden": shape.hidden, "vocab": shape.vocab, "tied_embeddings": shape.tied},
-        "prompts": {"min_tokens": min(lens), "mean_tokens": statistics.fmean(lens), "max_tokens": max(lens),
-                    "example": tokenizer.decode(prompts_for[args.concurrency[0]][0], skip_special_tokens=False)},
-        "shoal": {}, "transformers": {}, "llama_cpp": {}, "errors": [],
+        "model": {
+            "name": MODEL,
+            "gguf": str(gguf_path),
+            "matmul_params": shape.matmul_params,
+            "layers": shape.layers,
+            "hidden": shape.hidden,
+            "vocab": shape.vocab,
+            "tied_embeddings": shape.tied,
+        },
+        "prompts": {
+            "min_tokens": min(lens),
+            "mean_tokens": statistics.fmean(lens),
+            "max_tokens": max(lens),
+            "example": tokenizer.decode(prompts_for[args.concurrency[0]][0], skip_special_tokens=False),
+        },
+        "shoal": {},
+        "transformers": {},
+        "llama_cpp": {},
+        "errors": [],
     }
     del ckpt
-    log(f"model {MODEL} ({gguf_path.name}); prompts {min(lens)}-{max(lens)} tokens (mean {statistics.fmean(lens):.1f}); "
-        f"{args.new_tokens} new tokens; concurrency {args.concurrency}; torch threads {torch.get_num_threads()}")
+    log(
+        f"model {MODEL} ({gguf_path.name}); prompts {min(lens)}-{max(lens)} tokens (mean {statistics.fmean(lens):.1f}); "
+        f"{args.new_tokens} new tokens; concurrency {args.concurrency}; torch threads {torch.get_num_threads()}"
+    )
 
     def section(name: str, fn: Callable[[], Any]) -> Any:
         if args.wait_idle > 0:
@@ -1011,6 +1279,7 @@ def main(argv: list[str] | None = None) -> int:
             return {"error": repr(exc)}
 
     if not args.skip_ceilings:
+
         def ceilings(attempt: int) -> tuple[dict[str, Any], None]:
             with CpuMonitor() as mon:
                 out = measure_ceilings(args, shape, gguf_path, context, log)
@@ -1021,11 +1290,13 @@ def main(argv: list[str] | None = None) -> int:
     for dtype in args.dtypes:
         results["shoal"][dtype] = section(f"shoal {dtype}", lambda: bench_shoal(dtype, args, prompts_for, pool, log))
     for dtype in args.hf_dtypes:
-        results["transformers"][dtype] = section(f"transformers {dtype}",
-                                                 lambda: bench_hf(dtype, gguf_path, args, prompts_for, eos_id, log))
+        results["transformers"][dtype] = section(
+            f"transformers {dtype}", lambda: bench_hf(dtype, gguf_path, args, prompts_for, eos_id, log)
+        )
     if not args.skip_llama:
         try:
             import llama_cpp  # noqa: F401
+
             have_llama = True
         except Exception as exc:  # noqa: BLE001
             have_llama = False
@@ -1038,15 +1309,19 @@ def main(argv: list[str] | None = None) -> int:
             log(f"llama.cpp setup: {note}")
             results["llama_cpp"]["single"] = section(
                 "llama.cpp single stream (Llama API)",
-                lambda: bench_llama_single(gguf_path, args, prompts_for[min(args.concurrency)], warm[0], extra_ok, log))
+                lambda: bench_llama_single(gguf_path, args, prompts_for[min(args.concurrency)], warm[0], extra_ok, log),
+            )
             if "runs" in results["llama_cpp"]["single"]:
                 m = results["llama_cpp"]["single"]["runs"][1]
-                log(f"  llama.cpp Llama API Q4_1 c=1   e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} "
-                    f"tok/s  ITL p50 {m['itl_ms_p50']:7.2f} ms  (others: {m['other_cores']:.2f} cores)")
+                log(
+                    f"  llama.cpp Llama API Q4_1 c=1   e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} "
+                    f"tok/s  ITL p50 {m['itl_ms_p50']:7.2f} ms  (others: {m['other_cores']:.2f} cores)"
+                )
             if not args.no_llama_batched:
                 results["llama_cpp"]["batched"] = section(
                     "llama.cpp parallel sequences (batch API)",
-                    lambda: bench_llama_batched(gguf_path, args, prompts_for, warm, extra_ok, log))
+                    lambda: bench_llama_batched(gguf_path, args, prompts_for, warm, extra_ok, log),
+                )
 
     # Sanity: do the engines produce the same greedy tokens? (float32 shoal vs float32 transformers should.)
     checks = {}
@@ -1054,12 +1329,15 @@ def main(argv: list[str] | None = None) -> int:
         for hd, hr in results["transformers"].items():
             if "outputs" in sr and "outputs" in hr:
                 checks[f"shoal-{sd}_vs_transformers-{hd}"] = {
-                    c: agreement(sr["outputs"][c], hr["outputs"][c]) for c in args.concurrency
-                    if c in sr["outputs"] and c in hr["outputs"]}
+                    c: agreement(sr["outputs"][c], hr["outputs"][c])
+                    for c in args.concurrency
+                    if c in sr["outputs"] and c in hr["outputs"]
+                }
     ll = results["llama_cpp"]
     if "outputs" in ll.get("single", {}) and 1 in ll.get("batched", {}).get("outputs", {}):
-        checks["llama.cpp-Llama-API_vs_llama.cpp-batch-API"] = {1: agreement(ll["single"]["outputs"][1],
-                                                                             ll["batched"]["outputs"][1])}
+        checks["llama.cpp-Llama-API_vs_llama.cpp-batch-API"] = {
+            1: agreement(ll["single"]["outputs"][1], ll["batched"]["outputs"][1])
+        }
     results["token_agreement"] = checks
 
     rows = build_rows(results)
@@ -1073,38 +1351,55 @@ def main(argv: list[str] | None = None) -> int:
         code = f"shoal imported from {g['shoal_imported_from']} (checkout at commit {g['commit']})"
     else:
         code = f"commit {g['commit']}{' (+uncommitted src changes)' if g['src_dirty'] else ''}"
-    print(f"shoal benchmark  {code}"
-          f"  {results['machine'].get('Model name', '?')}  torch {torch.__version__}  threads {torch.get_num_threads()}")
-    print(f"{args.new_tokens} new tokens/request, greedy, ignore_eos; prompts {min(lens)}-{max(lens)} tokens; "
-          f"all requests submitted at once")
+    print(
+        f"shoal benchmark  {code}"
+        f"  {results['machine'].get('Model name', '?')}  torch {torch.__version__}  threads {torch.get_num_threads()}"
+    )
+    print(
+        f"{args.new_tokens} new tokens/request, greedy, ignore_eos; prompts {min(lens)}-{max(lens)} tokens; "
+        f"all requests submitted at once"
+    )
     print()
     print(table_text(rows))
-    print("  gen tok/s: tokens after every request has its first token / time from then to the last token;"
-          " transformers: c*(N-1) / (t_N - t_1).\n  ITL for transformers: (t_N - t_1)/(N-1); wall/N: batch wall time / N;"
-          " cached: prompt tokens served from shoal's prefix cache;\n  others: cores used by other processes during"
-          " the measurement.")
+    print(
+        "  gen tok/s: tokens after every request has its first token / time from then to the last token;"
+        " transformers: c*(N-1) / (t_N - t_1).\n  ITL for transformers: (t_N - t_1)/(N-1); wall/N: batch wall time / N;"
+        " cached: prompt tokens served from shoal's prefix cache;\n  others: cores used by other processes during"
+        " the measurement."
+    )
     ceil = results.get("ceilings", {})
     if "bandwidth" in ceil:
         print()
         print("Ceilings:")
         for name in ("float32", "bfloat16"):
             b = ceil["bandwidth"][name]
-            print(f"  weight stream {name:8s}: {b['weight_bytes'] / 1e6:6.0f} MB in {b['best_ms']:6.2f} ms = "
-                  f"{b['GB_s']:5.1f} GB/s -> single-stream ceiling {b['ceiling_tok_s']:6.1f} tok/s "
-                  f"(per-tensor reads: {b['per_tensor_ceiling_tok_s']:.1f} tok/s)")
+            print(
+                f"  weight stream {name:8s}: {b['weight_bytes'] / 1e6:6.0f} MB in {b['best_ms']:6.2f} ms = "
+                f"{b['GB_s']:5.1f} GB/s -> single-stream ceiling {b['ceiling_tok_s']:6.1f} tok/s "
+                f"(per-tensor reads: {b['per_tensor_ceiling_tok_s']:.1f} tok/s)"
+            )
         q = ceil["bandwidth"].get("gguf_q4_1", {})
         if "ceiling_tok_s" in q:
-            print(f"  weight stream Q4_1    : {q['weight_bytes'] / 1e6:6.0f} MB at {q['GB_s_assumed']:5.1f} GB/s -> "
-                  f"single-stream ceiling {q['ceiling_tok_s']:6.1f} tok/s")
+            print(
+                f"  weight stream Q4_1    : {q['weight_bytes'] / 1e6:6.0f} MB at {q['GB_s_assumed']:5.1f} GB/s -> "
+                f"single-stream ceiling {q['ceiling_tok_s']:6.1f} tok/s"
+            )
         print(f"  DRAM probe ({args.dram_probe_mb} MB): {ceil['bandwidth']['dram_probe']['GB_s']:.1f} GB/s")
         f = ceil["flops_per_token"]
-        print(f"  FLOPs/token: {f['linear'] / 1e6:.1f} M linear (2 x {shape.matmul_params / 1e6:.2f} M matmul params incl. "
-              f"lm_head) + {f['attention'] / 1e6:.2f} M attention (context {f['context']:.0f}) = {f['total'] / 1e6:.1f} M")
+        print(
+            f"  FLOPs/token: {f['linear'] / 1e6:.1f} M linear (2 x {shape.matmul_params / 1e6:.2f} M matmul params incl. "
+            f"lm_head) + {f['attention'] / 1e6:.2f} M attention (context {f['context']:.0f}) = {f['total'] / 1e6:.1f} M"
+        )
         for name, g in ceil["gemm"].items():
-            print(f"  GEMM {g['size']}^3 {name:8s}: {g['GFLOP_s']:7.1f} GFLOP/s -> roofline {g['roofline_tok_s']:7.1f} tok/s")
+            print(
+                f"  GEMM {g['size']}^3 {name:8s}: {g['GFLOP_s']:7.1f} GFLOP/s -> roofline {g['roofline_tok_s']:7.1f} tok/s"
+            )
         for name, res in ceil.get("matmul_model_shapes", {}).items():
-            print(f"  torch matmuls only at model shapes, {name:8s}: "
-                  + "  ".join(f"c={c}: {r['tok_s']:.0f}" for c, r in res.items()) + " tok/s")
+            print(
+                f"  torch matmuls only at model shapes, {name:8s}: "
+                + "  ".join(f"c={c}: {r['tok_s']:.0f}" for c, r in res.items())
+                + " tok/s"
+            )
     print()
     print("Ratios:")
     print(ratios_text(ratios, ceil))
@@ -1112,16 +1407,20 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(f"Greedy token agreement (identical {args.new_tokens}-token outputs; mean common prefix in tokens):")
         for k, v in checks.items():
-            print(f"  {k}: " + "  ".join(f"c={c}: {a['identical']:.2f} / {a['mean_common_prefix']:.1f}"
-                                         for c, a in v.items()))
+            print(
+                f"  {k}: "
+                + "  ".join(f"c={c}: {a['identical']:.2f} / {a['mean_common_prefix']:.1f}" for c, a in v.items())
+            )
     if results["errors"]:
         print()
         print("Errors:", *[f"  {e['section']}: {e['error']}" for e in results["errors"]], sep="\n")
     noisy = [r for r in rows if (r.get("other_cores") or 0) > args.noise_threshold]
     if noisy:
         print()
-        print(f"WARNING: other processes used > {args.noise_threshold} cores during {len(noisy)} measurements (column 'others'); "
-              f"with 2 threads on 2 cores such numbers are unreliable; rerun on an idle machine.")
+        print(
+            f"WARNING: other processes used > {args.noise_threshold} cores during {len(noisy)} measurements (column 'others'); "
+            f"with 2 threads on 2 cores such numbers are unreliable; rerun on an idle machine."
+        )
     print(f"\nTotal runtime {results['total_runtime_s']:.0f} s")
     if not args.no_json:
         out_dir = Path(args.out_dir)

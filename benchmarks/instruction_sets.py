@@ -12,6 +12,7 @@ Usage:
 Prints a markdown table and writes benchmarks/results/instruction-sets-<timestamp>.json.
 Not a test: pytest only collects tests/.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,7 +21,7 @@ import os
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,8 +56,12 @@ def measure(dtype: str, concurrencies: list[int], new_tokens: int, repeats: int,
         run(concurrency)
         rates[concurrency] = max(run(concurrency) for _ in range(repeats))
     projection = engine.model.layers[0].qkv
-    return {"level": features.level.name, "dtype": dtype, "tokens_per_s": rates,
-            "backend": f"{projection.backend} {str(projection.compute_dtype).removeprefix('torch.')}"}
+    return {
+        "level": features.level.name,
+        "dtype": dtype,
+        "tokens_per_s": rates,
+        "backend": f"{projection.backend} {str(projection.compute_dtype).removeprefix('torch.')}",
+    }
 
 
 def main() -> None:
@@ -78,15 +83,27 @@ def main() -> None:
         print(RESULT_PREFIX + json.dumps(result), flush=True)
         return
     host = effective_cpu_features().host_level.name
-    levels = args.levels.split(",") if args.levels else list(LEVEL_NAMES[1:LEVEL_NAMES.index(host) + 1])
+    levels = args.levels.split(",") if args.levels else list(LEVEL_NAMES[1 : LEVEL_NAMES.index(host) + 1])
     results = []
     for level in levels:
         for dtype in args.dtypes.split(","):
-            command = [sys.executable, __file__, "--child", dtype, "--concurrency", args.concurrency,
-                       "--new-tokens", str(args.new_tokens), "--repeats", str(args.repeats),
-                       "--threads", str(args.threads)]
-            done = subprocess.run(command, env={**os.environ, "SHOAL_CPU_ISA": level}, capture_output=True,
-                                  text=True, check=False)
+            command = [
+                sys.executable,
+                __file__,
+                "--child",
+                dtype,
+                "--concurrency",
+                args.concurrency,
+                "--new-tokens",
+                str(args.new_tokens),
+                "--repeats",
+                str(args.repeats),
+                "--threads",
+                str(args.threads),
+            ]
+            done = subprocess.run(
+                command, env={**os.environ, "SHOAL_CPU_ISA": level}, capture_output=True, text=True, check=False
+            )
             line = next((line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)), None)
             if line is None:
                 sys.exit(f"{level} {dtype} failed:\n{done.stderr[-3000:]}")
@@ -95,12 +112,14 @@ def main() -> None:
     header = " | ".join(f"c={c} tok/s" for c in concurrencies)
     print(f"\n| level | dtype | GEMM | {header} |\n|---|---|---|" + "---:|" * len(concurrencies))
     for r in results:
-        rates = " | ".join(f"{r['tokens_per_s'][str(c)] if str(c) in r['tokens_per_s'] else r['tokens_per_s'][c]:.1f}"
-                           for c in concurrencies)
+        rates = " | ".join(
+            f"{r['tokens_per_s'][str(c)] if str(c) in r['tokens_per_s'] else r['tokens_per_s'][c]:.1f}"
+            for c in concurrencies
+        )
         print(f"| {r['level']} | {r['dtype']} | {r['backend']} | {rates} |")
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     (out / f"instruction-sets-{stamp}.json").write_text(json.dumps({"host_level": host, "results": results}, indent=1))
 
 

@@ -10,6 +10,7 @@ processes of a PP=2 or TP=2 replica half. SmolLM2-135M-Instruct in float32 unles
 
     .venv/bin/python benchmarks/parallelism.py [--dtype float32] [--threads 2] [--concurrency 32]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,9 +23,16 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
 
 MODEL = "smollm2-135m-instruct"
-PROMPTS = ["Tell me about the sea.", "Write a poem about autumn.", "Explain gravity to a child.",
-           "What is a good breakfast?", "Describe a city at night.", "How do birds fly?",
-           "Why is the sky blue?", "Give me three tips for sleep."]
+PROMPTS = [
+    "Tell me about the sea.",
+    "Write a poem about autumn.",
+    "Explain gravity to a child.",
+    "What is a good breakfast?",
+    "Describe a city at night.",
+    "How do birds fly?",
+    "Why is the sky blue?",
+    "Give me three tips for sleep.",
+]
 
 
 def throughput(llm: LLM, concurrency: int, tokens: int) -> float:
@@ -37,16 +45,26 @@ def throughput(llm: LLM, concurrency: int, tokens: int) -> float:
 
 
 def pipeline_run(args, wire_dtype: str) -> dict:
-    llm = LLM(MODEL, dtype=args.dtype, kv_cache_bytes=256 << 20, pipeline_parallel_size=2,
-              num_threads=max(1, args.threads // 2), pipeline_wire_dtype=wire_dtype)
+    llm = LLM(
+        MODEL,
+        dtype=args.dtype,
+        kv_cache_bytes=256 << 20,
+        pipeline_parallel_size=2,
+        num_threads=max(1, args.threads // 2),
+        pipeline_wire_dtype=wire_dtype,
+    )
     runner = llm.engine.runner
     try:
         busy_before, started = runner.stage_busy_seconds(), time.perf_counter()
         rate = throughput(llm, args.concurrency, args.tokens)
         wall = time.perf_counter() - started
         busy = [after - before for after, before in zip(runner.stage_busy_seconds(), busy_before)]
-        return {"tokens_per_s": rate, "bubble_fraction": 1 - sum(busy) / (len(busy) * wall),
-                "stage_busy_s": busy, "wire_bytes_per_token": runner.wire_bytes / runner.wire_tokens}
+        return {
+            "tokens_per_s": rate,
+            "bubble_fraction": 1 - sum(busy) / (len(busy) * wall),
+            "stage_busy_s": busy,
+            "wire_bytes_per_token": runner.wire_bytes / runner.wire_tokens,
+        }
     finally:
         llm.shutdown()
 
@@ -75,9 +93,18 @@ def main() -> None:
     tensor = LLM(MODEL, dtype=args.dtype, kv_cache_bytes=256 << 20, tensor_parallel_size=2)
     tp2_ms = single_stream_ms(tensor, args.tokens)
     tensor.shutdown()
-    result = {"dtype": args.dtype, "threads": args.threads, "concurrency": args.concurrency,
-              "pp1_tokens_per_s": pp1, "pp2": pp2, "pp2_bfloat16_wire": pp2_16, "pp2_over_pp1": pp2["tokens_per_s"] / pp1,
-              "tp1_ms_per_token": tp1_ms, "tp2_ms_per_token": tp2_ms, "tp2_over_tp1_latency": tp2_ms / tp1_ms}
+    result = {
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "concurrency": args.concurrency,
+        "pp1_tokens_per_s": pp1,
+        "pp2": pp2,
+        "pp2_bfloat16_wire": pp2_16,
+        "pp2_over_pp1": pp2["tokens_per_s"] / pp1,
+        "tp1_ms_per_token": tp1_ms,
+        "tp2_ms_per_token": tp2_ms,
+        "tp2_over_tp1_latency": tp2_ms / tp1_ms,
+    }
     print(json.dumps(result, indent=2))
     (RESULTS / "parallelism.json").write_text(json.dumps(result, indent=2))
 

@@ -8,6 +8,7 @@ their /metrics), time to first token p50/p99 as the client sees it, and completi
 
     .venv/bin/python benchmarks/routing_quality.py [--workers 3] [--policies cost,round_robin]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,8 +26,24 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 RESULTS = Path(__file__).parent / "results"
-TOPICS = ["astronomy", "cooking", "gardening", "chess", "sailing", "geology", "music theory", "carpentry",
-          "beekeeping", "photography", "cycling", "birdwatching", "pottery", "weather", "origami", "rowing"]
+TOPICS = [
+    "astronomy",
+    "cooking",
+    "gardening",
+    "chess",
+    "sailing",
+    "geology",
+    "music theory",
+    "carpentry",
+    "beekeeping",
+    "photography",
+    "cycling",
+    "birdwatching",
+    "pottery",
+    "weather",
+    "origami",
+    "rowing",
+]
 
 
 def free_port() -> int:
@@ -50,17 +67,27 @@ def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> Non
 
 
 def system_prompt(topic: str, rng: random.Random) -> str:
-    facts = " ".join(f"Rule {i + 1}: when asked about {topic}, mention detail number {rng.randrange(1000)} and keep "
-                     f"answers short, friendly and precise." for i in range(8))
+    facts = " ".join(
+        f"Rule {i + 1}: when asked about {topic}, mention detail number {rng.randrange(1000)} and keep "
+        f"answers short, friendly and precise."
+        for i in range(8)
+    )
     return f"You are an expert assistant on {topic}. {facts}"
 
 
 def make_conversations(args) -> list[tuple[str, list[str]]]:
     rng = random.Random(args.seed)
-    systems = [system_prompt(topic, rng) for topic in TOPICS[:args.system_prompts]]
-    return [(systems[i % len(systems)], [f"Question {turn + 1} of conversation {i}: tell me something about "
-                                         f"item {rng.randrange(10_000)}." for turn in range(args.turns)])
-            for i in range(args.conversations)]
+    systems = [system_prompt(topic, rng) for topic in TOPICS[: args.system_prompts]]
+    return [
+        (
+            systems[i % len(systems)],
+            [
+                f"Question {turn + 1} of conversation {i}: tell me something about item {rng.randrange(10_000)}."
+                for turn in range(args.turns)
+            ],
+        )
+        for i in range(args.conversations)
+    ]
 
 
 def prefix_counters(worker_urls: list[str]) -> tuple[float, float]:
@@ -85,8 +112,14 @@ async def run_conversations(router_url: str, conversations, args) -> dict:
         messages = [{"role": "system", "content": system}]
         for question in questions:
             messages.append({"role": "user", "content": question})
-            body = {"model": "bench", "messages": messages, "max_tokens": args.max_tokens, "temperature": 0,
-                    "ignore_eos": True, "stream": True}
+            body = {
+                "model": "bench",
+                "messages": messages,
+                "max_tokens": args.max_tokens,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+            }
             async with gate:
                 started, first, reply = time.perf_counter(), None, []
                 async with client.stream("POST", "/v1/chat/completions", json=body) as response:
@@ -103,14 +136,20 @@ async def run_conversations(router_url: str, conversations, args) -> dict:
             messages.append({"role": "assistant", "content": "".join(reply)})
 
     started = time.perf_counter()
-    async with httpx.AsyncClient(base_url=router_url, timeout=600,
-                                 limits=httpx.Limits(max_connections=args.concurrency + 4)) as client:
+    async with httpx.AsyncClient(
+        base_url=router_url, timeout=600, limits=httpx.Limits(max_connections=args.concurrency + 4)
+    ) as client:
         await asyncio.gather(*(converse(client, s, q) for s, q in conversations))
     seconds = time.perf_counter() - started
     ordered = sorted(ttfts)
-    return {"requests": len(ttfts), "tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "ttft_p50_s": ordered[len(ordered) // 2], "ttft_p99_s": ordered[min(len(ordered) - 1,
-                                                                                int(0.99 * len(ordered)))]}
+    return {
+        "requests": len(ttfts),
+        "tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "ttft_p50_s": ordered[len(ordered) // 2],
+        "ttft_p99_s": ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
+    }
 
 
 def measure(policy: str, conversations, args) -> dict:
@@ -119,9 +158,22 @@ def measure(policy: str, conversations, args) -> dict:
     try:
         for _ in range(args.workers):
             port = free_port()
-            command = [sys.executable, "-m", "shoal.cli", "worker", "--model", args.model, "--port", str(port),
-                       "--served-model-name", "bench", "--kv-cache", args.kv_cache, "--num-threads",
-                       str(args.threads_per_worker)]
+            command = [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "worker",
+                "--model",
+                args.model,
+                "--port",
+                str(port),
+                "--served-model-name",
+                "bench",
+                "--kv-cache",
+                args.kv_cache,
+                "--num-threads",
+                str(args.threads_per_worker),
+            ]
             workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             urls.append(f"http://127.0.0.1:{port}")
         for process, url in zip(workers, urls):
@@ -166,13 +218,18 @@ def main() -> int:
     for policy in args.policies.split(","):
         results[policy] = measure(policy, conversations, args)
         r = results[policy]
-        print(f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
-              f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.0f} s)", flush=True)
+        print(
+            f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
+            f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.0f} s)",
+            flush=True,
+        )
     policies = list(results)
     if "round_robin" in results and policies[0] != "round_robin":
         base, rr = results[policies[0]], results["round_robin"]
-        print(f"{policies[0]} / round_robin: hit rate x{base['prefix_hit_rate'] / max(rr['prefix_hit_rate'], 1e-9):.2f}, "
-              f"TTFT p99 x{base['ttft_p99_s'] / rr['ttft_p99_s']:.2f}, tok/s x{base['tokens_per_s'] / rr['tokens_per_s']:.2f}")
+        print(
+            f"{policies[0]} / round_robin: hit rate x{base['prefix_hit_rate'] / max(rr['prefix_hit_rate'], 1e-9):.2f}, "
+            f"TTFT p99 x{base['ttft_p99_s'] / rr['ttft_p99_s']:.2f}, tok/s x{base['tokens_per_s'] / rr['tokens_per_s']:.2f}"
+        )
     RESULTS.mkdir(exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = RESULTS / f"routing-quality-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"

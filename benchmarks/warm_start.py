@@ -9,6 +9,7 @@ with one worker's, so memory-mapped weights that the workers share count once.
 
     .venv/bin/python benchmarks/warm_start.py [--runs 5] [--workers 4] [--kv-cache 256MiB] [--share-weights]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,7 +24,6 @@ from pathlib import Path
 
 import httpx
 import psutil
-
 from routing_quality import RESULTS, free_port
 
 MODEL = "smollm2-135m-instruct"
@@ -31,13 +31,26 @@ MODEL = "smollm2-135m-instruct"
 
 def start_worker(args, cache_dir: Path, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    command = [sys.executable, "-m", "shoal.cli", "worker", "--model", MODEL, "--port", str(port),
-               "--kv-cache", args.kv_cache, "--num-threads", str(args.threads)]
+    command = [
+        sys.executable,
+        "-m",
+        "shoal.cli",
+        "worker",
+        "--model",
+        MODEL,
+        "--port",
+        str(port),
+        "--kv-cache",
+        args.kv_cache,
+        "--num-threads",
+        str(args.threads),
+    ]
     if args.share_weights:
         command.append("--share-weights")
     with open(log, "ab") as out:
-        process = subprocess.Popen(command, env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=out,
-                                   stderr=subprocess.STDOUT)
+        process = subprocess.Popen(
+            command, env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=out, stderr=subprocess.STDOUT
+        )
     return process, f"http://127.0.0.1:{port}"
 
 
@@ -96,16 +109,29 @@ def main() -> int:
     warm = [restart_to_ready(args, cache_dir, log) for _ in range(args.runs)]
     one = memory(args, cache_dir, log, 1)
     many = memory(args, cache_dir, log, args.workers)
-    result = {"model": MODEL, "kv_cache": args.kv_cache, "threads": args.threads,
-              "share_weights": args.share_weights, "cold_start_s": cold,
-              "warm_restarts_s": warm, "warm_restart_median_s": statistics.median(warm),
-              "pss_one_worker_bytes": one, f"pss_{args.workers}_workers_bytes": many, "memory_ratio": many / one,
-              "cpus": os.cpu_count(), "load_average": os.getloadavg()}
+    result = {
+        "model": MODEL,
+        "kv_cache": args.kv_cache,
+        "threads": args.threads,
+        "share_weights": args.share_weights,
+        "cold_start_s": cold,
+        "warm_restarts_s": warm,
+        "warm_restart_median_s": statistics.median(warm),
+        "pss_one_worker_bytes": one,
+        f"pss_{args.workers}_workers_bytes": many,
+        "memory_ratio": many / one,
+        "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(),
+    }
     print(f"cold start (empty cache): {cold:.2f} s")
-    print(f"warm restart to ready: median {statistics.median(warm):.2f} s, "
-          f"runs {', '.join(f'{w:.2f}' for w in warm)} (target <= 3 s)")
-    print(f"memory (PSS): 1 worker {one / 2**20:.0f} MiB, {args.workers} workers {many / 2**20:.0f} MiB, "
-          f"ratio {many / one:.2f} (target <= 1.5)")
+    print(
+        f"warm restart to ready: median {statistics.median(warm):.2f} s, "
+        f"runs {', '.join(f'{w:.2f}' for w in warm)} (target <= 3 s)"
+    )
+    print(
+        f"memory (PSS): 1 worker {one / 2**20:.0f} MiB, {args.workers} workers {many / 2**20:.0f} MiB, "
+        f"ratio {many / one:.2f} (target <= 1.5)"
+    )
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"warm-start-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(result, indent=1))

@@ -8,6 +8,7 @@ and time to first token and inter-token latency percentiles as the consumer sees
 
     .venv/bin/python benchmarks/worker_http.py [--concurrency 32] [--requests 96] [--repeats 2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,13 @@ class RunResult:
     def summary(self) -> dict:
         ttft = [t.token_times[0] - t.submitted for t in self.timings if t.token_times]
         itl = [b - a for t in self.timings for a, b in zip(t.token_times, t.token_times[1:])]
-        return {"tokens": self.tokens, "seconds": self.seconds, "tokens_per_s": self.tokens / self.seconds,
-                "ttft_s": distribution(ttft), "itl_s": distribution(itl)}
+        return {
+            "tokens": self.tokens,
+            "seconds": self.seconds,
+            "tokens_per_s": self.tokens / self.seconds,
+            "ttft_s": distribution(ttft),
+            "itl_s": distribution(itl),
+        }
 
 
 def distribution(values: list[float]) -> dict:
@@ -92,8 +98,14 @@ def in_process_submitter(engine, max_tokens: int):
 
 def http_submitter(client: httpx.AsyncClient, model: str, max_tokens: int):
     async def submit(prompt: list[int], timing: RequestTiming) -> None:
-        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                "stream": True}
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "ignore_eos": True,
+            "stream": True,
+        }
         async with client.stream("POST", "/v1/completions", json=body) as response:
             response.raise_for_status()
             async for line in response.aiter_lines():
@@ -114,8 +126,22 @@ def free_port() -> int:
 
 def measure_http(args, prompts: list[list[int]]) -> dict:
     port = free_port()
-    command = [sys.executable, "-m", "shoal.cli", "worker", "--model", args.model, "--dtype", args.dtype,
-               "--port", str(port), "--kv-cache", args.kv_cache, "--served-model-name", "bench"]
+    command = [
+        sys.executable,
+        "-m",
+        "shoal.cli",
+        "worker",
+        "--model",
+        args.model,
+        "--dtype",
+        args.dtype,
+        "--port",
+        str(port),
+        "--kv-cache",
+        args.kv_cache,
+        "--served-model-name",
+        "bench",
+    ]
     worker = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -126,14 +152,14 @@ def measure_http(args, prompts: list[list[int]]) -> dict:
                     break
             except httpx.HTTPError:
                 if time.monotonic() > deadline or worker.poll() is not None:
-                    raise RuntimeError("worker did not start")
+                    raise RuntimeError("worker did not start") from None
                 time.sleep(0.5)
 
         async def main() -> RunResult:
             limits = httpx.Limits(max_connections=args.concurrency + 8, max_keepalive_connections=args.concurrency + 8)
             async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
                 submit = http_submitter(client, "bench", args.max_tokens)
-                await run_workload(http_submitter(client, "bench", 8), prompts[:args.concurrency], args.concurrency)
+                await run_workload(http_submitter(client, "bench", 8), prompts[: args.concurrency], args.concurrency)
                 return await run_workload(submit, prompts, args.concurrency)
 
         return asyncio.run(main()).summary()
@@ -143,18 +169,19 @@ def measure_http(args, prompts: list[list[int]]) -> dict:
 
 
 def measure_in_process(args, prompts: list[list[int]]) -> dict:
-    from shoal.sizes import parse_kv_cache
+    from shoal.config.engine import EngineConfig
     from shoal.engine.async_engine import AsyncLLMEngine
     from shoal.engine.calibration import calibrate
-    from shoal.config.engine import EngineConfig
     from shoal.engine.engine import LLMEngine
+    from shoal.sizes import parse_kv_cache
 
     inner = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **parse_kv_cache(args.kv_cache)))
     calibrate(inner)  # the worker calibrates too: the same warm engine on both sides
     engine = AsyncLLMEngine(inner)
     try:
+
         async def main() -> RunResult:
-            await run_workload(in_process_submitter(engine, 8), prompts[:args.concurrency], args.concurrency)
+            await run_workload(in_process_submitter(engine, 8), prompts[: args.concurrency], args.concurrency)
             return await run_workload(in_process_submitter(engine, args.max_tokens), prompts, args.concurrency)
 
         return asyncio.run(main()).summary()
@@ -179,18 +206,32 @@ def main() -> int:
         for side, measure in (("http", measure_http), ("in_process", measure_in_process)):
             summary = measure(args, prompts)
             runs.append({"side": side, "repeat": repeat, **summary})
-            print(f"{side:>10} #{repeat}: {summary['tokens_per_s']:.1f} tok/s, TTFT p50 "
-                  f"{summary['ttft_s']['p50'] * 1e3:.0f} ms p99 {summary['ttft_s']['p99'] * 1e3:.0f} ms, ITL p50 "
-                  f"{summary['itl_s']['p50'] * 1e3:.1f} ms p99 {summary['itl_s']['p99'] * 1e3:.1f} ms", flush=True)
+            print(
+                f"{side:>10} #{repeat}: {summary['tokens_per_s']:.1f} tok/s, TTFT p50 "
+                f"{summary['ttft_s']['p50'] * 1e3:.0f} ms p99 {summary['ttft_s']['p99'] * 1e3:.0f} ms, ITL p50 "
+                f"{summary['itl_s']['p50'] * 1e3:.1f} ms p99 {summary['itl_s']['p99'] * 1e3:.1f} ms",
+                flush=True,
+            )
     best = {side: max(r["tokens_per_s"] for r in runs if r["side"] == side) for side in ("http", "in_process")}
     ratio = best["http"] / best["in_process"]
     print(f"HTTP / in-process tokens/s (best of {args.repeats} each): {ratio:.3f}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"worker-http-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    out.write_text(json.dumps({"args": vars(args), "commit": commit, "python": platform.python_version(),
-                               "cpus": os.cpu_count(), "runs": runs, "best_tokens_per_s": best,
-                               "http_over_in_process": ratio}, indent=2))
+    out.write_text(
+        json.dumps(
+            {
+                "args": vars(args),
+                "commit": commit,
+                "python": platform.python_version(),
+                "cpus": os.cpu_count(),
+                "runs": runs,
+                "best_tokens_per_s": best,
+                "http_over_in_process": ratio,
+            },
+            indent=2,
+        )
+    )
     print(f"results: {out}")
     return 0
 

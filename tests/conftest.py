@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny random Llama checkpoint on disk (real files, real loaders) and engines on it."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -32,14 +33,19 @@ def make_tiny_engine(tiny_model_dir, shoal_cache_dir):
     from shoal.engine.engine import LLMEngine
 
     def make(**overrides) -> LLMEngine:
-        options = dict(model=str(tiny_model_dir), dtype="float32", device="cpu", kv_cache_bytes=4 << 20,
-                       block_size=4, max_num_batched_tokens=64, cache_dir=str(shoal_cache_dir))
+        options = dict(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            device="cpu",
+            kv_cache_bytes=4 << 20,
+            block_size=4,
+            max_num_batched_tokens=64,
+            cache_dir=str(shoal_cache_dir),
+        )
         options.update(overrides)
         return LLMEngine(EngineConfig(**options))
 
     return make
-
-
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,15 @@
 """The `shoal` command line: `shoal chat` (interactive, streaming), `shoal generate PROMPT...`, the
 servers (`worker`, `router`, `serve`, `stage`), cluster control (`status`, `restart`), `shoal bench` and
 `shoal simulate`."""
+
 from __future__ import annotations
 
 import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from shoal.bench.options import add_bench_arguments
@@ -171,7 +172,9 @@ def router(args: argparse.Namespace) -> int:
     from shoal.router.config import RouterConfig
 
     configure_logging()
-    overrides = {k: v for k, v in {"host": args.host, "port": args.port, "policy": args.policy}.items() if v is not None}
+    overrides = {
+        k: v for k, v in {"host": args.host, "port": args.port, "policy": args.policy}.items() if v is not None
+    }
     if args.worker:
         overrides["workers"] = [{"url": url} for url in args.worker]
     try:
@@ -234,16 +237,22 @@ def simulate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal", description="Distributed LLM inference.")
-    parser.add_argument("--log-format", choices=["text", "json"], default=None,
-                        help="log lines as text or JSON with request and trace ids (default: $SHOAL_LOG_FORMAT, "
-                             "else text); processes started by this one log the same way")
+    parser.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        default=None,
+        help="log lines as text or JSON with request and trace ids (default: $SHOAL_LOG_FORMAT, "
+        "else text); processes started by this one log the same way",
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     chat_parser = commands.add_parser("chat", help="chat in the terminal, with a running cluster or a model here")
     _engine_args(chat_parser)
-    chat_parser.add_argument("--url", default=None,
-                             help="a shoal router (or any Responses API server); --model is then the served name")
-    chat_parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                             help="for --url (default: $OPENAI_API_KEY)")
+    chat_parser.add_argument(
+        "--url", default=None, help="a shoal router (or any Responses API server); --model is then the served name"
+    )
+    chat_parser.add_argument(
+        "--api-key", default=os.environ.get("OPENAI_API_KEY"), help="for --url (default: $OPENAI_API_KEY)"
+    )
     chat_parser.set_defaults(run=chat)
     gen_parser = commands.add_parser("generate", help="complete prompts and print the results")
     _engine_args(gen_parser)
@@ -253,31 +262,51 @@ def main(argv: list[str] | None = None) -> int:
     add_engine_config_arguments(worker_parser)
     worker_parser.add_argument("--host", default="127.0.0.1")
     worker_parser.add_argument("--port", type=int, default=8000)
-    worker_parser.add_argument("--max-body-bytes", type=int, default=4 << 20,
-                               help="larger request bodies are refused with 413")
-    worker_parser.add_argument("--max-waiting-requests", type=int, default=1024,
-                               help="beyond this many queued requests, new ones get 503 + Retry-After")
+    worker_parser.add_argument(
+        "--max-body-bytes", type=int, default=4 << 20, help="larger request bodies are refused with 413"
+    )
+    worker_parser.add_argument(
+        "--max-waiting-requests",
+        type=int,
+        default=1024,
+        help="beyond this many queued requests, new ones get 503 + Retry-After",
+    )
     worker_parser.add_argument("--served-model-name", default=None)
-    worker_parser.add_argument("--drain-grace-s", type=float, default=30.0,
-                               help="on SIGTERM, how long in-flight requests may take to finish")
-    worker_parser.add_argument("--router", action="append", default=[], metavar="URL",
-                               help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET); "
-                                    "repeat for redundant routers")
-    worker_parser.add_argument("--otlp-endpoint", default=None, metavar="URL",
-                               help="export traces over OTLP/HTTP (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
-    worker_parser.add_argument("--advertise-url", default=None,
-                               help="the URL the router should use for this worker (default http://HOST:PORT)")
+    worker_parser.add_argument(
+        "--drain-grace-s", type=float, default=30.0, help="on SIGTERM, how long in-flight requests may take to finish"
+    )
+    worker_parser.add_argument(
+        "--router",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="register with this router and heartbeat (secret from $SHOAL_CLUSTER_SECRET); "
+        "repeat for redundant routers",
+    )
+    worker_parser.add_argument(
+        "--otlp-endpoint",
+        default=None,
+        metavar="URL",
+        help="export traces over OTLP/HTTP (default: $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)",
+    )
+    worker_parser.add_argument(
+        "--advertise-url", default=None, help="the URL the router should use for this worker (default http://HOST:PORT)"
+    )
     worker_parser.set_defaults(run=worker)
     router_parser = commands.add_parser("router", help="one OpenAI endpoint in front of many workers")
     router_parser.add_argument("--host", default=None)
     router_parser.add_argument("--port", type=int, default=None)
     router_parser.add_argument("--worker", action="append", metavar="URL", help="a worker to poll (repeatable)")
-    router_parser.add_argument("--policy", default=None, help="cost (default), round_robin, least_outstanding_tokens, "
-                               "power_of_two, cache_aware, session_affinity")
+    router_parser.add_argument(
+        "--policy",
+        default=None,
+        help="cost (default), round_robin, least_outstanding_tokens, power_of_two, cache_aware, session_affinity",
+    )
     router_parser.add_argument("--config", default=None, help="YAML file with every router setting")
     router_parser.set_defaults(run=router)
-    serve_parser = commands.add_parser("serve", help="a router and supervised workers from one config "
-                                                     "(default: 2 workers of the bundled SmolLM2)")
+    serve_parser = commands.add_parser(
+        "serve", help="a router and supervised workers from one config (default: 2 workers of the bundled SmolLM2)"
+    )
     serve_parser.add_argument("--config", default=None, help="YAML deployment config (see examples/)")
     serve_parser.add_argument("--host", default=None)
     serve_parser.add_argument("--port", type=int, default=None)
@@ -292,18 +321,27 @@ def main(argv: list[str] | None = None) -> int:
     restart_parser.add_argument("--state-dir", default="~/.local/state/shoal")
     restart_parser.set_defaults(run=restart)
     stage_parser = commands.add_parser("stage", help="a pipeline stage server, given its layers by a worker's --stage")
-    stage_parser.add_argument("--bind", default="tcp://127.0.0.1:7100",
-                              help="ZeroMQ address of its inbox (default: loopback only; e.g. tcp://10.0.0.5:7100 for "
-                                   "heads on other machines); peers need the cluster secret in $SHOAL_CLUSTER_SECRET")
-    stage_parser.add_argument("--num-threads", type=int, default=None,
-                              help="CPU threads of this stage (default: the head's setting, else every core)")
+    stage_parser.add_argument(
+        "--bind",
+        default="tcp://127.0.0.1:7100",
+        help="ZeroMQ address of its inbox (default: loopback only; e.g. tcp://10.0.0.5:7100 for "
+        "heads on other machines); peers need the cluster secret in $SHOAL_CLUSTER_SECRET",
+    )
+    stage_parser.add_argument(
+        "--num-threads",
+        type=int,
+        default=None,
+        help="CPU threads of this stage (default: the head's setting, else every core)",
+    )
     stage_parser.set_defaults(run=stage)
-    bench_parser = commands.add_parser("bench", help="load an OpenAI-compatible server; report latency, "
-                                                     "throughput and goodput")
+    bench_parser = commands.add_parser(
+        "bench", help="load an OpenAI-compatible server; report latency, throughput and goodput"
+    )
     add_bench_arguments(bench_parser)
     bench_parser.set_defaults(run=bench)
-    simulate_parser = commands.add_parser("simulate", help="simulate a fleet behind the router's policies; "
-                                                           "compare them at any scale")
+    simulate_parser = commands.add_parser(
+        "simulate", help="simulate a fleet behind the router's policies; compare them at any scale"
+    )
     add_simulate_arguments(simulate_parser)
     simulate_parser.set_defaults(run=simulate)
     args = parser.parse_args(argv)

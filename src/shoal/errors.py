@@ -4,21 +4,23 @@ Every error shoal raises on purpose knows its HTTP status and OpenAI error type 
 has one, its code: `context_length_exceeded`). Invalid input never takes the engine down: it
 raises one of these for the offending request only. Imports nothing: the router uses it too.
 """
+
 from __future__ import annotations
 
 import json
 from typing import Any
 
 
-def error_body(message: str, status: int, error_type: str, param: str | None = None,
-               code: str | int | None = None) -> dict[str, Any]:
+def error_body(
+    message: str, status: int, error_type: str, param: str | None = None, code: str | int | None = None
+) -> dict[str, Any]:
     """OpenAI's error envelope. `code` defaults to the HTTP status, as vLLM answers."""
-    return {"error": {"message": message, "type": error_type, "param": param,
-                      "code": status if code is None else code}}
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status if code is None else code}}
 
 
-def error_json(message: str, status: int, error_type: str, param: str | None = None,
-               code: str | int | None = None) -> bytes:
+def error_json(
+    message: str, status: int, error_type: str, param: str | None = None, code: str | int | None = None
+) -> bytes:
     return json.dumps(error_body(message, status, error_type, param, code)).encode()
 
 

@@ -1,4 +1,5 @@
 """Offline API in vLLM's style: `LLM(model).generate(prompts, params)` and `.chat(messages, params)`."""
+
 from __future__ import annotations
 
 import itertools
@@ -31,8 +32,9 @@ class LLM:
     def get_tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
-    def generate(self, prompts: Prompt | Seq[Prompt],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:
+    def generate(
+        self, prompts: Prompt | Seq[Prompt], sampling_params: SamplingParams | Seq[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
         """Returns one finished RequestOutput per prompt, in prompt order. A prompt is text, a list of
         token ids, or {"prompt_token_ids": [...]} / {"prompt": "..."}."""
         if isinstance(prompts, (str, dict)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
@@ -54,14 +56,21 @@ class LLM:
                     finished[output.request_id] = output
         return [finished[r] for r in request_ids]
 
-    def chat(self, messages: list[Message] | list[list[Message]],
-             sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
-             add_generation_prompt: bool = True) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[Message] | list[list[Message]],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[RequestOutput]:
         """Applies the model's chat template to each conversation, then generates."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
-        prompts = [tokenizer.encode(tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt),
-                                    add_special_tokens=False) for c in conversations]
+        prompts = [
+            tokenizer.encode(
+                tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt), add_special_tokens=False
+            )
+            for c in conversations
+        ]
         return self.generate(prompts, sampling_params)
 
 

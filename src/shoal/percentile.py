@@ -4,6 +4,7 @@ benchmarks all report this one, so their p99s can be compared.
 It interpolates linearly between the closest ranks, as numpy's default ("linear") does: for n
 ascending values, the q-th percentile sits at rank (n - 1) * q / 100. Imports nothing heavy.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence

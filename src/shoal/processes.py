@@ -1,4 +1,5 @@
 """What the processes shoal starts on a host share: a free local port, and dying with the parent."""
+
 from __future__ import annotations
 
 import ctypes

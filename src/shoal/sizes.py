@@ -5,12 +5,22 @@ of free memory in (0, 1]. So `kv_cache: 1.0` is all free memory, never one byte,
 is neither a fraction nor a size is refused with the reason. Imports nothing heavy: the router and
 the deployment config use it too.
 """
+
 from __future__ import annotations
 
 import re
 
-UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-         "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+UNITS = {
+    "B": 1,
+    "KB": 10**3,
+    "MB": 10**6,
+    "GB": 10**9,
+    "TB": 10**12,
+    "KIB": 2**10,
+    "MIB": 2**20,
+    "GIB": 2**30,
+    "TIB": 2**40,
+}
 _SIZE = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]+)\s*")
 _NUMBER = re.compile(r"\s*([0-9]*\.?[0-9]+)\s*")
 
@@ -38,6 +48,5 @@ def parse_kv_cache(value: str | float | int) -> dict[str, int | float]:
     except (TypeError, ValueError):
         raise ValueError(f"{value!r} is neither a fraction of free memory like 0.3 nor a size like 512MiB") from None
     if not 0 < fraction <= 1:
-        raise ValueError(f"{value!r}: a fraction of free memory must be in (0, 1]; a size needs a unit, "
-                         f"such as 512MiB")
+        raise ValueError(f"{value!r}: a fraction of free memory must be in (0, 1]; a size needs a unit, such as 512MiB")
     return {"kv_cache_fraction": fraction}

@@ -38,9 +38,22 @@ def long_context_model(tmp_path_factory):
 
 @pytest.fixture
 def workers(long_context_model, shoal_cache_dir, tmp_path):
-    args = ["--model", str(long_context_model), "--dtype", "float32", "--served-model-name", MODEL,
-            "--kv-cache", "16MiB", "--max-model-len", "4096", "--max-num-batched-tokens", "4096",
-            "--step-delay-ms", "20"]
+    args = [
+        "--model",
+        str(long_context_model),
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        MODEL,
+        "--kv-cache",
+        "16MiB",
+        "--max-model-len",
+        "4096",
+        "--max-num-batched-tokens",
+        "4096",
+        "--step-delay-ms",
+        "20",
+    ]
     with contextlib.ExitStack() as files:
         logs = [files.enter_context(open(tmp_path / f"worker-{i}.log", "wb")) for i in range(2)]
         started = [wait_ready(*w) for w in [spawn_worker(args, shoal_cache_dir, stderr=log) for log in logs]]
@@ -72,23 +85,34 @@ def stream_through(url: str, body: dict, on_token=None) -> dict:
 
 
 def chat(content: str, max_tokens: int, seed: int) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
-            "ignore_eos": True, "seed": seed, "temperature": 0.8, "stream": True}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "seed": seed,
+        "temperature": 0.8,
+        "stream": True,
+    }
 
 
 def read_directly(worker_url: str) -> list:
     """The chunks of one stream read from a worker with the official OpenAI client."""
     client = openai.OpenAI(base_url=worker_url + "/v1", api_key="unused", max_retries=0)
-    stream = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "direct"}],
-                                            max_tokens=LIVE_TOKENS, stream=True, extra_body={"ignore_eos": True})
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "direct"}],
+        max_tokens=LIVE_TOKENS,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     return [chunk for chunk in stream if chunk.choices]
 
 
 def counter(url: str, name: str) -> float:
     """A router counter summed over its labels (0 until something was counted)."""
     text = httpx.get(url + "/metrics", timeout=10).text
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name)
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
 
 
 def test_long_prefills_beside_live_streams_cause_no_migration_and_no_failure(workers, tmp_path):
@@ -105,8 +129,10 @@ def test_long_prefills_beside_live_streams_cause_no_migration_and_no_failure(wor
 
             lives = [pool.submit(live, i) for i in range(LIVE_STREAMS)]
             wait_for(lambda: all(p >= 5 for p in progress) or any(f.done() for f in lives), timeout_s=120)
-            longs = [pool.submit(stream_through, url, chat(f"{i} " + "a" * LONG_PROMPT_CHARS, 4, seed=100 + i))
-                     for i in range(LONG_PROMPTS)]
+            longs = [
+                pool.submit(stream_through, url, chat(f"{i} " + "a" * LONG_PROMPT_CHARS, 4, seed=100 + i))
+                for i in range(LONG_PROMPTS)
+            ]
             # A client of the worker itself, through the same long steps: the keep-alives are comments.
             direct = pool.submit(read_directly, workers[0])
             results = [f.result() for f in lives + longs]

@@ -3,6 +3,7 @@ never sees the 500), 4xx never do; once it answers properly again a half-open pr
 
 The failing worker is a small HTTP server on loopback whose answers the test switches; the other
 worker is a real shoal worker."""
+
 from __future__ import annotations
 
 import json
@@ -20,11 +21,19 @@ from tests.support.workers import MODEL, spawn_worker, wait_ready
 
 @pytest.fixture
 def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
-    real = wait_ready(*spawn_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name",
-                                     MODEL, "--kv-cache", "8MiB"], shoal_cache_dir))
+    real = wait_ready(
+        *spawn_worker(
+            ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB"],
+            shoal_cache_dir,
+        )
+    )
     scripted = ScriptedWorker()
-    config = router_config(tmp_path, [real[1], scripted.url], policy="round_robin",
-                           health={"heartbeat_interval_s": 0.5, "breaker": {"failure_threshold": 3, "open_s": 1.0}})
+    config = router_config(
+        tmp_path,
+        [real[1], scripted.url],
+        policy="round_robin",
+        health={"heartbeat_interval_s": 0.5, "breaker": {"failure_threshold": 3, "open_s": 1.0}},
+    )
     router, url = start(config)
     yield url, scripted
     stop(router)
@@ -37,8 +46,11 @@ def breaker_of(url: str, worker: str) -> str:
 
 
 def ask(url: str) -> httpx.Response:
-    return httpx.post(url + "/v1/chat/completions", timeout=60,
-                      json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    return httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
 
 
 def test_5xx_open_the_breaker_4xx_do_not_and_a_probe_closes_it(pair):
@@ -67,18 +79,31 @@ def test_5xx_open_the_breaker_4xx_do_not_and_a_probe_closes_it(pair):
     assert f'shoal_router_worker_transitions_total{{change="breaker_open",worker="{scripted.url}"}}' in metrics
 
 
-def test_a_critical_request_falls_back_along_the_chain_when_its_model_fails(tiny_model_dir, shoal_cache_dir,
-                                                                             tmp_path):
-    small = wait_ready(*spawn_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name",
-                                      "small", "--kv-cache", "8MiB"], shoal_cache_dir))
+def test_a_critical_request_falls_back_along_the_chain_when_its_model_fails(tiny_model_dir, shoal_cache_dir, tmp_path):
+    small = wait_ready(
+        *spawn_worker(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--served-model-name",
+                "small",
+                "--kv-cache",
+                "8MiB",
+            ],
+            shoal_cache_dir,
+        )
+    )
     scripted = ScriptedWorker()  # serves MODEL, answering 500
     router, url = start(router_config(tmp_path, [scripted.url, small[1]], models={MODEL: {"fallbacks": ["small"]}}))
     try:
         request = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
         standard = httpx.post(url + "/v1/chat/completions", json=request, timeout=60)
         assert standard.status_code == 503 and standard.json()["error"]["type"] == "service_unavailable"
-        critical = httpx.post(url + "/v1/chat/completions", json=request, timeout=60,
-                              headers={"x-shoal-priority": "critical"})
+        critical = httpx.post(
+            url + "/v1/chat/completions", json=request, timeout=60, headers={"x-shoal-priority": "critical"}
+        )
         assert critical.status_code == 200, critical.text
         assert critical.headers["x-shoal-degraded"] == "fallback=small" and critical.json()["model"] == "small"
         assert critical.headers["x-shoal-worker"] == small[1]
@@ -96,8 +121,7 @@ def test_a_worker_that_dies_before_its_first_event_still_leaves_the_client_one_r
     for _ in range(2):  # round robin: one of the two starts on the scripted worker
         body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "stream": True}
         with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
-            events = [json.loads(line[6:]) for line in response.iter_lines()
-                      if line.startswith("data: {")]
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
         roles = [c for e in events for c in e["choices"] if "role" in c.get("delta", {})]
         assert len(roles) == 1 and sum(len(c.get("token_ids") or []) for e in events for c in e["choices"]) == 3
     assert scripted.completions >= 1

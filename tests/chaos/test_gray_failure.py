@@ -5,6 +5,7 @@ ejection ends.
 The slowness is real: the worker process is stopped and continued in a 6-in-7 duty cycle, so it
 answers everything, only several times slower (far enough past the 3x rule to stand out on a busy
 machine where every worker is slowed by the others)."""
+
 from __future__ import annotations
 
 import os
@@ -29,8 +30,12 @@ def slow_down(pid: int, until: threading.Event) -> None:
 def test_a_slow_worker_is_ejected_its_streams_move_on_intact_and_it_rejoins(fleet, tmp_path):
     # Round robin keeps sending the slow worker its share (the cost policy would starve it, and a
     # worker that gets no requests shows no latency).
-    config = router_config(tmp_path, fleet.urls, policy="round_robin", health={
-        "heartbeat_interval_s": 0.5, "outliers": {"min_samples": 10, "ejection_s": 3.0}})
+    config = router_config(
+        tmp_path,
+        fleet.urls,
+        policy="round_robin",
+        health={"heartbeat_interval_s": 0.5, "outliers": {"min_samples": 10, "ejection_s": 3.0}},
+    )
     router, url = start(config)
     seeds = list(range(6))
     try:

@@ -1,5 +1,6 @@
 """Workers die (kill -9) or hang (SIGSTOP) in the middle of streams; the client's stream goes on
 elsewhere and, with a seed, is token-for-token the stream of a run without the failure."""
+
 from __future__ import annotations
 
 import json
@@ -24,12 +25,23 @@ ADMIN = {"authorization": "Bearer failover-admin-token"}
 def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
     """Two workers at 10 ms per step behind a router with a 1 s token deadline. They draw the seeds of
     unseeded requests from different sources, so neither could continue such a stream by chance."""
-    common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB",
-              "--step-delay-ms", "10"]
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        MODEL,
+        "--kv-cache",
+        "8MiB",
+        "--step-delay-ms",
+        "10",
+    ]
     workers = [wait_ready(*w) for w in [spawn_worker(common + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2)]]
     config = tmp_path / "router.yaml"
-    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers],
-                                      "failover": {"token_deadline_min_s": 1.0}}))
+    config.write_text(
+        yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "failover": {"token_deadline_min_s": 1.0}})
+    )
     router, url = start_router(["--config", str(config)], env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:]})
     yield url, {worker_url: process for process, worker_url in workers}
     stop(router)
@@ -41,12 +53,16 @@ def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
 
 
 def chat(seed: int | None) -> dict:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "tell me a long story"}],
-            "max_tokens": MAX_TOKENS, "temperature": 0.8, "ignore_eos": True, "stream": True,
-            "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.8,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     return body if seed is None else {**body, "seed": seed}
-
-
 
 
 def migrations(url: str) -> float:
@@ -106,15 +122,22 @@ def test_a_non_streamed_request_survives_its_worker_dying(pair):
     clean = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()
     migrated_before = migrations(url)
     result = []
-    thread = threading.Thread(target=lambda: result.append(
-        httpx.post(url + "/v1/chat/completions", json=body, timeout=60)))
+    thread = threading.Thread(
+        target=lambda: result.append(httpx.post(url + "/v1/chat/completions", json=body, timeout=60))
+    )
     thread.start()
 
     def busy_with_tokens_out() -> str | None:
         """The worker that has generated 20 tokens of the request (its outstanding decode went down)."""
         loads = {w: httpx.get(w + "/load").json() for w in processes}
-        return next((w for w, load in loads.items()
-                     if load["running"] and load["outstanding_decode_tokens"] <= MAX_TOKENS - 20), None)
+        return next(
+            (
+                w
+                for w, load in loads.items()
+                if load["running"] and load["outstanding_decode_tokens"] <= MAX_TOKENS - 20
+            ),
+            None,
+        )
 
     busy = wait_for(busy_with_tokens_out, timeout_s=20)
     processes[busy].kill()
@@ -141,8 +164,12 @@ def test_several_choices_fail_over_each_on_its_own_and_match_a_workers_own_answe
 
     ids: dict[int, list[int]] = {0: [], 1: [], 2: []}
     usage, killed, done = None, False, 0
-    with httpx.stream("POST", url + "/v1/chat/completions", timeout=60,
-                      json={**body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+    with httpx.stream(
+        "POST",
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as response:
         for line in response.iter_lines():
             if line == "data: [DONE]":
                 done += 1

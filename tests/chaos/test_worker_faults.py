@@ -5,6 +5,7 @@ Three tiny workers on fixed ports (so a killed one can come back at the same add
 router with a 0.5 s heartbeat interval. Every request has a seed, so a response can be compared
 token for token with the same request served without faults.
 """
+
 from __future__ import annotations
 
 import signal
@@ -106,8 +107,9 @@ def test_all_workers_down_answers_503_quickly_and_a_returning_worker_serves_the_
         fleet.kill(worker)
         wait_for(lambda: not admin(url)["workers"][0]["healthy"])
         started = time.monotonic()
-        refused = httpx.post(url + "/v1/chat/completions", json=body(1, False), timeout=30,
-                             headers={"x-shoal-deadline-s": "1"})
+        refused = httpx.post(
+            url + "/v1/chat/completions", json=body(1, False), timeout=30, headers={"x-shoal-deadline-s": "1"}
+        )
         assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
         assert refused.json()["error"]["type"] == "service_unavailable"
         assert time.monotonic() - started < 10

@@ -1,4 +1,5 @@
 """Logits equal transformers' for each supported architecture variant (tiny random models, float32)."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,14 +8,34 @@ import torch
 from tests.support.logits import max_logit_difference
 from tests.support.tiny_model import write_tiny_tokenizer
 
-COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2)
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 VARIANTS = {
     "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
-    "llama3-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
-        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-        "original_max_position_embeddings": 32}, rope_theta=500000.0)),
+    "llama3-rope": (
+        "LlamaConfig",
+        "LlamaForCausalLM",
+        dict(
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            },
+            rope_theta=500000.0,
+        ),
+    ),
     "linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),

@@ -1,4 +1,5 @@
 """The async engine streams tokens, reports errors per request, and aborts abandoned streams."""
+
 from __future__ import annotations
 
 import asyncio

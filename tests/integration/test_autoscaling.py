@@ -1,6 +1,7 @@
 """Autoscaling under `shoal serve` with a tiny model: a load ramp adds a replica after the upscale
 delay, quiet removes it again (drained), a model scales to zero and back for a waiting request,
 and no request fails on the way."""
+
 from __future__ import annotations
 
 import time
@@ -10,8 +11,15 @@ import openai
 from tests.support.serving import busy, supervised
 from tests.support.waiting import wait_for
 
-RAMP = {"min_replicas": 1, "max_replicas": 2, "target_queued_per_replica": None, "target_kv_cache_usage": None,
-        "target_outstanding_tokens_per_replica": 300, "upscale_delay_s": 1, "downscale_delay_s": 3}
+RAMP = {
+    "min_replicas": 1,
+    "max_replicas": 2,
+    "target_queued_per_replica": None,
+    "target_kv_cache_usage": None,
+    "target_outstanding_tokens_per_replica": 300,
+    "upscale_delay_s": 1,
+    "downscale_delay_s": 3,
+}
 
 
 def serving(state_dir) -> list[dict]:

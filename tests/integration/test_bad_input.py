@@ -1,4 +1,5 @@
 """Bad input raises a typed error for that request alone; the others keep running."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """A request's tokens do not depend on its neighbours, the prefix cache, chunking or preemption."""
+
 from __future__ import annotations
 
 import random
@@ -35,8 +36,9 @@ def batched(engine, prompts, params) -> list[list[int]]:
     return [results[f"r{i}"] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("params", [GREEDY, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=11,
-                                                           ignore_eos=True)])
+@pytest.mark.parametrize(
+    "params", [GREEDY, SamplingParams(temperature=0.9, top_p=0.95, max_tokens=24, seed=11, ignore_eos=True)]
+)
 def test_tiny_model_batch_of_16_equals_alone(make_tiny_engine, params):
     prompts = mixed_prompts(16, seed=3)
     expected = alone(make_tiny_engine, prompts, params)
@@ -68,8 +70,13 @@ def test_smollm2_batch_of_16_with_cache_hits_and_preemption(shoal_cache_dir):
     from shoal.engine.engine import LLMEngine
 
     def make(**overrides):
-        options = dict(dtype="float32", device="cpu", kv_cache_bytes=32 << 20, cache_dir=str(shoal_cache_dir),
-                       max_num_batched_tokens=256)
+        options = dict(
+            dtype="float32",
+            device="cpu",
+            kv_cache_bytes=32 << 20,
+            cache_dir=str(shoal_cache_dir),
+            max_num_batched_tokens=256,
+        )
         options.update(overrides)
         return LLMEngine(EngineConfig(**options))
 

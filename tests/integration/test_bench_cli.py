@@ -1,4 +1,5 @@
 """`shoal bench` as a user runs it: a subprocess against a real worker serving the tiny model."""
+
 from __future__ import annotations
 
 import json
@@ -29,10 +30,27 @@ def assert_consistent(summary: dict, records: list[dict]) -> None:
 def test_a_synthetic_run_reports_counts_latencies_goodput_and_plots(worker_url, tmp_path):
     report, plots = tmp_path / "report.json", tmp_path / "plots"
     # No --model: the first one the server lists. Python reports its imports: torch must not be one.
-    result = bench(worker_url, "--requests", "12", "--prompt-tokens", "8", "--output-tokens", "8", "--ignore-eos",
-                   "--concurrency", "4", "--slo-ttft-ms", "60000", "--slo-itl-ms", "60000",
-                   "--output-json", str(report), "--plot-dir", str(plots),
-                   env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"})
+    result = bench(
+        worker_url,
+        "--requests",
+        "12",
+        "--prompt-tokens",
+        "8",
+        "--output-tokens",
+        "8",
+        "--ignore-eos",
+        "--concurrency",
+        "4",
+        "--slo-ttft-ms",
+        "60000",
+        "--slo-itl-ms",
+        "60000",
+        "--output-json",
+        str(report),
+        "--plot-dir",
+        str(plots),
+        env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert not re.search(r"\|\s+torch(\.|$)", result.stderr, re.MULTILINE)
     assert "TTFT" in result.stdout and "goodput" in result.stdout
@@ -52,9 +70,27 @@ def test_a_synthetic_run_reports_counts_latencies_goodput_and_plots(worker_url, 
 
 def test_a_multi_turn_run_sends_each_turn_after_the_last_with_its_answer(worker_url, tmp_path):
     report = tmp_path / "report.json"
-    result = bench(worker_url, "--model", MODEL, "--workload", "multi-turn", "--requests", "6", "--turns", "2",
-                   "--system-prompt-tokens", "8", "--prompt-tokens", "4", "--output-tokens", "8",
-                   "--concurrency", "2", "--output-json", str(report))
+    result = bench(
+        worker_url,
+        "--model",
+        MODEL,
+        "--workload",
+        "multi-turn",
+        "--requests",
+        "6",
+        "--turns",
+        "2",
+        "--system-prompt-tokens",
+        "8",
+        "--prompt-tokens",
+        "4",
+        "--output-tokens",
+        "8",
+        "--concurrency",
+        "2",
+        "--output-json",
+        str(report),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     run = json.loads(report.read_text())
     assert_consistent(run["summary"], run["requests"])

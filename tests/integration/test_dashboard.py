@@ -4,6 +4,7 @@ with two replicas. The page refuses a wrong token with a clear message; with the
 the URL fragment, which never reaches the server) it shows both workers healthy, lists requests as
 they finish, draws one request's spans as a waterfall, and shows a worker killed with SIGKILL as
 down or gone, with an event for it in the feed, then its replacement serving."""
+
 from __future__ import annotations
 
 import json
@@ -25,15 +26,19 @@ WAIT_MS = 60_000
 
 @pytest.fixture(scope="module")
 def chromium() -> str:
-    return subprocess.run([str(ENSURE_CHROMIUM)], check=True, capture_output=True, text=True,
-                          timeout=900).stdout.strip().splitlines()[-1]
+    return (
+        subprocess.run([str(ENSURE_CHROMIUM)], check=True, capture_output=True, text=True, timeout=900)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
 
 
 @pytest.fixture
 def browser(chromium):
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, headless=True,
-                                             args=["--no-sandbox", "--disable-dev-shm-usage"])
+        browser = playwright.chromium.launch(
+            executable_path=chromium, headless=True, args=["--no-sandbox", "--disable-dev-shm-usage"]
+        )
         yield browser
         browser.close()
 
@@ -55,17 +60,24 @@ def test_the_dashboard_shows_the_cluster_its_requests_and_a_killed_worker(deploy
     page.on("request", lambda request: sent.append(request.url))
     page.goto(f"{url}/dashboard#token={token}")
     for worker in workers:
-        expect(page.locator(f'#workers tr[data-worker-id="{worker}"]')).to_have_attribute("data-status", "healthy",
-                                                                                          timeout=WAIT_MS)
+        expect(page.locator(f'#workers tr[data-worker-id="{worker}"]')).to_have_attribute(
+            "data-status", "healthy", timeout=WAIT_MS
+        )
     assert "token" not in page.url  # taken out of the address bar once stored
 
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
     for i in range(3):
-        answer = client.completions.create(model="tiny", prompt=f"hello {i}", max_tokens=8,
-                                           extra_body={"ignore_eos": True})
+        answer = client.completions.create(
+            model="tiny", prompt=f"hello {i}", max_tokens=8, extra_body={"ignore_eos": True}
+        )
         assert answer.usage.completion_tokens == 8
-    streamed = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
-                                              max_tokens=6, stream=True, extra_body={"ignore_eos": True})
+    streamed = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=6,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     assert sum(1 for _ in streamed) > 0
     requests = page.locator("#requests tbody tr[data-trace-id]")
     expect(requests).to_have_count(4, timeout=WAIT_MS)
@@ -81,10 +93,10 @@ def test_the_dashboard_shows_the_cluster_its_requests_and_a_killed_worker(deploy
     victim = supervised(state_dir)[0]
     os.kill(victim["pid"], signal.SIGKILL)
     expect(page.locator(f'#workers tr[data-worker-id="{victim["url"]}"]')).to_have_attribute(
-        "data-status", re.compile(r"^(down|gone)$"), timeout=WAIT_MS)
+        "data-status", re.compile(r"^(down|gone)$"), timeout=WAIT_MS
+    )
     feed = page.locator(f'#events li[data-worker-id="{victim["url"]}"]')
-    expect(feed.and_(page.locator('[data-change="exited"], [data-change="down"]')).first).to_be_visible(
-        timeout=WAIT_MS)
+    expect(feed.and_(page.locator('[data-change="exited"], [data-change="down"]')).first).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#events")).to_contain_text(f"exited with {-signal.SIGKILL}")
     expect(page.locator('#workers tr[data-status="healthy"]')).to_have_count(2, timeout=3 * WAIT_MS)  # restarted
 

@@ -1,5 +1,6 @@
 """A request that makes the engine fail is failed alone; the others finish with the tokens they
 would have produced anyway, and the engine keeps serving."""
+
 from __future__ import annotations
 
 import asyncio
@@ -113,7 +114,11 @@ def test_a_restart_with_the_same_key_reuses_the_calibration_and_only_warms_up(ma
     again = make_tiny_engine()
     reused = calibrate(again, calibration_path(again, tmp_path), prompt_tokens=32, decode_steps=3, batch=2)
     assert (reused.prefill_tokens_per_s, reused.decode_tokens_per_s, reused.capability, reused.batch) == (
-        measured.prefill_tokens_per_s, measured.decode_tokens_per_s, measured.capability, measured.batch)
+        measured.prefill_tokens_per_s,
+        measured.decode_tokens_per_s,
+        measured.capability,
+        measured.batch,
+    )
     stats = again.stats()
     assert not again.has_unfinished_requests() and stats.generation_tokens == 0
     assert stats.prefill_tokens_per_s == measured.prefill_tokens_per_s

@@ -2,6 +2,7 @@
 (AVX512-BF16, no AMX, no avx512_fp16). Each level runs in its own process, where the cap reaches torch's
 libraries before their first use: ATen and oneDNN report the narrower instruction set, the
 attention kernel is compiled for it, every dtype runs, and runs stay batch invariant."""
+
 from __future__ import annotations
 
 import json
@@ -32,20 +33,36 @@ class Expected:
 
 
 LEVELS = {
-    "avx2": Expected("AVX2", False, {"float32": "onednn-packed float32", "bfloat16": "onednn-packed float32",
-                                     "float16": "onednn-packed float32"}, "torch.float32",
-                     "-O3 -march=x86-64-v3", "isa:Intel AVX2"),
-    "avx512_bf16": Expected("AVX512", True, {"float32": "onednn-packed float32", "bfloat16": "onednn-packed bfloat16",
-                                             "float16": "onednn-packed float32"},
-                            "torch.bfloat16", "-O3 -march=x86-64-v4 -mavx512bf16 -mavx512vnni",
-                            "isa:Intel AVX-512 with Intel DL Boost and bfloat16 support"),
+    "avx2": Expected(
+        "AVX2",
+        False,
+        {"float32": "onednn-packed float32", "bfloat16": "onednn-packed float32", "float16": "onednn-packed float32"},
+        "torch.float32",
+        "-O3 -march=x86-64-v3",
+        "isa:Intel AVX2",
+    ),
+    "avx512_bf16": Expected(
+        "AVX512",
+        True,
+        {"float32": "onednn-packed float32", "bfloat16": "onednn-packed bfloat16", "float16": "onednn-packed float32"},
+        "torch.bfloat16",
+        "-O3 -march=x86-64-v4 -mavx512bf16 -mavx512vnni",
+        "isa:Intel AVX-512 with Intel DL Boost and bfloat16 support",
+    ),
 }
 
 
 def run_engine_under_cap(level: str, model_dir: Path, cache_dir: Path) -> tuple[dict, list[str]]:
     env = {**os.environ, "SHOAL_CPU_ISA": level, "ONEDNN_VERBOSE": "1"}
-    result = subprocess.run([sys.executable, "-m", "tests.support.engine_under_isa_cap", str(model_dir), str(cache_dir),
-                             *DTYPES], cwd=REPO, env=env, capture_output=True, text=True, timeout=600, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.support.engine_under_isa_cap", str(model_dir), str(cache_dir), *DTYPES],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     lines = result.stdout.splitlines()
     return json.loads(lines[-1].removeprefix(REPORT_PREFIX)), lines
@@ -63,12 +80,16 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model
     # torch's own view: ATen's kernels, and oneDNN's 16-bit support, which follows its capped ISA.
     assert report["torch"] == {"aten": expected.aten, "onednn_bf16": expected.onednn_bf16, "onednn_fp16": False}
     assert (report["features"]["onednn_bf16"], report["features"]["onednn_fp16"]) == (expected.onednn_bf16, False)
-    onednn_isa = [line.removeprefix("onednn_verbose,v1,info,cpu,") for line in lines
-                  if line.startswith("onednn_verbose,v1,info,cpu,isa:")]
+    onednn_isa = [
+        line.removeprefix("onednn_verbose,v1,info,cpu,")
+        for line in lines
+        if line.startswith("onednn_verbose,v1,info,cpu,isa:")
+    ]
     implementations = {line.split(",")[6] for line in lines if line.startswith("onednn_verbose,v1,primitive,exec")}
     assert onednn_isa == [expected.onednn_isa]
-    assert implementations and not [name for name in implementations if "amx" in name or "fp16" in name or
-                                    (level == "avx2" and "avx512" in name)], implementations
+    assert implementations and not [
+        name for name in implementations if "amx" in name or "fp16" in name or (level == "avx2" and "avx512" in name)
+    ], implementations
 
     if shutil.which("c++"):
         assert report["kernel_cflags"].endswith(expected.compiler_flags), report["kernel_cflags"]

@@ -1,4 +1,5 @@
 """shoal's model against transformers' implementation on the same weights, in float32."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -19,10 +20,6 @@ PROMPTS = [
 ]
 
 
-
-
-
-
 @pytest.fixture(scope="module")
 def smollm2_source() -> Path:
     return resolve_model("smollm2-135m-instruct").path
@@ -33,14 +30,16 @@ def smollm2_transformers(smollm2_source):
     import transformers
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(smollm2_source.parent), gguf_file=smollm2_source.name, dtype=torch.float32)
+        str(smollm2_source.parent), gguf_file=smollm2_source.name, dtype=torch.float32
+    )
     return model.eval()
 
 
 @pytest.fixture(scope="module")
 def smollm2_shoal(shoal_cache_dir):
-    return LLM("smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_bytes=64 << 20,
-               cache_dir=str(shoal_cache_dir))
+    return LLM(
+        "smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_bytes=64 << 20, cache_dir=str(shoal_cache_dir)
+    )
 
 
 def test_tiny_model_logits_match(tiny_model_dir, shoal_cache_dir):
@@ -51,11 +50,13 @@ def test_tiny_model_logits_match(tiny_model_dir, shoal_cache_dir):
 
 
 def test_smollm2_logits_match(smollm2_transformers, shoal_cache_dir):
-    llm = LLM("smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_bytes=16 << 20,
-              cache_dir=str(shoal_cache_dir))
+    llm = LLM(
+        "smollm2-135m-instruct", dtype="float32", device="cpu", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir)
+    )
     tokenizer = llm.get_tokenizer()
-    ids = tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}]),
-                           add_special_tokens=False)
+    ids = tokenizer.encode(
+        tokenizer.apply_chat_template([{"role": "user", "content": PROMPTS[0]}]), add_special_tokens=False
+    )
     with torch.no_grad():
         expected = smollm2_transformers(torch.tensor([ids])).logits[0]
     assert (forward_logits(llm, ids) - expected).abs().max().item() <= 1e-3
@@ -64,14 +65,17 @@ def test_smollm2_logits_match(smollm2_transformers, shoal_cache_dir):
 def test_smollm2_greedy_continuations_are_token_identical(smollm2_shoal, smollm2_transformers):
     tokenizer = smollm2_shoal.get_tokenizer()
     eos = list(smollm2_shoal.engine.eos_token_ids)
-    prompts = [tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]),
-                                add_special_tokens=False) for p in PROMPTS]
+    prompts = [
+        tokenizer.encode(tokenizer.apply_chat_template([{"role": "user", "content": p}]), add_special_tokens=False)
+        for p in PROMPTS
+    ]
     ours = smollm2_shoal.generate(prompts, SamplingParams(temperature=0, max_tokens=64))
     for prompt, output in zip(prompts, ours):
         with torch.no_grad():
             generated = smollm2_transformers.generate(
-                torch.tensor([prompt]), max_new_tokens=64, do_sample=False, eos_token_id=eos, pad_token_id=eos[0])
-        expected = generated[0, len(prompt):].tolist()
+                torch.tensor([prompt]), max_new_tokens=64, do_sample=False, eos_token_id=eos, pad_token_id=eos[0]
+            )
+        expected = generated[0, len(prompt) :].tolist()
         if expected[-1] in eos:
-            expected = expected[:expected.index(expected[-1]) + 1]
+            expected = expected[: expected.index(expected[-1]) + 1]
         assert output.outputs[0].token_ids == expected

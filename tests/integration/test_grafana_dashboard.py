@@ -1,4 +1,5 @@
 """The Grafana dashboard in deploy/ reads series that a running router and worker really export."""
+
 from __future__ import annotations
 
 import json

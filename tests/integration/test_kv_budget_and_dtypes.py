@@ -1,4 +1,5 @@
 """The KV budget decides how many tokens fit (and the engine says so); every dtype runs invariantly."""
+
 from __future__ import annotations
 
 import pytest
@@ -31,6 +32,8 @@ def test_reduced_precision_is_batch_invariant(make_tiny_engine, dtype):
 def test_invariance_can_be_turned_off(make_tiny_engine):
     """batch_invariant=False uses plain GEMMs; the engine still serves every request to the end."""
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-    results = run_to_completion(make_tiny_engine(batch_invariant=False, share_weights=True),
-                                {f"q{i}": ([4 + i] * (2 + i), params) for i in range(5)})
+    results = run_to_completion(
+        make_tiny_engine(batch_invariant=False, share_weights=True),
+        {f"q{i}": ([4 + i] * (2 + i), params) for i in range(5)},
+    )
     assert sorted(len(t) for t in results.values()) == [10] * 5

@@ -1,6 +1,7 @@
 """/v1/responses on real routers in front of a real tiny worker, driven with the official openai
 client: conversations continue with their full context across a router restart (SQLite) and
 across routers, one of them killed (Redis); streaming; errors; ownership."""
+
 from __future__ import annotations
 
 import time
@@ -22,8 +23,21 @@ INSTRUCTIONS = "Answer like a fish."
 @pytest.fixture(scope="module")
 def worker(tiny_model_dir, shoal_cache_dir):
     """One tiny worker at 10 ms a step: short turns stay quick, a 400-token stream takes seconds."""
-    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-                                 "--kv-cache", "8MiB", "--step-delay-ms", "10"], shoal_cache_dir)
+    process, url = start_worker(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--served-model-name",
+            MODEL,
+            "--kv-cache",
+            "8MiB",
+            "--step-delay-ms",
+            "10",
+        ],
+        shoal_cache_dir,
+    )
     yield url
     stop(process)
 
@@ -51,9 +65,15 @@ def client_for(url: str, key: str = "unused") -> openai.OpenAI:
 
 
 def turn(url: str, text: str, previous=None, **extra):
-    return client_for(url).responses.create(model=MODEL, instructions=INSTRUCTIONS, input=text,
-                                            previous_response_id=previous.id if previous else openai.omit,
-                                            extra_body={"seed": SEED}, **SAMPLING, **extra)
+    return client_for(url).responses.create(
+        model=MODEL,
+        instructions=INSTRUCTIONS,
+        input=text,
+        previous_response_id=previous.id if previous else openai.omit,
+        extra_body={"seed": SEED},
+        **SAMPLING,
+        **extra,
+    )
 
 
 def expect_full_context(worker: str, response, history: list[tuple[str, object]], text: str) -> None:
@@ -63,9 +83,17 @@ def expect_full_context(worker: str, response, history: list[tuple[str, object]]
     for earlier_input, earlier in history:
         messages += [{"role": "user", "content": earlier_input}, {"role": "assistant", "content": earlier.output_text}]
     messages.append({"role": "user", "content": text})
-    plain = httpx.post(worker + "/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "messages": messages, "max_tokens": SAMPLING["max_output_tokens"],
-        "temperature": SAMPLING["temperature"], "seed": SEED}).json()
+    plain = httpx.post(
+        worker + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": MODEL,
+            "messages": messages,
+            "max_tokens": SAMPLING["max_output_tokens"],
+            "temperature": SAMPLING["temperature"],
+            "seed": SEED,
+        },
+    ).json()
     assert response.output_text == plain["choices"][0]["message"]["content"]
     assert response.usage.input_tokens == plain["usage"]["prompt_tokens"]
     assert response.usage.output_tokens == plain["usage"]["completion_tokens"]
@@ -112,19 +140,48 @@ def test_two_routers_share_conversations_through_redis(worker, routers, redis_ur
 
 
 def test_the_next_turn_goes_to_the_worker_holding_the_conversation_and_survives_losing_it(
-        tiny_model_dir, shoal_cache_dir, tmp_path):
+    tiny_model_dir, shoal_cache_dir, tmp_path
+):
     # 10 ms a step, like a real model's, so that timing noise does not swamp the routing estimates.
-    workers = [start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-                             "--kv-cache", "8MiB", "--step-delay-ms", "10"], shoal_cache_dir) for _ in range(2)]
+    workers = [
+        start_worker(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--served-model-name",
+                MODEL,
+                "--kv-cache",
+                "8MiB",
+                "--step-delay-ms",
+                "10",
+            ],
+            shoal_cache_dir,
+        )
+        for _ in range(2)
+    ]
     config = tmp_path / "router.yaml"
-    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "responses": {
-        "store": "sqlite", "sqlite_path": str(tmp_path / "responses.sqlite3")}}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "workers": [{"url": url} for _, url in workers],
+                "responses": {"store": "sqlite", "sqlite_path": str(tmp_path / "responses.sqlite3")},
+            }
+        )
+    )
     router, url = start_router(["--config", str(config)])
     try:
+
         def raw_turn(text: str, previous=None):
             raw = client_for(url).responses.with_raw_response.create(
-                model=MODEL, instructions=INSTRUCTIONS, input=text, extra_body={"seed": SEED},
-                previous_response_id=previous.id if previous else openai.omit, **SAMPLING)
+                model=MODEL,
+                instructions=INSTRUCTIONS,
+                input=text,
+                extra_body={"seed": SEED},
+                previous_response_id=previous.id if previous else openai.omit,
+                **SAMPLING,
+            )
             return raw.parse(), raw.headers["x-shoal-worker"]
 
         # Other conversations in between: the cost policy alone spreads them; the prefix index
@@ -139,8 +196,9 @@ def test_the_next_turn_goes_to_the_worker_holding_the_conversation_and_survives_
         third, third_home = raw_turn("Still there?", previous=second)
         survivor = next(worker_url for _, worker_url in workers if worker_url != home)
         assert third_home == survivor
-        expect_full_context(survivor, third, [("Tell me about the sea.", first), ("And the waves?", second)],
-                            "Still there?")
+        expect_full_context(
+            survivor, third, [("Tell me about the sea.", first), ("And the waves?", second)], "Still there?"
+        )
     finally:
         stop(router)
         for process, _ in workers:
@@ -153,8 +211,12 @@ def test_streamed_events_arrive_in_order_and_the_stored_response_is_the_final_on
     first = turn(url, "Say something")
     events = list(turn(url, "Say more", previous=first, stream=True))
     kinds = [event.type for event in events]
-    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
-                         "response.content_part.added"]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
     assert set(kinds[4:-4]) <= {"response.output_text.delta"}
     assert kinds[-4:-1] == ["response.output_text.done", "response.content_part.done", "response.output_item.done"]
     assert kinds[-1] in ("response.completed", "response.incomplete")
@@ -169,11 +231,18 @@ def test_streamed_events_arrive_in_order_and_the_stored_response_is_the_final_on
 
 def test_errors_ownership_and_options(routers, tmp_path):
     keys = {"alpha": "key-alpha", "beta": "key-beta"}
-    _, url = routers({"sqlite_path": str(tmp_path / "responses.sqlite3")},
-                     api_keys=[{"name": name, "sha256": key_hash(key)} for name, key in keys.items()])
+    _, url = routers(
+        {"sqlite_path": str(tmp_path / "responses.sqlite3")},
+        api_keys=[{"name": name, "sha256": key_hash(key)} for name, key in keys.items()],
+    )
     alpha, beta = client_for(url, keys["alpha"]), client_for(url, keys["beta"])
-    cut = alpha.responses.create(model=MODEL, input="count", max_output_tokens=5, metadata={"case": "cut"},
-                                 extra_body={"seed": SEED, "ignore_eos": True})
+    cut = alpha.responses.create(
+        model=MODEL,
+        input="count",
+        max_output_tokens=5,
+        metadata={"case": "cut"},
+        extra_body={"seed": SEED, "ignore_eos": True},
+    )
     assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
     assert cut.usage.output_tokens == 5 and cut.metadata == {"case": "cut"}
     with pytest.raises(openai.NotFoundError):
@@ -217,9 +286,11 @@ def test_a_client_leaving_a_stream_aborts_its_request_on_the_worker(worker, rout
 def test_an_unreachable_store_is_a_503_and_the_router_goes_on(routers):
     _, url = routers({"store": "redis", "redis_url": f"redis://127.0.0.1:{free_port()}/0"})
     body = {"model": MODEL, "input": "x", "max_output_tokens": 2}
-    for response in (httpx.post(url + "/v1/responses", json=body, timeout=60),
-                     httpx.post(url + "/v1/responses", json={**body, "previous_response_id": "resp_x"}, timeout=60),
-                     httpx.get(url + "/v1/responses/resp_x", timeout=60)):
+    for response in (
+        httpx.post(url + "/v1/responses", json=body, timeout=60),
+        httpx.post(url + "/v1/responses", json={**body, "previous_response_id": "resp_x"}, timeout=60),
+        httpx.get(url + "/v1/responses/resp_x", timeout=60),
+    ):
         assert response.status_code == 503 and response.json()["error"]["code"] == 503
     assert httpx.post(url + "/v1/responses", json={**body, "store": False}, timeout=60).status_code == 200
     chat = {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}

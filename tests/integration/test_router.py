@@ -1,4 +1,5 @@
 """A real router process in front of real tiny workers on loopback, driven with the openai client."""
+
 from __future__ import annotations
 
 import os
@@ -22,9 +23,11 @@ def fleet(tiny_model_dir, shoal_cache_dir):
     """Two tiny workers at 10 ms per step and one four times slower, all serving MODEL. The delay
     keeps long requests running for seconds, so load is visible to the router."""
     common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB"]
-    spawned = [spawn_worker(common + ["--step-delay-ms", "10"], shoal_cache_dir),
-               spawn_worker(common + ["--step-delay-ms", "10"], shoal_cache_dir),
-               spawn_worker(common + ["--step-delay-ms", "40"], shoal_cache_dir)]
+    spawned = [
+        spawn_worker(common + ["--step-delay-ms", "10"], shoal_cache_dir),
+        spawn_worker(common + ["--step-delay-ms", "10"], shoal_cache_dir),
+        spawn_worker(common + ["--step-delay-ms", "40"], shoal_cache_dir),
+    ]
     started = [wait_ready(*worker) for worker in spawned]
     yield [url for _, url in started]
     for process, _ in started:
@@ -38,8 +41,9 @@ def router_for(fleet, tmp_path):
 
     def make(policy: str, workers: list[str], **options) -> str:
         config = tmp_path / f"router-{len(routers)}.yaml"
-        config.write_text(yaml.safe_dump({"policy": policy, "policy_options": options,
-                                          "workers": [{"url": url} for url in workers]}))
+        config.write_text(
+            yaml.safe_dump({"policy": policy, "policy_options": options, "workers": [{"url": url} for url in workers]})
+        )
         process, url = start_router(["--config", str(config)], env={"SHOAL_ADMIN_TOKEN": ADMIN_TOKEN})
         routers.append(process)
         return url
@@ -53,8 +57,14 @@ def occupy(url: str, count: int, worker_hint: dict) -> list:
     """Starts `count` long streaming requests through the router; returns the open streams."""
     streams = []
     for i in range(count):
-        body = {"model": MODEL, "prompt": f"occupy {i}", "max_tokens": 400, "ignore_eos": True, "stream": True,
-                **worker_hint}
+        body = {
+            "model": MODEL,
+            "prompt": f"occupy {i}",
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+            **worker_hint,
+        }
         stream = httpx.stream("POST", url + "/v1/completions", json=body, timeout=60)
         response = stream.__enter__()
         streams.append((stream, response))
@@ -89,14 +99,21 @@ def test_openai_client_through_the_router(fleet, router_for):
     url = router_for("cost", fleet[:2])
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
     assert [m.id for m in client.models.list().data] == [MODEL]
-    args = dict(model=MODEL, messages=[{"role": "user", "content": "route me"}], max_tokens=10, seed=3,
-                temperature=0.8, extra_body={"ignore_eos": True})
+    args = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "route me"}],
+        max_tokens=10,
+        seed=3,
+        temperature=0.8,
+        extra_body={"ignore_eos": True},
+    )
     full = client.chat.completions.create(**args)
     chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == full.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == 10 == full.usage.completion_tokens
-    completion = client.completions.create(model=MODEL, prompt="abc", max_tokens=4, temperature=0,
-                                           extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model=MODEL, prompt="abc", max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert len(completion.choices[0].model_extra["token_ids"]) == 4
 
 
@@ -106,8 +123,12 @@ def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, rou
 
     def finished() -> Counter:
         metrics = scrape(fleet[0])
-        return Counter({reason: metrics.get(f"shoal:request_success_total[('finished_reason', '{reason}')]", 0)
-                        for reason in ("abort", "length", "stop")})
+        return Counter(
+            {
+                reason: metrics.get(f"shoal:request_success_total[('finished_reason', '{reason}')]", 0)
+                for reason in ("abort", "length", "stop")
+            }
+        )
 
     before = finished()
     body = {"model": MODEL, "prompt": "leave early", "max_tokens": 400, "ignore_eos": True, "stream": True}
@@ -116,14 +137,24 @@ def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, rou
         assert next(line for line in lines if line.startswith("data:"))
     after = wait_for(lambda: (finished() - before) or None)
     assert after == Counter(abort=1)
-    wait_for(lambda: (metrics := scrape(fleet[0]))["shoal:num_requests_running"] == 0
-             and metrics["shoal:kv_cache_usage_perc"] == 0)
+    wait_for(
+        lambda: (
+            (metrics := scrape(fleet[0]))["shoal:num_requests_running"] == 0
+            and metrics["shoal:kv_cache_usage_perc"] == 0
+        )
+    )
 
 
-@pytest.mark.parametrize("body,status", [
-    (b"{not json", 400), (b"[1, 2]", 400), (b'{"prompt": "x"}', 400), (b'{"model": "nope", "prompt": "x"}', 404),
-    (b'{"model": "tiny", "prompt": "x", "max_tokens": -1}', 400),
-])
+@pytest.mark.parametrize(
+    "body,status",
+    [
+        (b"{not json", 400),
+        (b"[1, 2]", 400),
+        (b'{"prompt": "x"}', 400),
+        (b'{"model": "nope", "prompt": "x"}', 404),
+        (b'{"model": "tiny", "prompt": "x", "max_tokens": -1}', 400),
+    ],
+)
 def test_bad_requests_get_openai_errors(fleet, router_for, body, status):
     url = router_for("round_robin", fleet[:1])
     response = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
@@ -142,8 +173,10 @@ def test_session_affinity_keeps_a_user_on_one_worker(fleet, router_for):
     for user in ("alice", "bob", "carol", "dave"):
         body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": user}
         assert len({served_by(url, "/v1/completions", body) for _ in range(4)}) == 1
-    header_picks = {served_by(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2},
-                              {"x-session-id": "s-1"}) for _ in range(4)}
+    header_picks = {
+        served_by(url, "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2}, {"x-session-id": "s-1"})
+        for _ in range(4)
+    }
     assert len(header_picks) == 1
 
 
@@ -156,8 +189,10 @@ def test_a_conversation_follows_its_prefix_cache(fleet, router_for, policy):
         homes = set()
         for turn in range(3):
             homes.add(served_by(url, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 4}))
-            messages = messages + [{"role": "assistant", "content": f"answer {turn} " * 4},
-                                   {"role": "user", "content": f"follow-up number {turn}"}]
+            messages = messages + [
+                {"role": "assistant", "content": f"answer {turn} " * 4},
+                {"role": "user", "content": f"follow-up number {turn}"},
+            ]
         assert len(homes) == 1, (conversation, homes)
 
 
@@ -199,8 +234,12 @@ def test_prefix_affinity_yields_to_load_beyond_the_thresholds(fleet, router_for)
     streams = []
     try:
         for i in range(3):  # same prefix, long outputs: they follow the cache to the home worker
-            stream = httpx.stream("POST", url + "/v1/chat/completions",
-                                  json=chat(f"q{i}", max_tokens=200, ignore_eos=True, stream=True), timeout=60)
+            stream = httpx.stream(
+                "POST",
+                url + "/v1/chat/completions",
+                json=chat(f"q{i}", max_tokens=200, ignore_eos=True, stream=True),
+                timeout=60,
+            )
             streams.append((stream, stream.__enter__()))
         assert [(r.status_code, r.headers["x-shoal-worker"]) for _, r in streams] == [(200, home)] * 3
         # Three in flight against none: past both thresholds, load wins over the cached prefix.
@@ -222,8 +261,10 @@ def test_the_cost_policy_gives_the_fast_worker_more_work(fleet, router_for):
         seen = routers_view(url)
         for worker in (fast, slow):
             load = httpx.get(worker + "/load").json()
-            if load["running"] or any(seen[worker][figure] != load[figure]
-                                      for figure in ("prefill_tokens_per_s", "decode_tokens_per_s", "capability")):
+            if load["running"] or any(
+                seen[worker][figure] != load[figure]
+                for figure in ("prefill_tokens_per_s", "decode_tokens_per_s", "capability")
+            ):
                 return False
         return idle_in_routers_view(url)
 
@@ -238,17 +279,43 @@ def test_workers_register_with_the_secret_and_leave_when_their_lease_expires(tin
     router, url = start_router(["--policy", "round_robin"])
     spare, spare_url = start_router(["--policy", "round_robin"])
     try:
-        assert httpx.post(url + "/admin/workers", json={"url": "http://x", "models": ["m"]},
-                          headers={"authorization": "Bearer wrong"}).status_code == 401
+        assert (
+            httpx.post(
+                url + "/admin/workers",
+                json={"url": "http://x", "models": ["m"]},
+                headers={"authorization": "Bearer wrong"},
+            ).status_code
+            == 401
+        )
         port = free_port()
         worker = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), "--model", str(tiny_model_dir),
-             "--dtype", "float32", "--served-model-name", "joiner", "--kv-cache", "8MiB", "--router", url,
-             "--router", spare_url],
+            [
+                sys.executable,
+                "-m",
+                "shoal.cli",
+                "worker",
+                "--port",
+                str(port),
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--served-model-name",
+                "joiner",
+                "--kv-cache",
+                "8MiB",
+                "--router",
+                url,
+                "--router",
+                spare_url,
+            ],
             env={**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir), "SHOAL_CLUSTER_SECRET": SECRET},
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_for(lambda: all("joiner" in str(httpx.get(u + "/v1/models").json()) for u in (url, spare_url)),
-                 timeout_s=120)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_for(
+            lambda: all("joiner" in str(httpx.get(u + "/v1/models").json()) for u in (url, spare_url)), timeout_s=120
+        )
         body = {"model": "joiner", "prompt": "hello", "max_tokens": 3}
         for router_url in (url, spare_url):
             assert [m["id"] for m in httpx.get(router_url + "/v1/models").json()["data"]] == ["joiner"]

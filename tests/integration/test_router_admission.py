@@ -1,5 +1,6 @@
 """Priorities, degradation, shedding, API keys and rate limits through a real router (configured
 from a YAML file) in front of real, deliberately slow tiny workers."""
+
 from __future__ import annotations
 
 import threading
@@ -35,10 +36,16 @@ def router(slow_pair, tmp_path):
         "policy": "cost",
         "workers": [{"url": slow_pair["big"]}, {"url": slow_pair["small"]}],
         "models": {"big": {"fallbacks": ["small"]}},
-        "admission": {"max_in_flight_per_worker": 1, "queue_limits": {"critical": 2, "standard": 2, "sheddable": 1},
-                      "queue_timeout_s": 20, "degrade_max_tokens": 3},
-        "api_keys": [{"name": "alpha", "sha256": key_hash(KEY)},
-                     {"name": "beta", "sha256": key_hash(OTHER_KEY), "requests_per_minute": 2}],
+        "admission": {
+            "max_in_flight_per_worker": 1,
+            "queue_limits": {"critical": 2, "standard": 2, "sheddable": 1},
+            "queue_timeout_s": 20,
+            "degrade_max_tokens": 3,
+        },
+        "api_keys": [
+            {"name": "alpha", "sha256": key_hash(KEY)},
+            {"name": "beta", "sha256": key_hash(OTHER_KEY), "requests_per_minute": 2},
+        ],
     }
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -106,8 +113,9 @@ def test_sheddable_degrades_to_the_fallback_then_to_a_shorter_output_then_is_she
     small_holder, _ = in_background(post, url, long_request("small"))
     wait_until_placed(url, slow_pair["small"])
     # Both models busy: the next sheddable request is cut short and queued (the queue holds one).
-    shortened, result = in_background(post, url, {"model": "big", "prompt": "cut me", "max_tokens": 30,
-                                                  "ignore_eos": True}, KEY, "sheddable")
+    shortened, result = in_background(
+        post, url, {"model": "big", "prompt": "cut me", "max_tokens": 30, "ignore_eos": True}, KEY, "sheddable"
+    )
     wait_until_queued(url, "sheddable")
     shed = post(url, {"model": "big", "prompt": "no room", "max_tokens": 30}, priority="sheddable")
     assert shed.status_code == 429 and shed.headers["retry-after"]
@@ -117,8 +125,11 @@ def test_sheddable_degrades_to_the_fallback_then_to_a_shorter_output_then_is_she
     assert response.status_code == 200 and response.headers["x-shoal-degraded"] == "max_tokens=3"
     assert response.json()["usage"]["completion_tokens"] == 3
     # Its trace shows the wait for a slot (a request admitted at once has no admission span).
-    spans = httpx.get(f"{url}/debug/traces/{response.headers['x-shoal-trace-id']}", timeout=10,
-                      headers={"authorization": f"Bearer {ADMIN_TOKEN}"}).json()["spans"]
+    spans = httpx.get(
+        f"{url}/debug/traces/{response.headers['x-shoal-trace-id']}",
+        timeout=10,
+        headers={"authorization": f"Bearer {ADMIN_TOKEN}"},
+    ).json()["spans"]
     [root] = [s for s in spans if s["name"] == "router.request"]
     [waited] = [s for s in spans if s["name"] == "router.admission"]
     assert waited["parent_span_id"] == root["span_id"]
@@ -149,8 +160,11 @@ def test_oversized_bodies_and_headers_are_refused(router):
     url, _ = router
     body = {"model": "small", "prompt": "x" * (5 << 20)}
     assert post(url, body).status_code == 413
-    huge_header = httpx.post(url + "/v1/completions", json={"model": "small", "prompt": "x"},
-                             headers={"authorization": f"Bearer {KEY}", "x-padding": "p" * (20 << 10)})
+    huge_header = httpx.post(
+        url + "/v1/completions",
+        json={"model": "small", "prompt": "x"},
+        headers={"authorization": f"Bearer {KEY}", "x-padding": "p" * (20 << 10)},
+    )
     assert huge_header.status_code == 431 and huge_header.json()["error"]["code"] == 431
 
 
@@ -160,7 +174,8 @@ def test_bad_configs_are_refused_with_the_reason(tmp_path):
 
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump({"policy": "fastest", "admission": {"max_in_flight_per_worker": 0}}))
-    result = subprocess.run([sys.executable, "-m", "shoal.cli", "router", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-m", "shoal.cli", "router", "--config", str(path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 2
     assert "unknown policy 'fastest'" in result.stderr and "max_in_flight_per_worker" in result.stderr

@@ -1,4 +1,5 @@
 """Seeded sampling reproduces alone, batched, after preemption, and resumed in another process."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,18 @@ import sys
 from shoal.engine.sampling_params import SamplingParams
 from tests.support.engine_runs import run_to_completion
 
-PARAMS = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, max_tokens=30, seed=1234,
-                        ignore_eos=True)
+PARAMS = SamplingParams(
+    temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, max_tokens=30, seed=1234, ignore_eos=True
+)
 PROMPT = [5, 17, 22, 40, 41, 42, 9, 9, 9, 60, 61]
 
 
 def test_same_seed_same_tokens_alone_batched_and_preempted(make_tiny_engine):
     alone = run_to_completion(make_tiny_engine(), {"x": (PROMPT, PARAMS)})["x"]
-    others = {f"o{i}": ([7 + i] * (5 + 3 * i), SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True))
-              for i in range(8)}
+    others = {
+        f"o{i}": ([7 + i] * (5 + 3 * i), SamplingParams(temperature=0.8, max_tokens=30, ignore_eos=True))
+        for i in range(8)
+    }
     batched = run_to_completion(make_tiny_engine(), {**others, "x": (PROMPT, PARAMS)})["x"]
     tight = make_tiny_engine(kv_cache_bytes=30 * 4 * make_tiny_engine().model.kv_bytes_per_token())
     preempted_engine_results = run_to_completion(tight, {**others, "x": (PROMPT, PARAMS)})
@@ -39,7 +43,9 @@ def test_engine_drawn_seed_is_reported_and_reproduces(make_tiny_engine):
     while engine.has_unfinished_requests():
         outputs += engine.step()
     final = outputs[-1]
-    replay = run_to_completion(make_tiny_engine(), {"v": (PROMPT, SamplingParams(**{**params.__dict__, "seed": final.seed}))})
+    replay = run_to_completion(
+        make_tiny_engine(), {"v": (PROMPT, SamplingParams(**{**params.__dict__, "seed": final.seed}))}
+    )
     assert replay["v"] == final.outputs[0].token_ids
 
 
@@ -63,14 +69,21 @@ def resume_elsewhere(config: dict, prompt: list[int], params: SamplingParams, re
     """Runs the continuation in a fresh Python process; returns the newly generated tokens."""
     fields = {**params.__dict__, "stop": list(params.stop), "stop_token_ids": list(params.stop_token_ids)}
     payload = json.dumps({"config": config, "params": fields, "prompt": prompt, "resume": resume})
-    out = subprocess.run([sys.executable, "-c", RESUME_SCRIPT, payload], capture_output=True, text=True, check=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", RESUME_SCRIPT, payload], capture_output=True, text=True, check=True, timeout=300
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def test_resume_from_prefix_in_another_process(make_tiny_engine, tiny_model_dir, shoal_cache_dir):
-    config = dict(model=str(tiny_model_dir), dtype="float32", device="cpu", kv_cache_bytes=4 << 20, block_size=4,
-                  cache_dir=str(shoal_cache_dir))
+    config = dict(
+        model=str(tiny_model_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_bytes=4 << 20,
+        block_size=4,
+        cache_dir=str(shoal_cache_dir),
+    )
     full = run_to_completion(make_tiny_engine(), {"x": (PROMPT, PARAMS)})["x"]
     cut = 11
     # As a plain prompt: prompt + the output so far, asking for the remaining tokens.

@@ -1,6 +1,7 @@
 """`shoal serve` end to end with a tiny model: one command brings up a router and supervised workers;
 the official openai client gets an answer; `shoal status` shows the cluster; a worker killed -9 is
 restarted within its backoff while requests keep succeeding; Ctrl-C drains everything and exits 0."""
+
 from __future__ import annotations
 
 import os
@@ -25,8 +26,7 @@ def test_one_command_serves_restarts_crashed_workers_and_stops_cleanly(deploy):
     process, url, state_dir, output = deploy(replicas=2)
     assert f"OpenAI endpoint {url}/v1" in output.read_text()
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}],
-                                            max_tokens=8)
+    answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
     assert answer.choices[0].message.content and answer.usage.completion_tokens == 8
 
     shown = shoal("status", "--state-dir", str(state_dir))
@@ -36,8 +36,14 @@ def test_one_command_serves_restarts_crashed_workers_and_stops_cleanly(deploy):
     os.kill(victim["pid"], signal.SIGKILL)
     for _ in range(5):  # the other replica (and then the restarted one) keeps serving
         assert client.completions.create(model="tiny", prompt="x", max_tokens=4).usage.completion_tokens == 4
-    restarted = wait_for(lambda: [s for s in supervised(state_dir) if s["slot"] == victim["slot"]
-                                  and s["restarts"] == 1 and s["state"] == "serving"], timeout_s=60)[0]
+    restarted = wait_for(
+        lambda: [
+            s
+            for s in supervised(state_dir)
+            if s["slot"] == victim["slot"] and s["restarts"] == 1 and s["state"] == "serving"
+        ],
+        timeout_s=60,
+    )[0]
     assert restarted["pid"] != victim["pid"] and restarted["last_exit"] == -signal.SIGKILL
     wait_for(lambda: shoal("status", "--state-dir", str(state_dir)).stdout.count("healthy") == 2, timeout_s=60)
     pids = [s["pid"] for s in supervised(state_dir)]
@@ -67,8 +73,7 @@ def test_a_warm_spare_takes_over_faster_than_a_cold_restart(deploy):
     serving = [s for s in supervised(state_dir) if s["state"] == "serving"]
     promotion = replaced_after(serving)
     # Now kill everything, spare included: the only way back is a cold start.
-    wait_for(lambda: len([s for s in supervised(state_dir) if s["state"] in ("serving", "spare")]) == 2,
-             timeout_s=120)
+    wait_for(lambda: len([s for s in supervised(state_dir) if s["state"] in ("serving", "spare")]) == 2, timeout_s=120)
     cold = replaced_after([s for s in supervised(state_dir) if s["pid"]])
     assert promotion < cold, (promotion, cold)
 
@@ -88,8 +93,10 @@ def test_a_rolling_restart_replaces_every_replica_without_failing_a_request(depl
 
 def test_each_model_entry_gives_its_worker_the_kv_budget_it_says(deploy, tiny_model_dir):
     """kv_cache 1.0 is all free memory (it once became one byte), 0.5 half of it, 2GiB exactly that."""
-    entries = [{"name": f"tiny-{i}", "model": str(tiny_model_dir), "dtype": "float32", "kv_cache": budget}
-               for i, budget in enumerate([1.0, 0.5, "2GiB"])]
+    entries = [
+        {"name": f"tiny-{i}", "model": str(tiny_model_dir), "dtype": "float32", "kv_cache": budget}
+        for i, budget in enumerate([1.0, 0.5, "2GiB"])
+    ]
     _, _, state_dir, _ = deploy(replicas=3, top={"models": entries})
     budgets = {}
     for worker in admin_workers(state_dir):

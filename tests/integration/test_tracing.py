@@ -1,7 +1,9 @@
 """Tracing end to end: one request through a router, a failing worker (a retry) and a real worker,
 exported over OTLP to a collector, forms one trace: the client's traceparent is its root's parent,
-the router's routing (with every candidate's scores) and both attempts hang under the request, and the worker's request, queue, prefill and decode spans under the attempt that reached
-it. The router's in-memory traces give the same spans, the worker's fetched from the worker."""
+the router's routing (with every candidate's scores) and both attempts hang under the request, and
+the worker's request, queue, prefill and decode spans under the attempt that reached it. The
+router's in-memory traces give the same spans, the worker's fetched from the worker."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +35,10 @@ def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
                 return [s for s in spans if s["span_id"] in mine]
             mine = grown
 
-    spans = wait_for(lambda: (found := retried_request()) and any(s["name"] == "engine.decode" for s in found)
-                     and found, timeout_s=30)
+    spans = wait_for(
+        lambda: (found := retried_request()) and any(s["name"] == "engine.decode" for s in found) and found,
+        timeout_s=30,
+    )
     named = {}
     for span in spans:
         named.setdefault(span["name"], []).append(span)
@@ -70,8 +74,11 @@ def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
     assert root["span_id"] in {r["span_id"] for r in recent}
 
     router_log.seek(0)
-    retry_lines = [json.loads(line) for line in router_log.read().decode().splitlines()
-                   if line.startswith("{") and "trying another worker" in line]
+    retry_lines = [
+        json.loads(line)
+        for line in router_log.read().decode().splitlines()
+        if line.startswith("{") and "trying another worker" in line
+    ]
     assert retry_lines and all(line["trace_id"] == client_trace and line["level"] == "INFO" for line in retry_lines)
     assert {line["request_id"] for line in retry_lines} <= {request_id for _, request_id in answers}
 
@@ -84,13 +91,31 @@ def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
 def test_a_pipeline_workers_prefill_shows_its_stage_hops(tiny_model_dir, shoal_cache_dir):
     """A two-stage pipeline worker: the step that produced the first token appears as one span per
     stage under the prefill, the head's before the last stage's."""
-    process, url = wait_ready(*spawn_worker(["--model", str(tiny_model_dir), "--dtype", "float32",
-                                             "--served-model-name", MODEL, "--kv-cache", "8MiB",
-                                             "--pipeline-parallel-size", "2"], shoal_cache_dir))
+    process, url = wait_ready(
+        *spawn_worker(
+            [
+                "--model",
+                str(tiny_model_dir),
+                "--dtype",
+                "float32",
+                "--served-model-name",
+                MODEL,
+                "--kv-cache",
+                "8MiB",
+                "--pipeline-parallel-size",
+                "2",
+            ],
+            shoal_cache_dir,
+        )
+    )
     try:
         trace = secrets.token_hex(16)
-        response = httpx.post(url + "/v1/completions", timeout=60, headers={"traceparent": f"00-{trace}-{'1' * 16}-01"},
-                              json={"model": MODEL, "prompt": "hello there", "max_tokens": 3})
+        response = httpx.post(
+            url + "/v1/completions",
+            timeout=60,
+            headers={"traceparent": f"00-{trace}-{'1' * 16}-01"},
+            json={"model": MODEL, "prompt": "hello there", "max_tokens": 3},
+        )
         assert response.status_code == 200
         spans = httpx.get(f"{url}/debug/traces/{trace}", timeout=10).json()["spans"]
         [prefill] = [s for s in spans if s["name"] == "engine.prefill"]

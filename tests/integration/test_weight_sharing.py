@@ -1,4 +1,5 @@
 """Without prepacking, the engine computes straight from the memory-mapped cache file's pages."""
+
 from __future__ import annotations
 
 
@@ -8,7 +9,8 @@ def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine
     layer = engine.model.layers[0]
     assert layer.down.weights[0].data_ptr() == mapped["model.layers.0.mlp.down_proj.weight"].data_ptr()
     assert [w.data_ptr() for w in layer.qkv.weights] == [
-        mapped[f"model.layers.0.self_attn.{p}_proj.weight"].data_ptr() for p in "qkv"]
+        mapped[f"model.layers.0.self_attn.{p}_proj.weight"].data_ptr() for p in "qkv"
+    ]
     assert engine.model.embed.data_ptr() == mapped["model.embed_tokens.weight"].data_ptr()
 
 

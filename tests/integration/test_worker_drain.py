@@ -1,5 +1,6 @@
 """SIGTERM drains a worker: not ready, new requests get 503 + Retry-After, the in-flight stream
 finishes whole, and the process exits 0."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,9 @@ from tests.support.workers import start_worker
 
 
 def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):
-    process, url = start_worker(["--dtype", "bfloat16", "--served-model-name", "m", "--kv-cache", "32MiB"], shoal_cache_dir)
+    process, url = start_worker(
+        ["--dtype", "bfloat16", "--served-model-name", "m", "--kv-cache", "32MiB"], shoal_cache_dir
+    )
     try:
         body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "stream": True, "ignore_eos": True}
         tokens, finish = [], None
@@ -37,11 +40,24 @@ def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir
             process.kill()
 
 
-def test_a_stream_outliving_the_grace_period_is_cut_and_the_worker_still_exits_cleanly(tiny_model_dir,
-                                                                                          shoal_cache_dir):
-    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", "m",
-                                 "--kv-cache", "8MiB", "--step-delay-ms", "20", "--drain-grace-s", "1"],
-                                shoal_cache_dir)
+def test_a_stream_outliving_the_grace_period_is_cut_and_the_worker_still_exits_cleanly(tiny_model_dir, shoal_cache_dir):
+    process, url = start_worker(
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--dtype",
+            "float32",
+            "--served-model-name",
+            "m",
+            "--kv-cache",
+            "8MiB",
+            "--step-delay-ms",
+            "20",
+            "--drain-grace-s",
+            "1",
+        ],
+        shoal_cache_dir,
+    )
     try:
         body = {"model": "m", "prompt": "x", "max_tokens": 400, "stream": True, "ignore_eos": True}
         tokens, done = 0, False

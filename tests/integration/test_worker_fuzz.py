@@ -2,6 +2,7 @@
 valid and invalid inputs from schemathesis; none may cause a 5xx (the canary's 503, which means
 "no token within your deadline", excepted), every /v1/ error is OpenAI-shaped, and afterwards the
 worker still gives the same correct answer it gave before."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -21,8 +22,10 @@ REFERENCE = {"model": MODEL, "prompt": "fuzz me", "max_tokens": 12, "temperature
 @pytest.fixture(scope="module")
 def fuzzed_worker(tiny_model_dir, shoal_cache_dir):
     """(url, the reference completion's token ids before any fuzzing)."""
-    process, url = start_worker(["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-                                 "--kv-cache", "8MiB"], shoal_cache_dir)
+    process, url = start_worker(
+        ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB"],
+        shoal_cache_dir,
+    )
     before = httpx.post(url + "/v1/completions", json=REFERENCE, timeout=60).json()["choices"][0]["token_ids"]
     yield url, before
     process.kill()
@@ -33,14 +36,23 @@ def check_response(case, statuses: Counter) -> None:
     response = case.call(timeout=120)
     statuses[(case.operation.path, response.status_code)] += 1
     path = case.operation.path
-    assert response.status_code < 500 or (path == "/health/canary" and response.status_code == 503), \
-        (case.method, path, response.status_code, response.text[:500], case.body)
+    assert response.status_code < 500 or (path == "/health/canary" and response.status_code == 503), (
+        case.method,
+        path,
+        response.status_code,
+        response.text[:500],
+        case.body,
+    )
     if path.startswith("/v1/") and response.status_code >= 400:
         assert "error" in response.json(), (response.status_code, response.text[:300], case.headers)
         error = response.json()["error"]
         # OpenAI's own code where it has one (an over-long prompt), else the status, as vLLM answers.
-        expected_code = "context_length_exceeded" if error["type"] == "invalid_request_error" and (
-            "context window" in error["message"] or "accepts at most" in error["message"]) else response.status_code
+        expected_code = (
+            "context_length_exceeded"
+            if error["type"] == "invalid_request_error"
+            and ("context window" in error["message"] or "accepts at most" in error["message"])
+            else response.status_code
+        )
         assert error["code"] == expected_code and error["message"] and error["type"], error
 
 
@@ -53,8 +65,14 @@ def test_no_input_breaks_the_worker(fuzzed_worker, mode):
     for operation in operations:
         if mode is GenerationMode.NEGATIVE and not (len(operation.body) or len(operation.query)):
             continue  # nothing to get wrong
-        @settings(max_examples=80 if operation.method == "post" else 20, deadline=None, derandomize=True, database=None,
-                  suppress_health_check=list(HealthCheck))
+
+        @settings(
+            max_examples=80 if operation.method == "post" else 20,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(operation.as_strategy(generation_mode=mode), st.integers(0, 3))
         def fuzz(case, draw):
             if draw < 3 and isinstance(case.body, dict):

@@ -1,4 +1,5 @@
 """A real worker process on loopback, driven with the official openai client."""
+
 from __future__ import annotations
 
 import time
@@ -20,16 +21,23 @@ def test_models_lists_the_served_model(client):
 
 
 def test_completion_with_usage_and_token_ids(client):
-    result = client.completions.create(model=MODEL, prompt="hello", max_tokens=6, temperature=0,
-                                       extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     choice = result.choices[0]
     assert choice.finish_reason == "length" and len(choice.model_extra["token_ids"]) == 6
     assert result.usage.completion_tokens == 6 and result.usage.prompt_tokens == 5
 
 
 def test_streamed_text_equals_non_streamed_for_the_same_seed(client):
-    args = dict(model=MODEL, messages=[{"role": "user", "content": "tell me"}], max_tokens=12, seed=5,
-                temperature=0.9, extra_body={"ignore_eos": True})
+    args = dict(
+        model=MODEL,
+        messages=[{"role": "user", "content": "tell me"}],
+        max_tokens=12,
+        seed=5,
+        temperature=0.9,
+        extra_body={"ignore_eos": True},
+    )
     full = client.chat.completions.create(**args)
     chunks = list(client.chat.completions.create(**args, stream=True, stream_options={"include_usage": True}))
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -40,25 +48,36 @@ def test_streamed_text_equals_non_streamed_for_the_same_seed(client):
 
 
 def test_n_choices_and_stop_sequences(client):
-    result = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=8, n=3, temperature=1.0, seed=1,
-                                       extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=MODEL, prompt=[5, 6, 7], max_tokens=8, n=3, temperature=1.0, seed=1, extra_body={"ignore_eos": True}
+    )
     assert sorted(c.index for c in result.choices) == [0, 1, 2]
     text = result.choices[0].text
     assert len(text) >= 2
-    stopped = client.completions.create(model=MODEL, prompt=[5, 6, 7], max_tokens=8, temperature=1.0, seed=1,
-                                        stop=[text[1:3]], extra_body={"ignore_eos": True})
+    stopped = client.completions.create(
+        model=MODEL,
+        prompt=[5, 6, 7],
+        max_tokens=8,
+        temperature=1.0,
+        seed=1,
+        stop=[text[1:3]],
+        extra_body={"ignore_eos": True},
+    )
     assert stopped.choices[0].finish_reason == "stop" and text[1:3] not in stopped.choices[0].text
 
 
-@pytest.mark.parametrize("body,status", [
-    ({"model": MODEL, "prompt": "x", "max_tokens": -3}, 400),
-    ({"model": MODEL, "prompt": "x", "max_tokens": 10 ** 12}, 400),
-    ({"model": MODEL, "prompt": "x", "temperature": "hot"}, 400),
-    ({"model": MODEL, "prompt": ""}, 400),
-    ({"model": MODEL, "prompt": "x" * 2000}, 400),
-    ({"model": "other", "prompt": "x"}, 404),
-    ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400),
-])
+@pytest.mark.parametrize(
+    "body,status",
+    [
+        ({"model": MODEL, "prompt": "x", "max_tokens": -3}, 400),
+        ({"model": MODEL, "prompt": "x", "max_tokens": 10**12}, 400),
+        ({"model": MODEL, "prompt": "x", "temperature": "hot"}, 400),
+        ({"model": MODEL, "prompt": ""}, 400),
+        ({"model": MODEL, "prompt": "x" * 2000}, 400),
+        ({"model": "other", "prompt": "x"}, 404),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, 400),
+    ],
+)
 def test_bad_input_gets_openai_errors_and_the_worker_keeps_serving(worker_url, client, body, status):
     path = "/v1/chat/completions" if "messages" in body else "/v1/completions"
     response = httpx.post(worker_url + path, json=body, timeout=30)
@@ -68,11 +87,10 @@ def test_bad_input_gets_openai_errors_and_the_worker_keeps_serving(worker_url, c
 
 
 def test_malformed_json_is_a_400(worker_url):
-    response = httpx.post(worker_url + "/v1/completions", content=b"{not json", timeout=30,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        worker_url + "/v1/completions", content=b"{not json", timeout=30, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400
-
-
 
 
 def test_client_disconnect_mid_stream_frees_the_request(worker_url):
@@ -96,15 +114,26 @@ def test_client_disconnect_mid_stream_frees_the_request(worker_url):
 
 def test_metrics_have_vllm_names_and_count_what_was_served(worker_url, client):
     before = scrape(worker_url)
-    for name in ["num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "prefix_cache_queries_total",
-                 "prefix_cache_hits_total", "prompt_tokens_total", "generation_tokens_total",
-                 "num_preemptions_total", "time_to_first_token_seconds_count", "inter_token_latency_seconds_count",
-                 "e2e_request_latency_seconds_count", "process_resident_memory_bytes"]:
+    for name in [
+        "num_requests_running",
+        "num_requests_waiting",
+        "kv_cache_usage_perc",
+        "prefix_cache_queries_total",
+        "prefix_cache_hits_total",
+        "prompt_tokens_total",
+        "generation_tokens_total",
+        "num_preemptions_total",
+        "time_to_first_token_seconds_count",
+        "inter_token_latency_seconds_count",
+        "e2e_request_latency_seconds_count",
+        "process_resident_memory_bytes",
+    ]:
         assert f"shoal:{name}" in before, name
     assert 0 <= before["shoal:device_utilization_perc[('device', 'cpu')]"] <= 1
     assert before["shoal:device_memory_total_bytes[('device', 'cpu')]"] > 0
-    result = client.completions.create(model=MODEL, prompt="hello", max_tokens=6, temperature=0,
-                                       extra_body={"ignore_eos": True})
+    result = client.completions.create(
+        model=MODEL, prompt="hello", max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+    )
     after = scrape(worker_url)
 
     def delta(name: str) -> float:
@@ -152,14 +181,21 @@ def test_oversized_body_is_a_413(worker_url, client):
 
 
 def test_logprobs_in_completions_and_chat(client):
-    completion = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0, logprobs=2,
-                                           extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model=MODEL, prompt="hi", max_tokens=3, temperature=0, logprobs=2, extra_body={"ignore_eos": True}
+    )
     lp = completion.choices[0].logprobs
     assert len(lp.token_logprobs) == 3 and all(v <= 0 for v in lp.token_logprobs)
     assert all(len(top) == 2 for top in lp.top_logprobs)
-    chat = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3,
-                                          temperature=0, logprobs=True, top_logprobs=2,
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=3,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=2,
+        extra_body={"ignore_eos": True},
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 3 and all(len(c.top_logprobs) == 2 for c in content)
     # Greedy: the sampled token is the most likely one.
@@ -167,19 +203,32 @@ def test_logprobs_in_completions_and_chat(client):
 
 
 def test_resume_continues_a_stream_token_for_token(worker_url, client):
-    args = dict(model=MODEL, prompt="resume me", max_tokens=14, temperature=0.9, seed=11,
-                extra_body={"ignore_eos": True})
+    args = dict(
+        model=MODEL, prompt="resume me", max_tokens=14, temperature=0.9, seed=11, extra_body={"ignore_eos": True}
+    )
     full = client.completions.create(**args).choices[0]
     head = full.model_extra["token_ids"][:5]
     head_text = client.completions.create(**{**args, "max_tokens": 5}).choices[0].text
-    chunks = list(client.completions.create(**{**args, "extra_body": {"ignore_eos": True, "resume_token_ids": head}},
-                                            stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.completions.create(
+            **{**args, "extra_body": {"ignore_eos": True, "resume_token_ids": head}},
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     tail_ids = [t for c in chunks if c.choices for t in c.choices[0].model_extra["token_ids"]]
     tail_text = "".join(c.choices[0].text for c in chunks if c.choices)
     assert head + tail_ids == full.model_extra["token_ids"]
     assert head_text + tail_text == full.text
     assert chunks[-1].usage.completion_tokens == 14
     # Text the client did not get yet (offset short of the head's text) is handed out again.
-    partial = list(client.completions.create(**{**args, "extra_body": {
-        "ignore_eos": True, "resume_token_ids": head, "resume_text_offset": len(head_text) - 2}}, stream=True))
-    assert "".join(c.choices[0].text for c in partial) == full.text[len(head_text) - 2:]
+    partial = list(
+        client.completions.create(
+            **{
+                **args,
+                "extra_body": {"ignore_eos": True, "resume_token_ids": head, "resume_text_offset": len(head_text) - 2},
+            },
+            stream=True,
+        )
+    )
+    assert "".join(c.choices[0].text for c in partial) == full.text[len(head_text) - 2 :]

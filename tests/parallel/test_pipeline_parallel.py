@@ -2,6 +2,7 @@
 greedy tokens at batch 1 and 8 (tiny model in float32, SmolLM2 in bfloat16, whose 16-bit
 activations travel losslessly); a stage killed or hung in the middle of generation is replaced,
 rebuilds its KV cache from the boundary log, and the output is the output without the failure."""
+
 from __future__ import annotations
 
 import asyncio
@@ -48,8 +49,9 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 
 
 @pytest.mark.parametrize("stages,layers_per_stage", [(2, None), (3, (2, 2, 1))])
-def test_tiny_model_pipelines_give_the_single_process_tokens(five_layer_model, shoal_cache_dir, stages,
-                                                             layers_per_stage):
+def test_tiny_model_pipelines_give_the_single_process_tokens(
+    five_layer_model, shoal_cache_dir, stages, layers_per_stage
+):
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
     pipeline = LLM(five_layer_model, pipeline_parallel_size=stages, layers_per_stage=layers_per_stage, **options)
@@ -75,19 +77,33 @@ def test_smollm2_pipelines_in_bfloat16_give_the_single_process_tokens(smollm2_bf
     assert runner.wire_bytes / runner.wire_tokens == 576 * 2  # one 16-bit hidden state per token
 
 
-@pytest.mark.parametrize("stages,fault,spares", [((1,), signal.SIGKILL, 0), ((2,), signal.SIGKILL, 0),
-                                                 ((1,), signal.SIGSTOP, 0), ((2,), signal.SIGKILL, 2),
-                                                 ((1, 2), signal.SIGKILL, 0)])
+@pytest.mark.parametrize(
+    "stages,fault,spares",
+    [
+        ((1,), signal.SIGKILL, 0),
+        ((2,), signal.SIGKILL, 0),
+        ((1,), signal.SIGSTOP, 0),
+        ((2,), signal.SIGKILL, 2),
+        ((1, 2), signal.SIGKILL, 0),
+    ],
+)
 def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_changes_nothing(
-        five_layer_model, shoal_cache_dir, caplog, stages, fault, spares):
+    five_layer_model, shoal_cache_dir, caplog, stages, fault, spares
+):
     """Stage 1 is the middle of three (the head replays to it); stage 2 is replayed to by stage 1.
     With spares, one already holding the lost stage's layers takes over; else one is loaded cold.
     Both lost at once: stage 1 is rebuilt first, and its rebuilt log then rebuilds stage 2."""
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
-    pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=(2, 2, 1), step_delay_ms=10,
-                   spare_stages=spares, **options)
+    pipeline = LLM(
+        five_layer_model,
+        pipeline_parallel_size=3,
+        layers_per_stage=(2, 2, 1),
+        step_delay_ms=10,
+        spare_stages=spares,
+        **options,
+    )
     runner = pipeline.engine.runner
     runner.settings = PipelineSettings(step_deadline_s=2.0, ping_timeout_s=1.0)
     victims = [runner.stages[stage].process for stage in stages]
@@ -125,9 +141,14 @@ def stage_servers(cache_dir, *threads: int | None, log_dir=None) -> Iterator[tup
     processes = []
     for i, (address, count) in enumerate(zip(addresses, threads)):
         log = open(log_dir / f"stage-{i}.log", "wb") if log_dir else subprocess.DEVNULL
-        processes.append(subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", address]
-                                          + (["--num-threads", str(count)] if count else []),
-                                          env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stderr=log))
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "shoal.cli", "stage", "--bind", address]
+                + (["--num-threads", str(count)] if count else []),
+                env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)},
+                stderr=log,
+            )
+        )
     try:
         yield addresses, processes
     finally:
@@ -142,22 +163,30 @@ def test_stages_can_be_stage_servers_that_outlive_their_head(five_layer_model, s
         options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
         expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
         for layers in [(2, 2, 1), (1, 1, 3)]:  # a second head, with another split, after the first stopped
-            pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=layers,
-                           stage_servers=tuple(servers), **options)
+            pipeline = LLM(
+                five_layer_model,
+                pipeline_parallel_size=3,
+                layers_per_stage=layers,
+                stage_servers=tuple(servers),
+                **options,
+            )
             assert [s.process for s in pipeline.engine.runner.stages[1:]] == [None, None]  # started by nobody here
             assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
             assert all(process.poll() is None for process in processes)
 
 
-def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five_layer_model, shoal_cache_dir,
-                                                                            caplog, cluster_secret):
+def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(
+    five_layer_model, shoal_cache_dir, caplog, cluster_secret
+):
     """Probed by the head, each server times a layer with its own threads and reports its free
     memory; the plan is the planner's best split for these figures (servers on one host share its
     memory), and the log shows the figures with the plan."""
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
-    with stage_servers(shoal_cache_dir, None, 1) as (servers, _), \
-            caplog.at_level(logging.INFO, logger="shoal.engine.engine"):
+    with (
+        stage_servers(shoal_cache_dir, None, 1) as (servers, _),
+        caplog.at_level(logging.INFO, logger="shoal.engine.engine"),
+    ):
         pipeline = LLM(five_layer_model, pipeline_parallel_size=3, stage_servers=tuple(servers), **options)
         runner = pipeline.engine.runner
         profiles = runner.profiles
@@ -169,17 +198,23 @@ def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(five
         assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
 
 
-def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale_slots(five_layer_model,
-                                                                                       shoal_cache_dir, tmp_path,
-                                                                                       cluster_secret):
+def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale_slots(
+    five_layer_model, shoal_cache_dir, tmp_path, cluster_secret
+):
     """Stage 1, a server SIGSTOPped mid-generation, is replaced; woken up, it forwards the steps
     that waited in its inbox, and stage 2 drops them: they come from a former upstream."""
     params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
     options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
     with stage_servers(shoal_cache_dir, None, None, log_dir=tmp_path) as (servers, processes):
-        pipeline = LLM(five_layer_model, pipeline_parallel_size=3, layers_per_stage=(2, 2, 1), step_delay_ms=10,
-                       stage_servers=tuple(servers), **options)
+        pipeline = LLM(
+            five_layer_model,
+            pipeline_parallel_size=3,
+            layers_per_stage=(2, 2, 1),
+            step_delay_ms=10,
+            stage_servers=tuple(servers),
+            **options,
+        )
         runner = pipeline.engine.runner
         runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5)
         hung = processes[0]
@@ -202,15 +237,20 @@ def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_mo
     """The replacement's address answers nothing (a machine that is gone): after the deadline the
     replica fails as a whole, for the router to move its requests, and its failure hook runs."""
     failures = []
-    pipeline = LLM(five_layer_model, dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir),
-                   pipeline_parallel_size=2, step_delay_ms=10)
+    pipeline = LLM(
+        five_layer_model,
+        dtype="float32",
+        kv_cache_bytes=16 << 20,
+        cache_dir=str(shoal_cache_dir),
+        pipeline_parallel_size=2,
+        step_delay_ms=10,
+    )
     engine, runner = pipeline.engine, pipeline.engine.runner
     engine.on_replica_failure = failures.append
     runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5, replacement_timeout_s=2.0)
     nowhere = f"tcp://127.0.0.1:{free_port()}"
     links = runner.links
-    links.handle = lambda address=None: StageHandle(links.context, links.secret, next(links.idents),
-                                                    address or nowhere)
+    links.handle = lambda address=None: StageHandle(links.context, links.secret, next(links.idents), address or nowhere)
     runner.stages[1].process.kill()
     try:
         with pytest.raises(ReplicaFailedError, match="stage 1 did not load its layers"):
@@ -223,8 +263,14 @@ def test_with_no_replacement_in_time_the_replica_fails_and_says_so(five_layer_mo
 def test_shutting_down_while_a_stage_hangs_interrupts_the_wait(five_layer_model, shoal_cache_dir):
     """The engine thread waits on a hung stage (step deadline 30 s); shutdown interrupts that wait,
     fails the request, and stops the stages only once the thread has ended."""
-    llm = LLM(five_layer_model, dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir),
-              pipeline_parallel_size=2, step_delay_ms=10)
+    llm = LLM(
+        five_layer_model,
+        dtype="float32",
+        kv_cache_bytes=16 << 20,
+        cache_dir=str(shoal_cache_dir),
+        pipeline_parallel_size=2,
+        step_delay_ms=10,
+    )
     engine = AsyncLLMEngine(llm.engine)
     stage = llm.engine.runner.stages[1].process
 

@@ -4,6 +4,7 @@ from peers without the cluster secret or with another one, a replayed recording 
 connection, and malformed frames from a peer that does hold the secret. The stage answers none of
 them, executes nothing, and still answers an authentic Probe afterwards; rank 0 gives its batches
 to its followers only."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,9 +64,11 @@ class Stage:
         self.address = f"tcp://127.0.0.1:{self.port}"
         self.log = directory / "stage.log"
         with open(self.log, "wb") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "stage", "--bind", self.address],
-                                            env={**os.environ, SECRET_ENV: SECRET, "SHOAL_CACHE_DIR": str(cache_dir)},
-                                            stderr=log)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "shoal.cli", "stage", "--bind", self.address],
+                env={**os.environ, SECRET_ENV: SECRET, "SHOAL_CACHE_DIR": str(cache_dir)},
+                stderr=log,
+            )
 
     def log_count(self, text: str) -> int:
         return self.log.read_text().count(text)
@@ -111,8 +114,9 @@ def stage(tmp_path_factory, shoal_cache_dir):
 
 @pytest.fixture
 def head(stage, tiny_model_dir, shoal_cache_dir):
-    head = Head(stage, EngineConfig(model=str(tiny_model_dir), dtype="float32", device="cpu",
-                                    cache_dir=str(shoal_cache_dir)))
+    head = Head(
+        stage, EngineConfig(model=str(tiny_model_dir), dtype="float32", device="cpu", cache_dir=str(shoal_cache_dir))
+    )
     head.check_still_served(ident=1, timeout_s=600)  # the stage is up (it may build kernels first) and answers
     yield head
     assert head.answers == [] and stage.process.poll() is None
@@ -280,13 +284,20 @@ def test_a_recorded_authentic_connection_replayed_is_refused(stage, head):
 @pytest.mark.parametrize("bind", ["tcp://127.0.0.1", "tcp://0.0.0.0"])
 def test_a_stage_server_without_the_secret_refuses_to_start(bind):
     environment = {key: value for key, value in os.environ.items() if key != SECRET_ENV}
-    result = subprocess.run([sys.executable, "-m", "shoal.cli", "stage", "--bind", f"{bind}:{free_port()}"],
-                            env=environment, capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "shoal.cli", "stage", "--bind", f"{bind}:{free_port()}"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert result.returncode != 0 and f"${SECRET_ENV}" in result.stderr
 
 
-def test_tensor_parallel_rank_zero_gives_its_batches_to_its_followers_only(tiny_model_dir, shoal_cache_dir,
-                                                                           monkeypatch):
+def test_tensor_parallel_rank_zero_gives_its_batches_to_its_followers_only(
+    tiny_model_dir, shoal_cache_dir, monkeypatch
+):
     """No secret configured: rank 0 draws one for the run and hands it to its follower. Peers
     connecting to rank 0's step socket without it get none of the batches (a PUSH socket would
     otherwise deal them out round robin), and the tokens are the single process's."""

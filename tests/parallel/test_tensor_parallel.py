@@ -1,6 +1,7 @@
 """Tensor parallelism: TP=2 gives the single-process engine's greedy tokens at batch 1 and 8, on
 the tiny model and on SmolLM2 (whose 3 KV heads split 2 + 1); a rank that dies takes its replica
 down as a whole, and the router carries the replica's stream on elsewhere, token for token."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,9 @@ def greedy_tokens(model: str, prompts: list, cache_dir, max_tokens: int, **optio
 
 @pytest.mark.parametrize("which", ["tiny", "smollm2"])
 def test_two_ranks_give_the_single_process_greedy_tokens_at_batch_8_and_1(which, tiny_model_dir, shoal_cache_dir):
-    model, prompts, max_tokens = ((str(tiny_model_dir), TINY_PROMPTS, 24) if which == "tiny"
-                                  else ("smollm2-135m-instruct", TEXT_PROMPTS, 16))
+    model, prompts, max_tokens = (
+        (str(tiny_model_dir), TINY_PROMPTS, 24) if which == "tiny" else ("smollm2-135m-instruct", TEXT_PROMPTS, 16)
+    )
     expected = greedy_tokens(model, prompts, shoal_cache_dir, max_tokens)
     assert greedy_tokens(model, prompts, shoal_cache_dir, max_tokens, tensor_parallel_size=2) == expected
 
@@ -48,8 +50,15 @@ def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):
 def stream_tokens(url: str, on_token=None) -> tuple[list[int], str]:
     """One seeded chat stream through the router; its token ids and the worker that began it.
     on_token(worker, count) runs after each event with tokens."""
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "a long story"}], "max_tokens": 80,
-            "temperature": 0.8, "seed": 3, "ignore_eos": True, "stream": True}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a long story"}],
+        "max_tokens": 80,
+        "temperature": 0.8,
+        "seed": 3,
+        "ignore_eos": True,
+        "stream": True,
+    }
     ids = []
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
@@ -64,13 +73,23 @@ def stream_tokens(url: str, on_token=None) -> tuple[list[int], str]:
     return ids, worker
 
 
-def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tiny_model_dir, shoal_cache_dir,
-                                                                            tmp_path):
-    common = ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL,
-              "--kv-cache", "8MiB", "--step-delay-ms", "20"]
+def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tiny_model_dir, shoal_cache_dir, tmp_path):
+    common = [
+        "--model",
+        str(tiny_model_dir),
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        MODEL,
+        "--kv-cache",
+        "8MiB",
+        "--step-delay-ms",
+        "20",
+    ]
     logs = [open(tmp_path / f"worker-{i}.log", "wb") for i in range(2)]
-    sharded, sharded_url = wait_ready(*spawn_worker(common + ["--tensor-parallel-size", "2"], shoal_cache_dir,
-                                                    stderr=logs[0]))
+    sharded, sharded_url = wait_ready(
+        *spawn_worker(common + ["--tensor-parallel-size", "2"], shoal_cache_dir, stderr=logs[0])
+    )
     plain, plain_url = wait_ready(*spawn_worker(common, shoal_cache_dir, stderr=logs[1]))
     router, url = start(router_config(tmp_path, [sharded_url, plain_url], policy="round_robin"))
     try:
@@ -91,8 +110,10 @@ def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tin
         assert killed, "no stream was placed on the tensor-parallel replica"
         assert sharded.wait(timeout=30) == 70
         # Whichever notices first, the watch on the rank's process or the collective it broke off.
-        assert re.search(r"replica failed \((tensor-parallel rank 1 exited|a tensor-parallel collective failed)",
-                         (tmp_path / "worker-0.log").read_text())
+        assert re.search(
+            r"replica failed \((tensor-parallel rank 1 exited|a tensor-parallel collective failed)",
+            (tmp_path / "worker-0.log").read_text(),
+        )
         wait_for(lambda: not next(w for w in admin(url)["workers"] if w["worker_id"] == sharded_url)["healthy"])
     finally:
         stop(router)
@@ -110,16 +131,18 @@ def test_a_rank_that_dies_before_joining_fails_the_start_at_once(tiny_model_dir,
     from shoal.parallel.tensor_group import START_TIMEOUT_S, TensorParallelGroup
 
     def kill_the_follower() -> None:
-        follower = wait_for(lambda: [p for p in psutil.Process().children()
-                                     if "shoal.parallel.tensor_group" in " ".join(p.cmdline())])[0]
+        follower = wait_for(
+            lambda: [p for p in psutil.Process().children() if "shoal.parallel.tensor_group" in " ".join(p.cmdline())]
+        )[0]
         follower.kill()
 
     killer = threading.Thread(target=kill_the_follower)
     killer.start()
     started = time.monotonic()
     with pytest.raises(ReplicaFailedError, match="rank 1 exited with status -9 before joining"):
-        TensorParallelGroup(EngineConfig(model=str(tiny_model_dir), tensor_parallel_size=2,
-                                         cache_dir=str(shoal_cache_dir)))
+        TensorParallelGroup(
+            EngineConfig(model=str(tiny_model_dir), tensor_parallel_size=2, cache_dir=str(shoal_cache_dir))
+        )
     killer.join()
     assert time.monotonic() - started < START_TIMEOUT_S / 2
     assert not [p for p in psutil.Process().children() if "shoal.parallel.tensor_group" in " ".join(p.cmdline())]

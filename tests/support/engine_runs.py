@@ -1,4 +1,5 @@
 """Running an engine's requests to completion, checking its invariants every step."""
+
 from __future__ import annotations
 
 

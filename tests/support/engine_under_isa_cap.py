@@ -7,6 +7,7 @@ report: the effective level, what torch's libraries say about themselves, the co
 attention kernel loaded here, and per dtype the GEMM backend with the dtype it computes in, and
 whether requests run alone and together got the same tokens.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,18 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
 
     def engine(dtype: str) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.
-        return LLMEngine(EngineConfig(model=model_dir, dtype=dtype, device="cpu", kv_cache_bytes=4 << 20, block_size=4,
-                                      max_num_batched_tokens=64, cache_dir=cache_dir, num_threads=1))
+        return LLMEngine(
+            EngineConfig(
+                model=model_dir,
+                dtype=dtype,
+                device="cpu",
+                kv_cache_bytes=4 << 20,
+                block_size=4,
+                max_num_batched_tokens=64,
+                cache_dir=cache_dir,
+                num_threads=1,
+            )
+        )
 
     params = SamplingParams(temperature=0.8, seed=3, max_tokens=12, ignore_eos=True)
     prompts = {f"p{i}": ([4 + i] * (3 + 5 * i), params) for i in range(5)}
@@ -52,18 +63,29 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         together = run_to_completion(together_engine, prompts)
         alone = {key: run_to_completion(alone_engine, {key: request})[key] for key, request in prompts.items()}
         projection = together_engine.model.layers[0].qkv
-        runs[dtype] = {"backend": f"{projection.backend} {str(projection.compute_dtype).removeprefix('torch.')}",
-                       "invariant": alone == together,
-                       "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
-                       "attention_uses_tiles": together_engine.model.attention_uses_tiles}
-    return {"level": features.level.name, "capped": features.capped,
-            "features": {"native_bf16": features.native_bf16, "onednn_bf16": features.onednn_bf16,
-                         "onednn_fp16": features.onednn_fp16},
-            "torch": {"aten": torch.backends.cpu.get_cpu_capability(),
-                      "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                      "onednn_fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported()},
-            "auto_dtype": str(resolve_dtype(EngineConfig(dtype="auto"), torch.device("cpu"))),
-            "kernel_cflags": loaded_kernel_build_flags(), "runs": runs}
+        runs[dtype] = {
+            "backend": f"{projection.backend} {str(projection.compute_dtype).removeprefix('torch.')}",
+            "invariant": alone == together,
+            "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
+            "attention_uses_tiles": together_engine.model.attention_uses_tiles,
+        }
+    return {
+        "level": features.level.name,
+        "capped": features.capped,
+        "features": {
+            "native_bf16": features.native_bf16,
+            "onednn_bf16": features.onednn_bf16,
+            "onednn_fp16": features.onednn_fp16,
+        },
+        "torch": {
+            "aten": torch.backends.cpu.get_cpu_capability(),
+            "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+            "onednn_fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+        },
+        "auto_dtype": str(resolve_dtype(EngineConfig(dtype="auto"), torch.device("cpu"))),
+        "kernel_cflags": loaded_kernel_build_flags(),
+        "runs": runs,
+    }
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the chaos tests share: a fleet of tiny workers on fixed ports (a killed one comes back at
 the same address, logs in files), the router config they run under, and seeded requests whose
 responses can be compared token for token."""
+
 from __future__ import annotations
 
 import os
@@ -57,8 +58,12 @@ class Fleet:
 
 
 def router_config(tmp_path, urls: list[str], **sections) -> str:
-    config = {"workers": [{"url": url} for url in urls], "health": {"heartbeat_interval_s": HEARTBEAT_S},
-              "failover": {"token_deadline_min_s": 1.0}, **sections}
+    config = {
+        "workers": [{"url": url} for url in urls],
+        "health": {"heartbeat_interval_s": HEARTBEAT_S},
+        "failover": {"token_deadline_min_s": 1.0},
+        **sections,
+    }
     path = tmp_path / "router.yaml"
     path.write_text(yaml.safe_dump(config))
     return str(path)
@@ -69,9 +74,16 @@ def start(config: str):
 
 
 def body(seed: int, stream: bool) -> dict:
-    return {"model": MODEL, "messages": [{"role": "user", "content": f"story number {seed}"}], "seed": seed,
-            "max_tokens": MAX_TOKENS, "temperature": 0.8, "ignore_eos": True, "stream": stream,
-            **({"stream_options": {"include_usage": True}} if stream else {})}
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": f"story number {seed}"}],
+        "seed": seed,
+        "max_tokens": MAX_TOKENS,
+        "temperature": 0.8,
+        "ignore_eos": True,
+        "stream": stream,
+        **({"stream_options": {"include_usage": True}} if stream else {}),
+    }
 
 
 def complete(url: str, seed: int, stream: bool, fault=None) -> dict:
@@ -79,13 +91,21 @@ def complete(url: str, seed: int, stream: bool, fault=None) -> dict:
     `fault(worker_url)` runs once 20 tokens of a stream have arrived."""
     if stream:
         result = read_stream(url, body(seed, True), fault=fault, after_tokens=20)
-        return {"ids": result["ids"], "text": result["text"], "completion_tokens": result["usage"]["completion_tokens"],
-                "id": min(result["response_ids"])}
+        return {
+            "ids": result["ids"],
+            "text": result["text"],
+            "completion_tokens": result["usage"]["completion_tokens"],
+            "id": min(result["response_ids"]),
+        }
     response = httpx.post(url + "/v1/chat/completions", json=body(seed, False), timeout=120)
     assert response.status_code == 200, response.text
     choice = response.json()["choices"][0]
-    return {"ids": choice["token_ids"], "text": choice["message"]["content"],
-            "completion_tokens": response.json()["usage"]["completion_tokens"], "id": response.json()["id"]}
+    return {
+        "ids": choice["token_ids"],
+        "text": choice["message"]["content"],
+        "completion_tokens": response.json()["usage"]["completion_tokens"],
+        "id": response.json()["id"],
+    }
 
 
 def admin(url: str) -> dict:

@@ -1,4 +1,5 @@
 """Logits of shoal's model next to a reference implementation's."""
+
 from __future__ import annotations
 
 import torch
@@ -14,17 +15,26 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     runner = engine.runner
     blocks = list(range(-(-len(token_ids) // runner.block_size)))
     config = engine.model.config
-    meta = build_attention_metadata([len(token_ids)], [0], [blocks], runner.block_size, config.num_kv_heads,
-                                    config.num_queries_per_kv, runner.attention_tile_height, engine.device,
-                                    with_tiles=engine.model.attention_uses_tiles)
+    meta = build_attention_metadata(
+        [len(token_ids)],
+        [0],
+        [blocks],
+        runner.block_size,
+        config.num_kv_heads,
+        config.num_queries_per_kv,
+        runner.attention_tile_height,
+        engine.device,
+        with_tiles=engine.model.attention_uses_tiles,
+    )
     hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta)
     return engine.model.compute_logits(hidden)
 
 
 def max_logit_difference(reference, model_dir, cache_dir, ids: list[int]) -> float:
     """Largest |shoal - transformers| logit over a prompt, for a tiny checkpoint directory."""
-    llm = LLM(str(model_dir), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4,
-              cache_dir=str(cache_dir))
+    llm = LLM(
+        str(model_dir), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4, cache_dir=str(cache_dir)
+    )
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits[0]
     return (forward_logits(llm, ids) - expected).abs().max().item()

@@ -1,5 +1,6 @@
 """An OTLP/HTTP trace receiver on loopback, for tests: what the OpenTelemetry collector would get.
 It decodes each export (protobuf, as the SDK's exporter sends it) into plain span records."""
+
 from __future__ import annotations
 
 import gzip
@@ -56,14 +57,23 @@ class OtlpCollector:
             resource = {a.key: _value(a.value) for a in resource_spans.resource.attributes}
             for scope_spans in resource_spans.scope_spans:
                 for span in scope_spans.spans:
-                    records.append({
-                        "service": resource.get("service.name"), "trace_id": span.trace_id.hex(),
-                        "span_id": span.span_id.hex(), "parent_span_id": span.parent_span_id.hex() or None,
-                        "name": span.name, "start_ns": span.start_time_unix_nano, "end_ns": span.end_time_unix_nano,
-                        "attributes": {a.key: _value(a.value) for a in span.attributes},
-                        "events": [{"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
-                                   for e in span.events],
-                        "status": span.status.code})
+                    records.append(
+                        {
+                            "service": resource.get("service.name"),
+                            "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(),
+                            "parent_span_id": span.parent_span_id.hex() or None,
+                            "name": span.name,
+                            "start_ns": span.start_time_unix_nano,
+                            "end_ns": span.end_time_unix_nano,
+                            "attributes": {a.key: _value(a.value) for a in span.attributes},
+                            "events": [
+                                {"name": e.name, "attributes": {a.key: _value(a.value) for a in e.attributes}}
+                                for e in span.events
+                            ],
+                            "status": span.status.code,
+                        }
+                    )
         with self._lock:
             self.spans += records
 

@@ -1,5 +1,6 @@
 """A real redis-server for tests: installed if missing (scripts/ensure_redis_server.sh), started
 on a free loopback port without persistence, stopped by the caller."""
+
 from __future__ import annotations
 
 import socket
@@ -9,7 +10,7 @@ from pathlib import Path
 
 from tests.support.workers import free_port
 
-ENSURE_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "ensure_redis_server.sh"
+ENSURE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure_redis_server.sh"
 
 
 def _answers_ping(port: int) -> bool:
@@ -23,12 +24,29 @@ def _answers_ping(port: int) -> bool:
 
 def start_redis_server(directory: Path) -> tuple[subprocess.Popen, str]:
     """Returns (process, redis:// URL) once the server answers PING."""
-    binary = subprocess.run([str(ENSURE_SCRIPT)], check=True, capture_output=True, text=True,
-                            timeout=600).stdout.strip().splitlines()[-1]
+    binary = (
+        subprocess.run([str(ENSURE_SCRIPT)], check=True, capture_output=True, text=True, timeout=600)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
     port = free_port()
-    process = subprocess.Popen([binary, "--save", "", "--appendonly", "no", "--port", str(port),
-                                "--bind", "127.0.0.1", "--dir", str(directory)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    process = subprocess.Popen(
+        [
+            binary,
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(directory),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and process.poll() is None:
         if _answers_ping(port):

@@ -1,4 +1,6 @@
-"""Real `shoal router` processes on loopback: started with the tests' cluster secret and admin token, their logs kept for assertions."""
+"""Real `shoal router` processes on loopback: started with the tests' cluster secret and admin
+token, their logs kept for assertions."""
+
 from __future__ import annotations
 
 import os
@@ -24,9 +26,12 @@ def start_router(args: list[str], env: dict[str, str] | None = None) -> tuple[su
     cannot fill up the way it would a pipe nobody reads."""
     port = free_port()
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "router", "--port", str(port), *args],
-                               env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},
-                               stdout=subprocess.DEVNULL, stderr=log)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), *args],
+        env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     url = f"http://127.0.0.1:{port}"
 
     def healthy() -> bool:

@@ -1,4 +1,5 @@
 """A worker stand-in that answers as a script says (errors, early deaths), for the router's failure handling."""
+
 from __future__ import annotations
 
 import asyncio
@@ -47,12 +48,17 @@ class ScriptedWorker:
             return response
         if self.mode != "ok":
             status = int(self.mode)
-            return web.json_response({"error": {"message": f"scripted {status}", "type": "x", "code": status}},
-                                     status=status)
+            return web.json_response(
+                {"error": {"message": f"scripted {status}", "type": "x", "code": status}}, status=status
+            )
         response = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await response.prepare(request)
-        chunk = {"id": "chatcmpl-scripted", "object": "chat.completion.chunk", "model": MODEL,
-                 "choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
-                 "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+        chunk = {
+            "id": "chatcmpl-scripted",
+            "object": "chat.completion.chunk",
+            "model": MODEL,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": "x"}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+        }
         await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
         return response

@@ -1,5 +1,6 @@
 """What the `shoal serve` tests share: its status files, the `shoal` command, a steady client load,
 and the router's view of the workers."""
+
 from __future__ import annotations
 
 import contextlib
@@ -18,8 +19,9 @@ def supervised(state_dir) -> list[dict]:
 
 
 def shoal(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "shoal.cli", *args], capture_output=True, text=True, timeout=60,
-                          **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "shoal.cli", *args], capture_output=True, text=True, timeout=60, **kwargs
+    )
 
 
 @contextlib.contextmanager
@@ -31,8 +33,11 @@ def busy(client: openai.OpenAI, clients: int, max_tokens: int):
     def load() -> None:
         while not done.is_set():
             try:
-                answers.append(client.completions.create(model="tiny", prompt="x", max_tokens=max_tokens,
-                                                         extra_body={"ignore_eos": True}).usage.completion_tokens)
+                answers.append(
+                    client.completions.create(
+                        model="tiny", prompt="x", max_tokens=max_tokens, extra_body={"ignore_eos": True}
+                    ).usage.completion_tokens
+                )
             except openai.OpenAIError as exc:  # recorded, so that assertions name it
                 answers.append(exc)
 
@@ -49,8 +54,9 @@ def busy(client: openai.OpenAI, clients: int, max_tokens: int):
 
 def admin_workers(state_dir) -> list[dict]:
     serve = json.loads((state_dir / "serve" / "serve.json").read_text())
-    return httpx.get(serve["url"] + "/admin/workers", timeout=10,
-                     headers={"authorization": f"Bearer {serve['admin_token']}"}).json()["workers"]
+    return httpx.get(
+        serve["url"] + "/admin/workers", timeout=10, headers={"authorization": f"Bearer {serve['admin_token']}"}
+    ).json()["workers"]
 
 
 def healthy_workers(state_dir) -> set[str]:

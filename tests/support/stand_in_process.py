@@ -1,4 +1,5 @@
 """A stand-in for a worker process: Popen's interface, exits when told."""
+
 from __future__ import annotations
 
 

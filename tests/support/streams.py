@@ -1,4 +1,5 @@
 """Reading a streamed chat completion through a router, with a fault injected once enough tokens arrived."""
+
 from __future__ import annotations
 
 import json
@@ -29,5 +30,13 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
             if fault and len(ids) >= after_tokens:
                 fault(worker)
                 fault = None
-    return {"ids": ids, "text": "".join(text), "response_ids": response_ids, "seeds": seeds, "usage": usage,
-            "roles": roles, "worker": worker, "trace_id": trace_id}
+    return {
+        "ids": ids,
+        "text": "".join(text),
+        "response_ids": response_ids,
+        "seeds": seeds,
+        "usage": usage,
+        "roles": roles,
+        "worker": worker,
+        "trace_id": trace_id,
+    }

@@ -1,4 +1,5 @@
 """The tiny random Llama the tests (and the quick benchmark modes) run on: real files, real loaders."""
+
 from __future__ import annotations
 
 import json
@@ -22,23 +23,40 @@ def write_tiny_tokenizer(directory: Path) -> None:
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
     tokenizer.add_special_tokens(specials)
     tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "chat_template": TINY_CHAT_TEMPLATE,
-        "add_bos_token": False,
-    }))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "bos_token": "<s>",
+                "eos_token": "</s>",
+                "unk_token": "<unk>",
+                "chat_template": TINY_CHAT_TEMPLATE,
+                "add_bos_token": False,
+            }
+        )
+    )
 
 
-def write_tiny_model(directory: Path, num_layers: int = 2, hidden_size: int = 64,
-                     max_position_embeddings: int = 512) -> Path:
+def write_tiny_model(
+    directory: Path, num_layers: int = 2, hidden_size: int = 64, max_position_embeddings: int = 512
+) -> Path:
     """Hugging Face directory of a random Llama (2 layers, hidden 64 and 512 positions unless told;
     vocab 128, GQA 4/2 heads, MLP twice the hidden size)."""
     import transformers
 
     torch.manual_seed(1234)
     config = transformers.LlamaConfig(
-        vocab_size=128, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=max_position_embeddings,
-        bos_token_id=1, eos_token_id=2, tie_word_embeddings=False, rms_norm_eps=1e-5)
+        vocab_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=max_position_embeddings,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+        rms_norm_eps=1e-5,
+    )
     model = transformers.LlamaForCausalLM(config)
     # Larger weights than the init default so that logits are spread and greedy output varies.
     with torch.no_grad():

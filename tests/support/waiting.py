@@ -1,4 +1,5 @@
 """Waiting for a condition in tests, bounded: the tests never assert on how long it took."""
+
 from __future__ import annotations
 
 import time

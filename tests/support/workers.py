@@ -1,4 +1,5 @@
 """Real `shoal worker` processes on loopback ports: start them, wait for them, read their metrics."""
+
 from __future__ import annotations
 
 import os
@@ -20,13 +21,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_worker(args: list[str], cache_dir, port: int | None = None,
-                 stderr=subprocess.PIPE) -> tuple[subprocess.Popen, str]:
+def spawn_worker(
+    args: list[str], cache_dir, port: int | None = None, stderr=subprocess.PIPE
+) -> tuple[subprocess.Popen, str]:
     """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for it."""
     port = port or free_port()
-    process = subprocess.Popen([sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
-                               env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)}, stdout=subprocess.DEVNULL,
-                               stderr=stderr)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
+        env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)},
+        stdout=subprocess.DEVNULL,
+        stderr=stderr,
+    )
     return process, f"http://127.0.0.1:{port}"
 
 

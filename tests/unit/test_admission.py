@@ -1,5 +1,6 @@
 """The HTTP admission gate: 413 for oversized bodies, 503 + Retry-After while draining or
 overloaded, and an exact count of in-flight requests."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,5 +1,6 @@
 """Router admission: slots per model, priority queues, eviction of lower classes, timeouts; and the
 per-key rate limiter and API keys."""
+
 from __future__ import annotations
 
 import asyncio
@@ -28,8 +29,10 @@ def test_waiters_are_admitted_by_class_then_arrival():
             await admission.admit("m", priority)
             order.append(name)
 
-        tasks = [asyncio.create_task(wait(n, p)) for n, p in
-                 [("s1", "sheddable"), ("t1", "standard"), ("c1", "critical"), ("t2", "standard")]]
+        tasks = [
+            asyncio.create_task(wait(n, p))
+            for n, p in [("s1", "sheddable"), ("t1", "standard"), ("c1", "critical"), ("t2", "standard")]
+        ]
         await asyncio.sleep(0.01)
         assert admission.queued() == {"critical": 1, "standard": 2, "sheddable": 1}
         for _ in range(4):
@@ -125,6 +128,6 @@ def test_the_readme_router_config_is_valid():
     import yaml
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"```yaml\n(.*?)```", readme[readme.index("## Router"):], re.S).group(1)
+    block = re.search(r"```yaml\n(.*?)```", readme[readme.index("## Router") :], re.S).group(1)
     config = RouterConfig(**yaml.safe_load(block))
     assert config.policy == "cost" and config.models["llama-70b"].fallbacks == ["llama-8b"]

@@ -1,12 +1,20 @@
 """The autoscaler's decision rule, with explicit clocks: delays, hysteresis, bounds, scale to zero."""
+
 from __future__ import annotations
 
 from shoal.cluster.autoscaler import Signals, Trend, decide, ratios
 from shoal.cluster.config import Autoscaling
 
-TARGETS = Autoscaling(min_replicas=1, max_replicas=3, target_queued_per_replica=2,
-                      target_outstanding_tokens_per_replica=1000, target_kv_cache_usage=0.8,
-                      target_ttft_s=1.0, upscale_delay_s=5, downscale_delay_s=30)
+TARGETS = Autoscaling(
+    min_replicas=1,
+    max_replicas=3,
+    target_queued_per_replica=2,
+    target_outstanding_tokens_per_replica=1000,
+    target_kv_cache_usage=0.8,
+    target_ttft_s=1.0,
+    upscale_delay_s=5,
+    downscale_delay_s=30,
+)
 
 
 def signals(replicas=1, queued=0, in_flight=0, outstanding=0, kv=0.0, ttft=None) -> Signals:

@@ -1,4 +1,5 @@
 """The adaptive batch size shrinks when steps are slower than the target and grows under load."""
+
 from __future__ import annotations
 
 from shoal.engine.batch_controller import BatchSizeController

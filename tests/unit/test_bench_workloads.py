@@ -1,5 +1,6 @@
 """`shoal bench`'s pure parts: seeded workload generators, arrival processes, length distributions
 and the statistics of records."""
+
 from __future__ import annotations
 
 import random
@@ -19,8 +20,14 @@ KINDS = ["synthetic", "multi-turn", "long-prompt"]
 
 
 def workload(kind: str, requests: int = 30, arrivals: ArrivalProcess = CLOSED, **options):
-    options = {"prompt_tokens": Uniform(5, 40), "output_tokens": Uniform(4, 16), "long_prompt_tokens": Fixed(500),
-               "system_prompt_tokens": 20, "turns": 3, **options}
+    options = {
+        "prompt_tokens": Uniform(5, 40),
+        "output_tokens": Uniform(4, 16),
+        "long_prompt_tokens": Fixed(500),
+        "system_prompt_tokens": 20,
+        "turns": 3,
+        **options,
+    }
     return build_workload(WorkloadConfig(kind, requests, **options), arrivals)
 
 
@@ -66,8 +73,10 @@ def test_fixed_rate_arrivals_are_evenly_spaced_and_a_closed_loop_starts_all_at_o
     assert ArrivalProcess("closed", concurrency=2).times(3, random.Random(0)) == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("kind,rate,concurrency", [("poisson", None, None), ("fixed", 0.0, None),
-                                                   ("closed", None, None), ("poisson", 1.0, 0), ("burst", 1.0, 1)])
+@pytest.mark.parametrize(
+    "kind,rate,concurrency",
+    [("poisson", None, None), ("fixed", 0.0, None), ("closed", None, None), ("poisson", 1.0, 0), ("burst", 1.0, 1)],
+)
 def test_arrival_processes_refuse_missing_or_bad_values(kind, rate, concurrency):
     with pytest.raises(ValueError):
         ArrivalProcess(kind, rate, concurrency)
@@ -81,16 +90,15 @@ def test_multi_turn_conversations_share_the_system_prompt_and_each_turn_extends_
         turns = [r for r in got if r.conversation_id == conversation]
         assert [r.turn for r in turns] == [0, 1, 2]
         for before, after in zip(turns, turns[1:]):
-            assert after.messages[:len(before.messages)] == before.messages
-            assert [m["role"] for m in after.messages[len(before.messages):]] == ["assistant", "user"]
+            assert after.messages[: len(before.messages)] == before.messages
+            assert [m["role"] for m in after.messages[len(before.messages) :]] == ["assistant", "user"]
             assert after.prompt_tokens > before.prompt_tokens and after.arrival_s >= before.arrival_s
     assert [r.turn for r in got] == [0] * 4 + [1] * 4 + [2] * 4  # every first turn, then every second, ...
 
 
 def test_multi_turn_cuts_the_last_turns_to_give_the_asked_count():
     got = workload("multi-turn", requests=7, turns=3)
-    assert sorted((r.conversation_id, r.turn) for r in got) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
-                                                               (2, 1)]
+    assert sorted((r.conversation_id, r.turn) for r in got) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (2, 1)]
 
 
 def test_with_answers_puts_the_real_answers_in_place_of_the_generated_ones():
@@ -128,18 +136,37 @@ def test_bad_lengths_are_refused(text):
         parse_length(text)
 
 
-@pytest.mark.parametrize("options", [{"requests": 0}, {"turns": 0}, {"long_fraction": 1.5},
-                                     {"system_prompt_tokens": -1}, {"kind": "chaos"}])
+@pytest.mark.parametrize(
+    "options", [{"requests": 0}, {"turns": 0}, {"long_fraction": 1.5}, {"system_prompt_tokens": -1}, {"kind": "chaos"}]
+)
 def test_workload_configs_refuse_bad_values(options):
     with pytest.raises(ValueError):
         WorkloadConfig(**{"kind": "synthetic", "requests": 5, **options})
 
 
-def record(index: int, ttft: float | None = 10.0, itl: tuple[float, ...] = (2.0, 3.0), e2e: float | None = 20.0,
-           tokens: int = 3, error: str | None = None, status: int | None = 200) -> RequestRecord:
-    return RequestRecord(index=index, conversation_id=index, turn=0, arrival_s=0.0, start_s=0.0, ttft_ms=ttft,
-                         itl_ms=itl, e2e_ms=None if error else e2e, prompt_tokens=5, completion_tokens=tokens,
-                         status=status, error=error)
+def record(
+    index: int,
+    ttft: float | None = 10.0,
+    itl: tuple[float, ...] = (2.0, 3.0),
+    e2e: float | None = 20.0,
+    tokens: int = 3,
+    error: str | None = None,
+    status: int | None = 200,
+) -> RequestRecord:
+    return RequestRecord(
+        index=index,
+        conversation_id=index,
+        turn=0,
+        arrival_s=0.0,
+        start_s=0.0,
+        ttft_ms=ttft,
+        itl_ms=itl,
+        e2e_ms=None if error else e2e,
+        prompt_tokens=5,
+        completion_tokens=tokens,
+        status=status,
+        error=error,
+    )
 
 
 def test_percentiles_interpolate_and_are_ordered():
@@ -161,8 +188,14 @@ def test_no_records_give_zeros_not_errors():
 
 
 def test_the_summary_counts_completed_requests_and_goodput_only_those_within_every_slo():
-    records = [record(0), record(1, ttft=50.0), record(2, itl=(2.0, 40.0)), record(3, e2e=500.0),
-               record(4, error="boom", status=500, tokens=1), record(5, error="connection refused", status=None)]
+    records = [
+        record(0),
+        record(1, ttft=50.0),
+        record(2, itl=(2.0, 40.0)),
+        record(3, e2e=500.0),
+        record(4, error="boom", status=500, tokens=1),
+        record(5, error="connection refused", status=None),
+    ]
     summary = summarize(records, duration_s=2.0, slo=SLO(ttft_ms=20, itl_ms=30, e2e_ms=100))
     assert (summary.total, summary.completed, summary.failed) == (6, 4, 2)
     assert summary.completion_tokens == 12 and summary.output_throughput == 6.0

@@ -1,4 +1,5 @@
 """BlockManager invariants under random workloads, and prefix-cache behaviour."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -74,8 +75,9 @@ def test_disabled_prefix_caching_never_shares():
     assert not set(a.block_table) & set(b.block_table)
 
 
-operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 5), st.integers(1, 12)),
-                      max_size=60)
+operations = st.lists(
+    st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 5), st.integers(1, 12)), max_size=60
+)
 
 
 @settings(max_examples=150, deadline=None)

@@ -31,8 +31,9 @@ def test_other_lines_are_not_keep_alives(line):
     assert parse_keep_alive(line) is None
 
 
-@pytest.mark.parametrize("body", [b"{not json", b'{"busy_s": -1}', b'{"step_s": "slow"}', b'{"busy_s": 1e999}',
-                                  b'{"extra": 1}', b"[1, 2]"])
+@pytest.mark.parametrize(
+    "body", [b"{not json", b'{"busy_s": -1}', b'{"step_s": "slow"}', b'{"busy_s": 1e999}', b'{"extra": 1}', b"[1, 2]"]
+)
 def test_malformed_figures_leave_a_bare_keep_alive(body):
     assert parse_keep_alive(b": keep-alive " + body) == KeepAlive()
 

@@ -1,4 +1,5 @@
 """Merging the streams of n single-choice requests into one."""
+
 from __future__ import annotations
 
 import asyncio
@@ -21,16 +22,27 @@ async def stream(*chunks: bytes):
 def collect(streams, include_usage: bool) -> list:
     async def run():
         return [chunk async for chunk in merged(streams, include_usage)]
+
     return asyncio.run(run())
 
 
 def test_choices_are_numbered_by_stream_usage_summed_and_one_done_ends_it():
     usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-    chunks = collect([
-        stream(event({"id": "a", "choices": [{"index": 0, "token_ids": [1, 2]}]}), event({"choices": [], "usage": usage}),
-               DONE),
-        stream(event({"id": "b", "choices": [{"index": 0, "token_ids": [3, 4]}]}), event({"choices": [], "usage": usage}),
-               DONE)], include_usage=True)
+    chunks = collect(
+        [
+            stream(
+                event({"id": "a", "choices": [{"index": 0, "token_ids": [1, 2]}]}),
+                event({"choices": [], "usage": usage}),
+                DONE,
+            ),
+            stream(
+                event({"id": "b", "choices": [{"index": 0, "token_ids": [3, 4]}]}),
+                event({"choices": [], "usage": usage}),
+                DONE,
+            ),
+        ],
+        include_usage=True,
+    )
     assert chunks[-1] == DONE and chunks.count(DONE) == 1
     events = [json.loads(c[6:]) for c in chunks[:-1]]
     assert sorted(e["choices"][0]["index"] for e in events if e["choices"]) == [0, 1]
@@ -39,8 +51,13 @@ def test_choices_are_numbered_by_stream_usage_summed_and_one_done_ends_it():
 
 
 def test_a_choice_that_fails_passes_its_error_on_and_the_others_finish():
-    chunks = collect([stream(event({"id": "a", "choices": [{"index": 0, "token_ids": [1]}]}), DONE),
-                      stream(_error_event("no worker left to continue this stream"), DONE)], include_usage=False)
+    chunks = collect(
+        [
+            stream(event({"id": "a", "choices": [{"index": 0, "token_ids": [1]}]}), DONE),
+            stream(_error_event("no worker left to continue this stream"), DONE),
+        ],
+        include_usage=False,
+    )
     events = [json.loads(c[6:]) for c in chunks if c != DONE]
     assert any("error" in e for e in events) and any(e.get("choices") for e in events)
     assert chunks[-1] == DONE and chunks.count(DONE) == 1

@@ -1,6 +1,7 @@
 """What the dashboard reads, without a browser: the cluster's event feed (bounded per kind, one
 ordered list), the rolling request window and its percentiles, the per-second series, the worker
 view that keeps departed workers visible, the request summaries, and the endpoints' auth."""
+
 from __future__ import annotations
 
 import pytest
@@ -45,7 +46,8 @@ def test_health_events_write_the_feed_and_keep_their_own_view():
     feed.record("lifecycle", "started", "pid 7", worker_id="http://a")
     events.record("http://a", "down", "connection refused")
     assert [(e["worker_id"], e["change"], e["reason"]) for e in events.recent] == [
-        ("http://a", "down", "connection refused")]
+        ("http://a", "down", "connection refused")
+    ]
     assert [e["kind"] for e in feed.recent()] == ["lifecycle", "health"]
     assert events.transitions.labels("http://a", "down")._value.get() == 1
     assert HealthEvents(CollectorRegistry()).recent == []  # without a feed, it keeps one of its own
@@ -55,9 +57,15 @@ def test_percentiles_are_the_one_definition_over_the_window_only():
     samples = RollingSamples(window_s=10, max_samples=1000)
     for i in range(1, 101):
         samples.add(float(i), now=0.0)
-    assert samples.percentiles(now=5.0) == {"p50": percentile(range(1, 101), 50), "p90": percentile(range(1, 101), 90),
-                                            "p99": percentile(range(1, 101), 99)} == {"p50": 50.5, "p90": 90.1,
-                                                                                      "p99": pytest.approx(99.01)}
+    assert (
+        samples.percentiles(now=5.0)
+        == {
+            "p50": percentile(range(1, 101), 50),
+            "p90": percentile(range(1, 101), 90),
+            "p99": percentile(range(1, 101), 99),
+        }
+        == {"p50": 50.5, "p90": 90.1, "p99": pytest.approx(99.01)}
+    )
     samples.add(1000.0, now=11.0)
     assert samples.percentiles(now=10.5) == {"p50": 1000.0, "p90": 1000.0, "p99": 1000.0}  # the first hundred aged out
     assert samples.percentiles(now=30.0) == {"p50": None, "p90": None, "p99": None}
@@ -78,7 +86,11 @@ def test_the_window_counts_requests_tokens_and_workers():
     snapshot = window.snapshot(now=2.0)
     assert (snapshot["finished"], snapshot["failed"], snapshot["tokens"]) == (2, 1, 6)
     assert snapshot["tokens_by_worker"] == {"http://a": 4, "http://b": 2}
-    assert snapshot["ttft"]["p50"] == 0.2 and snapshot["itl"]["p99"] == pytest.approx(0.0698) and snapshot["e2e"]["p50"] == 1.5
+    assert (
+        snapshot["ttft"]["p50"] == 0.2
+        and snapshot["itl"]["p99"] == pytest.approx(0.0698)
+        and snapshot["e2e"]["p50"] == 1.5
+    )
     window.forget_worker("http://b")
     assert window.snapshot(now=2.0)["tokens_by_worker"] == {"http://a": 4}
     window.check_integrity()
@@ -112,8 +124,9 @@ def fleet_view(retention_s: float = 60, max_gone: int = 2):
     membership = Membership(HealthSettings(), HealthEvents(CollectorRegistry(), feed))
     for name in "abc":
         state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)
-        state.report = LoadReport(running=2, waiting=1, free_kv_tokens=25, kv_capacity_tokens=100,
-                                  decode_tokens_per_s=80.0)
+        state.report = LoadReport(
+            running=2, waiting=1, free_kv_tokens=25, kv_capacity_tokens=100, decode_tokens_per_s=80.0
+        )
         membership.workers[state.worker_id] = state
     return membership, feed, ClusterView(membership, feed, retention_s=retention_s, max_gone=max_gone)
 
@@ -149,9 +162,11 @@ def test_a_worker_that_comes_back_is_no_longer_gone_and_slots_fill_the_table():
     view.notice({})
     assert "http://a" in view.gone
     membership.workers["http://a"] = state
-    slots = [{"model": "m", "slot": 0, "state": "serving", "url": "http://a", "pid": 1, "restarts": 0},
-             {"model": "m", "slot": 1, "state": "waiting", "url": None, "pid": None, "restarts": 1, "last_exit": -9},
-             {"model": "m", "slot": 2, "state": "starting", "url": "http://d", "pid": 3, "restarts": 0}]
+    slots = [
+        {"model": "m", "slot": 0, "state": "serving", "url": "http://a", "pid": 1, "restarts": 0},
+        {"model": "m", "slot": 1, "state": "waiting", "url": None, "pid": None, "restarts": 1, "last_exit": -9},
+        {"model": "m", "slot": 2, "state": "starting", "url": "http://d", "pid": 3, "restarts": 0},
+    ]
     view.replicas = lambda: slots
     rows = {row["worker_id"]: row for row in view.workers({})}
     assert "http://a" not in view.gone and rows["http://a"]["replica"]["pid"] == 1
@@ -165,12 +180,25 @@ def test_a_worker_that_comes_back_is_no_longer_gone_and_slots_fill_the_table():
 
 
 def test_a_request_summary_names_its_workers_and_failovers():
-    root = {"trace_id": "t" * 32, "start_ns": 1_000_000_000, "end_ns": 3_500_000_000, "status": "unset",
-            "attributes": {"shoal.model": "m", "http.response.status_code": 200, "shoal.ttft_s": 0.25,
-                           "shoal.attempts": 2, "shoal.output_tokens": 16, "shoal.stream": True},
-            "events": [{"name": "migration", "attributes": {}}], "name": "router.request"}
-    attempts = [{"name": "router.attempt", "attributes": {"shoal.worker": worker}}
-                for worker in ("http://a", "http://b")]
+    root = {
+        "trace_id": "t" * 32,
+        "start_ns": 1_000_000_000,
+        "end_ns": 3_500_000_000,
+        "status": "unset",
+        "attributes": {
+            "shoal.model": "m",
+            "http.response.status_code": 200,
+            "shoal.ttft_s": 0.25,
+            "shoal.attempts": 2,
+            "shoal.output_tokens": 16,
+            "shoal.stream": True,
+        },
+        "events": [{"name": "migration", "attributes": {}}],
+        "name": "router.request",
+    }
+    attempts = [
+        {"name": "router.attempt", "attributes": {"shoal.worker": worker}} for worker in ("http://a", "http://b")
+    ]
     summary = summarize(root, [root, *attempts])
     assert summary["ok"] and summary["duration_s"] == 2.5 and summary["time"] == 1.0
     assert summary["workers"] == ["http://a", "http://b"] and summary["migrations"] == 1 and summary["retries"] == 0
@@ -215,8 +243,13 @@ def test_the_supervisor_and_the_autoscaler_report_to_the_feed(tmp_path):
         pass
 
     async def scenario():
-        supervisor = Supervisor(None, [ModelDeployment(name="m", replicas=2)], SupervisorSettings(restart_backoff_s=5),
-                                RouterLink(join, lambda url: None, feed.record), tmp_path / "workers.json")
+        supervisor = Supervisor(
+            None,
+            [ModelDeployment(name="m", replicas=2)],
+            SupervisorSettings(restart_backoff_s=5),
+            RouterLink(join, lambda url: None, feed.record),
+            tmp_path / "workers.json",
+        )
         for slot in supervisor.slots:
             slot.worker = LaunchedWorker(StandInProcess(), f"http://w{slot.index}", tmp_path / "log")
             slot.state = SlotState.SERVING
@@ -226,13 +259,22 @@ def test_the_supervisor_and_the_autoscaler_report_to_the_feed(tmp_path):
 
     asyncio.run(scenario())
     exited, scaled, draining = feed.recent()
-    assert (exited["kind"], exited["change"], exited["worker_id"], exited["exit_code"]) == ("lifecycle", "exited",
-                                                                                            "http://w0", -9)
+    assert (exited["kind"], exited["change"], exited["worker_id"], exited["exit_code"]) == (
+        "lifecycle",
+        "exited",
+        "http://w0",
+        -9,
+    )
     assert "restarting in 5.0 s" in exited["reason"]
-    assert (scaled["kind"], scaled["change"], scaled["replicas"], scaled["previous_replicas"]) == ("scaling",
-                                                                                                   "scaled_down", 0, 2)
+    assert (scaled["kind"], scaled["change"], scaled["replicas"], scaled["previous_replicas"]) == (
+        "scaling",
+        "scaled_down",
+        0,
+        2,
+    )
     assert scaled["reason"] == "2 → 0 replicas: quiet"
     assert (draining["change"], draining["worker_id"]) == ("draining", "http://w1")
-    signals = Signals(replicas=2, queued=6, in_flight=4, outstanding_tokens=0, kv_cache_usage=0.5, ttft_s=None,
-                      itl_s=None)
+    signals = Signals(
+        replicas=2, queued=6, in_flight=4, outstanding_tokens=0, kv_cache_usage=0.5, ttft_s=None, itl_s=None
+    )
     assert describe(signals, Autoscaling()) == "queued/replica 3.0 (target 2), KV usage 0.50 (target 0.8)"

@@ -1,4 +1,5 @@
 """GGUF -> LlamaConfig + HF-named state dict: dequantization per ggml type, dimension order, q/k un-permutation."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,16 +23,23 @@ from shoal.model.registry import resolve_model
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
 
 _HF_TO_GGUF = {
-    "model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
     "lm_head.weight": "output.weight",
 }
 _LAYER_HF_TO_GGUF = {
-    "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.v_proj.bias": "attn_v.bias",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
 }
 
 
@@ -53,24 +61,37 @@ def random_hf_weights(rng: np.random.Generator, bias: bool, tied: bool) -> dict[
         shapes["lm_head.weight"] = (VOCAB, HIDDEN)
     for i in range(LAYERS):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (HIDDEN,), p + "post_attention_layernorm.weight": (HIDDEN,),
-            p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
-            p + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
-            p + "mlp.gate_proj.weight": (INTER, HIDDEN), p + "mlp.up_proj.weight": (INTER, HIDDEN),
-            p + "mlp.down_proj.weight": (HIDDEN, INTER),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (HIDDEN,),
+                p + "post_attention_layernorm.weight": (HIDDEN,),
+                p + "self_attn.q_proj.weight": (HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.k_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.v_proj.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
+                p + "self_attn.o_proj.weight": (HIDDEN, HEADS * HEAD_DIM),
+                p + "mlp.gate_proj.weight": (INTER, HIDDEN),
+                p + "mlp.up_proj.weight": (INTER, HIDDEN),
+                p + "mlp.down_proj.weight": (HIDDEN, INTER),
+            }
+        )
         if bias:
-            shapes.update({p + "self_attn.q_proj.bias": (HEADS * HEAD_DIM,),
-                           p + "self_attn.k_proj.bias": (KV_HEADS * HEAD_DIM,),
-                           p + "self_attn.v_proj.bias": (KV_HEADS * HEAD_DIM,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (HEADS * HEAD_DIM,),
+                    p + "self_attn.k_proj.bias": (KV_HEADS * HEAD_DIM,),
+                    p + "self_attn.v_proj.bias": (KV_HEADS * HEAD_DIM,),
+                }
+            )
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
-def write_model_gguf(path: Path, arch: str, weights: dict[str, np.ndarray], qtype: Q = Q.F32,
-                     extra_tensors: dict[str, np.ndarray] | None = None) -> Path:
+def write_model_gguf(
+    path: Path,
+    arch: str,
+    weights: dict[str, np.ndarray],
+    qtype: Q = Q.F32,
+    extra_tensors: dict[str, np.ndarray] | None = None,
+) -> Path:
     """A GGUF as llama.cpp's converter writes it: q/k rows permuted for llama, 2-D weights in `qtype`."""
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(LAYERS)
@@ -148,8 +169,9 @@ def _single_tensor_file(path: Path, raw: np.ndarray, qtype: Q) -> gguf.gguf_read
     return tensor
 
 
-@pytest.mark.parametrize("qtype, tolerance", [(Q.F32, 0.0), (Q.F16, 1e-3), (Q.BF16, 8e-3), (Q.Q8_0, 2e-2),
-                                              (Q.Q4_0, 0.35), (Q.Q4_1, 0.25)])
+@pytest.mark.parametrize(
+    "qtype, tolerance", [(Q.F32, 0.0), (Q.F16, 1e-3), (Q.BF16, 8e-3), (Q.Q8_0, 2e-2), (Q.Q4_0, 0.35), (Q.Q4_1, 0.25)]
+)
 def test_dequantize_per_type(tmp_path: Path, qtype: Q, tolerance: float) -> None:
     values = np.random.default_rng(3).standard_normal((5, 96)).astype(np.float32)  # 3 blocks per row, 5 rows
     raw = values.astype(np.float16) if qtype == Q.F16 else gguf.quants.quantize(values, qtype)
@@ -180,7 +202,7 @@ def _q4_k_reference(block: bytes) -> list[float]:
     out: list[float] = []
     for chunk in range(4):
         (sc1, m1), (sc2, m2) = scale_min(2 * chunk), scale_min(2 * chunk + 1)
-        q = qs[32 * chunk: 32 * chunk + 32]
+        q = qs[32 * chunk : 32 * chunk + 32]
         out += [float(d * sc1 * (b & 0xF) - dmin * m1) for b in q]
         out += [float(d * sc2 * (b >> 4) - dmin * m2) for b in q]
     return out
@@ -194,16 +216,16 @@ def _q6_k_reference(block: bytes) -> list[float]:
     out = [0.0] * 256
     for half in range(2):
         l_off, h_off, s_off, y = 64 * half, 32 * half, 8 * half, 128 * half
-        for l in range(32):
-            is_ = l // 16
-            q1 = ((ql[l_off + l] & 0xF) | (((qh[h_off + l] >> 0) & 3) << 4)) - 32
-            q2 = ((ql[l_off + l + 32] & 0xF) | (((qh[h_off + l] >> 2) & 3) << 4)) - 32
-            q3 = ((ql[l_off + l] >> 4) | (((qh[h_off + l] >> 4) & 3) << 4)) - 32
-            q4 = ((ql[l_off + l + 32] >> 4) | (((qh[h_off + l] >> 6) & 3) << 4)) - 32
-            out[y + l] = float(d * sc[s_off + is_] * q1)
-            out[y + l + 32] = float(d * sc[s_off + is_ + 2] * q2)
-            out[y + l + 64] = float(d * sc[s_off + is_ + 4] * q3)
-            out[y + l + 96] = float(d * sc[s_off + is_ + 6] * q4)
+        for lane in range(32):
+            is_ = lane // 16
+            q1 = ((ql[l_off + lane] & 0xF) | (((qh[h_off + lane] >> 0) & 3) << 4)) - 32
+            q2 = ((ql[l_off + lane + 32] & 0xF) | (((qh[h_off + lane] >> 2) & 3) << 4)) - 32
+            q3 = ((ql[l_off + lane] >> 4) | (((qh[h_off + lane] >> 4) & 3) << 4)) - 32
+            q4 = ((ql[l_off + lane + 32] >> 4) | (((qh[h_off + lane] >> 6) & 3) << 4)) - 32
+            out[y + lane] = float(d * sc[s_off + is_] * q1)
+            out[y + lane + 32] = float(d * sc[s_off + is_ + 2] * q2)
+            out[y + lane + 64] = float(d * sc[s_off + is_ + 4] * q3)
+            out[y + lane + 96] = float(d * sc[s_off + is_ + 6] * q4)
     return out
 
 
@@ -217,12 +239,15 @@ def test_dequantize_k_quants_against_ggml_reference(tmp_path: Path, qtype: Q, re
     scale_at = (0, 2) if qtype == Q.Q4_K else (208,)
     for offset in scale_at:
         scales = rng.uniform(0.01, 0.1, (rows, blocks_per_row, 1)).astype(np.float16)
-        raw[:, :, offset:offset + 2] = scales.view(np.uint8)
+        raw[:, :, offset : offset + 2] = scales.view(np.uint8)
     raw = raw.reshape(rows, blocks_per_row * block_bytes)
     out = dequantize_tensor(_single_tensor_file(tmp_path / "t.gguf", raw, qtype))
     assert out.shape == (rows, 256 * blocks_per_row)
-    expected = [reference(raw[r, b * block_bytes:(b + 1) * block_bytes].tobytes())
-                for r in range(rows) for b in range(blocks_per_row)]
+    expected = [
+        reference(raw[r, b * block_bytes : (b + 1) * block_bytes].tobytes())
+        for r in range(rows)
+        for b in range(blocks_per_row)
+    ]
     np.testing.assert_allclose(out, np.array(expected, dtype=np.float32).reshape(out.shape), rtol=1e-6, atol=1e-6)
 
 
@@ -265,8 +290,10 @@ def test_smollm2_state_dict_matches_transformers_unpermutation(smollm2_reader: g
     assert len(weights) == 2 + 9 * 30 and "lm_head.weight" not in weights
     processor = LlamaTensorProcessor(config={"num_attention_heads": 9, "num_key_value_heads": 3})
     tensors = {t.name: t for t in smollm2_reader.tensors}
-    for gguf_key, hf_key in [("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
-                             ("blk.29.attn_k.weight", "model.layers.29.self_attn.k_proj.weight")]:
+    for gguf_key, hf_key in [
+        ("blk.0.attn_q.weight", "model.layers.0.self_attn.q_proj.weight"),
+        ("blk.29.attn_k.weight", "model.layers.29.self_attn.k_proj.weight"),
+    ]:
         raw = gguf.quants.dequantize(tensors[gguf_key].data, tensors[gguf_key].tensor_type)
         expected = processor.process(raw, gguf_key).weights
         assert torch.equal(weights[hf_key], torch.from_numpy(np.ascontiguousarray(expected)))

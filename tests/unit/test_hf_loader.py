@@ -1,4 +1,5 @@
 """Hugging Face model directories -> LlamaConfig, decoder state dict and tokenizer, compared with transformers."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from shoal.model.errors import ModelLoadError
 from shoal.model.hf_loader import hf_source_files, load_hf, load_hf_tokenizer
 
-_SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=128, bos_token_id=1, eos_token_id=2)
+_SMALL = dict(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def _save(model: transformers.PreTrainedModel, path: Path, **kwargs) -> dict[str, torch.Tensor]:
@@ -24,8 +34,14 @@ def _save(model: transformers.PreTrainedModel, path: Path, **kwargs) -> dict[str
 
 def test_llama_untied_with_llama3_rope(tmp_path: Path) -> None:
     torch.manual_seed(0)
-    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64, "rope_theta": 50000.0}
+    rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64,
+        "rope_theta": 50000.0,
+    }
     cfg = transformers.LlamaConfig(**_SMALL, rope_scaling=rope, tie_word_embeddings=False, rms_norm_eps=1e-6)
     reference = _save(transformers.LlamaForCausalLM(cfg), tmp_path)
     config, weights = load_hf(tmp_path)
@@ -59,17 +75,23 @@ def test_unsupported_or_broken_directories(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gemma", **_SMALL}))
     with pytest.raises(ModelLoadError, match="gemma"):
         load_hf(tmp_path)
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **_SMALL,
-                                                      "num_attention_heads": 4}))
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **_SMALL, "num_attention_heads": 4}))
     with pytest.raises(ModelLoadError, match="safetensors"):
         load_hf(tmp_path)
 
 
-_CHAT_TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-                  "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-_TEXTS = ["Hello world", "  leading spaces and\ttabs\n\nnewlines", "numbers 1234567 3.14",
-          "<|im_start|>user\nhi<|im_end|>",
-          "unicode: héllo wörld ñ 日本語 😀🚀", ""]
+_CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+_TEXTS = [
+    "Hello world",
+    "  leading spaces and\ttabs\n\nnewlines",
+    "numbers 1234567 3.14",
+    "<|im_start|>user\nhi<|im_end|>",
+    "unicode: héllo wörld ñ 日本語 😀🚀",
+    "",
+]
 
 
 @pytest.fixture(scope="module")
@@ -79,16 +101,27 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     backend = Backend(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     backend.train_from_iterator(_TEXTS * 3 + ["the quick brown fox jumps over the lazy dog"] * 5, trainer)
-    backend.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",
-                                                           special_tokens=[("<|im_start|>", 1)])
+    backend.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", 1)]
+    )
     backend.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False,  # ignored: tokenizer.json rules
-        "bos_token": {"__type": "AddedToken", "content": "<|im_start|>", "special": True}, "eos_token": "<|endoftext|>",
-        "chat_template": "unused, chat_template.jinja wins"}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "add_bos_token": False,  # ignored: tokenizer.json rules
+                "bos_token": {"__type": "AddedToken", "content": "<|im_start|>", "special": True},
+                "eos_token": "<|endoftext|>",
+                "chat_template": "unused, chat_template.jinja wins",
+            }
+        )
+    )
     (path / "chat_template.jinja").write_text(_CHAT_TEMPLATE)
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [0, 3]}))
     return path
@@ -107,4 +140,5 @@ def test_tokenizer_matches_transformers(tokenizer_dir: Path) -> None:
     assert ours.eos_token_ids == (0, 3, 2)
     messages = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello"}]
     assert ours.apply_chat_template(messages) == reference.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=True)
+        messages, tokenize=False, add_generation_prompt=True
+    )

@@ -1,4 +1,5 @@
 """Tiled matrix multiplies give each row the same bits whatever the batch around it, on every CPU level."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,13 +45,17 @@ ONEDNN_KERNELS = {("sapphire_rapids", torch.bfloat16), ("sapphire_rapids", torch
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_16_bit_weights_use_onednn_kernels_only_where_cpu_and_torch_both_have_them(cpu, dtype):
     """torch's check follows oneDNN's capped ISA, not the CPU; float32 is the fallback everywhere."""
-    torch_allows = {torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-                    torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported()}.get(dtype, True)
+    torch_allows = {
+        torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+    }.get(dtype, True)
     native = dtype == torch.float32 or ((cpu, dtype) in ONEDNN_KERNELS and torch_allows)
     assert onednn_compute_dtype(dtype, resolve_cpu_features(CPUS[cpu], None)) == (dtype if native else torch.float32)
 
 
-@pytest.mark.parametrize("cpu,dtype", [("zen4", torch.float16), ("haswell", torch.bfloat16), ("haswell", torch.float16)])
+@pytest.mark.parametrize(
+    "cpu,dtype", [("zen4", torch.float16), ("haswell", torch.bfloat16), ("haswell", torch.float16)]
+)
 @pytest.mark.parametrize("in_features,out_features", [(576, 1536), (64, 128)])
 def test_16_bit_weights_without_onednn_kernels_stay_invariant_in_float32(cpu, dtype, in_features, out_features):
     torch.manual_seed(0)
@@ -69,8 +74,9 @@ def test_16_bit_weights_without_onednn_kernels_stay_invariant_in_float32(cpu, dt
 @pytest.mark.parametrize("threads", [2, 6, 12])
 @pytest.mark.parametrize("prepack", [False, True])
 @pytest.mark.parametrize("in_features,out_features", [(576, 64), (576, 576), (1536, 576)])
-def test_float32_rows_do_not_depend_on_their_place_in_the_tile_at_any_thread_count(threads, prepack, in_features,
-                                                                                  out_features):
+def test_float32_rows_do_not_depend_on_their_place_in_the_tile_at_any_thread_count(
+    threads, prepack, in_features, out_features
+):
     """The thread counts at which MKL's sgemm gives a tile's last rows other bits (AVX2 and AVX-512)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)

@@ -1,4 +1,5 @@
 """Load reports from shoal's /load and from other servers' Prometheus metrics (their documented names)."""
+
 from __future__ import annotations
 
 import pytest
@@ -46,16 +47,28 @@ def test_prometheus_reports_of_vllm_sglang_and_llama_cpp():
 
 
 def test_shoal_report_converts_blocks_to_tokens():
-    report = LoadReport.from_shoal(decode_load(b'{"running": 2, "waiting": 1, "max_num_seqs": 64, "free_kv_blocks": 10,'
-                                               b' "num_kv_blocks": 40, "block_size": 16, "outstanding_decode_tokens": 90,'
-                                               b' "capability": 200.0, "draining": true, "a_newer_figure": 1}'))
+    report = LoadReport.from_shoal(
+        decode_load(
+            b'{"running": 2, "waiting": 1, "max_num_seqs": 64, "free_kv_blocks": 10,'
+            b' "num_kv_blocks": 40, "block_size": 16, "outstanding_decode_tokens": 90,'
+            b' "capability": 200.0, "draining": true, "a_newer_figure": 1}'
+        )
+    )
     assert report.free_kv_tokens == 160 and report.kv_capacity_tokens == 640 and report.max_num_seqs == 64
     assert report.outstanding_decode_tokens == 90 and report.capability == 200.0 and report.draining
 
 
 def test_worker_messages_round_trip_through_the_one_schema():
-    load = WorkerLoad(model="m", running=1, waiting=0, free_kv_blocks=3, num_kv_blocks=4, block_size=16,
-                      kv_cache_budget_bytes=1 << 20, kv_cache_usage=0.25)
+    load = WorkerLoad(
+        model="m",
+        running=1,
+        waiting=0,
+        free_kv_blocks=3,
+        num_kv_blocks=4,
+        block_size=16,
+        kv_cache_budget_bytes=1 << 20,
+        kv_cache_usage=0.25,
+    )
     assert decode_load(encode(load)) == load
     joining = Registration(url="http://w:1", models=["m"], load=load)
     assert decode_registration(encode(joining)) == joining
@@ -64,17 +77,24 @@ def test_worker_messages_round_trip_through_the_one_schema():
     assert decode_registration_accepted(encode(accepted)) == accepted
 
 
-@pytest.mark.parametrize(("body", "reason"), [
-    (b'{"running": -1}', "running"), (b'{"kv_cache_usage": 1.5}', "kv_cache_usage"),
-    (b'{"free_kv_blocks": "many"}', "free_kv_blocks"), (b'[1, 2]', "object"), (b'{"running": 1', "truncated|JSON"),
-])
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b'{"running": -1}', "running"),
+        (b'{"kv_cache_usage": 1.5}', "kv_cache_usage"),
+        (b'{"free_kv_blocks": "many"}', "free_kv_blocks"),
+        (b"[1, 2]", "object"),
+        (b'{"running": 1', "truncated|JSON"),
+    ],
+)
 def test_a_load_report_that_does_not_fit_the_schema_is_refused_naming_why(body, reason):
     with pytest.raises(ValueError, match=reason):
         decode_load(body)
 
 
-@pytest.mark.parametrize("body", [b'{"models": ["m"]}', b'{"url": "", "models": ["m"]}',
-                                  b'{"url": "http://w:1", "models": "m"}'])
+@pytest.mark.parametrize(
+    "body", [b'{"models": ["m"]}', b'{"url": "", "models": ["m"]}', b'{"url": "http://w:1", "models": "m"}']
+)
 def test_a_registration_without_a_url_or_a_list_of_models_is_refused(body):
     with pytest.raises(ValueError):
         decode_registration(body)

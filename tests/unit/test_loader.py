@@ -1,4 +1,5 @@
 """load_checkpoint: name/path -> frozen Checkpoint with HF-named weights in the requested dtype, via the cache."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,8 +18,15 @@ from shoal.model.loader import Checkpoint, load_checkpoint
 @pytest.fixture
 def hf_dir(tmp_path: Path) -> Path:
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                                   num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True)
+    cfg = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        tie_word_embeddings=True,
+    )
     path = tmp_path / "model"
     transformers.LlamaForCausalLM(cfg).save_pretrained(path)
     backend = Backend(models.WordLevel({"[UNK]": 0, "hello": 1, "world": 2}, unk_token="[UNK]"))

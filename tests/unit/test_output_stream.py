@@ -1,4 +1,5 @@
 """Stop tokens, stop strings, min/max tokens and streamed text deltas."""
+
 from __future__ import annotations
 
 import pytest
@@ -41,8 +42,9 @@ def test_stop_string_truncates_and_is_never_streamed(tokenizer):
 
 
 def test_include_stop_string(tokenizer):
-    stream, _ = feed(tokenizer, SamplingParams(max_tokens=100, stop=["beta"], include_stop_str_in_output=True),
-                     "alpha beta gamma")
+    stream, _ = feed(
+        tokenizer, SamplingParams(max_tokens=100, stop=["beta"], include_stop_str_in_output=True), "alpha beta gamma"
+    )
     assert stream.text == "alpha beta"
 
 

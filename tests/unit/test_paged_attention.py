@@ -1,4 +1,5 @@
 """Both attention kernels equal causal softmax attention, and a query's bits never depend on batching."""
+
 from __future__ import annotations
 
 import functools
@@ -21,8 +22,10 @@ HEADS = KV_HEADS * GROUP
 def kernels() -> list:
     compiled = load_cpu_attention()
     assert compiled is not None, "the C++ attention kernel must build on the CI machine"
-    return [pytest.param(tiled_paged_attention, True, id="tiles"),
-            pytest.param(functools.partial(row_paged_attention, compiled), False, id="rows")]
+    return [
+        pytest.param(tiled_paged_attention, True, id="tiles"),
+        pytest.param(functools.partial(row_paged_attention, compiled), False, id="rows"),
+    ]
 
 
 def new_cache(num_blocks=32, dtype=torch.float32):
@@ -31,25 +34,38 @@ def new_cache(num_blocks=32, dtype=torch.float32):
 
 def run(kernel, tiles, cache, chunks):
     """chunks: list of (q [L,H,D], k [L,Hkv,D], v, start, block_table). Writes K/V, returns outputs."""
-    meta = build_attention_metadata([c[0].shape[0] for c in chunks], [c[3] for c in chunks], [c[4] for c in chunks],
-                                    BLOCK, KV_HEADS, GROUP, 8, torch.device("cpu"), with_tiles=tiles)
+    meta = build_attention_metadata(
+        [c[0].shape[0] for c in chunks],
+        [c[3] for c in chunks],
+        [c[4] for c in chunks],
+        BLOCK,
+        KV_HEADS,
+        GROUP,
+        8,
+        torch.device("cpu"),
+        with_tiles=tiles,
+    )
     write_kv(cache, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]), meta)
-    out = kernel(torch.cat([c[0] for c in chunks]), cache, meta, DIM ** -0.5)
+    out = kernel(torch.cat([c[0] for c in chunks]), cache, meta, DIM**-0.5)
     return out.split([c[0].shape[0] for c in chunks])
 
 
 def reference(q, k, v):
     k = k.repeat_interleave(GROUP, dim=1)
     v = v.repeat_interleave(GROUP, dim=1)
-    out = torch.nn.functional.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                           is_causal=True)
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True
+    )
     return out.transpose(0, 1).reshape(q.shape[0], -1)
 
 
 def random_seq(length, seed):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(length, HEADS, DIM, generator=g), torch.randn(length, KV_HEADS, DIM, generator=g),
-            torch.randn(length, KV_HEADS, DIM, generator=g))
+    return (
+        torch.randn(length, HEADS, DIM, generator=g),
+        torch.randn(length, KV_HEADS, DIM, generator=g),
+        torch.randn(length, KV_HEADS, DIM, generator=g),
+    )
 
 
 @pytest.mark.parametrize("kernel,tiles", kernels())
@@ -74,7 +90,7 @@ def test_decode_chunked_and_batched_results_are_bitwise_equal(kernel, tiles, dty
     other_table = [0, 1, 2, 3, 5, 6, 7, 9]
     run(kernel, tiles, cache, [(*[t[:20] for t in other], 0, other_table)])
     for pos in range(9, 21):
-        mine = (q[pos:pos + 1], k[pos:pos + 1], v[pos:pos + 1], pos, table)
+        mine = (q[pos : pos + 1], k[pos : pos + 1], v[pos : pos + 1], pos, table)
         neighbour = (other[0][20:21], other[1][20:21], other[2][20:21], 20, other_table)
         parts.append(run(kernel, tiles, cache, [neighbour, mine] if pos == 9 else [mine])[-1])
     assert torch.equal(torch.cat(parts), whole)

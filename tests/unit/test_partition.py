@@ -1,4 +1,5 @@
 """Pipeline partition plans against brute force over every split, on heterogeneous node sets."""
+
 from __future__ import annotations
 
 import itertools
@@ -31,11 +32,18 @@ def brute_force(nodes: list[StageNode], model: ModelCost) -> float | None:
 
 
 def random_case(rng: random.Random) -> tuple[list[StageNode], ModelCost]:
-    model = ModelCost(num_layers=rng.randint(4, 12), layer_bytes=rng.choice([10, 20, 40]) * MiB,
-                      embed_bytes=rng.choice([0, 30]) * MiB, head_bytes=rng.choice([0, 30]) * MiB,
-                      embed_seconds=rng.choice([0, 0.002]), head_seconds=rng.choice([0, 0.004]))
-    nodes = [StageNode(f"n{i}", rng.choice([0.001, 0.002, 0.005, 0.01]), rng.randint(2, 12) * 40 * MiB)
-             for i in range(rng.randint(1, min(4, model.num_layers)))]
+    model = ModelCost(
+        num_layers=rng.randint(4, 12),
+        layer_bytes=rng.choice([10, 20, 40]) * MiB,
+        embed_bytes=rng.choice([0, 30]) * MiB,
+        head_bytes=rng.choice([0, 30]) * MiB,
+        embed_seconds=rng.choice([0, 0.002]),
+        head_seconds=rng.choice([0, 0.004]),
+    )
+    nodes = [
+        StageNode(f"n{i}", rng.choice([0.001, 0.002, 0.005, 0.01]), rng.randint(2, 12) * 40 * MiB)
+        for i in range(rng.randint(1, min(4, model.num_layers)))
+    ]
     return nodes, model
 
 
@@ -61,8 +69,10 @@ def test_a_slow_node_with_much_memory_does_not_get_most_layers():
     plan = plan_partition([slow, fast], model)
     assert plan.layers_per_stage == [10, 20]  # memory caps the fast node; a memory-only split gives slow 29
     assert plan.slowest_stage_s == pytest.approx(0.04)
-    even = plan_partition([StageNode("a", 0.002, 10**12), StageNode("b", 0.002, 10**12),
-                           StageNode("c", 0.004, 10**12)], ModelCost(num_layers=10, layer_bytes=1))
+    even = plan_partition(
+        [StageNode("a", 0.002, 10**12), StageNode("b", 0.002, 10**12), StageNode("c", 0.004, 10**12)],
+        ModelCost(num_layers=10, layer_bytes=1),
+    )
     assert even.layers_per_stage == [4, 4, 2]
 
 

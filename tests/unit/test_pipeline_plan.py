@@ -1,5 +1,6 @@
 """Pipeline layouts from measured node profiles: speed decides the split, nodes on one host share
 its memory, and every stage's KV blocks (and boundary log) fit its budget."""
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,16 @@ from shoal.parallel.pipeline_plan import (
 from shoal.parallel.stage_profile import NodeProfile, reference_batch
 
 GiB = 2**30
-CONFIG = LlamaConfig(vocab_size=1000, hidden_size=256, intermediate_size=1024, num_layers=24, num_heads=4,
-                     num_kv_heads=2, head_dim=64, max_position_embeddings=512)
+CONFIG = LlamaConfig(
+    vocab_size=1000,
+    hidden_size=256,
+    intermediate_size=1024,
+    num_layers=24,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=64,
+    max_position_embeddings=512,
+)
 
 
 def profile(ms_per_layer: float, free_gib: float, host: str = "a", device: str = "cpu") -> NodeProfile:
@@ -47,12 +56,15 @@ def test_every_stage_affords_the_blocks_and_senders_keep_a_log_row_per_token():
     assert blocks == (1 << 20) // (16 * head_per_token)
     tight = plan_stages(CONFIG, [profile(1, 1), profile(1, 0.05, "b")], ["a", "b"], (20, 4), 4, 512)
     assert pipeline_kv_blocks(CONFIG, tight, None, 0.5, 16, 4, 2, 10**9) < pipeline_kv_blocks(
-        CONFIG, plan, None, 0.5, 16, 4, 2, 10**9)  # the small node's budget bounds every stage
+        CONFIG, plan, None, 0.5, 16, 4, 2, 10**9
+    )  # the small node's budget bounds every stage
 
 
 def test_the_reference_batch_gives_each_sequence_its_own_blocks():
     batch = reference_batch(16)
     used = [block for table in batch.block_tables for block in table]
     assert len(used) == len(set(used)) and sum(batch.query_lens) == len(batch.input_ids) == len(batch.positions)
-    assert all(start + length <= len(table) * 16 for start, length, table in
-               zip(batch.start_positions, batch.query_lens, batch.block_tables))
+    assert all(
+        start + length <= len(table) * 16
+        for start, length, table in zip(batch.start_positions, batch.query_lens, batch.block_tables)
+    )

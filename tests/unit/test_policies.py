@@ -1,5 +1,6 @@
 """Routing policies on synthetic worker views: each routes as specified, and all respect the hard
 constraints (model, health, context, KV room)."""
+
 from __future__ import annotations
 
 import random
@@ -23,26 +24,35 @@ def worker(name: str, **fields) -> WorkerView:
 
 
 def request(prompt_tokens: int = 100, decode: int = 50, text: str = "", **fields) -> RouteRequest:
-    return RouteRequest(model=M, prompt_tokens=prompt_tokens, expected_decode_tokens=decode,
-                        prefix_blocks=prefix_blocks(text), **fields)
+    return RouteRequest(
+        model=M, prompt_tokens=prompt_tokens, expected_decode_tokens=decode, prefix_blocks=prefix_blocks(text), **fields
+    )
 
 
 def test_eligibility_filters_model_health_context_and_prefers_free_kv():
-    workers = [worker("sick", healthy=False), worker("other", models=frozenset({"x"})),
-               worker("short", max_model_len=100), worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000),
-               worker("roomy", free_kv_tokens=5_000, kv_capacity_tokens=10_000)]
+    workers = [
+        worker("sick", healthy=False),
+        worker("other", models=frozenset({"x"})),
+        worker("short", max_model_len=100),
+        worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000),
+        worker("roomy", free_kv_tokens=5_000, kv_capacity_tokens=10_000),
+    ]
     assert [w.worker_id for w in eligible(request(), workers)] == ["roomy"]
     # Nobody has the room free now: those whose whole cache could hold it queue it.
-    tiny = [worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000), worker("small", free_kv_tokens=0,
-                                                                                 kv_capacity_tokens=50)]
+    tiny = [
+        worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000),
+        worker("small", free_kv_tokens=0, kv_capacity_tokens=50),
+    ]
     assert [w.worker_id for w in eligible(request(), tiny)] == ["full"]
 
 
 def test_a_request_too_long_by_estimate_for_every_worker_goes_to_the_largest_which_counts_exactly():
     windows = [worker("short", max_model_len=100), worker("long", max_model_len=120), worker("sick", healthy=False)]
     assert [w.worker_id for w in eligible(request(prompt_tokens=500), windows)] == ["long"]
-    caches = [worker("small", free_kv_tokens=0, kv_capacity_tokens=50), worker("big", free_kv_tokens=0,
-                                                                              kv_capacity_tokens=80)]
+    caches = [
+        worker("small", free_kv_tokens=0, kv_capacity_tokens=50),
+        worker("big", free_kv_tokens=0, kv_capacity_tokens=80),
+    ]
     assert [w.worker_id for w in eligible(request(prompt_tokens=500), caches)] == ["big"]
     assert eligible(request(), [worker("sick", healthy=False), worker("other", models=frozenset({"x"}))]) == []
 
@@ -55,8 +65,11 @@ def test_round_robin_cycles():
 
 
 def test_least_outstanding_tokens_picks_the_least_work():
-    workers = [worker("a", outstanding_decode_tokens=500), worker("b", outstanding_prefill_tokens=100),
-               worker("c", outstanding_decode_tokens=300)]
+    workers = [
+        worker("a", outstanding_decode_tokens=500),
+        worker("b", outstanding_prefill_tokens=100),
+        worker("c", outstanding_decode_tokens=300),
+    ]
     assert make_policy("least_outstanding_tokens").choose(request(), workers, RoutingContext()).worker_id == "b"
 
 
@@ -77,9 +90,17 @@ def test_cost_policy_sends_about_twice_the_work_to_a_twice_as_fast_worker():
     counts = Counter()
     policy, tick_s = CostPolicy(), 0.14
     for _ in range(400):
-        views = [worker(n, running=len(active[n]), outstanding_decode_tokens=int(sum(active[n])),
-                        capability=100 * speed[n], decode_step_s=0.02 / speed[n], prefill_tokens_per_s=1000 * speed[n])
-                 for n in speed]
+        views = [
+            worker(
+                n,
+                running=len(active[n]),
+                outstanding_decode_tokens=int(sum(active[n])),
+                capability=100 * speed[n],
+                decode_step_s=0.02 / speed[n],
+                prefill_tokens_per_s=1000 * speed[n],
+            )
+            for n in speed
+        ]
         chosen = policy.choose(request(decode=50), views, RoutingContext()).worker_id
         counts[chosen] += 1
         active[chosen].append(50.0)
@@ -119,8 +140,9 @@ class TimedReplica:
     delay), the engine's own SpeedEstimator fed with every step and seeded the way calibration seeds
     it, and the start-up calibration reported beside the live figures."""
 
-    def __init__(self, name: str, step_s: float, single: float, batched: float, batch: int = 8,
-                 prefill: float = 2000.0):
+    def __init__(
+        self, name: str, step_s: float, single: float, batched: float, batch: int = 8, prefill: float = 2000.0
+    ):
         self.name, self.step_s, self.single, self.batched = name, step_s, single, batched
         self.speed = SpeedEstimator()
         self.speed.seed(prefill, batched, batch / batched)
@@ -130,10 +152,17 @@ class TimedReplica:
 
     def view(self) -> WorkerView:
         speed = self.speed
-        return worker(self.name, running=len(self.remaining), in_flight=len(self.remaining),
-                      outstanding_decode_tokens=sum(self.remaining), prefill_tokens_per_s=speed.prefill_tokens_per_s,
-                      decode_tokens_per_s=speed.decode_tokens_per_s, decode_step_s=speed.decode_step_s,
-                      single_step_s=1 / self.single, capability=self.batched)
+        return worker(
+            self.name,
+            running=len(self.remaining),
+            in_flight=len(self.remaining),
+            outstanding_decode_tokens=sum(self.remaining),
+            prefill_tokens_per_s=speed.prefill_tokens_per_s,
+            decode_tokens_per_s=speed.decode_tokens_per_s,
+            decode_step_s=speed.decode_step_s,
+            single_step_s=1 / self.single,
+            capability=self.batched,
+        )
 
     def start(self, tokens: int, now_s: float) -> None:
         if not self.remaining:
@@ -198,8 +227,12 @@ def test_cache_aware_follows_the_prefix_until_load_wins():
     hot = [worker("a", running=30), worker("b", running=2)]
     assert policy.choose(req, hot, RoutingContext(matched_blocks=full)).worker_id == "b"
     # A miss goes to the least loaded worker.
-    assert policy.choose(request(text="something else entirely, nothing cached " * 3), balanced,
-                         RoutingContext(matched_blocks={})).worker_id == "b"
+    assert (
+        policy.choose(
+            request(text="something else entirely, nothing cached " * 3), balanced, RoutingContext(matched_blocks={})
+        ).worker_id
+        == "b"
+    )
 
 
 def test_session_affinity_is_sticky_bounded_and_moves_few_keys():
@@ -227,10 +260,15 @@ def test_session_affinity_without_a_key_uses_the_cost_policy():
 
 def test_prefix_index_matches_leading_blocks_and_respects_capacity():
     index = PrefixIndex()
-    first = chat_prompt_text([{"role": "system", "content": "You are helpful. " * 8},
-                              {"role": "user", "content": "hello there, how are you today?"}])
-    second = first + chat_prompt_text([{"role": "assistant", "content": "fine thanks " * 5},
-                                       {"role": "user", "content": "and now?"}])
+    first = chat_prompt_text(
+        [
+            {"role": "system", "content": "You are helpful. " * 8},
+            {"role": "user", "content": "hello there, how are you today?"},
+        ]
+    )
+    second = first + chat_prompt_text(
+        [{"role": "assistant", "content": "fine thanks " * 5}, {"role": "user", "content": "and now?"}]
+    )
     index.record("w", prefix_blocks(first), capacity_blocks=1000)
     matched = index.matched_blocks(prefix_blocks(second), ["w", "v"])
     assert matched["w"] == len(prefix_blocks(first)) and matched["v"] == 0

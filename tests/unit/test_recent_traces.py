@@ -1,5 +1,6 @@
 """In-memory traces: bounded by trace count, read back as records; sampling follows the caller's
 traceparent, else the ratio."""
+
 from __future__ import annotations
 
 from shoal.observability.tracing import Tracing, trace_id_of

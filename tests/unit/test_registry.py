@@ -1,4 +1,5 @@
 """Model names and paths -> checkpoint sources, with actionable errors."""
+
 from __future__ import annotations
 
 import sys

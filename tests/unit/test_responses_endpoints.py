@@ -1,5 +1,6 @@
 """The /v1/responses endpoints of the router app, with the front door's dispatch recorded instead
 of sent to workers: what the model is sent, the session each turn is routed by, what is passed on."""
+
 from __future__ import annotations
 
 import json
@@ -29,14 +30,24 @@ class RecordingDispatch:
         text = f"reply {len(self.dispatched)}"
         usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
         if not body["stream"]:
-            return JSONResponse({"id": "chatcmpl-1", "model": body["model"], "usage": usage, "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}]},
-                headers={"x-shoal-worker": "w1"})
+            return JSONResponse(
+                {
+                    "id": "chatcmpl-1",
+                    "model": body["model"],
+                    "usage": usage,
+                    "choices": [
+                        {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+                    ],
+                },
+                headers={"x-shoal-worker": "w1"},
+            )
 
         async def events():
-            for event in ({"choices": [{"delta": {"role": "assistant", "content": ""}}]},
-                          {"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]},
-                          {"choices": [], "usage": usage}):
+            for event in (
+                {"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+                {"choices": [{"delta": {"content": text}, "finish_reason": "stop"}]},
+                {"choices": [], "usage": usage},
+            ):
                 yield b"data: " + json.dumps({"id": "chatcmpl-1", "model": body["model"], **event}).encode() + b"\n\n"
             yield b"data: [DONE]\n\n"
 
@@ -55,18 +66,30 @@ def service(tmp_path):
 def test_each_turn_sends_the_whole_chain_and_is_routed_by_the_conversation(service):
     client, dispatch = service
     first = client.post("/v1/responses", json={"model": "m", "input": "one", "instructions": "old"}).json()
-    second = client.post("/v1/responses", json={"model": "m", "input": "two", "previous_response_id": first["id"],
-                                                "stream": True})
+    second = client.post(
+        "/v1/responses", json={"model": "m", "input": "two", "previous_response_id": first["id"], "stream": True}
+    )
     assert second.headers["x-shoal-worker"] == "w1"
     second = json.loads(second.text.strip().split("\n")[-1].removeprefix("data: "))["response"]
-    third = client.post("/v1/responses", json={"model": "m", "input": [{"role": "user", "content": "three"}],
-                                               "instructions": "new", "previous_response_id": second["id"]})
+    third = client.post(
+        "/v1/responses",
+        json={
+            "model": "m",
+            "input": [{"role": "user", "content": "three"}],
+            "instructions": "new",
+            "previous_response_id": second["id"],
+        },
+    )
     assert third.headers["x-shoal-worker"] == "w1"
     assert [headers["x-shoal-session"] for _, headers in dispatch.dispatched] == [first["id"]] * 3
     assert dispatch.dispatched[2][0]["messages"] == [
-        {"role": "system", "content": "new"}, {"role": "user", "content": "one"},
-        {"role": "assistant", "content": "reply 1"}, {"role": "user", "content": "two"},
-        {"role": "assistant", "content": "reply 2"}, {"role": "user", "content": "three"}]
+        {"role": "system", "content": "new"},
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "reply 1"},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "reply 2"},
+        {"role": "user", "content": "three"},
+    ]
     assert client.get(f"/v1/responses/{second['id']}").json() == second
 
 
@@ -81,8 +104,11 @@ def test_a_refusal_from_the_front_door_is_passed_on_unchanged(service):
 
 def test_unknown_ids_and_bad_bodies_are_openai_errors(service):
     client, dispatch = service
-    for method, path in (("GET", "/v1/responses/resp_x"), ("DELETE", "/v1/responses/resp_x"),
-                         ("GET", "/v1/responses/resp_x/input_items")):
+    for method, path in (
+        ("GET", "/v1/responses/resp_x"),
+        ("DELETE", "/v1/responses/resp_x"),
+        ("GET", "/v1/responses/resp_x/input_items"),
+    ):
         missing = client.request(method, path)
         assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     unknown = client.post("/v1/responses", json={"model": "m", "input": "x", "previous_response_id": "resp_x"})

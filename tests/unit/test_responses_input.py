@@ -1,5 +1,6 @@
 """The Responses API's pure parts: request validation, input items to chat messages, pages of
 input items, and the event stream, checked against the official openai types."""
+
 from __future__ import annotations
 
 import asyncio
@@ -39,28 +40,40 @@ def test_a_string_input_is_one_user_message():
 
 
 def test_message_items_are_normalised_with_text_parts_by_role():
-    items = normalize_input([
-        {"role": "developer", "content": "be brief"},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "a"},
-                                                        {"type": "input_text", "text": "b"}]},
-        {"role": "assistant", "content": [{"type": "output_text", "text": "c", "annotations": []}]},
-    ])
+    items = normalize_input(
+        [
+            {"role": "developer", "content": "be brief"},
+            {
+                "type": "message",
+                "role": "user",
+                "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
+            },
+            {"role": "assistant", "content": [{"type": "output_text", "text": "c", "annotations": []}]},
+        ]
+    )
     assert [i["role"] for i in items] == ["developer", "user", "assistant"]
     assert items[2]["content"] == [{"type": "output_text", "text": "c", "annotations": []}]
     assert len({i["id"] for i in items}) == 3
     ITEMS.validate_python(items)
 
 
-@pytest.mark.parametrize("raw,param", [
-    (None, "input"), ("", "input"), ([], "input"), ({"role": "user", "content": "x"}, "input"),
-    (["text"], "input[0]"),
-    ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}], "input[1].role"),
-    ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].type"),
-    ([{"role": "user"}], "input[0].content"), ([{"role": "user", "content": []}], "input[0].content"),
-    ([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}], "input[0].content[0].type"),
-    ([{"role": "user", "content": ["plain"]}], "input[0].content[0].type"),
-    ([{"role": "user", "content": [{"type": "input_text", "text": 3}]}], "input[0].content[0].text"),
-])
+@pytest.mark.parametrize(
+    "raw,param",
+    [
+        (None, "input"),
+        ("", "input"),
+        ([], "input"),
+        ({"role": "user", "content": "x"}, "input"),
+        (["text"], "input[0]"),
+        ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}], "input[1].role"),
+        ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].type"),
+        ([{"role": "user"}], "input[0].content"),
+        ([{"role": "user", "content": []}], "input[0].content"),
+        ([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}], "input[0].content[0].type"),
+        ([{"role": "user", "content": ["plain"]}], "input[0].content[0].type"),
+        ([{"role": "user", "content": [{"type": "input_text", "text": 3}]}], "input[0].content[0].text"),
+    ],
+)
 def test_bad_input_names_the_field(raw, param):
     with pytest.raises(RequestError) as refused:
         normalize_input(raw)
@@ -75,33 +88,43 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
 
     chain = [stored("one", "1", None), stored("two", "2", "resp_one")]
     messages = conversation_messages("new rules", chain, normalize_input([{"role": "user", "content": "three"}]))
-    assert messages == [{"role": "system", "content": "new rules"}, {"role": "user", "content": "one"},
-                        {"role": "assistant", "content": "1"}, {"role": "user", "content": "two"},
-                        {"role": "assistant", "content": "2"}, {"role": "user", "content": "three"}]
+    assert messages == [
+        {"role": "system", "content": "new rules"},
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "1"},
+        {"role": "user", "content": "two"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "three"},
+    ]
     assert conversation_messages(None, [], normalize_input("x")) == [{"role": "user", "content": "x"}]
 
 
-@pytest.mark.parametrize("body,param", [
-    ([1], None), ({"input": "x"}, "model"), ({"model": 3, "input": "x"}, "model"),
-    ({"model": "m", "input": "x", "temperature": 3}, "temperature"),
-    ({"model": "m", "input": "x", "temperature": "hot"}, "temperature"),
-    ({"model": "m", "input": "x", "top_p": 0}, "top_p"),
-    ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
-    ({"model": "m", "input": "x", "max_output_tokens": True}, "max_output_tokens"),
-    ({"model": "m", "input": "x", "max_output_tokens": 1.5}, "max_output_tokens"),
-    ({"model": "m", "input": "x", "store": "yes"}, "store"),
-    ({"model": "m", "input": "x", "stream": 1}, "stream"),
-    ({"model": "m", "input": "x", "instructions": 5}, "instructions"),
-    ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
-    ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
-    ({"model": "m", "input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
-    ({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
-    ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
-    ({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
-    ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
-    ({"model": "m", "input": "x", "frobnicate": True}, "frobnicate"),
-    ({"model": "m"}, "input"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ([1], None),
+        ({"input": "x"}, "model"),
+        ({"model": 3, "input": "x"}, "model"),
+        ({"model": "m", "input": "x", "temperature": 3}, "temperature"),
+        ({"model": "m", "input": "x", "temperature": "hot"}, "temperature"),
+        ({"model": "m", "input": "x", "top_p": 0}, "top_p"),
+        ({"model": "m", "input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"model": "m", "input": "x", "max_output_tokens": True}, "max_output_tokens"),
+        ({"model": "m", "input": "x", "max_output_tokens": 1.5}, "max_output_tokens"),
+        ({"model": "m", "input": "x", "store": "yes"}, "store"),
+        ({"model": "m", "input": "x", "stream": 1}, "stream"),
+        ({"model": "m", "input": "x", "instructions": 5}, "instructions"),
+        ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
+        ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
+        ({"model": "m", "input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+        ({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
+        ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
+        ({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
+        ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
+        ({"model": "m", "input": "x", "frobnicate": True}, "frobnicate"),
+        ({"model": "m"}, "input"),
+    ],
+)
 def test_bad_requests_name_the_field(body, param):
     with pytest.raises(RequestError) as refused:
         ResponsesRequest.parse(body)
@@ -111,10 +134,31 @@ def test_bad_requests_name_the_field(body, param):
 def test_the_chat_body_carries_only_what_was_given():
     plain = parse().chat_body([{"role": "user", "content": "hi"}])
     assert plain == {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "stream": False}
-    full = parse(max_output_tokens=9, temperature=0.5, top_p=0.9, seed=4, ignore_eos=True, user="u", stream=True,
-                 tools=[], tool_choice="auto", text={"format": {"type": "text"}}, metadata={"k": "v"}).chat_body([])
-    assert full == {"model": "tiny", "messages": [], "stream": True, "stream_options": {"include_usage": True},
-                    "max_tokens": 9, "temperature": 0.5, "top_p": 0.9, "seed": 4, "ignore_eos": True, "user": "u"}
+    full = parse(
+        max_output_tokens=9,
+        temperature=0.5,
+        top_p=0.9,
+        seed=4,
+        ignore_eos=True,
+        user="u",
+        stream=True,
+        tools=[],
+        tool_choice="auto",
+        text={"format": {"type": "text"}},
+        metadata={"k": "v"},
+    ).chat_body([])
+    assert full == {
+        "model": "tiny",
+        "messages": [],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 9,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "seed": 4,
+        "ignore_eos": True,
+        "user": "u",
+    }
 
 
 def test_response_objects_validate_as_the_official_type():
@@ -138,9 +182,13 @@ def test_input_item_pages():
     assert [i["id"] for i in first["data"]] == ids[:2] and first["has_more"] and first["last_id"] == ids[1]
     rest = input_items_page(items, "asc", "10", first["last_id"])
     assert [i["id"] for i in rest["data"]] == ids[2:] and rest["has_more"] is False
-    for order, limit, after, param in [("up", "2", None, "order"), ("asc", "0", None, "limit"),
-                                       ("asc", "x", None, "limit"), ("asc", "101", None, "limit"),
-                                       ("asc", "2", "msg_nope", "after")]:
+    for order, limit, after, param in [
+        ("up", "2", None, "order"),
+        ("asc", "0", None, "limit"),
+        ("asc", "x", None, "limit"),
+        ("asc", "101", None, "limit"),
+        ("asc", "2", "msg_nope", "after"),
+    ]:
         with pytest.raises(RequestError) as refused:
             input_items_page(items, order, limit, after)
         assert refused.value.param == param
@@ -151,9 +199,10 @@ class ChatStream:
     (a generator closed before it started never runs its clean-up)."""
 
     def __init__(self, events: list[dict | str]):
-        raw = b"".join(b"data: " + (e.encode() if isinstance(e, str) else json.dumps(e).encode()) + b"\n\n"
-                       for e in events)
-        self.chunks = [raw[i:i + 7] for i in range(0, len(raw), 7)]
+        raw = b"".join(
+            b"data: " + (e.encode() if isinstance(e, str) else json.dumps(e).encode()) + b"\n\n" for e in events
+        )
+        self.chunks = [raw[i : i + 7] for i in range(0, len(raw), 7)]
         self.started = self.closed = False
 
     def __aiter__(self):
@@ -171,15 +220,21 @@ class ChatStream:
 
 def chunk(content: str | None = None, finish_reason: str | None = None, **extra) -> dict:
     delta = {"content": content} if content is not None else {}
-    return {"id": "chatcmpl-1", "model": "tiny", "choices": [{"index": 0, "delta": delta,
-                                                              "finish_reason": finish_reason}], **extra}
+    return {
+        "id": "chatcmpl-1",
+        "model": "tiny",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}],
+        **extra,
+    }
 
 
 def run_events(chat: ChatStream, keep) -> list[dict]:
     async def collect() -> list[dict]:
         skeleton = response_skeleton("resp_1", parse(stream=True), 0)
-        return [json.loads(raw.decode().split("data: ", 1)[1])
-                async for raw in response_events(chat, skeleton, "msg_1", keep)]
+        return [
+            json.loads(raw.decode().split("data: ", 1)[1])
+            async for raw in response_events(chat, skeleton, "msg_1", keep)
+        ]
 
     events = asyncio.run(collect())
     for event in events:
@@ -194,14 +249,29 @@ def test_a_chat_stream_becomes_response_events_and_is_kept_before_completion():
     async def keep(response: dict) -> None:
         kept.append(response)
 
-    chat = ChatStream([chunk(""), chunk("Hel"), chunk(), chunk("lo", "stop"),
-                       {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
-                       "[DONE]"])
+    chat = ChatStream(
+        [
+            chunk(""),
+            chunk("Hel"),
+            chunk(),
+            chunk("lo", "stop"),
+            {"id": "chatcmpl-1", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+            "[DONE]",
+        ]
+    )
     events = run_events(chat, keep)
     assert [e["type"] for e in events] == [
-        "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
-        "response.output_text.delta", "response.output_text.delta", "response.output_text.done",
-        "response.content_part.done", "response.output_item.done", "response.completed"]
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
     assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["Hel", "lo"]
     final = events[-1]["response"]
     assert kept == [final] and final["usage"]["input_tokens"] == 3 and final["status"] == "completed"
@@ -217,8 +287,10 @@ def test_a_cut_stream_is_incomplete_and_an_error_fails_it_unkept():
     cut = run_events(ChatStream([chunk("abc", "length"), "[DONE]"]), keep)
     assert cut[-1]["type"] == "response.incomplete" and kept == [cut[-1]["response"]]
     kept.clear()
-    for chat in (ChatStream([chunk("a"), {"error": {"message": "no worker left", "code": 503}}, "[DONE]"]),
-                 ChatStream([chunk("a")])):
+    for chat in (
+        ChatStream([chunk("a"), {"error": {"message": "no worker left", "code": 503}}, "[DONE]"]),
+        ChatStream([chunk("a")]),
+    ):
         failed = run_events(chat, keep)
         assert [e["type"] for e in failed[-2:]] == ["error", "response.failed"]
         assert failed[-1]["response"]["status"] == "failed" and failed[-1]["response"]["error"]["message"]

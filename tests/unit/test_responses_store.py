@@ -1,5 +1,6 @@
 """The response stores against their real backends: SQLite on a temporary file, Redis on a real
 redis-server (see the redis_url fixture)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -18,11 +19,20 @@ from tests.support.workers import free_port
 
 
 def turn(previous: str | None = None, text: str = "hello") -> StoredTurn:
-    response = {"id": f"resp_{uuid.uuid4().hex}", "object": "response", "previous_response_id": previous,
-                "output": [{"type": "message", "role": "assistant",
-                            "content": [{"type": "output_text", "text": text}]}]}
-    items = [{"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "user",
-              "content": [{"type": "input_text", "text": "héllo ✓"}]}]
+    response = {
+        "id": f"resp_{uuid.uuid4().hex}",
+        "object": "response",
+        "previous_response_id": previous,
+        "output": [{"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}],
+    }
+    items = [
+        {
+            "id": f"msg_{uuid.uuid4().hex}",
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "héllo ✓"}],
+        }
+    ]
     return StoredTurn(response, items, "anonymous")
 
 

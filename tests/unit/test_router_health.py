@@ -1,5 +1,6 @@
 """The router's health decisions, driven with explicit clocks: circuit breaker states, outlier
 ejection and the monitor's down/up/ejected transitions, each logged and counted."""
+
 from __future__ import annotations
 
 import pytest
@@ -53,8 +54,15 @@ def test_breaker_half_opens_for_one_probe_and_backs_off_when_it_fails():
     breaker.tick(28.0)
     breaker.record_success()
     assert breaker.state is BreakerState.CLOSED and breaker.open_for == 5.0
-    assert changes == [BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.OPEN, BreakerState.HALF_OPEN,
-                       BreakerState.OPEN, BreakerState.HALF_OPEN, BreakerState.CLOSED]
+    assert changes == [
+        BreakerState.OPEN,
+        BreakerState.HALF_OPEN,
+        BreakerState.OPEN,
+        BreakerState.HALF_OPEN,
+        BreakerState.OPEN,
+        BreakerState.HALF_OPEN,
+        BreakerState.CLOSED,
+    ]
 
 
 def test_a_lost_probe_frees_the_probe_slot():
@@ -183,9 +191,14 @@ def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):
 
     monitor, _ = fleet
     membership = monitor.membership
-    front_door = FrontDoor(RouterConfig(admission={"max_in_flight_per_worker": 8}), membership,
-                           Balancer(make_policy("round_robin"), membership), monitor, Tracing("test"),
-                           RouterMetrics(CollectorRegistry()))
+    front_door = FrontDoor(
+        RouterConfig(admission={"max_in_flight_per_worker": 8}),
+        membership,
+        Balancer(make_policy("round_robin"), membership),
+        monitor,
+        Tracing("test"),
+        RouterMetrics(CollectorRegistry()),
+    )
     assert front_door.capacity("m") == 24
     breaker = membership.workers["http://a"].breaker
     for _ in range(breaker.failure_threshold):

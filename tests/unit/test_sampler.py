@@ -1,4 +1,5 @@
 """Sampler semantics and (seed, position) reproducibility."""
+
 from __future__ import annotations
 
 import pytest
@@ -47,7 +48,8 @@ def test_top_k_top_p_min_p_restrict_the_support():
     assert probs[0] < 0.9
     assert set(draws(logits, SamplingParams(temperature=1.0, top_p=float(probs[0]) * 0.99), 200)) == {0}
     assert set(draws(logits, SamplingParams(temperature=1.0, min_p=0.5), 300)) <= {
-        i for i in range(5) if probs[i] >= 0.5 * probs.max()}
+        i for i in range(5) if probs[i] >= 0.5 * probs.max()
+    }
 
 
 def test_penalties_discourage_repeats():
@@ -70,4 +72,4 @@ def test_logprobs_are_raw_model_logprobs():
 
 def test_position_seed_mixes_both_inputs():
     seeds = {position_seed(s, p) for s in range(20) for p in range(20)}
-    assert len(seeds) == 400 and all(0 <= v < 2 ** 63 for v in seeds)
+    assert len(seeds) == 400 and all(0 <= v < 2**63 for v in seeds)

@@ -1,4 +1,5 @@
 """Invalid sampling parameters raise a typed error naming the parameter."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,11 +8,24 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import InvalidRequestError, InvalidSamplingParamsError
 
 
-@pytest.mark.parametrize("field,value", [
-    ("max_tokens", 0), ("temperature", -0.1), ("top_p", 0.0), ("top_p", 1.5), ("top_k", -2), ("min_p", 2.0),
-    ("repetition_penalty", 0.0), ("presence_penalty", 3.0), ("frequency_penalty", -2.5), ("logprobs", 21),
-    ("stop", ("",)), ("stop_token_ids", (-1,)), ("min_tokens", 100),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("max_tokens", 0),
+        ("temperature", -0.1),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("top_k", -2),
+        ("min_p", 2.0),
+        ("repetition_penalty", 0.0),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -2.5),
+        ("logprobs", 21),
+        ("stop", ("",)),
+        ("stop_token_ids", (-1,)),
+        ("min_tokens", 100),
+    ],
+)
 def test_out_of_range_values_are_rejected(field, value):
     with pytest.raises(InvalidSamplingParamsError) as info:
         SamplingParams(**{field: value})

@@ -1,4 +1,5 @@
 """Scheduler: token budget, chunked prefill, admission limits and preemption by recompute."""
+
 from __future__ import annotations
 
 from hypothesis import given, settings
@@ -11,8 +12,9 @@ from shoal.engine.sequence import Sequence, SequenceStatus
 
 
 def make_seq(request_id: str, length: int) -> Sequence:
-    return Sequence(request_id, list(range(1000 * len(request_id), 1000 * len(request_id) + length)),
-                    SamplingParams(), seed=0)
+    return Sequence(
+        request_id, list(range(1000 * len(request_id), 1000 * len(request_id) + length)), SamplingParams(), seed=0
+    )
 
 
 def complete(chunks) -> None:
@@ -84,8 +86,11 @@ def test_out_of_blocks_preempts_newest_and_it_resumes_with_its_output():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=12),
-       st.integers(6, 20), st.integers(4, 40))
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(0, 3)), min_size=1, max_size=12),
+    st.integers(6, 20),
+    st.integers(4, 40),
+)
 def test_random_traffic_keeps_invariants(requests, num_blocks, budget):
     scheduler = Scheduler(BlockManager(num_blocks, 4), max_num_seqs=4, max_num_batched_tokens=budget)
     seqs = []

@@ -1,4 +1,5 @@
 """`shoal simulate` runs: the router's policies over simulated workers, end to end in simulated time."""
+
 from __future__ import annotations
 
 import pytest
@@ -16,13 +17,23 @@ from shoal.simulate.router import RouterSettings
 from shoal.simulate.simulation import SimulationConfig, simulate
 
 # Steps cost max(0.1 s, tokens x 1 ms) + 10 ms per decoding sequence.
-FIGURES = WorkerFigures(CalibrationFigures(prefill_tokens_per_s=1000.0, decode_tokens_per_s=1 / 0.11,
-                                           batched_decode_tokens_per_s=8 / 0.18, batch=8))
+FIGURES = WorkerFigures(
+    CalibrationFigures(
+        prefill_tokens_per_s=1000.0, decode_tokens_per_s=1 / 0.11, batched_decode_tokens_per_s=8 / 0.18, batch=8
+    )
+)
 MULTI_TURN = WorkloadConfig("multi-turn", 60, Uniform(20, 80), Uniform(4, 24), system_prompt_tokens=64, turns=3)
+POISSON_4 = ArrivalProcess("poisson", 4.0)
 
 
-def config(workers: int = 3, workload: WorkloadConfig = MULTI_TURN, arrivals=ArrivalProcess("poisson", 4.0),
-           policy: str = "cost", mix: str | None = None, seed: int = 0) -> SimulationConfig:
+def config(
+    workers: int = 3,
+    workload: WorkloadConfig = MULTI_TURN,
+    arrivals: ArrivalProcess = POISSON_4,
+    policy: str = "cost",
+    mix: str | None = None,
+    seed: int = 0,
+) -> SimulationConfig:
     fleet = FleetSpec(workers, parse_mix(mix)) if mix else FleetSpec(workers)
     return SimulationConfig(fleet, workload, arrivals, RouterSettings(policy=policy), FIGURES, seed)
 
@@ -32,11 +43,14 @@ def test_the_cost_model_of_these_tests_is_the_one_stated():
     assert (cost.floor_s, cost.token_s, cost.seq_s) == pytest.approx((0.1, 0.001, 0.01))
 
 
-@pytest.mark.parametrize("prompt_words, ttft_s", [
-    (196, 0.2),              # one prefill step of 200 tokens: 200 x 1 ms
-    (36, 0.1),               # 40 tokens: the step's floor
-    (596, 0.512 + 0.1),      # 600 tokens: a 512-token chunk (the step budget), then 88 more
-])
+@pytest.mark.parametrize(
+    "prompt_words, ttft_s",
+    [
+        (196, 0.2),  # one prefill step of 200 tokens: 200 x 1 ms
+        (36, 0.1),  # 40 tokens: the step's floor
+        (596, 0.512 + 0.1),  # 600 tokens: a 512-token chunk (the step budget), then 88 more
+    ],
+)
 def test_a_lone_request_has_the_time_to_first_token_the_cost_model_gives(prompt_words, ttft_s):
     workload = WorkloadConfig("synthetic", 1, Fixed(prompt_words), Fixed(5))
     result = simulate(config(1, workload, ArrivalProcess("closed", concurrency=1)))
@@ -60,8 +74,9 @@ def test_a_request_joins_the_running_batch_at_the_next_step():
 
 def test_the_request_overhead_adds_to_every_request():
     workload = WorkloadConfig("synthetic", 2, Fixed(196), Fixed(1))
-    config = SimulationConfig(FleetSpec(1), workload, ArrivalProcess("fixed", rate=1.0), RouterSettings(), FIGURES,
-                              request_overhead_s=0.05)
+    config = SimulationConfig(
+        FleetSpec(1), workload, ArrivalProcess("fixed", rate=1.0), RouterSettings(), FIGURES, request_overhead_s=0.05
+    )
     assert [o.ttft_ms for o in simulate(config).outcomes] == pytest.approx([50 + 200, 50 + 200])
 
 
@@ -73,8 +88,9 @@ def test_the_same_config_gives_the_same_run_and_another_seed_another():
     assert other.outcomes != first.outcomes  # the router's random choices differ
 
 
-@pytest.mark.parametrize("policy", ["round_robin", "least_outstanding_tokens", "power_of_two", "cache_aware", "cost",
-                                    "session_affinity"])
+@pytest.mark.parametrize(
+    "policy", ["round_robin", "least_outstanding_tokens", "power_of_two", "cache_aware", "cost", "session_affinity"]
+)
 def test_every_request_has_one_outcome_and_the_figures_are_consistent(policy):
     result = simulate(config(policy=policy, mix="fast:1:speed=3;slow:2:kv=4096"))
     summary = result.summary
@@ -106,8 +122,10 @@ def test_a_conversation_turn_is_sent_only_after_the_previous_answer_and_concurre
 
 
 def test_later_turns_find_their_history_cached_and_cache_aware_routing_finds_more_than_round_robin():
-    runs = {policy: simulate(config(6, policy=policy, arrivals=ArrivalProcess("poisson", 6.0)))
-            for policy in ("round_robin", "cache_aware", "cost")}
+    runs = {
+        policy: simulate(config(6, policy=policy, arrivals=ArrivalProcess("poisson", 6.0)))
+        for policy in ("round_robin", "cache_aware", "cost")
+    }
     later_turns = [o for o in runs["cache_aware"].outcomes if o.turn > 0]
     assert all(o.cached_tokens > 64 for o in later_turns)  # at least the system prompt and turn 0
     assert runs["cache_aware"].summary.cache_hit_rate > runs["round_robin"].summary.cache_hit_rate + 0.2

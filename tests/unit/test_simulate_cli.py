@@ -1,4 +1,5 @@
 """`shoal simulate` as a user runs it: a subprocess on small inputs, its JSON checked for consistency."""
+
 from __future__ import annotations
 
 import json
@@ -12,10 +13,31 @@ def shoal(*args: str) -> subprocess.CompletedProcess:
 
 def test_simulate_compares_policies_and_writes_a_consistent_report(tmp_path):
     report, plot = tmp_path / "sim.json", tmp_path / "sim.png"
-    result = shoal("simulate", "--workers", "4", "--mix", "fast:1:speed=2;slow:3:kv=8192,mtbf=20,repair=5",
-                   "--policies", "round_robin,cost", "--workload", "multi-turn", "--requests", "24",
-                   "--prompt-tokens", "16:64", "--output-tokens", "8:32", "--rate", "3", "--seed", "3",
-                   "--output-json", str(report), "--plot", str(plot))
+    result = shoal(
+        "simulate",
+        "--workers",
+        "4",
+        "--mix",
+        "fast:1:speed=2;slow:3:kv=8192,mtbf=20,repair=5",
+        "--policies",
+        "round_robin,cost",
+        "--workload",
+        "multi-turn",
+        "--requests",
+        "24",
+        "--prompt-tokens",
+        "16:64",
+        "--output-tokens",
+        "8:32",
+        "--rate",
+        "3",
+        "--seed",
+        "3",
+        "--output-json",
+        str(report),
+        "--plot",
+        str(plot),
+    )
     assert result.returncode == 0, result.stderr
     assert "round_robin" in result.stdout and "cost" in result.stdout
     body = json.loads(report.read_text())
@@ -37,9 +59,26 @@ def test_policies_run_in_parallel_give_the_same_figures(tmp_path):
     outputs = []
     for jobs in ("1", "2"):
         report = tmp_path / f"sim-{jobs}.json"
-        result = shoal("simulate", "--workers", "3", "--policies", "power_of_two,cache_aware", "--requests", "12",
-                       "--prompt-tokens", "32", "--output-tokens", "8", "--concurrency", "3", "--jobs", jobs,
-                       "--summary-only", "--output-json", str(report))
+        result = shoal(
+            "simulate",
+            "--workers",
+            "3",
+            "--policies",
+            "power_of_two,cache_aware",
+            "--requests",
+            "12",
+            "--prompt-tokens",
+            "32",
+            "--output-tokens",
+            "8",
+            "--concurrency",
+            "3",
+            "--jobs",
+            jobs,
+            "--summary-only",
+            "--output-json",
+            str(report),
+        )
         assert result.returncode == 0, result.stderr
         outputs.append({p: e["summary"] for p, e in json.loads(report.read_text())["results"].items()})
         assert all("requests" not in e for e in json.loads(report.read_text())["results"].values())
@@ -56,7 +95,9 @@ def test_bad_options_are_refused_with_the_reason():
 
 
 def test_the_simulator_loads_without_torch():
-    code = ("import sys, shoal.cli, shoal.simulate.command, shoal.simulate.simulation, shoal.simulate.plots; "
-            "assert 'torch' not in sys.modules, 'torch was imported'")
+    code = (
+        "import sys, shoal.cli, shoal.simulate.command, shoal.simulate.simulation, shoal.simulate.plots; "
+        "assert 'torch' not in sys.modules, 'torch was imported'"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

@@ -1,5 +1,6 @@
 """`shoal simulate`'s parts: the step-cost model, fleet specs, CPU sharing, the token model and the
 cached membership views."""
+
 from __future__ import annotations
 
 import http.server
@@ -23,11 +24,14 @@ from shoal.simulate.host import Host
 from shoal.simulate.tokens import sim_requests
 
 
-@pytest.mark.parametrize("figures", [
-    CalibrationFigures(418.0, 13.4, 97.2, 8),    # memory-bound batch (SmolLM2 on one core)
-    CalibrationFigures(1000.0, 50.0, 60.0, 8),   # compute-bound batch
-    CalibrationFigures(23000.0, 1250.0, 8150.0, 8),
-])
+@pytest.mark.parametrize(
+    "figures",
+    [
+        CalibrationFigures(418.0, 13.4, 97.2, 8),  # memory-bound batch (SmolLM2 on one core)
+        CalibrationFigures(1000.0, 50.0, 60.0, 8),  # compute-bound batch
+        CalibrationFigures(23000.0, 1250.0, 8150.0, 8),
+    ],
+)
 def test_the_step_cost_reproduces_the_calibration_it_comes_from(figures):
     cost = StepCost.from_calibration(figures)
     prompt = CALIBRATION_PROMPT_TOKENS
@@ -40,15 +44,23 @@ def test_the_step_cost_reproduces_the_calibration_it_comes_from(figures):
 def test_a_faster_worker_takes_proportionally_less_time_per_step():
     cost = StepCost(0.05, 0.002, 0.001)
     assert cost.scaled(4).seconds(300, 5) == pytest.approx(cost.seconds(300, 5) / 4)
-    assert cost.seconds(10, 2) == pytest.approx(0.05 + 2 * 0.001)   # under the floor
+    assert cost.seconds(10, 2) == pytest.approx(0.05 + 2 * 0.001)  # under the floor
     assert cost.seconds(500, 2) == pytest.approx(502 * 0.002 + 2 * 0.001)  # compute-bound
 
 
 def test_calibration_figures_come_from_a_load_report_or_a_bare_calibration():
-    calibration = {"prefill_tokens_per_s": 400.0, "decode_tokens_per_s": 20.0, "batched_decode_tokens_per_s": 100.0,
-                   "batch": 8, "seconds": 2.0, "capability": 100.0}
-    report = WorkerFigures.from_report({"calibration": calibration, "num_kv_blocks": 100, "block_size": 16,
-                                        "max_num_seqs": 32, "max_model_len": 2048}, "a worker")
+    calibration = {
+        "prefill_tokens_per_s": 400.0,
+        "decode_tokens_per_s": 20.0,
+        "batched_decode_tokens_per_s": 100.0,
+        "batch": 8,
+        "seconds": 2.0,
+        "capability": 100.0,
+    }
+    report = WorkerFigures.from_report(
+        {"calibration": calibration, "num_kv_blocks": 100, "block_size": 16, "max_num_seqs": 32, "max_model_len": 2048},
+        "a worker",
+    )
     assert (report.kv_tokens, report.max_num_seqs, report.max_model_len) == (1600, 32, 2048)
     assert WorkerFigures.from_report(calibration, "a file").calibration == report.calibration
     with pytest.raises(ValueError, match="calibration"):
@@ -64,19 +76,34 @@ def test_a_serving_worker_is_taken_at_the_speeds_its_moving_averages_show():
     seeded = {"prefill_tokens_per_s": 400.0, "decode_tokens_per_s": 100.0, "decode_step_s": 8 / 100.0}
     assert calibration.rescaled(**seeded) == pytest.approx(calibration)
     # Steps of 4 sequences taking 1.5 times the calibrated time: every decode figure is 1.5 times slower.
-    slower = calibration.rescaled(prefill_tokens_per_s=300.0, decode_step_s=1.5 * cost.seconds(0, 4),
-                                  decode_tokens_per_s=4 / (1.5 * cost.seconds(0, 4)))
+    slower = calibration.rescaled(
+        prefill_tokens_per_s=300.0,
+        decode_step_s=1.5 * cost.seconds(0, 4),
+        decode_tokens_per_s=4 / (1.5 * cost.seconds(0, 4)),
+    )
     assert slower.prefill_tokens_per_s == 300.0
     assert slower.decode_tokens_per_s == pytest.approx(20.0 / 1.5)
     assert slower.batched_decode_tokens_per_s == pytest.approx(100.0 / 1.5)
-    report = {"calibration": calibration.as_dict(), "prefill_tokens_per_s": 300.0,
-              "decode_step_s": 1.5 * cost.seconds(0, 4), "decode_tokens_per_s": 4 / (1.5 * cost.seconds(0, 4))}
+    report = {
+        "calibration": calibration.as_dict(),
+        "prefill_tokens_per_s": 300.0,
+        "decode_step_s": 1.5 * cost.seconds(0, 4),
+        "decode_tokens_per_s": 4 / (1.5 * cost.seconds(0, 4)),
+    }
     assert WorkerFigures.from_report(report, "w").calibration == slower
 
 
 def test_figures_are_read_from_a_workers_load_endpoint_or_a_saved_report(tmp_path):
-    report = {"calibration": {"prefill_tokens_per_s": 400.0, "decode_tokens_per_s": 20.0,
-                              "batched_decode_tokens_per_s": 100.0, "batch": 8}, "num_kv_blocks": 64, "block_size": 16}
+    report = {
+        "calibration": {
+            "prefill_tokens_per_s": 400.0,
+            "decode_tokens_per_s": 20.0,
+            "batched_decode_tokens_per_s": 100.0,
+            "batch": 8,
+        },
+        "num_kv_blocks": 64,
+        "block_size": 16,
+    }
 
     class LoadHandler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
@@ -106,8 +133,10 @@ def test_figures_are_read_from_a_workers_load_endpoint_or_a_saved_report(tmp_pat
 
 
 def test_several_workers_average_into_one_typical_worker():
-    figures = [WorkerFigures(CalibrationFigures(400.0, 20.0, 100.0, 8), kv_tokens=1000, source="a"),
-               WorkerFigures(CalibrationFigures(600.0, 30.0, 140.0, 8), kv_tokens=2000, source="b")]
+    figures = [
+        WorkerFigures(CalibrationFigures(400.0, 20.0, 100.0, 8), kv_tokens=1000, source="a"),
+        WorkerFigures(CalibrationFigures(600.0, 30.0, 140.0, 8), kv_tokens=2000, source="b"),
+    ]
     mean = average(figures)
     assert mean.calibration == CalibrationFigures(500.0, 25.0, 120.0, 8)
     assert mean.kv_tokens == 1000 and "a" in mean.source and "b" in mean.source
@@ -123,14 +152,17 @@ def test_a_mix_gives_classes_in_proportion_that_add_up():
     assert sum(FleetSpec(3, parse_mix("a:1;b:1;c:1;d:1")).counts().values()) == 3
 
 
-@pytest.mark.parametrize("mix, message", [
-    ("fast:0.2:speed=4,colour=red", "unknown worker class keys"),
-    ("fast", "NAME:FRACTION"),
-    ("fast:0.2:speed", "KEY=VALUE"),
-    ("fast:0:speed=1", "above 0"),
-    ("fast:1:kv=lots", "not a number"),
-    ("a:1;a:1", "distinct names"),
-])
+@pytest.mark.parametrize(
+    "mix, message",
+    [
+        ("fast:0.2:speed=4,colour=red", "unknown worker class keys"),
+        ("fast", "NAME:FRACTION"),
+        ("fast:0.2:speed", "KEY=VALUE"),
+        ("fast:0:speed=1", "above 0"),
+        ("fast:1:kv=lots", "not a number"),
+        ("a:1;a:1", "distinct names"),
+    ],
+)
 def test_a_bad_mix_is_refused_with_the_reason(mix, message):
     with pytest.raises(ValueError, match=message):
         FleetSpec(10, parse_mix(mix))
@@ -138,8 +170,10 @@ def test_a_bad_mix_is_refused_with_the_reason(mix, message):
 
 def test_a_fleet_file_says_the_same_as_a_mix(tmp_path):
     path = tmp_path / "fleet.yaml"
-    path.write_text("workers: 10\nclasses:\n  - {name: fast, fraction: 0.2, speed: 4, kv: 200000}\n"
-                    "  - {name: slow, fraction: 0.8, kv: 50000}\n")
+    path.write_text(
+        "workers: 10\nclasses:\n  - {name: fast, fraction: 0.2, speed: 4, kv: 200000}\n"
+        "  - {name: slow, fraction: 0.8, kv: 50000}\n"
+    )
     assert load_fleet(path) == FleetSpec(10, parse_mix("fast:0.2:speed=4,kv=200000;slow:0.8:kv=50000"))
     assert load_fleet(path, workers=20).workers == 20
     path.write_text("workers: 10\nnodes: 3\n")
@@ -179,23 +213,26 @@ def test_steps_on_a_shared_host_slow_each_other_down_while_they_overlap():
 
 
 def test_a_turn_extends_the_previous_turns_prompt_and_output_token_for_token():
-    workload = build_workload(WorkloadConfig("multi-turn", 12, Uniform(5, 30), Uniform(3, 12), system_prompt_tokens=20,
-                                             turns=3), ArrivalProcess("closed", concurrency=2))
+    workload = build_workload(
+        WorkloadConfig("multi-turn", 12, Uniform(5, 30), Uniform(3, 12), system_prompt_tokens=20, turns=3),
+        ArrivalProcess("closed", concurrency=2),
+    )
     requests = {(r.conversation_id, r.turn): r for r in sim_requests(workload)}
     for (conversation, turn), request in requests.items():
         assert request.prompt_tokens == workload[request.index].prompt_tokens
         following = requests.get((conversation, turn + 1))
         if following:
             prefix = request.prompt_token_ids() + [request.output_token_id(i) for i in range(request.max_tokens)]
-            assert following.prompt_token_ids()[:len(prefix)] == prefix
+            assert following.prompt_token_ids()[: len(prefix)] == prefix
     first = [r.prompt_token_ids() for r in requests.values() if r.turn == 0]
     assert len({tuple(ids[:24]) for ids in first}) == 1  # the shared system prompt (20 words + 4)
     assert len({tuple(ids[24:]) for ids in first}) == len(first)
 
 
 def test_single_turn_requests_have_outputs_of_their_own():
-    workload = build_workload(WorkloadConfig("synthetic", 5, Fixed(8), Fixed(4)),
-                              ArrivalProcess("closed", concurrency=1))
+    workload = build_workload(
+        WorkloadConfig("synthetic", 5, Fixed(8), Fixed(4)), ArrivalProcess("closed", concurrency=1)
+    )
     requests = sim_requests(workload)
     outputs = {r.output_token_id(0) for r in requests}
     assert len(outputs) == 5 and not outputs & {t for r in requests for t in r.prompt_token_ids()}

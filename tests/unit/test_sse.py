@@ -1,5 +1,6 @@
 """The one SSE module: events written by the worker, the router and the Responses API read back by
 every reader, however the bytes are split; comments (keep-alives) and other fields are skipped."""
+
 from __future__ import annotations
 
 import asyncio
@@ -27,8 +28,9 @@ def test_events_read_back_as_written():
     assert blank == b""
 
 
-@pytest.mark.parametrize("line", [b": keep-alive", KeepAlive(busy_s=1.0, step_s=2.0).encode(), b"event: x",
-                                  b"", b"id: 7", b"datum: 1"])
+@pytest.mark.parametrize(
+    "line", [b": keep-alive", KeepAlive(busy_s=1.0, step_s=2.0).encode(), b"event: x", b"", b"id: 7", b"datum: 1"]
+)
 def test_comments_and_other_fields_carry_no_data(line):
     assert data_of(line) is None
 
@@ -40,11 +42,11 @@ def test_the_spec_allows_data_without_its_space_and_text_lines():
 
 
 def test_json_events_stop_at_done_however_the_bytes_are_split():
-    stream = (data_event({"n": 1}) + b": keep-alive\n\n" + data_event({"n": 2}) + DONE + data_event({"n": 3}))
+    stream = data_event({"n": 1}) + b": keep-alive\n\n" + data_event({"n": 2}) + DONE + data_event({"n": 3})
 
     async def chunks(size: int):
         for start in range(0, len(stream), size):
-            yield stream[start:start + size]
+            yield stream[start : start + size]
 
     async def read(size: int) -> list[dict]:
         return [event async for event in json_events(chunks(size))]

@@ -1,5 +1,6 @@
 """The typed frames of the stage and tensor-group protocols: every message survives the wire, each
 inbox accepts only its own messages, and batches and tensor specs that do not add up are refused."""
+
 from __future__ import annotations
 
 import msgspec
@@ -41,11 +42,24 @@ from shoal.protocol.step_batch import StepBatchFrame
 
 BATCH = StepBatchFrame([5, 6, 7], [0, 1, 4], [2, 1], [0, 4], [[0], [1, 2]], [1, 2])
 SPEC = TensorSpec((3, 64), "bfloat16")
-TO_STAGE = [Probe(1, "{}", "tcp://h:1"), Setup(2, 3, "{}", 0, 4, 10, "tcp://d:2", 0, "tcp://h:1", "auto"),
-            Connect(None, 2), Upstream(4), Step(9, BATCH, 0, replay=True, stage_times=((1, 2, 3),)),
-            SendReplay("tcp://d:2", [([0, 1], 20)]), ReplayDone(3, 1), Ping(8), Stop()]
-TO_HEAD = [Profiled(2, NodeProfile(0.001, 1 << 30, "host", "cpu")), Ready(2), Logits(9, 2, ((1, 2, 3),)),
-           Replayed(2, 3), Pong(2, 8, 1.5)]
+TO_STAGE = [
+    Probe(1, "{}", "tcp://h:1"),
+    Setup(2, 3, "{}", 0, 4, 10, "tcp://d:2", 0, "tcp://h:1", "auto"),
+    Connect(None, 2),
+    Upstream(4),
+    Step(9, BATCH, 0, replay=True, stage_times=((1, 2, 3),)),
+    SendReplay("tcp://d:2", [([0, 1], 20)]),
+    ReplayDone(3, 1),
+    Ping(8),
+    Stop(),
+]
+TO_HEAD = [
+    Profiled(2, NodeProfile(0.001, 1 << 30, "host", "cpu")),
+    Ready(2),
+    Logits(9, 2, ((1, 2, 3),)),
+    Replayed(2, 3),
+    Pong(2, 8, 1.5),
+]
 
 
 def frames_of(message) -> list[bytes]:
@@ -70,15 +84,18 @@ def test_an_engine_batch_becomes_a_frame_and_back_unchanged():
     assert step_batch(frame) == batch
 
 
-@pytest.mark.parametrize("fields,reason", [
-    ({"positions": [0, 1, 5]}, "do not run from its start"),
-    ({"start_positions": [0]}, "start positions"),
-    ({"input_ids": [5, 6]}, "input ids"),
-    ({"query_lens": [2, 2]}, "query tokens"),
-    ({"last_rows": [3]}, "last row"),
-    ({"block_tables": [[0], [1, 9]]}, "block table"),  # block 9 of a cache of 4
-    ({"block_tables": [[0], []]}, "block table"),  # position 4 needs a second block of 4 slots
-])
+@pytest.mark.parametrize(
+    "fields,reason",
+    [
+        ({"positions": [0, 1, 5]}, "do not run from its start"),
+        ({"start_positions": [0]}, "start positions"),
+        ({"input_ids": [5, 6]}, "input ids"),
+        ({"query_lens": [2, 2]}, "query tokens"),
+        ({"last_rows": [3]}, "last row"),
+        ({"block_tables": [[0], [1, 9]]}, "block table"),  # block 9 of a cache of 4
+        ({"block_tables": [[0], []]}, "block table"),  # position 4 needs a second block of 4 slots
+    ],
+)
 def test_batches_that_do_not_add_up_are_refused(fields, reason):
     BATCH.check(num_blocks=4, block_size=4)
     with pytest.raises(BadFrame, match=reason):

@@ -1,4 +1,5 @@
 """JSON log lines carry the request and trace ids bound in the task that logs; each task has its own."""
+
 from __future__ import annotations
 
 import asyncio
@@ -36,7 +37,10 @@ def test_each_request_task_logs_its_own_ids_and_others_log_none():
     asyncio.run(both())
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert {(line["message"], line.get("request_id"), line.get("trace_id")) for line in lines} == {
-        ("serving r1", "r1", "a" * 32), ("serving r2", "r2", "b" * 32), ("between requests", None, None)}
+        ("serving r1", "r1", "a" * 32),
+        ("serving r2", "r2", "b" * 32),
+        ("between requests", None, None),
+    }
     assert all(line["logger"] == "shoal.test.structured" and line["time"].endswith("+00:00") for line in lines)
 
 

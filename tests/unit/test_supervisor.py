@@ -1,5 +1,6 @@
 """The supervisor's bookkeeping when several workers exit at once (driven with stand-in processes;
 the real ones are exercised by tests/integration/test_serve.py)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -17,10 +18,13 @@ def serving_fleet(tmp_path: Path, replicas: int, spares: int):
     async def join(url, model):
         joined.append(url)
 
-    supervisor = Supervisor(launcher=None, deployments=[ModelDeployment(name="m", replicas=replicas,
-                                                                        warm_spares=spares)],
-                            settings=SupervisorSettings(restart_backoff_s=5), router=RouterLink(join, left.append),
-                            status_path=tmp_path / "workers.json")
+    supervisor = Supervisor(
+        launcher=None,
+        deployments=[ModelDeployment(name="m", replicas=replicas, warm_spares=spares)],
+        settings=SupervisorSettings(restart_backoff_s=5),
+        router=RouterLink(join, left.append),
+        status_path=tmp_path / "workers.json",
+    )
     for slot in supervisor.slots:
         slot.worker = LaunchedWorker(StandInProcess(), f"http://w{slot.index}", tmp_path / "log")
         slot.state = SlotState.SPARE if slot.spare else SlotState.SERVING

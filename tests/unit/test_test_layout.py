@@ -1,5 +1,6 @@
 """The suite's own layout: helpers live in tests/support/, and no test module (nor a conftest)
 imports another test module or a conftest, so each test file can be read, run and moved alone."""
+
 from __future__ import annotations
 
 import ast
@@ -29,7 +30,11 @@ def test_no_test_module_imports_another_test_module_or_a_conftest():
 
 
 def test_helpers_are_in_support_and_test_folders_hold_only_tests():
-    strays = [str(path.relative_to(TESTS)) for path in TESTS.rglob("*.py")
-              if path.parent != TESTS / "support" and not path.name.startswith("test_")
-              and path.name not in ("conftest.py", "__init__.py")]
+    strays = [
+        str(path.relative_to(TESTS))
+        for path in TESTS.rglob("*.py")
+        if path.parent != TESTS / "support"
+        and not path.name.startswith("test_")
+        and path.name not in ("conftest.py", "__init__.py")
+    ]
     assert not strays, strays

@@ -1,4 +1,5 @@
 """Tokenizer vs transformers' AutoTokenizer (same GGUF / HF dir): ids, text, chat template; streaming detokenization."""
+
 from __future__ import annotations
 
 import random
@@ -18,20 +19,42 @@ from shoal.model.registry import resolve_model
 from shoal.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 TEXTS = [
-    "Hello, world!", "", " ", "   leading and trailing   ", "a\tb\t\tc", "line1\nline2\r\nline3\n\n\n",
-    "numbers: 0 7 42 1234567890 3.14159 -273.15 1e-9 1,000,000", "don't I'M we'll they've she'd",
+    "Hello, world!",
+    "",
+    " ",
+    "   leading and trailing   ",
+    "a\tb\t\tc",
+    "line1\nline2\r\nline3\n\n\n",
+    "numbers: 0 7 42 1234567890 3.14159 -273.15 1e-9 1,000,000",
+    "don't I'M we'll they've she'd",
     "def f(x):\n    return {'k': [x ** 2 for _ in range(10)]}  # comment\n",
-    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n", "<|endoftext|><repo_name>x<|im_end",
-    "<|im_start|<|im_end|>|>", "café naïve résumé Ångström ß ŝ", "e\u0301 combining",
-    "日本語のテキストと中文", "Здравствуй, мир", "مرحبا بالعالم", "नमस्ते दुनिया",
-    "emoji 😀🚀👍🏽 👨‍👩‍👧‍👦 🇯🇵", "🤖" * 5,
-    "http://example.com/path?q=1&r=two#frag", "tabs\t\t\tand    spaces", "MiXeD CaSe WORDS", "\u00a0nbsp\u2009thin",
-    "x" * 300, "1" * 40, "\x00\x01 control chars \x7f",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "<|endoftext|><repo_name>x<|im_end",
+    "<|im_start|<|im_end|>|>",
+    "café naïve résumé Ångström ß ŝ",
+    "e\u0301 combining",
+    "日本語のテキストと中文",
+    "Здравствуй, мир",
+    "مرحبا بالعالم",
+    "नमस्ते दुनिया",
+    "emoji 😀🚀👍🏽 👨‍👩‍👧‍👦 🇯🇵",
+    "🤖" * 5,
+    "http://example.com/path?q=1&r=two#frag",
+    "tabs\t\t\tand    spaces",
+    "MiXeD CaSe WORDS",
+    "\u00a0nbsp\u2009thin",
+    "x" * 300,
+    "1" * 40,
+    "\x00\x01 control chars \x7f",
 ]
 MESSAGES = [
     [{"role": "user", "content": "Hi!"}],
-    [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "2+2?"},
-     {"role": "assistant", "content": "4"}, {"role": "user", "content": "And 😀 in Japanese?"}],
+    [
+        {"role": "system", "content": "Be terse."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "And 😀 in Japanese?"},
+    ],
     [{"role": "user", "content": "x", "name": None}],
 ]
 
@@ -74,8 +97,9 @@ def test_smollm2_random_text_matches_transformers(ours: Tokenizer, reference, te
 
 @pytest.mark.parametrize("messages", MESSAGES)
 @pytest.mark.parametrize("add_generation_prompt", [True, False])
-def test_smollm2_chat_template_matches_transformers(ours: Tokenizer, reference, messages,
-                                                    add_generation_prompt: bool) -> None:
+def test_smollm2_chat_template_matches_transformers(
+    ours: Tokenizer, reference, messages, add_generation_prompt: bool
+) -> None:
     text = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
     assert text == reference.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
     ids = reference.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, return_dict=False)
@@ -104,10 +128,12 @@ def test_chat_template_sandbox_helpers(ours: Tokenizer) -> None:
     failing = Tokenizer(backend, special_tokens=specials, chat_template="{{ raise_exception('no system role') }}")
     with pytest.raises(ChatTemplateError, match="no system role"):
         failing.apply_chat_template(MESSAGES[0])
-    helpers = ("{{ strftime_now('%Y') | length }}|{{ messages | tojson }}|{{ eos_token }}"
-               "{% generation %}g{% endgeneration %}")
+    helpers = (
+        "{{ strftime_now('%Y') | length }}|{{ messages | tojson }}|{{ eos_token }}{% generation %}g{% endgeneration %}"
+    )
     rendered = Tokenizer(backend, special_tokens=specials, chat_template=helpers).apply_chat_template(
-        [{"role": "user", "content": "é<>"}])
+        [{"role": "user", "content": "é<>"}]
+    )
     assert rendered == '4|[{"role": "user", "content": "é<>"}]|<|im_end|>g'
     with pytest.raises(ChatTemplateError, match="unsafe"):  # the sandbox is immutable
         Tokenizer(backend, special_tokens=specials, chat_template="{{ messages.append(1) }}").apply_chat_template([])
@@ -146,8 +172,15 @@ def test_incremental_detokenizer_on_random_ids(ours: Tokenizer) -> None:
 
 def _write_tokenizer_gguf(path: Path, model: str, tokens: list[str], types: list[int], **extra) -> Path:
     w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {"block_count": 1, "context_length": 64, "embedding_length": 8, "feed_forward_length": 16,
-                       "head_count": 2, "head_count_kv": 1, "layer_norm_rms_eps": 1e-5}.items():
+    for key, value in {
+        "block_count": 1,
+        "context_length": 64,
+        "embedding_length": 8,
+        "feed_forward_length": 16,
+        "head_count": 2,
+        "head_count_kv": 1,
+        "layer_norm_rms_eps": 1e-5,
+    }.items():
         getattr(w, f"add_{key}")(value)
     w.add_tokenizer_model(model)
     w.add_token_list(tokens)
@@ -166,13 +199,38 @@ SP_TEXTS = ["hello world", " hello  world", "hello<think>world", "<s>hello</s>",
 
 
 def test_sentencepiece_gguf_matches_transformers(tmp_path: Path) -> None:
-    pieces = ["▁", "h", "e", "l", "o", "w", "r", "d", "▁h", "▁he", "ll", "llo", "▁hello", "▁w", "or", "▁world",
-              "<think>"]
+    pieces = [
+        "▁",
+        "h",
+        "e",
+        "l",
+        "o",
+        "w",
+        "r",
+        "d",
+        "▁h",
+        "▁he",
+        "ll",
+        "llo",
+        "▁hello",
+        "▁w",
+        "or",
+        "▁world",
+        "<think>",
+    ]
     tokens = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256)), *pieces]
     types = [2, 3, 3, *[6] * 256, *[1] * (len(pieces) - 1), 4]
     scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
-    path = _write_tokenizer_gguf(tmp_path / "sp.gguf", "llama", tokens, types, token_scores=scores,
-                                 bos_token_id=1, eos_token_id=2, unk_token_id=0)
+    path = _write_tokenizer_gguf(
+        tmp_path / "sp.gguf",
+        "llama",
+        tokens,
+        types,
+        token_scores=scores,
+        bos_token_id=1,
+        eos_token_id=2,
+        unk_token_id=0,
+    )
     ours = Tokenizer.from_gguf(path)
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="sp.gguf")
     for text in SP_TEXTS:
@@ -186,9 +244,17 @@ def test_byte_level_gguf_with_split_regex_and_no_endoftext(tmp_path: Path) -> No
     alphabet = list(bytes_to_unicode().values())
     tokens = [*alphabet, "Ġh", "Ġhe", "ll", "llo", "Ġhello", "<|start|>", "<|end|>", "<tool>"]
     types = [1] * 261 + [3, 3, 4]
-    path = _write_tokenizer_gguf(tmp_path / "bl.gguf", "gpt2", tokens, types, tokenizer_pre="llama-bpe",
-                                 token_merges=["Ġ h", "Ġh e", "l l", "ll o", "Ġhe llo"],
-                                 bos_token_id=261, eos_token_id=262, chat_template="{{ '<|end|>' }}")
+    path = _write_tokenizer_gguf(
+        tmp_path / "bl.gguf",
+        "gpt2",
+        tokens,
+        types,
+        tokenizer_pre="llama-bpe",
+        token_merges=["Ġ h", "Ġh e", "l l", "ll o", "Ġhe llo"],
+        bos_token_id=261,
+        eos_token_id=262,
+        chat_template="{{ '<|end|>' }}",
+    )
     ours = Tokenizer.from_gguf(path)
     reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="bl.gguf")
     for text in ["hello world", " hello <tool> x<|end|>", "héllo 123456 😀", "<|start|>hi"]:

@@ -1,4 +1,5 @@
 """Weight cache: keyed by source identity and dtype, atomic writes, memory-mapped (shared, copy-free) loads."""
+
 from __future__ import annotations
 
 import os
@@ -16,14 +17,26 @@ from shoal.model.weight_cache import CACHE_DTYPES, WeightCache
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
 
-CONFIG = LlamaConfig(vocab_size=10, hidden_size=8, intermediate_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                     head_dim=4, rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64), eos_token_ids=(2, 5))
+CONFIG = LlamaConfig(
+    vocab_size=10,
+    hidden_size=8,
+    intermediate_size=16,
+    num_layers=1,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    rope_scaling=RopeScaling("llama3", 8.0, 1.0, 4.0, 64),
+    eos_token_ids=(2, 5),
+)
 
 
 def _weights(dtype: torch.dtype) -> dict[str, torch.Tensor]:
     gen = torch.Generator().manual_seed(0)
-    return {"a": torch.randn(10, 8, generator=gen).to(dtype), "b": torch.randn(3, generator=gen).to(dtype),
-            "c": torch.randn(2, 5, 7, generator=gen).to(dtype)}
+    return {
+        "a": torch.randn(10, 8, generator=gen).to(dtype),
+        "b": torch.randn(3, generator=gen).to(dtype),
+        "c": torch.randn(2, 5, 7, generator=gen).to(dtype),
+    }
 
 
 def file_mapping_of(tensor: torch.Tensor) -> str | None:
@@ -131,8 +144,11 @@ def test_smollm2_second_load_is_mapped_and_shared_across_processes(tmp_path: Pat
     assert {file_mapping_of(t) for t in second.weights.values()} == {str(entry_file)}
     assert all(torch.equal(first.weights[k], second.weights[k]) for k in first.weights)  # touches every page here
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    shared = int(subprocess.run([sys.executable, "-c", _CHILD, str(entry_file)], capture_output=True, text=True,
-                                check=True, env=env).stdout)
+    shared = int(
+        subprocess.run(
+            [sys.executable, "-c", _CHILD, str(entry_file)], capture_output=True, text=True, check=True, env=env
+        ).stdout
+    )
     # Pages the child touched are the ones this process already maps: the page cache holds one copy.
     weight_bytes = sum(t.numel() * t.element_size() for t in second.weights.values())
     assert shared >= 0.9 * weight_bytes, (shared, weight_bytes)

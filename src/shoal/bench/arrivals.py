@@ -1,5 +1,6 @@
 """When requests may start: an open loop (Poisson or evenly spaced at a rate) or a closed loop
 (everything at once, `concurrency` in flight)."""
+
 from __future__ import annotations
 
 import random

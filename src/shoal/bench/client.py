@@ -1,4 +1,5 @@
 """One streamed chat completion against an OpenAI-compatible server, timed chunk by chunk."""
+
 from __future__ import annotations
 
 import json
@@ -36,14 +37,20 @@ class ClientSettings:
     timeout_s: float = 600.0
 
     def as_dict(self) -> dict:
-        return {"url": self.url, "model": self.model, "temperature": self.temperature,
-                "ignore_eos": self.ignore_eos, "timeout_s": self.timeout_s}
+        return {
+            "url": self.url,
+            "model": self.model,
+            "temperature": self.temperature,
+            "ignore_eos": self.ignore_eos,
+            "timeout_s": self.timeout_s,
+        }
 
 
 async def first_model(session: aiohttp.ClientSession, url: str, api_key: str | None) -> str:
     """The first model the server lists at /v1/models; raises whatever kept it from naming one."""
-    async with session.get(base_url(url) + "/v1/models", headers=auth_headers(api_key),
-                           timeout=aiohttp.ClientTimeout(total=30)) as response:
+    async with session.get(
+        base_url(url) + "/v1/models", headers=auth_headers(api_key), timeout=aiohttp.ClientTimeout(total=30)
+    ) as response:
         response.raise_for_status()
         models = (await response.json()).get("data") or []
     if not models:
@@ -60,19 +67,28 @@ class ChatClient:
         self.settings = settings
         self.endpoint = base_url(settings.url) + "/v1/chat/completions"
 
-    async def send(self, request: BenchRequest, messages: list[Message],
-                   run_start: float) -> tuple[RequestRecord, str]:
+    async def send(self, request: BenchRequest, messages: list[Message], run_start: float) -> tuple[RequestRecord, str]:
         """Sends `messages` (the request's, answers filled in) and returns its record and the answer
         text; `run_start` is the run's time.perf_counter() origin."""
-        body = {"model": self.settings.model, "messages": messages, "max_tokens": request.max_tokens,
-                "temperature": self.settings.temperature, "stream": True, "stream_options": {"include_usage": True}}
+        body = {
+            "model": self.settings.model,
+            "messages": messages,
+            "max_tokens": request.max_tokens,
+            "temperature": self.settings.temperature,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         if self.settings.ignore_eos:
             body["ignore_eos"] = True
         stream = _Stream()
         start = time.perf_counter()
         try:
-            async with self.session.post(self.endpoint, json=body, headers=auth_headers(self.settings.api_key),
-                                         timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s)) as response:
+            async with self.session.post(
+                self.endpoint,
+                json=body,
+                headers=auth_headers(self.settings.api_key),
+                timeout=aiohttp.ClientTimeout(total=self.settings.timeout_s),
+            ) as response:
                 stream.status = response.status
                 if response.status != 200:
                     stream.error = _error_text(await response.text()) or response.reason or "no body"
@@ -116,14 +132,19 @@ class _Stream:
     def record(self, request: BenchRequest, run_start: float, start: float, end: float) -> RequestRecord:
         times = self.chunk_times
         return RequestRecord(
-            index=request.index, conversation_id=request.conversation_id, turn=request.turn,
-            arrival_s=request.arrival_s, start_s=start - run_start,
+            index=request.index,
+            conversation_id=request.conversation_id,
+            turn=request.turn,
+            arrival_s=request.arrival_s,
+            start_s=start - run_start,
             ttft_ms=(times[0] - start) * 1000 if times else None,
             itl_ms=tuple((b - a) * 1000 for a, b in zip(times, times[1:])),
             e2e_ms=(end - start) * 1000 if self.error is None else None,
             prompt_tokens=self.usage.get("prompt_tokens") if self.usage else None,
             completion_tokens=self.usage.get("completion_tokens", 0) if self.usage else len(times),
-            status=self.status, error=self.error)
+            status=self.status,
+            error=self.error,
+        )
 
 
 def _error_text(body: str) -> str:

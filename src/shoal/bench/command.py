@@ -1,6 +1,7 @@
 """`shoal bench`: runs a workload against a server with a progress bar, prints the summary and
 writes the JSON report and plots. Exit status: 0 when every request completed, 1 when any failed
 (the report is still written) or the model could not be found, 2 for bad options."""
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,12 @@ def run(args: argparse.Namespace) -> int:
     bounds = slo(args)
     summary = summarize(result.records, result.duration_s, bounds)
     if args.output_json:
-        config = {"client": settings.as_dict(), "workload": workload.as_dict(), "arrivals": asdict(arrivals),
-                  "slo": bounds.as_dict()}
+        config = {
+            "client": settings.as_dict(),
+            "workload": workload.as_dict(),
+            "arrivals": asdict(arrivals),
+            "slo": bounds.as_dict(),
+        }
         write_json(Path(args.output_json), config, summary, result.records)
     if args.plot_dir:
         from shoal.bench.plots import write_plots  # matplotlib loads only when plots are asked for
@@ -56,8 +61,9 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary.failed == 0 else 1
 
 
-async def _run(args: argparse.Namespace, requests: Sequence[BenchRequest],
-               concurrency: int | None) -> tuple[ClientSettings, RunResult]:
+async def _run(
+    args: argparse.Namespace, requests: Sequence[BenchRequest], concurrency: int | None
+) -> tuple[ClientSettings, RunResult]:
     # No connection limit: the arrival process and --concurrency alone decide what is in flight.
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         model = args.model
@@ -65,12 +71,25 @@ async def _run(args: argparse.Namespace, requests: Sequence[BenchRequest],
             try:
                 model = await first_model(session, args.url, args.api_key)
             except Exception as exc:  # unreachable, refused, not OpenAI-compatible: no model either way
-                raise ModelUnknown(f"cannot list the models at {args.url} ({type(exc).__name__}: {exc}); "
-                                   "is the server up? --model names the model without asking") from None
-        settings = ClientSettings(url=args.url, model=model, api_key=args.api_key, temperature=args.temperature,
-                                  ignore_eos=args.ignore_eos, timeout_s=args.timeout_s)
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=Console(stderr=True)) as progress:
+                raise ModelUnknown(
+                    f"cannot list the models at {args.url} ({type(exc).__name__}: {exc}); "
+                    "is the server up? --model names the model without asking"
+                ) from None
+        settings = ClientSettings(
+            url=args.url,
+            model=model,
+            api_key=args.api_key,
+            temperature=args.temperature,
+            ignore_eos=args.ignore_eos,
+            timeout_s=args.timeout_s,
+        )
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        ) as progress:
             task = progress.add_task(f"{model} @ {args.url}", total=len(requests))
             failed = 0
 

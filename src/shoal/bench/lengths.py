@@ -1,5 +1,6 @@
 """Token-count distributions for prompts and outputs, written on the command line as `N` (fixed),
 `LO:HI` (uniform) or `MEAN~STD` (normal)."""
+
 from __future__ import annotations
 
 import random

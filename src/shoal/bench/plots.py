@@ -1,5 +1,6 @@
 """PNG plots of a run (matplotlib's Agg renderer, no display needed): latency CDFs, and latency over
 the run's time."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -19,18 +20,26 @@ def write_plots(records: Sequence[RequestRecord], directory: Path) -> list[Path]
     paths = [directory / "latency_cdf.png", directory / "latency_over_time.png"]
 
     figure = Figure(figsize=(13, 4), layout="constrained")
-    for axes, (name, values) in zip(figure.subplots(1, 3), (
+    for axes, (name, values) in zip(
+        figure.subplots(1, 3),
+        (
             ("time to first token", [r.ttft_ms for r in done if r.ttft_ms is not None]),
             ("inter-token latency", [gap for r in done for gap in r.itl_ms]),
-            ("end-to-end latency", [r.e2e_ms for r in done]))):
+            ("end-to-end latency", [r.e2e_ms for r in done]),
+        ),
+    ):
         _cdf(axes, name, values)
     figure.savefig(paths[0], dpi=100)
 
     figure = Figure(figsize=(10, 4.5), layout="constrained")
     axes = figure.subplots()
     axes.scatter([r.start_s for r in done], [r.e2e_ms for r in done], s=12, label="end-to-end")
-    axes.scatter([r.start_s for r in done if r.ttft_ms is not None],
-                 [r.ttft_ms for r in done if r.ttft_ms is not None], s=12, label="time to first token")
+    axes.scatter(
+        [r.start_s for r in done if r.ttft_ms is not None],
+        [r.ttft_ms for r in done if r.ttft_ms is not None],
+        s=12,
+        label="time to first token",
+    )
     failed = [r.start_s if r.start_s is not None else r.arrival_s for r in records if not r.ok]
     if failed:
         axes.scatter(failed, [0] * len(failed), marker="x", color="red", label=f"failed ({len(failed)})")

@@ -1,4 +1,5 @@
 """What one request did, as the client saw it."""
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass

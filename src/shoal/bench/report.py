@@ -1,4 +1,5 @@
 """A run's summary as a table on the terminal, and the whole run as JSON."""
+
 from __future__ import annotations
 
 import json
@@ -53,14 +54,20 @@ def _cells(distribution: Distribution | None) -> list[str]:
 
 
 def _slo_text(summary: Summary) -> str:
-    bounds = [f"{name} ≤ {value:g} ms" for name, value in
-              (("TTFT", summary.slo.ttft_ms), ("max ITL", summary.slo.itl_ms), ("E2E", summary.slo.e2e_ms))
-              if value is not None]
+    bounds = [
+        f"{name} ≤ {value:g} ms"
+        for name, value in (("TTFT", summary.slo.ttft_ms), ("max ITL", summary.slo.itl_ms), ("E2E", summary.slo.e2e_ms))
+        if value is not None
+    ]
     return ", ".join(bounds) or "no SLO"
 
 
 def write_json(path: Path, config: dict, summary: Summary, records: Sequence[RequestRecord]) -> None:
     """{"config", "summary", "requests": one record each}, latencies in ms and times in s."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"config": config, "summary": summary.as_dict(),
-                                "requests": [record.as_dict() for record in records]}, indent=2))
+    path.write_text(
+        json.dumps(
+            {"config": config, "summary": summary.as_dict(), "requests": [record.as_dict() for record in records]},
+            indent=2,
+        )
+    )

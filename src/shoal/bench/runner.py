@@ -1,5 +1,6 @@
 """A workload against a live server: requests start at their arrival times, at most `concurrency`
 in flight, and a conversation's next turn only after its previous answer has arrived."""
+
 from __future__ import annotations
 
 import asyncio
@@ -23,8 +24,12 @@ class RunResult:
     duration_s: float
 
 
-async def run_workload(requests: Sequence[BenchRequest], client: ChatClient, concurrency: int | None,
-                       on_record: Callable[[RequestRecord], None] = lambda record: None) -> RunResult:
+async def run_workload(
+    requests: Sequence[BenchRequest],
+    client: ChatClient,
+    concurrency: int | None,
+    on_record: Callable[[RequestRecord], None] = lambda record: None,
+) -> RunResult:
     """Sends every request (calling `on_record` as each ends). A turn is sent no earlier than its
     arrival time and after its previous turn's answer, which takes the generated answer's place in
     its messages; the turns after a failed one are recorded as failed without being sent."""
@@ -54,6 +59,17 @@ async def run_workload(requests: Sequence[BenchRequest], client: ChatClient, con
 
 
 def _not_sent(request: BenchRequest, reason: str) -> RequestRecord:
-    return RequestRecord(index=request.index, conversation_id=request.conversation_id, turn=request.turn,
-                         arrival_s=request.arrival_s, start_s=None, ttft_ms=None, itl_ms=(), e2e_ms=None,
-                         prompt_tokens=None, completion_tokens=0, status=None, error=reason)
+    return RequestRecord(
+        index=request.index,
+        conversation_id=request.conversation_id,
+        turn=request.turn,
+        arrival_s=request.arrival_s,
+        start_s=None,
+        ttft_ms=None,
+        itl_ms=(),
+        e2e_ms=None,
+        prompt_tokens=None,
+        completion_tokens=0,
+        status=None,
+        error=reason,
+    )

@@ -1,4 +1,5 @@
 """Statistics of a run's records: latency distributions, throughput and goodput under SLOs."""
+
 from __future__ import annotations
 
 import re
@@ -88,14 +89,23 @@ def summarize(records: Sequence[RequestRecord], duration_s: float, slo: SLO = SL
         return count / duration_s if duration_s > 0 else 0.0
 
     return Summary(
-        total=len(records), completed=len(done), failed=len(records) - len(done), duration_s=duration_s,
-        prompt_tokens=sum(r.prompt_tokens or 0 for r in done), completion_tokens=completion_tokens,
-        request_throughput=per_second(len(done)), output_throughput=per_second(completion_tokens),
+        total=len(records),
+        completed=len(done),
+        failed=len(records) - len(done),
+        duration_s=duration_s,
+        prompt_tokens=sum(r.prompt_tokens or 0 for r in done),
+        completion_tokens=completion_tokens,
+        request_throughput=per_second(len(done)),
+        output_throughput=per_second(completion_tokens),
         ttft_ms=Distribution.of([r.ttft_ms for r in done if r.ttft_ms is not None]),
         itl_ms=Distribution.of([gap for r in done for gap in r.itl_ms]),
         e2e_ms=Distribution.of([r.e2e_ms for r in done]),
-        slo=slo, good=good, goodput=per_second(good), good_fraction=good / len(records) if records else 0.0,
-        errors=_error_counts(records))
+        slo=slo,
+        good=good,
+        goodput=per_second(good),
+        good_fraction=good / len(records) if records else 0.0,
+        errors=_error_counts(records),
+    )
 
 
 def _error_counts(records: Sequence[RequestRecord]) -> dict[str, int]:

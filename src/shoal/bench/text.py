@@ -1,11 +1,13 @@
 """Prompt text of a roughly known token count: random common English words, each about one token
 for the usual BPE tokenizers (a character-level tokenizer counts several per word)."""
+
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
 
-WORDS = tuple("""
+WORDS = tuple(
+    """
 the of and to in is it you that he was for on are as with his they at be this have from or one had by
 word but not what all were we when your can said there use an each which she do how their if will up
 other about out many then them these so some her would make like him into time has look two more write
@@ -20,7 +22,8 @@ plant last school father keep tree never start city earth eye light thought head
 few while along might close something seem next hard open example begin life always those both paper
 together got group often run important until children side feet car mile night walk white sea began
 grow took river four carry state once book hear stop without second later miss idea enough eat face
-""".split())
+""".split()
+)
 
 MESSAGE_OVERHEAD_TOKENS = 4  # role and delimiters that a chat template adds around each message
 

@@ -11,6 +11,7 @@ Each kind of randomness (prompt lengths, output lengths, words, the long-prompt 
 its own generator seeded from (seed, purpose): changing the arrival process, say, leaves the
 prompts as they were.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,10 +75,17 @@ class WorkloadConfig:
 
     def as_dict(self) -> dict:
         """For reports: lengths in their command-line form."""
-        return {"kind": self.kind, "requests": self.requests, "prompt_tokens": str(self.prompt_tokens),
-                "output_tokens": str(self.output_tokens), "system_prompt_tokens": self.system_prompt_tokens,
-                "turns": self.turns, "long_fraction": self.long_fraction,
-                "long_prompt_tokens": str(self.long_prompt_tokens), "seed": self.seed}
+        return {
+            "kind": self.kind,
+            "requests": self.requests,
+            "prompt_tokens": str(self.prompt_tokens),
+            "output_tokens": str(self.output_tokens),
+            "system_prompt_tokens": self.system_prompt_tokens,
+            "turns": self.turns,
+            "long_fraction": self.long_fraction,
+            "long_prompt_tokens": str(self.long_prompt_tokens),
+            "seed": self.seed,
+        }
 
 
 @dataclass(frozen=True)
@@ -92,16 +100,22 @@ class _Draft:
 
 def build_workload(config: WorkloadConfig, arrivals: ArrivalProcess) -> list[BenchRequest]:
     """The workload's requests in order of arrival; the same config and arrivals give the same list."""
-    rngs = {purpose: random.Random(f"{config.seed}/{purpose}")
-            for purpose in ("prompts", "outputs", "words", "mix", "arrivals")}
+    rngs = {
+        purpose: random.Random(f"{config.seed}/{purpose}")
+        for purpose in ("prompts", "outputs", "words", "mix", "arrivals")
+    }
     system = words(rngs["words"], config.system_prompt_tokens)
     prefix = ({"role": "system", "content": system},) if system else ()
-    drafts = (_conversations(config, prefix, rngs) if config.kind == "multi-turn"
-              else _single_turns(config, prefix, rngs))
+    drafts = (
+        _conversations(config, prefix, rngs) if config.kind == "multi-turn" else _single_turns(config, prefix, rngs)
+    )
     times = arrivals.times(len(drafts), rngs["arrivals"])
-    return [BenchRequest(index, arrival, d.messages, estimate_prompt_tokens(d.messages), d.max_tokens,
-                         d.conversation_id, d.turn)
-            for index, (d, arrival) in enumerate(zip(drafts, times))]
+    return [
+        BenchRequest(
+            index, arrival, d.messages, estimate_prompt_tokens(d.messages), d.max_tokens, d.conversation_id, d.turn
+        )
+        for index, (d, arrival) in enumerate(zip(drafts, times))
+    ]
 
 
 def _single_turns(config: WorkloadConfig, prefix: tuple[Message, ...], rngs: Randoms) -> list[_Draft]:
@@ -130,7 +144,7 @@ def _conversations(config: WorkloadConfig, prefix: tuple[Message, ...], rngs: Ra
             turns.append(_Draft(messages, max_tokens, conversation, turn))
             messages = (*messages, {"role": "assistant", "content": words(rngs["words"], max_tokens)})
         histories.append(turns)
-    return [histories[c][t] for t in range(config.turns) for c in range(count)][:config.requests]
+    return [histories[c][t] for t in range(config.turns) for c in range(count)][: config.requests]
 
 
 def with_answers(messages: tuple[Message, ...], answers: list[str]) -> list[Message]:

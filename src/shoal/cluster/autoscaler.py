@@ -9,6 +9,7 @@ starting (its capacity is on the way). A model at zero replicas with a request
 waiting gets one at once (the request waits for it); one with min_replicas 0 that has no request
 at all for downscale_delay_s goes to zero.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -42,9 +43,11 @@ def _mean(values: list[float]) -> float | None:
 def ratios(signals: Signals, targets: Autoscaling) -> list[float]:
     """Each watched signal over its target (1.0 = at target)."""
     per_replica = max(signals.replicas, 1)
-    pairs = [(signals.queued / per_replica, targets.target_queued_per_replica),
-             (signals.outstanding_tokens / per_replica, targets.target_outstanding_tokens_per_replica),
-             (signals.kv_cache_usage, targets.target_kv_cache_usage)]
+    pairs = [
+        (signals.queued / per_replica, targets.target_queued_per_replica),
+        (signals.outstanding_tokens / per_replica, targets.target_outstanding_tokens_per_replica),
+        (signals.kv_cache_usage, targets.target_kv_cache_usage),
+    ]
     if signals.in_flight:  # latencies of idle workers are stale
         pairs += [(signals.ttft_s, targets.target_ttft_s), (signals.itl_s, targets.target_itl_s)]
     return [value / target for value, target in pairs if value is not None and target is not None]
@@ -53,15 +56,26 @@ def ratios(signals: Signals, targets: Autoscaling) -> list[float]:
 def describe(signals: Signals, targets: Autoscaling) -> str:
     """The watched signals against their targets, for the event feed and the log."""
     per_replica = max(signals.replicas, 1)
-    named = [("queued/replica", signals.queued / per_replica, targets.target_queued_per_replica, "{:.1f}"),
-             ("outstanding tokens/replica", signals.outstanding_tokens / per_replica,
-              targets.target_outstanding_tokens_per_replica, "{:.0f}"),
-             ("KV usage", signals.kv_cache_usage, targets.target_kv_cache_usage, "{:.2f}")]
+    named = [
+        ("queued/replica", signals.queued / per_replica, targets.target_queued_per_replica, "{:.1f}"),
+        (
+            "outstanding tokens/replica",
+            signals.outstanding_tokens / per_replica,
+            targets.target_outstanding_tokens_per_replica,
+            "{:.0f}",
+        ),
+        ("KV usage", signals.kv_cache_usage, targets.target_kv_cache_usage, "{:.2f}"),
+    ]
     if signals.in_flight:
-        named += [("TTFT s", signals.ttft_s, targets.target_ttft_s, "{:.3f}"),
-                  ("ITL s", signals.itl_s, targets.target_itl_s, "{:.3f}")]
-    parts = [f"{name} {form.format(value)} (target {target:g})" for name, value, target, form in named
-             if value is not None and target is not None]
+        named += [
+            ("TTFT s", signals.ttft_s, targets.target_ttft_s, "{:.3f}"),
+            ("ITL s", signals.itl_s, targets.target_itl_s, "{:.3f}"),
+        ]
+    parts = [
+        f"{name} {form.format(value)} (target {target:g})"
+        for name, value, target, form in named
+        if value is not None and target is not None
+    ]
     return ", ".join(parts) or "no request for a while"
 
 
@@ -96,7 +110,12 @@ def decide(signals: Signals, targets: Autoscaling, trend: Trend, now: float) -> 
         trend.idle_since = None
     elif trend.idle_since is None:
         trend.idle_since = now
-    if pressure and settled and now - trend.pressure_since >= targets.upscale_delay_s and current < targets.max_replicas:
+    if (
+        pressure
+        and settled
+        and now - trend.pressure_since >= targets.upscale_delay_s
+        and current < targets.max_replicas
+    ):
         trend.pressure_since = None
         return current + 1
     if current == 1 and targets.min_replicas == 0:  # the last replica goes only when nothing comes
@@ -110,8 +129,9 @@ def decide(signals: Signals, targets: Autoscaling, trend: Trend, now: float) -> 
 
 
 class Autoscaler:
-    def __init__(self, deployments: list[ModelDeployment], supervisor: Supervisor, front_door: FrontDoor,
-                 interval_s: float = 0.5):
+    def __init__(
+        self, deployments: list[ModelDeployment], supervisor: Supervisor, front_door: FrontDoor, interval_s: float = 0.5
+    ):
         self.targets = {d.name: d.autoscaling for d in deployments if d.autoscaling}
         self.supervisor = supervisor
         self.front_door = front_door
@@ -122,8 +142,9 @@ class Autoscaler:
         workers = [w for w in self.front_door.membership.workers.values() if model in w.models and w.available]
         views = [w.view() for w in workers]
         reports = [w.report for w in workers if w.report is not None]
-        queued_here = sum(1 for queue in self.front_door.admission.queues.values() for waiter in queue
-                          if waiter.model == model)
+        queued_here = sum(
+            1 for queue in self.front_door.admission.queues.values() for waiter in queue if waiter.model == model
+        )
         return Signals(
             replicas=self.supervisor.replicas(model),
             queued=queued_here + sum(v.waiting for v in views),
@@ -132,7 +153,8 @@ class Autoscaler:
             kv_cache_usage=_mean([r.kv_cache_usage for r in reports if r.kv_cache_usage is not None]),
             ttft_s=_mean([w.latency.ttft_s for w in workers if w.latency.ttft_s is not None]),
             itl_s=_mean([w.latency.itl_s for w in workers if w.latency.itl_s is not None]),
-            starting=self.supervisor.starting(model))
+            starting=self.supervisor.starting(model),
+        )
 
     def step(self, now: float) -> None:
         for model, targets in self.targets.items():

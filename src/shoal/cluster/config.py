@@ -5,6 +5,7 @@ One frozen pydantic model, validated up front; `describe` turns a validation fai
 per bad key ("models.0.replicas: ..."). The router's own settings are RouterConfig's, less what
 the deployment decides itself (where it listens, its workers, the models' fallbacks).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,7 +47,7 @@ class Autoscaling(Frozen):
     downscale_delay_s: float = Field(60.0, ge=0)
 
     @model_validator(mode="after")
-    def ordered(self) -> "Autoscaling":
+    def ordered(self) -> Autoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) exceeds max_replicas ({self.max_replicas})")
         return self
@@ -101,29 +102,39 @@ class ModelDeployment(Frozen):
     spare_stages: int = Field(0, ge=0)
 
     @model_validator(mode="after")
-    def replicas_within_bounds(self) -> "ModelDeployment":
+    def replicas_within_bounds(self) -> ModelDeployment:
         bounds = self.autoscaling
         if bounds and not bounds.min_replicas <= self.replicas <= bounds.max_replicas:
-            raise ValueError(f"replicas ({self.replicas}) must be within autoscaling.min_replicas "
-                             f"({bounds.min_replicas}) and max_replicas ({bounds.max_replicas})")
+            raise ValueError(
+                f"replicas ({self.replicas}) must be within autoscaling.min_replicas "
+                f"({bounds.min_replicas}) and max_replicas ({bounds.max_replicas})"
+            )
         return self
 
     @model_validator(mode="after")
-    def one_kind_of_parallelism(self) -> "ModelDeployment":
+    def one_kind_of_parallelism(self) -> ModelDeployment:
         if self.tensor_parallel_size > 1 and self.pipeline_parallel_size > 1:
-            raise ValueError("tensor_parallel_size and pipeline_parallel_size in one replica are not supported "
-                             "together yet")
-        if self.layers_per_stage is not None and (len(self.layers_per_stage) != self.pipeline_parallel_size
-                                                  or min(self.layers_per_stage) < 1):
-            raise ValueError(f"layers_per_stage needs one count of at least 1 per pipeline stage "
-                             f"({self.pipeline_parallel_size})")
+            raise ValueError(
+                "tensor_parallel_size and pipeline_parallel_size in one replica are not supported together yet"
+            )
+        if self.layers_per_stage is not None and (
+            len(self.layers_per_stage) != self.pipeline_parallel_size or min(self.layers_per_stage) < 1
+        ):
+            raise ValueError(
+                f"layers_per_stage needs one count of at least 1 per pipeline stage ({self.pipeline_parallel_size})"
+            )
         if self.stage_servers and len(self.stage_servers) != self.pipeline_parallel_size - 1:
-            raise ValueError(f"stage_servers needs one address per pipeline stage after the first "
-                             f"({self.pipeline_parallel_size - 1})")
+            raise ValueError(
+                f"stage_servers needs one address per pipeline stage after the first "
+                f"({self.pipeline_parallel_size - 1})"
+            )
         if (self.stage_servers or self.spare_stage_servers) and (
-                self.replicas + self.warm_spares > 1 or self.autoscaling or self.pipeline_parallel_size == 1):
-            raise ValueError("stage_servers serve one pipeline replica: they need pipeline_parallel_size > 1, "
-                             "one replica, no warm spares and no autoscaling")
+            self.replicas + self.warm_spares > 1 or self.autoscaling or self.pipeline_parallel_size == 1
+        ):
+            raise ValueError(
+                "stage_servers serve one pipeline replica: they need pipeline_parallel_size > 1, "
+                "one replica, no warm spares and no autoscaling"
+            )
         return self
 
     @field_validator("kv_cache")
@@ -134,7 +145,7 @@ class ModelDeployment(Frozen):
         return value
 
     @model_validator(mode="after")
-    def engine_accepts_it(self) -> "ModelDeployment":
+    def engine_accepts_it(self) -> ModelDeployment:
         self.engine_config()
         return self
 
@@ -180,12 +191,14 @@ class DeploymentConfig(Frozen):
     def deployment_decides(cls, router: RouterConfig) -> RouterConfig:
         decided = {"host", "port", "workers", "models"} & router.model_fields_set
         if decided:
-            raise ValueError(f"{', '.join(sorted(decided))}: set by the deployment (top-level host and port; "
-                             f"models with their fallbacks), not under router")
+            raise ValueError(
+                f"{', '.join(sorted(decided))}: set by the deployment (top-level host and port; "
+                f"models with their fallbacks), not under router"
+            )
         return router
 
     @model_validator(mode="after")
-    def consistent_models(self) -> "DeploymentConfig":
+    def consistent_models(self) -> DeploymentConfig:
         names = [m.name for m in self.models]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -193,12 +206,14 @@ class DeploymentConfig(Frozen):
         for model in self.models:
             unknown = [f for f in model.fallbacks if f not in names or f == model.name]
             if unknown:
-                raise ValueError(f"models: the fallbacks of {model.name} must be other models of this "
-                                 f"deployment; not {', '.join(unknown)}")
+                raise ValueError(
+                    f"models: the fallbacks of {model.name} must be other models of this "
+                    f"deployment; not {', '.join(unknown)}"
+                )
         return self
 
     @model_validator(mode="after")
-    def kv_caches_fit_this_host(self) -> "DeploymentConfig":
+    def kv_caches_fit_this_host(self) -> DeploymentConfig:
         """With the local launcher every replica runs here: a KV budget beyond this host's memory
         could never be allocated (on GPUs the engine checks it against the device)."""
         if self.launcher != "local":
@@ -207,15 +222,22 @@ class DeploymentConfig(Frozen):
         for index, model in enumerate(self.models):
             budget = model.kv_cache_bytes()
             if budget and budget > memory and not model.device.startswith("cuda"):
-                raise ValueError(f"models.{index}.kv_cache: {model.kv_cache} is more than this host's memory "
-                                 f"({memory / 2**30:.1f} GiB)")
+                raise ValueError(
+                    f"models.{index}.kv_cache: {model.kv_cache} is more than this host's memory "
+                    f"({memory / 2**30:.1f} GiB)"
+                )
         return self
 
     def router_config(self) -> RouterConfig:
         """The router's settings for this deployment: its address and the models' fallback chains
         (workers join it by registering)."""
-        return self.router.model_copy(update={"host": self.host, "port": self.port, "models": {
-            m.name: ModelSettings(fallbacks=m.fallbacks) for m in self.models}})
+        return self.router.model_copy(
+            update={
+                "host": self.host,
+                "port": self.port,
+                "models": {m.name: ModelSettings(fallbacks=m.fallbacks) for m in self.models},
+            }
+        )
 
 
 def describe(error: ValidationError) -> str:

@@ -1,6 +1,7 @@
 """The local launcher: each worker a `shoal worker` subprocess on this host (the supervisor adds it
 to the router once it is ready). Workers run in their own session, so a Ctrl-C in the terminal
 reaches `shoal serve` only, which then drains them; each writes its log to its own file."""
+
 from __future__ import annotations
 
 import subprocess
@@ -35,17 +36,35 @@ class LocalLauncher:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log_path = self.log_dir / f"{deployment.name.replace('/', '_')}-{slot}.log"
         with open(log_path, "ab") as log:
-            process = subprocess.Popen(worker_command(deployment, self.host, port), stdin=subprocess.DEVNULL,
-                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            process = subprocess.Popen(
+                worker_command(deployment, self.host, port),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         return LaunchedWorker(process, f"http://{self.host}:{port}", log_path)
 
 
-def worker_command(deployment: ModelDeployment, host: str, port: int,
-                   stage_addresses: tuple[str, ...] = ()) -> list[str]:
+def worker_command(
+    deployment: ModelDeployment, host: str, port: int, stage_addresses: tuple[str, ...] = ()
+) -> list[str]:
     """The `shoal worker` command line of one replica of `deployment`: its engine config whole, as
     JSON; its pipeline stages are the deployment's stage servers, else `stage_addresses`, else local
     processes it starts."""
-    return [sys.executable, "-m", "shoal.cli", "worker",
-            "--engine-config", deployment.engine_config(stage_addresses).to_json(),
-            "--served-model-name", deployment.name, "--host", host, "--port", str(port),
-            "--drain-grace-s", str(deployment.drain_grace_s)]
+    return [
+        sys.executable,
+        "-m",
+        "shoal.cli",
+        "worker",
+        "--engine-config",
+        deployment.engine_config(stage_addresses).to_json(),
+        "--served-model-name",
+        deployment.name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--drain-grace-s",
+        str(deployment.drain_grace_s),
+    ]

@@ -9,6 +9,7 @@ a worker and its stage servers link only to holders of it.
 
 Ray is an optional dependency (`pip install shoal[ray]`), imported only when this launcher is used.
 """
+
 from __future__ import annotations
 
 import signal
@@ -44,9 +45,14 @@ class StageActor:
         host, port = node_address()
         address = f"tcp://{host}:{port}"
         with open(log_path, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
-                                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=child_environment(secret), preexec_fn=die_with_parent)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_environment(secret),
+                preexec_fn=die_with_parent,
+            )
         return address, ray.get_runtime_context().get_node_id()
 
 
@@ -62,23 +68,38 @@ class WorkerActor:
     spreads them over) unless the deployment names stage servers. Invariants: the process does not
     outlive the actor; the stage actors belong to this actor, so they die with it."""
 
-    def start(self, deployment: ModelDeployment, log_dir: str, slot: int,
-              secret: str) -> tuple[int, str, str, str, list[str]]:
+    def start(
+        self, deployment: ModelDeployment, log_dir: str, slot: int, secret: str
+    ) -> tuple[int, str, str, str, list[str]]:
         host, port = node_address()
         log_path = Path(log_dir) / f"{deployment.name.replace('/', '_')}-{slot}.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         stages = []
         if deployment.pipeline_parallel_size > 1 and not deployment.stage_servers:
-            self.stage_actors = [StageActor.options(**actor_options(deployment), scheduling_strategy="SPREAD").remote()
-                                 for _ in range(deployment.pipeline_parallel_size - 1)]
-            stages = ray.get([actor.start.remote(f"{log_path}.stage{i}", secret) for i, actor in
-                              enumerate(self.stage_actors, 1)])
+            self.stage_actors = [
+                StageActor.options(**actor_options(deployment), scheduling_strategy="SPREAD").remote()
+                for _ in range(deployment.pipeline_parallel_size - 1)
+            ]
+            stages = ray.get(
+                [actor.start.remote(f"{log_path}.stage{i}", secret) for i, actor in enumerate(self.stage_actors, 1)]
+            )
         with open(log_path, "ab") as log:
             command = worker_command(deployment, host, port, tuple(address for address, _ in stages))
-            self.process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                            env=child_environment(secret), preexec_fn=die_with_parent)
-        return (self.process.pid, f"http://{host}:{port}", str(log_path), ray.get_runtime_context().get_node_id(),
-                [node for _, node in stages])
+            self.process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_environment(secret),
+                preexec_fn=die_with_parent,
+            )
+        return (
+            self.process.pid,
+            f"http://{host}:{port}",
+            str(log_path),
+            ray.get_runtime_context().get_node_id(),
+            [node for _, node in stages],
+        )
 
     def poll(self) -> int | None:
         return self.process.poll()
@@ -141,7 +162,8 @@ class RayLauncher:
         actor = WorkerActor.options(**actor_options(deployment)).remote()
         try:
             pid, url, log_path, node, stage_nodes = ray.get(
-                actor.start.remote(deployment, str(self.log_dir), slot, self.secret), timeout=START_TIMEOUT_S)
+                actor.start.remote(deployment, str(self.log_dir), slot, self.secret), timeout=START_TIMEOUT_S
+            )
         except BaseException:
             ray.kill(actor)
             raise

@@ -8,6 +8,7 @@ for `shoal status`, workers.json (the supervisor's view), logs/ (one file per wo
 supervisor and the autoscaler do goes to the router's event feed, and the router's dashboard shows
 the supervisor's replica slots beside its workers.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,13 @@ def serve(config: DeploymentConfig) -> int:
     server = ServeServer(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"))
     connect_host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
     url = f"http://{connect_host}:{config.port}"
-    supervisor = Supervisor(_launcher(config, directory / "logs"), config.models, config.supervisor,
-                            _router_link(app.state.front_door), directory / "workers.json")
+    supervisor = Supervisor(
+        _launcher(config, directory / "logs"),
+        config.models,
+        config.supervisor,
+        _router_link(app.state.front_door),
+        directory / "workers.json",
+    )
     app.include_router(_admin_routes(supervisor, admin_token))
     app.state.dashboard.replicas = lambda: [slot.describe() for slot in supervisor.slots]
     descriptor = os.open(directory / "serve.json", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # holds the token
@@ -138,7 +144,13 @@ async def _announce_when_ready(app, url: str, config: DeploymentConfig) -> None:
     membership = app.state.front_door.membership
     while sum(1 for w in membership.workers.values() if w.available) < wanted:
         await asyncio.sleep(0.2)
-    print(f"shoal: ready: {wanted} workers serving; OpenAI endpoint {url}/v1 ({models}); `shoal status` shows "
-          f"the cluster; Ctrl-C stops", flush=True)
-    print(f"shoal: dashboard {url}/dashboard (sign in with the admin token in "
-          f"{run_dir(config.state_dir) / 'serve.json'})", flush=True)
+    print(
+        f"shoal: ready: {wanted} workers serving; OpenAI endpoint {url}/v1 ({models}); `shoal status` shows "
+        f"the cluster; Ctrl-C stops",
+        flush=True,
+    )
+    print(
+        f"shoal: dashboard {url}/dashboard (sign in with the admin token in "
+        f"{run_dir(config.state_dir) / 'serve.json'})",
+        flush=True,
+    )

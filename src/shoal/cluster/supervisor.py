@@ -8,6 +8,7 @@ critical path) and the crashed slot comes back as the new spare. Its view of the
 to a JSON file after every change, for `shoal status`; what happens to them (started, ready,
 exited, promoted, scaled) goes to the router's event feed through the RouterLink.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -31,10 +32,10 @@ log = logging.getLogger(__name__)
 
 
 class SlotState(StrEnum):
-    WAITING = "waiting"    # no process; (re)starts at next_start
+    WAITING = "waiting"  # no process; (re)starts at next_start
     STARTING = "starting"  # process up, model loading
-    SPARE = "spare"        # ready, not in the router
-    SERVING = "serving"    # ready and in the router
+    SPARE = "spare"  # ready, not in the router
+    SERVING = "serving"  # ready and in the router
 
 
 @dataclass(eq=False)  # a slot is itself, whatever its fields say
@@ -55,11 +56,18 @@ class Slot:
 
     def describe(self) -> dict:
         worker = self.worker
-        return {"model": self.deployment.name, "slot": self.index, "state": str(self.state),
-                "pid": worker.process.pid if worker else None, "url": worker.url if worker else None,
-                "log": str(worker.log_path) if worker else None, "node": worker.node if worker else None,
-                "stage_nodes": list(worker.stage_nodes) if worker else [], "restarts": self.restarts,
-                "last_exit": self.last_exit}
+        return {
+            "model": self.deployment.name,
+            "slot": self.index,
+            "state": str(self.state),
+            "pid": worker.process.pid if worker else None,
+            "url": worker.url if worker else None,
+            "log": str(worker.log_path) if worker else None,
+            "node": worker.node if worker else None,
+            "stage_nodes": list(worker.stage_nodes) if worker else [],
+            "restarts": self.restarts,
+            "last_exit": self.last_exit,
+        }
 
 
 class Launcher(Protocol):
@@ -83,15 +91,24 @@ class RouterLink:
 
 
 class Supervisor:
-    def __init__(self, launcher: Launcher, deployments: list[ModelDeployment], settings: SupervisorSettings,
-                 router: RouterLink, status_path: Path):
+    def __init__(
+        self,
+        launcher: Launcher,
+        deployments: list[ModelDeployment],
+        settings: SupervisorSettings,
+        router: RouterLink,
+        status_path: Path,
+    ):
         self.launcher = launcher
         self.settings = settings
         self.router = router
         self.status_path = status_path
         self.deployments = {d.name: d for d in deployments}
-        self.slots = [Slot(d, i, spare=i >= d.replicas, backoff_s=settings.restart_backoff_s)
-                      for d in deployments for i in range(d.replicas + d.warm_spares)]
+        self.slots = [
+            Slot(d, i, spare=i >= d.replicas, backoff_s=settings.restart_backoff_s)
+            for d in deployments
+            for i in range(d.replicas + d.warm_spares)
+        ]
         self.waiting_ready: set[asyncio.Task] = set()
         self.draining: list[subprocess.Popen] = []  # removed by a scale-down or a restart, finishing requests
         self.restarting = asyncio.Lock()
@@ -122,10 +139,16 @@ class Supervisor:
         try:
             worker = await asyncio.to_thread(self.launcher.start, slot.deployment, slot.index)
         except Exception as exc:  # e.g. no node has the resources: try again after the backoff
-            log.warning("could not start %s %d: %s; retrying in %.1f s", slot.deployment.name, slot.index, exc,
-                        slot.backoff_s)
-            self.router.event("lifecycle", "start_failed", f"{exc}; retrying in {slot.backoff_s:.1f} s",
-                              model=slot.deployment.name, slot=slot.index)
+            log.warning(
+                "could not start %s %d: %s; retrying in %.1f s", slot.deployment.name, slot.index, exc, slot.backoff_s
+            )
+            self.router.event(
+                "lifecycle",
+                "start_failed",
+                f"{exc}; retrying in {slot.backoff_s:.1f} s",
+                model=slot.deployment.name,
+                slot=slot.index,
+            )
             self._retry_later(slot, time.monotonic())
             return
         if slot not in self.slots:  # scaled away while it was being launched
@@ -133,11 +156,24 @@ class Supervisor:
             self.draining.append(worker.process)
             return
         slot.worker = worker
-        log.info("started %s %s %d at %s (pid %d%s)", slot.deployment.name, "spare" if slot.spare else "replica",
-                 slot.index, worker.url, worker.process.pid, f" on node {worker.node}" if worker.node else "")
-        self.router.event("lifecycle", "started", f"{'spare' if slot.spare else 'replica'} {slot.index}, pid "
-                          f"{worker.process.pid}{f' on node {worker.node}' if worker.node else ''}; loading",
-                          worker_id=worker.url, model=slot.deployment.name, slot=slot.index)
+        log.info(
+            "started %s %s %d at %s (pid %d%s)",
+            slot.deployment.name,
+            "spare" if slot.spare else "replica",
+            slot.index,
+            worker.url,
+            worker.process.pid,
+            f" on node {worker.node}" if worker.node else "",
+        )
+        self.router.event(
+            "lifecycle",
+            "started",
+            f"{'spare' if slot.spare else 'replica'} {slot.index}, pid "
+            f"{worker.process.pid}{f' on node {worker.node}' if worker.node else ''}; loading",
+            worker_id=worker.url,
+            model=slot.deployment.name,
+            slot=slot.index,
+        )
         self.write_status()
         await self._when_ready(slot, worker)
 
@@ -147,11 +183,24 @@ class Supervisor:
             self.router.leave(slot.worker.url)
         if ran >= self.settings.healthy_after_s:
             slot.backoff_s = self.settings.restart_backoff_s
-        log.warning("%s %d (pid %d) exited with %s after %.1f s; restarting in %.1f s", slot.deployment.name,
-                    slot.index, slot.worker.process.pid, code, ran, slot.backoff_s)
-        self.router.event("lifecycle", "exited", f"pid {slot.worker.process.pid} exited with {code} after {ran:.1f} s; "
-                          f"restarting in {slot.backoff_s:.1f} s", worker_id=slot.worker.url,
-                          model=slot.deployment.name, slot=slot.index, exit_code=code)
+        log.warning(
+            "%s %d (pid %d) exited with %s after %.1f s; restarting in %.1f s",
+            slot.deployment.name,
+            slot.index,
+            slot.worker.process.pid,
+            code,
+            ran,
+            slot.backoff_s,
+        )
+        self.router.event(
+            "lifecycle",
+            "exited",
+            f"pid {slot.worker.process.pid} exited with {code} after {ran:.1f} s; restarting in {slot.backoff_s:.1f} s",
+            worker_id=slot.worker.url,
+            model=slot.deployment.name,
+            slot=slot.index,
+            exit_code=code,
+        )
         if slot.state is SlotState.SERVING:
             self._promote_spare(slot)
         slot.worker, slot.last_exit, slot.restarts = None, code, slot.restarts + 1
@@ -160,8 +209,9 @@ class Supervisor:
     def _retry_later(self, slot: Slot, now: float) -> None:
         """The slot starts again after its backoff, which doubles for the next time (capped)."""
         slot.state, slot.next_start = SlotState.WAITING, now + slot.backoff_s
-        slot.backoff_s = min(max(slot.backoff_s * 2, self.settings.restart_backoff_s),
-                             self.settings.max_restart_backoff_s)
+        slot.backoff_s = min(
+            max(slot.backoff_s * 2, self.settings.restart_backoff_s), self.settings.max_restart_backoff_s
+        )
 
     def _promote_spare(self, lost: Slot) -> None:
         """A ready spare of the lost replica's model takes its place; the lost slot becomes a spare."""
@@ -171,8 +221,14 @@ class Supervisor:
         spare.spare, lost.spare = False, True
         spare.state = SlotState.SERVING  # now, so that no other loss promotes the same spare
         log.info("promoting warm spare %s to replace %s", spare.worker.url, lost.worker.url)
-        self.router.event("lifecycle", "promoted", f"warm spare replaces {lost.worker.url}", worker_id=spare.worker.url,
-                          model=spare.deployment.name, slot=spare.index)
+        self.router.event(
+            "lifecycle",
+            "promoted",
+            f"warm spare replaces {lost.worker.url}",
+            worker_id=spare.worker.url,
+            model=spare.deployment.name,
+            slot=spare.index,
+        )
         task = asyncio.create_task(self._serve(spare, spare.worker))
         self.waiting_ready.add(task)
         task.add_done_callback(self.waiting_ready.discard)
@@ -182,8 +238,9 @@ class Supervisor:
             return  # it exited, was replaced or was scaled away meanwhile
         slot.state = SlotState.SERVING
         await self.router.join(worker.url, slot.deployment.name)
-        self.router.event("lifecycle", "joined", "ready; serving", worker_id=worker.url, model=slot.deployment.name,
-                          slot=slot.index)
+        self.router.event(
+            "lifecycle", "joined", "ready; serving", worker_id=worker.url, model=slot.deployment.name, slot=slot.index
+        )
         self.write_status()
 
     async def _when_ready(self, slot: Slot, worker: LaunchedWorker) -> None:
@@ -201,8 +258,14 @@ class Supervisor:
         if slot.spare:
             slot.state = SlotState.SPARE
             log.info("%s spare %d ready at %s", slot.deployment.name, slot.index, worker.url)
-            self.router.event("lifecycle", "spare_ready", "ready; waiting as a warm spare", worker_id=worker.url,
-                              model=slot.deployment.name, slot=slot.index)
+            self.router.event(
+                "lifecycle",
+                "spare_ready",
+                "ready; waiting as a warm spare",
+                worker_id=worker.url,
+                model=slot.deployment.name,
+                slot=slot.index,
+            )
             self.write_status()
         else:
             await self._serve(slot, worker)
@@ -212,23 +275,33 @@ class Supervisor:
 
     def starting(self, model: str) -> int:
         """Replicas of the model that are not serving yet."""
-        return sum(1 for s in self.slots if s.deployment.name == model and not s.spare
-                   and s.state is not SlotState.SERVING)
+        return sum(
+            1 for s in self.slots if s.deployment.name == model and not s.spare and s.state is not SlotState.SERVING
+        )
 
     def scale(self, model: str, replicas: int, reason: str = "") -> None:
         """Adds replica slots (they start at the next check) or removes them: those not serving yet
         first, then the newest; a serving one leaves the router and drains."""
         slots = [s for s in self.slots if s.deployment.name == model and not s.spare]
         if replicas != len(slots):
-            self.router.event("scaling", "scaled_up" if replicas > len(slots) else "scaled_down",
-                              f"{len(slots)} → {replicas} replicas" + (f": {reason}" if reason else ""), model=model,
-                              replicas=replicas, previous_replicas=len(slots))
+            self.router.event(
+                "scaling",
+                "scaled_up" if replicas > len(slots) else "scaled_down",
+                f"{len(slots)} → {replicas} replicas" + (f": {reason}" if reason else ""),
+                model=model,
+                replicas=replicas,
+                previous_replicas=len(slots),
+            )
         if replicas > len(slots):
             deployment = self.deployments[model]
             first = max((s.index for s in self.slots if s.deployment is deployment), default=-1) + 1
-            self.slots += [Slot(deployment, first + i, spare=False, backoff_s=self.settings.restart_backoff_s)
-                           for i in range(replicas - len(slots))]
-        for slot in sorted(slots, key=lambda s: (s.state is SlotState.SERVING, -s.index))[:max(len(slots) - replicas, 0)]:
+            self.slots += [
+                Slot(deployment, first + i, spare=False, backoff_s=self.settings.restart_backoff_s)
+                for i in range(replicas - len(slots))
+            ]
+        for slot in sorted(slots, key=lambda s: (s.state is SlotState.SERVING, -s.index))[
+            : max(len(slots) - replicas, 0)
+        ]:
             self.slots.remove(slot)
             if slot.worker is None:
                 continue
@@ -236,8 +309,14 @@ class Supervisor:
                 self.router.leave(slot.worker.url)
             slot.worker.process.send_signal(signal.SIGTERM)
             self.draining.append(slot.worker.process)
-            self.router.event("lifecycle", "draining", "scaled down: left the router, finishing its requests",
-                              worker_id=slot.worker.url, model=model, slot=slot.index)
+            self.router.event(
+                "lifecycle",
+                "draining",
+                "scaled down: left the router, finishing its requests",
+                worker_id=slot.worker.url,
+                model=model,
+                slot=slot.index,
+            )
         self.write_status()
 
     async def rolling_restart(self, model: str) -> int:
@@ -260,10 +339,17 @@ class Supervisor:
                 slot.worker = new  # check() now watches the new one; the old one is ours to drain
                 await self._when_ready(slot, new)
                 if slot.worker is not new or new.process.poll() is not None:
-                    log.warning("rolling restart of %s stopped: the new replica %d did not become ready", model,
-                                slot.index)
-                    self.router.event("lifecycle", "restart_failed", "rolling restart stopped: the new replica did "
-                                      "not become ready", worker_id=new.url, model=model, slot=slot.index)
+                    log.warning(
+                        "rolling restart of %s stopped: the new replica %d did not become ready", model, slot.index
+                    )
+                    self.router.event(
+                        "lifecycle",
+                        "restart_failed",
+                        "rolling restart stopped: the new replica did not become ready",
+                        worker_id=new.url,
+                        model=model,
+                        slot=slot.index,
+                    )
                     if new.process.poll() is None:
                         new.process.kill()
                     if slot.state is SlotState.WAITING:  # take back the old worker instead of a restart
@@ -272,8 +358,14 @@ class Supervisor:
                 self.router.leave(old.url)
                 old.process.send_signal(signal.SIGTERM)
                 self.draining.append(old.process)
-                self.router.event("lifecycle", "draining", f"rolling restart: replaced by {new.url}",
-                                  worker_id=old.url, model=model, slot=slot.index)
+                self.router.event(
+                    "lifecycle",
+                    "draining",
+                    f"rolling restart: replaced by {new.url}",
+                    worker_id=old.url,
+                    model=model,
+                    slot=slot.index,
+                )
                 replaced += 1
                 self.write_status()
             return replaced

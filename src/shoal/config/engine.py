@@ -1,5 +1,6 @@
 """Engine configuration: one frozen dataclass, built by the CLI, a deployment or tests and passed
 down. It imports nothing heavy: what "auto" resolves to on this machine is runner.devices' work."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,13 @@ class EngineConfig:
             raise ValueError(f"dtype must be auto or one of {list(DTYPE_NAMES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu") and not self.device.startswith("cuda"):
             raise ValueError(f"device must be auto, cpu or cuda[:N], got {self.device!r}")
-        for name in ("block_size", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                     "pipeline_parallel_size"):
+        for name in (
+            "block_size",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "tensor_parallel_size",
+            "pipeline_parallel_size",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         if self.pipeline_wire_dtype != "auto" and self.pipeline_wire_dtype not in DTYPE_NAMES:
@@ -79,7 +85,7 @@ class EngineConfig:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
 
     @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> "EngineConfig":
+    def from_dict(cls, raw: dict[str, Any]) -> EngineConfig:
         """Builds a config (from JSON too: lists become the tuples the fields hold); unknown keys are errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
@@ -91,7 +97,7 @@ class EngineConfig:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> "EngineConfig":
+    def from_json(cls, text: str) -> EngineConfig:
         raw = json.loads(text)
         if not isinstance(raw, dict):
             raise ValueError("an engine config in JSON must be an object")

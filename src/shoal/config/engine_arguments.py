@@ -5,6 +5,7 @@ flag that is not a field: `--kv-cache` takes a fraction or a size (shoal.sizes.p
 Flags left out keep the config's defaults; `--engine-config JSON` gives a whole config instead
 (what `shoal serve` ships to its workers) and then no other engine flag may be given.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,7 +27,10 @@ def _comma_list(item_type: type):
         try:
             return tuple(item_type(part.strip()) for part in text.split(",") if part.strip())
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of {item_type.__name__}") from None
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a comma-separated list of {item_type.__name__}"
+            ) from None
+
     return parse
 
 
@@ -44,22 +48,33 @@ def _engine_fields(exclude: tuple[str, ...]) -> list[dataclasses.Field]:
 def add_engine_config_arguments(parser: argparse.ArgumentParser, exclude: tuple[str, ...] = ()) -> None:
     """Adds --engine-config, --kv-cache and a flag for every other EngineConfig field not in `exclude`."""
     group = parser.add_argument_group("engine", "EngineConfig fields (shoal.engine.config)")
-    group.add_argument("--engine-config", default=None, metavar="JSON",
-                       help="the whole engine config as JSON (then no other engine flag)")
-    group.add_argument("--kv-cache", type=_kv_cache, default=None,
-                       help="KV-cache budget: a fraction of free memory (0.3) or a size (512MiB, 2GB)")
+    group.add_argument(
+        "--engine-config",
+        default=None,
+        metavar="JSON",
+        help="the whole engine config as JSON (then no other engine flag)",
+    )
+    group.add_argument(
+        "--kv-cache",
+        type=_kv_cache,
+        default=None,
+        help="KV-cache budget: a fraction of free memory (0.3) or a size (512MiB, 2GB)",
+    )
     for field in _engine_fields(exclude):
         annotation = str(field.type).replace(" | None", "")
         if annotation == "bool":
-            group.add_argument(_flag(field.name), action=argparse.BooleanOptionalAction, default=None,
-                               help=f"default {field.default}")
+            group.add_argument(
+                _flag(field.name), action=argparse.BooleanOptionalAction, default=None, help=f"default {field.default}"
+            )
         elif annotation.startswith("tuple["):
             item = int if annotation.startswith("tuple[int") else str
-            group.add_argument(_flag(field.name), type=_comma_list(item), default=None, metavar="A,B,...",
-                               help="comma-separated")
+            group.add_argument(
+                _flag(field.name), type=_comma_list(item), default=None, metavar="A,B,...", help="comma-separated"
+            )
         elif annotation in _SCALARS:
-            group.add_argument(_flag(field.name), type=_SCALARS[annotation], default=None,
-                               help=f"default {field.default}")
+            group.add_argument(
+                _flag(field.name), type=_SCALARS[annotation], default=None, help=f"default {field.default}"
+            )
         else:
             raise TypeError(f"EngineConfig.{field.name}: no command-line form for {annotation}")
 
@@ -71,7 +86,9 @@ def engine_config_from_arguments(args: argparse.Namespace, exclude: tuple[str, .
         given.update(args.kv_cache)
     if args.engine_config is not None:
         if given:
-            raise ValueError(f"--engine-config gives the whole engine config; do not also give "
-                             f"{', '.join(_flag(name) for name in sorted(given))}")
+            raise ValueError(
+                f"--engine-config gives the whole engine config; do not also give "
+                f"{', '.join(_flag(name) for name in sorted(given))}"
+            )
         return EngineConfig.from_json(args.engine_config)
     return EngineConfig.from_dict(given)

@@ -5,6 +5,7 @@ outputs through per-request asyncio queues, so a slow step never blocks the call
 Other threads read the engine's figures from `stats`, a snapshot the engine thread republishes after
 every command and step.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -70,9 +71,14 @@ class AsyncLLMEngine:
         self._thread = threading.Thread(target=self._run, name="shoal-engine", daemon=True)
         self._thread.start()
 
-    async def generate(self, prompt: str | list[int], params: SamplingParams | None = None,
-                       request_id: str | None = None, jump_queue: bool = False,
-                       resume: Resume | None = None) -> AsyncIterator[RequestOutput]:
+    async def generate(
+        self,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        jump_queue: bool = False,
+        resume: Resume | None = None,
+    ) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step that produced tokens for this request. Raises the
         request's InvalidRequestError before the first output, or EngineRequestError if the engine
         failed this request."""
@@ -145,9 +151,14 @@ class AsyncLLMEngine:
         if kind == "add":
             _, request_id, prompt, params, jump_queue, resume, subscriber, accepted = command
             try:
-                self.engine.add_request(request_id, prompt, params, jump_queue=jump_queue,
-                                        resume_token_ids=resume.token_ids if resume else None,
-                                        resume_text_offset=resume.text_offset if resume else None)
+                self.engine.add_request(
+                    request_id,
+                    prompt,
+                    params,
+                    jump_queue=jump_queue,
+                    resume_token_ids=resume.token_ids if resume else None,
+                    resume_text_offset=resume.text_offset if resume else None,
+                )
             except Exception as exc:  # bad input: reported to this caller only
                 subscriber.loop.call_soon_threadsafe(_settle, accepted, exc)
                 return

@@ -1,4 +1,5 @@
 """Adaptive batch size: admits as many sequences as keep the inter-token latency under a target."""
+
 from __future__ import annotations
 
 

@@ -5,11 +5,12 @@ hashes mean equal whole prefixes. Freed blocks keep their hash and stay reusable
 allocator needs them for something else (least recently freed first; a sequence's tail blocks are
 freed before its head, so shared prefixes live longest).
 """
+
 from __future__ import annotations
 
 import hashlib
-from collections import Counter, OrderedDict
 from array import array
+from collections import Counter, OrderedDict
 
 from shoal.engine.sequence import Sequence
 
@@ -67,7 +68,7 @@ class BlockManager:
             parent = None
             max_blocks = (len(tokens) - 1) // self.block_size
             for i in range(max_blocks):
-                parent = chain_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+                parent = chain_hash(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
                 block = self.hash_index.get(parent)
                 if block is None:
                     break
@@ -107,7 +108,7 @@ class BlockManager:
         tokens = seq.all_token_ids
         parent = hashes[-1] if hashes else None
         for i in range(len(hashes), full_blocks):
-            parent = chain_hash(parent, tokens[i * self.block_size:(i + 1) * self.block_size])
+            parent = chain_hash(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             hashes.append(parent)
             block = seq.block_table[i]
             if parent not in self.hash_index and self.block_hashes[block] is None:

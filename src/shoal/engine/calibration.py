@@ -5,6 +5,7 @@ proof that generation works before the replica says it is ready. The figures are
 directory, keyed by everything they depend on (weights, dtype, device, threads, engine limits,
 torch, the machine); a restart with the same key only warms up, so a replica is ready sooner.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,23 +41,40 @@ class Calibration:
         return self.batched_decode_tokens_per_s
 
     def as_dict(self) -> dict:
-        return {"prefill_tokens_per_s": self.prefill_tokens_per_s, "decode_tokens_per_s": self.decode_tokens_per_s,
-                "batched_decode_tokens_per_s": self.batched_decode_tokens_per_s, "batch": self.batch,
-                "seconds": self.seconds, "capability": self.capability}
+        return {
+            "prefill_tokens_per_s": self.prefill_tokens_per_s,
+            "decode_tokens_per_s": self.decode_tokens_per_s,
+            "batched_decode_tokens_per_s": self.batched_decode_tokens_per_s,
+            "batch": self.batch,
+            "seconds": self.seconds,
+            "capability": self.capability,
+        }
 
 
 def calibration_path(engine: LLMEngine, cache_root: Path) -> Path:
     """Where this engine's figures are kept: one file per key."""
     cpu = platform.processor() or platform.machine()
-    identity = json.dumps([engine.checkpoint.source, str(engine.dtype), str(engine.device), torch.get_num_threads(),
-                           dataclasses.asdict(engine.config), torch.__version__, cpu, os.cpu_count(),
-                           torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None],
-                          sort_keys=True, default=str)
+    identity = json.dumps(
+        [
+            engine.checkpoint.source,
+            str(engine.dtype),
+            str(engine.device),
+            torch.get_num_threads(),
+            dataclasses.asdict(engine.config),
+            torch.__version__,
+            cpu,
+            os.cpu_count(),
+            torch.cuda.get_device_name(engine.device) if engine.device.type == "cuda" else None,
+        ],
+        sort_keys=True,
+        default=str,
+    )
     return cache_root / "calibration" / f"{hashlib.sha256(identity.encode()).hexdigest()[:32]}.json"
 
 
-def calibrate(engine: LLMEngine, cache_path: Path | None = None, prompt_tokens: int = 256, decode_steps: int = 8,
-              batch: int = 8) -> Calibration:
+def calibrate(
+    engine: LLMEngine, cache_path: Path | None = None, prompt_tokens: int = 256, decode_steps: int = 8, batch: int = 8
+) -> Calibration:
     """Runs on an idle engine; leaves it idle with its counters reset and its speed estimates seeded.
     With `cache_path` holding figures, they are reused after a warm-up; without, they are measured
     (and written there). Prompts are random token ids, so the prefix cache cannot flatter prefill."""
@@ -89,8 +107,12 @@ def calibrate(engine: LLMEngine, cache_path: Path | None = None, prompt_tokens: 
     known = _read(cache_path)
     if known is not None:
         run([prompt(16) for _ in range(known.batch)], 2)  # warms the batched path too
-        prefill, single, batched, batch = (known.prefill_tokens_per_s, known.decode_tokens_per_s,
-                                           known.batched_decode_tokens_per_s, known.batch)
+        prefill, single, batched, batch = (
+            known.prefill_tokens_per_s,
+            known.decode_tokens_per_s,
+            known.batched_decode_tokens_per_s,
+            known.batch,
+        )
     else:
         prefill_started = time.perf_counter()
         run([prompt(prompt_tokens)], 1)
@@ -109,8 +131,17 @@ def calibrate(engine: LLMEngine, cache_path: Path | None = None, prompt_tokens: 
 def _read(path: Path | None) -> Calibration | None:
     try:
         raw = json.loads(path.read_text()) if path is not None else None
-        return Calibration(raw["prefill_tokens_per_s"], raw["decode_tokens_per_s"],
-                           raw["batched_decode_tokens_per_s"], int(raw["batch"]), 0.0) if raw else None
+        return (
+            Calibration(
+                raw["prefill_tokens_per_s"],
+                raw["decode_tokens_per_s"],
+                raw["batched_decode_tokens_per_s"],
+                int(raw["batch"]),
+                0.0,
+            )
+            if raw
+            else None
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # missing or unreadable: measure again
 

@@ -1,4 +1,5 @@
 """LLMEngine: add requests, call step(), get outputs. Synchronous; see async_engine for streaming."""
+
 from __future__ import annotations
 
 import logging
@@ -11,12 +12,9 @@ from typing import NoReturn
 
 import torch
 
+from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.block_manager import BlockManager
-from shoal.config.engine import EngineConfig
-from shoal.runner.devices import resolve_device, resolve_dtype
-from shoal.runner.memory import free_memory_bytes, num_kv_blocks
-from shoal.runner.model_runner import ModelRunner, build_model
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -25,10 +23,18 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler, batch_of
 from shoal.engine.sequence import Sequence
 from shoal.engine.speed import SpeedEstimator
-from shoal.errors import (DuplicateRequestError, EmptyPromptError, InvalidRequestError, PromptTooLongError,
-                          ReplicaFailedError)
+from shoal.errors import (
+    DuplicateRequestError,
+    EmptyPromptError,
+    InvalidRequestError,
+    PromptTooLongError,
+    ReplicaFailedError,
+)
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.model.sharding import check_shardable
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.memory import free_memory_bytes, num_kv_blocks
+from shoal.runner.model_runner import ModelRunner, build_model
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +77,12 @@ class LLMEngine:
     request (bad input) raises before it is queued and never affects the others.
     """
 
-    def __init__(self, config: EngineConfig, checkpoint: Checkpoint | None = None,
-                 on_replica_failure: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        checkpoint: Checkpoint | None = None,
+        on_replica_failure: Callable[[str], None] | None = None,
+    ):
         """on_replica_failure is called (from another thread) if a process of a multi-process
         replica dies; steps raise ReplicaFailedError from then on."""
         self.config = config
@@ -85,8 +95,10 @@ class LLMEngine:
         self.tokenizer = self.checkpoint.tokenizer
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings
         if self.max_model_len > model_config.max_position_embeddings:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's "
-                             f"{model_config.max_position_embeddings} positions")
+            raise ValueError(
+                f"max_model_len {self.max_model_len} exceeds the model's "
+                f"{model_config.max_position_embeddings} positions"
+            )
         self.on_replica_failure = on_replica_failure
         self.tensor_group = None
         if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
@@ -102,17 +114,27 @@ class LLMEngine:
 
             layout = PipelineLayout.measure(config, self.checkpoint, self.dtype, self.max_model_len)
             log.info("pipeline plan:\n%s", layout.describe())
-        self.model = build_model(config, self.checkpoint, self.device, self.dtype,
-                                 layers=layout.head_layers if layout else None,
-                                 tensor_parallel=self.tensor_group.context if self.tensor_group else None)
+        self.model = build_model(
+            config,
+            self.checkpoint,
+            self.device,
+            self.dtype,
+            layers=layout.head_layers if layout else None,
+            tensor_parallel=self.tensor_group.context if self.tensor_group else None,
+        )
         # The KV budget this engine was given, in bytes (a pipeline's stages each bound it too).
-        self.kv_cache_budget_bytes = config.kv_cache_bytes or int(free_memory_bytes(self.device)
-                                                                  * config.kv_cache_fraction)
+        self.kv_cache_budget_bytes = config.kv_cache_bytes or int(
+            free_memory_bytes(self.device) * config.kv_cache_fraction
+        )
         if layout:
             blocks = layout.num_blocks
         else:
-            blocks = num_kv_blocks(self.kv_cache_budget_bytes, config.block_size, self.model.kv_bytes_per_token(),
-                                   config.max_num_seqs * self.max_model_len)
+            blocks = num_kv_blocks(
+                self.kv_cache_budget_bytes,
+                config.block_size,
+                self.model.kv_bytes_per_token(),
+                config.max_num_seqs * self.max_model_len,
+            )
         self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
         if self.tensor_group:
             from shoal.parallel.tensor_group import TensorParallelRunner
@@ -121,11 +143,18 @@ class LLMEngine:
         elif layout:
             from shoal.parallel.pipeline import PipelineRunner, PipelineSettings
 
-            self.runner = PipelineRunner(config, self.model, layout, self._live_sequences,
-                                         self.block_manager.forget_free_cached,
-                                         PipelineSettings(wire_dtype=config.pipeline_wire_dtype,
-                                                          spare_addresses=tuple(config.spare_stage_servers),
-                                                          local_spares=config.spare_stages))
+            self.runner = PipelineRunner(
+                config,
+                self.model,
+                layout,
+                self._live_sequences,
+                self.block_manager.forget_free_cached,
+                PipelineSettings(
+                    wire_dtype=config.pipeline_wire_dtype,
+                    spare_addresses=tuple(config.spare_stage_servers),
+                    local_spares=config.spare_stages,
+                ),
+            )
         else:
             self.runner = ModelRunner(self.model, blocks, config.block_size)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
@@ -143,8 +172,14 @@ class LLMEngine:
         self.step_expected_s: float | None = None
         self.observer: RequestObserver | None = None
         self.reset_counters()
-        log.info("engine ready: model=%s dtype=%s device=%s kv_blocks=%d (%d tokens)", config.model,
-                 self.dtype, self.device, blocks, self.max_cached_tokens)
+        log.info(
+            "engine ready: model=%s dtype=%s device=%s kv_blocks=%d (%d tokens)",
+            config.model,
+            self.dtype,
+            self.device,
+            blocks,
+            self.max_cached_tokens,
+        )
 
     def reset_counters(self) -> None:
         """Zeroes the cumulative counters (after calibration, so metrics count served work only)."""
@@ -159,9 +194,15 @@ class LLMEngine:
         """How many tokens the KV cache holds."""
         return self.block_manager.num_blocks * self.block_manager.block_size
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None = None,
-                    resume_token_ids: list[int] | None = None, jump_queue: bool = False,
-                    resume_text_offset: int | None = None) -> Sequence:
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams | None = None,
+        resume_token_ids: list[int] | None = None,
+        jump_queue: bool = False,
+        resume_text_offset: int | None = None,
+    ) -> Sequence:
         """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input.
 
         resume_token_ids continues a request that another engine started: those output tokens are
@@ -195,8 +236,11 @@ class LLMEngine:
             raise InvalidRequestError("resume_token_ids already reach max_tokens", param="resume_token_ids")
         limit = min(self.max_model_len, self.max_cached_tokens)
         if len(token_ids) + len(resumed) >= limit:
-            raise PromptTooLongError(f"the prompt has {len(token_ids) + len(resumed)} tokens; this model accepts at "
-                                     f"most {limit - 1} so that one token can be generated", param="prompt")
+            raise PromptTooLongError(
+                f"the prompt has {len(token_ids) + len(resumed)} tokens; this model accepts at "
+                f"most {limit - 1} so that one token can be generated",
+                param="prompt",
+            )
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stops a request now and frees its blocks; returns its final output (finish_reason abort)."""
@@ -227,7 +271,9 @@ class LLMEngine:
         alone (those finish with an error); the others keep their state and continue next step.
         """
         outputs = self._submit_micro_batches()
-        outputs += [self._output(seq, [], self.streams[seq.request_id].take_new_text()) for seq in self.scheduler.outgrown]
+        outputs += [
+            self._output(seq, [], self.streams[seq.request_id].take_new_text()) for seq in self.scheduler.outgrown
+        ]
         self.scheduler.outgrown.clear()
         if not self.in_flight:
             return outputs
@@ -308,9 +354,17 @@ class LLMEngine:
 
     def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[SampledToken]:
         """Tokens for the chunks that complete their sequence, from their rows of `logits`."""
-        rows = [SamplingRow(c.seq.params, c.seq.seed, c.seq.num_tokens, c.seq.prompt_token_ids,
-                            c.seq.output_token_ids, self.streams[c.seq.request_id].banned_token_ids())
-                for c in completing]
+        rows = [
+            SamplingRow(
+                c.seq.params,
+                c.seq.seed,
+                c.seq.num_tokens,
+                c.seq.prompt_token_ids,
+                c.seq.output_token_ids,
+                self.streams[c.seq.request_id].banned_token_ids(),
+            )
+            for c in completing
+        ]
         return sample(logits, rows)
 
     def _fail_culprits(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:
@@ -348,12 +402,25 @@ class LLMEngine:
     def _output(self, seq: Sequence, new_tokens: list[int], new_text: str) -> RequestOutput:
         stream = self.streams[seq.request_id]
         completion = CompletionOutput(
-            index=0, text=stream.text if seq.is_finished else stream.text[:stream.emitted],
+            index=0,
+            text=stream.text if seq.is_finished else stream.text[: stream.emitted],
             token_ids=list(seq.output_token_ids),
             cumulative_logprob=stream.cumulative_logprob if stream.logprobs is not None else None,
-            logprobs=stream.logprobs, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
-        out = RequestOutput(seq.request_id, self.prompts[seq.request_id], seq.prompt_token_ids, [completion],
-                            seq.is_finished, seq.seed, seq.num_cached_tokens, new_tokens, new_text)
+            logprobs=stream.logprobs,
+            finish_reason=seq.finish_reason,
+            stop_reason=seq.stop_reason,
+        )
+        out = RequestOutput(
+            seq.request_id,
+            self.prompts[seq.request_id],
+            seq.prompt_token_ids,
+            [completion],
+            seq.is_finished,
+            seq.seed,
+            seq.num_cached_tokens,
+            new_tokens,
+            new_text,
+        )
         if seq.is_finished:
             if self.observer:
                 self.observer.finished(seq, time.monotonic() - seq.arrival_time)
@@ -370,15 +437,26 @@ class LLMEngine:
         prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
         decode = sum(s.params.max_tokens - len(s.output_token_ids) for s in live)
         return EngineStats(
-            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            kv_cache_usage=bm.usage(), num_kv_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
-            block_size=bm.block_size, max_cached_tokens=self.max_cached_tokens,
-            prefix_cache_query_tokens=bm.prefix_queries, prefix_cache_hit_tokens=bm.prefix_hits,
-            num_preemptions=self.scheduler.num_preemptions, batch_size_limit=self.batch_controller.limit,
-            prompt_tokens=self.prompt_tokens, prompt_tokens_computed=self.prompt_tokens_computed,
-            generation_tokens=self.generation_tokens, outstanding_prefill_tokens=prefill,
-            outstanding_decode_tokens=decode, prefill_tokens_per_s=self.speed.prefill_tokens_per_s,
-            decode_tokens_per_s=self.speed.decode_tokens_per_s, decode_step_s=self.speed.decode_step_s)
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_cache_usage=bm.usage(),
+            num_kv_blocks=bm.num_blocks,
+            num_free_blocks=bm.num_free_blocks,
+            block_size=bm.block_size,
+            max_cached_tokens=self.max_cached_tokens,
+            prefix_cache_query_tokens=bm.prefix_queries,
+            prefix_cache_hit_tokens=bm.prefix_hits,
+            num_preemptions=self.scheduler.num_preemptions,
+            batch_size_limit=self.batch_controller.limit,
+            prompt_tokens=self.prompt_tokens,
+            prompt_tokens_computed=self.prompt_tokens_computed,
+            generation_tokens=self.generation_tokens,
+            outstanding_prefill_tokens=prefill,
+            outstanding_decode_tokens=decode,
+            prefill_tokens_per_s=self.speed.prefill_tokens_per_s,
+            decode_tokens_per_s=self.speed.decode_tokens_per_s,
+            decode_step_s=self.speed.decode_step_s,
+        )
 
     def check_integrity(self) -> None:
         """Asserts the block manager's and scheduler's invariants (used by tests)."""

@@ -1,4 +1,5 @@
 """Per-request latency events, for metrics and traces. The engine calls an observer from its own thread."""
+
 from __future__ import annotations
 
 from typing import Protocol

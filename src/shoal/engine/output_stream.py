@@ -1,4 +1,5 @@
 """Turns one request's sampled tokens into text deltas and decides when it stops."""
+
 from __future__ import annotations
 
 from shoal.engine.sampler import SampledToken
@@ -14,11 +15,18 @@ class OutputStream:
     prefix of the final text, because text that might be the start of a stop string is held back.
     """
 
-    def __init__(self, tokenizer: Tokenizer, params: SamplingParams, prompt_token_ids: list[int],
-                 eos_token_ids: tuple[int, ...], max_model_len: int):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        params: SamplingParams,
+        prompt_token_ids: list[int],
+        eos_token_ids: tuple[int, ...],
+        max_model_len: int,
+    ):
         self.params = params
-        self.detokenizer = IncrementalDetokenizer(tokenizer, prompt_token_ids,
-                                                  skip_special_tokens=params.skip_special_tokens)
+        self.detokenizer = IncrementalDetokenizer(
+            tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
+        )
         self.stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
         self.max_total_tokens = max_model_len
         self.num_prompt_tokens = len(prompt_token_ids)
@@ -60,7 +68,10 @@ class OutputStream:
         self.text += self.detokenizer.add(token)
         if self.params.stop and self._truncate_at_stop_string():
             return
-        if self.num_tokens >= self.params.max_tokens or self.num_prompt_tokens + self.num_tokens >= self.max_total_tokens:
+        if (
+            self.num_tokens >= self.params.max_tokens
+            or self.num_prompt_tokens + self.num_tokens >= self.max_total_tokens
+        ):
             self.finish_reason = "length"
             self.text += self.detokenizer.flush()
 
@@ -71,13 +82,13 @@ class OutputStream:
         if not found:
             return False
         index, stop = min(found)
-        self.text = self.text[:index + len(stop)] if self.params.include_stop_str_in_output else self.text[:index]
+        self.text = self.text[: index + len(stop)] if self.params.include_stop_str_in_output else self.text[:index]
         self.finish_reason, self.stop_reason = "stop", stop
         return True
 
     def take_new_text(self) -> str:
         """Text not handed out yet that can no longer become part of a stop string."""
         end = len(self.text) if self.finish_reason else max(self.emitted, len(self.text) - self.holdback)
-        delta = self.text[self.emitted:end]
+        delta = self.text[self.emitted : end]
         self.emitted = end
         return delta

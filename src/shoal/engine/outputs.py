@@ -1,4 +1,5 @@
 """What the engine reports per request and step, in vLLM's shape (RequestOutput / CompletionOutput)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

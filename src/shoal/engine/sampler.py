@@ -5,6 +5,7 @@ fresh generator is seeded from both, and sampling is an exponential race (argmax
 E_i ~ Exp(1)), which is equivalent to drawing from p. Together with batch-invariant logits, a
 request yields the same tokens alone, batched, preempted, or resumed from a prefix elsewhere.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,8 +54,14 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
 def _is_plain_greedy(row: SamplingRow) -> bool:
     """Greedy with nothing that alters the logits: a row-wise argmax is the whole job."""
     p = row.params
-    return (p.greedy and p.logprobs is None and not row.banned_token_ids and p.repetition_penalty == 1.0
-            and not p.presence_penalty and not p.frequency_penalty)
+    return (
+        p.greedy
+        and p.logprobs is None
+        and not row.banned_token_ids
+        and p.repetition_penalty == 1.0
+        and not p.presence_penalty
+        and not p.frequency_penalty
+    )
 
 
 def _sample_row(logits: torch.Tensor, row: SamplingRow) -> SampledToken:
@@ -79,12 +86,14 @@ def _sample_row(logits: torch.Tensor, row: SamplingRow) -> SampledToken:
 def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     params = row.params
     if params.repetition_penalty != 1.0:
-        seen = torch.tensor(sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long,
-                            device=logits.device)
+        seen = torch.tensor(
+            sorted(set(row.prompt_token_ids) | set(row.output_token_ids)), dtype=torch.long, device=logits.device
+        )
         if len(seen):
             picked = logits[seen]
-            logits[seen] = torch.where(picked > 0, picked / params.repetition_penalty,
-                                       picked * params.repetition_penalty)
+            logits[seen] = torch.where(
+                picked > 0, picked / params.repetition_penalty, picked * params.repetition_penalty
+            )
     if (params.presence_penalty or params.frequency_penalty) and row.output_token_ids:
         ids, counts = torch.tensor(row.output_token_ids, dtype=torch.long).unique(return_counts=True)
         ids, counts = ids.to(logits.device), counts.to(logits.device, torch.float32)

@@ -1,4 +1,5 @@
 """Sampling parameters of one request, with the ranges vLLM and the OpenAI API accept."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -51,9 +52,17 @@ class SamplingParams:
             (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty", "must be in [-2, 2]"),
             (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty", "must be in [-2, 2]"),
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens", "must be in [0, max_tokens]"),
-            (self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", f"must be in [0, {MAX_LOGPROBS}]"),
+            (
+                self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS,
+                "logprobs",
+                f"must be in [0, {MAX_LOGPROBS}]",
+            ),
             (all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings"),
-            (all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids", "must be non-negative ints"),
+            (
+                all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids),
+                "stop_token_ids",
+                "must be non-negative ints",
+            ),
             (self.seed is None or isinstance(self.seed, int), "seed", "must be an integer"),
         ]
         for ok, name, rule in checks:

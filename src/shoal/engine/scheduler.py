@@ -1,4 +1,5 @@
 """Iteration-level scheduler: which tokens of which sequences the next forward step computes."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -29,12 +30,18 @@ def batch_of(chunks: list[ScheduledChunk]) -> StepBatch:
     positions: list[int] = []
     last_rows: list[int] = []
     for chunk in chunks:
-        input_ids.extend(chunk.seq.all_token_ids[chunk.start:chunk.start + chunk.length])
+        input_ids.extend(chunk.seq.all_token_ids[chunk.start : chunk.start + chunk.length])
         positions.extend(range(chunk.start, chunk.start + chunk.length))
         if chunk.completes_sequence:
             last_rows.append(len(input_ids) - 1)
-    return StepBatch(input_ids, positions, [c.length for c in chunks], [c.start for c in chunks],
-                     [list(c.seq.block_table) for c in chunks], last_rows)
+    return StepBatch(
+        input_ids,
+        positions,
+        [c.length for c in chunks],
+        [c.start for c in chunks],
+        [list(c.seq.block_table) for c in chunks],
+        last_rows,
+    )
 
 
 class Scheduler:
@@ -83,8 +90,9 @@ class Scheduler:
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = reason
 
-    def schedule(self, seq_limit: int | None = None, busy: frozenset[str] = frozenset(),
-                 max_chunks: int | None = None) -> list[ScheduledChunk]:
+    def schedule(
+        self, seq_limit: int | None = None, busy: frozenset[str] = frozenset(), max_chunks: int | None = None
+    ) -> list[ScheduledChunk]:
         """Plans one step. `seq_limit` (from the adaptive batch controller) caps admissions; `busy`
         sequences (in a micro-batch still in flight) are neither scheduled nor preempted;
         `max_chunks` caps the sequences in this step (a pipeline's micro-batch)."""

@@ -1,4 +1,5 @@
 """Measured throughput of one engine: moving prefill and decode speeds from step timings."""
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ Templates are untrusted code from model files, so they run in jinja2's immutable
 transformers' settings (trim_blocks, lstrip_blocks, loop controls) and helpers (`raise_exception`,
 `strftime_now`, a non-HTML-escaping `tojson`, and a pass-through `{% generation %}` block).
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,13 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: tuple[str, str] | None = None,
+    sort_keys: bool = False,
+) -> str:
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
@@ -47,8 +53,9 @@ def _strftime_now(fmt: str) -> str:
 
 def compile_chat_template(source: str) -> jinja2.Template:
     """Compiles `source` in a fresh sandboxed environment; syntax errors raise ModelLoadError."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationBlock, jinja2.ext.loopcontrols])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationBlock, jinja2.ext.loopcontrols]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -58,15 +65,25 @@ def compile_chat_template(source: str) -> jinja2.Template:
         raise ModelLoadError(f"chat template does not compile: {exc}") from exc
 
 
-def render_chat_template(template: jinja2.Template, messages: Sequence[Mapping[str, Any]], *,
-                         add_generation_prompt: bool, tools: Sequence[Mapping[str, Any]] | None,
-                         special_tokens: Mapping[str, str | None]) -> str:
+def render_chat_template(
+    template: jinja2.Template,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    add_generation_prompt: bool,
+    tools: Sequence[Mapping[str, Any]] | None,
+    special_tokens: Mapping[str, str | None],
+) -> str:
     """The prompt text. Like transformers, message keys whose value is None are dropped before rendering,
     and special token strings (bos_token, eos_token, ...) are visible to the template."""
     plain = [{key: value for key, value in dict(message).items() if value is not None} for message in messages]
     context = {name: token for name, token in special_tokens.items() if token is not None}
     try:
-        return template.render(messages=plain, tools=list(tools) if tools is not None else None, documents=None,
-                               add_generation_prompt=add_generation_prompt, **context)
+        return template.render(
+            messages=plain,
+            tools=list(tools) if tools is not None else None,
+            documents=None,
+            add_generation_prompt=add_generation_prompt,
+            **context,
+        )
     except jinja2.TemplateError as exc:
         raise ChatTemplateError(str(exc)) from exc

@@ -1,4 +1,5 @@
 """Architecture description of a Llama-family decoder, independent of where the weights come from."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,7 +18,7 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
 
     @classmethod
-    def from_hf(cls, raw: dict[str, Any] | None) -> "RopeScaling":
+    def from_hf(cls, raw: dict[str, Any] | None) -> RopeScaling:
         if not raw:
             return cls()
         rope_type = raw.get("rope_type", raw.get("type", "default"))
@@ -57,7 +58,7 @@ class LlamaConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf(cls, raw: dict[str, Any]) -> "LlamaConfig":
+    def from_hf(cls, raw: dict[str, Any]) -> LlamaConfig:
         """Builds the config from a Hugging Face config.json dict (Llama, Mistral, Qwen2 and kin)."""
         heads = raw["num_attention_heads"]
         eos = raw.get("eos_token_id")

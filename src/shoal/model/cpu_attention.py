@@ -7,6 +7,7 @@ unless SHOAL_CPU_ISA caps it, see cpu_features) and cached under
 different CPU, cap or source gets its own build. Where no compiler is available the model uses the
 tiled torch kernel instead.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,23 +34,35 @@ def load_cpu_attention() -> ModuleType | None:
 
     features = effective_cpu_features()
     cflags = ["-O3", *features.compiler_flags()]
-    key = [SOURCE.read_bytes(), " ".join(sorted(features.flags)).encode(), " ".join(cflags).encode(),
-           torch.__version__.encode()]
+    key = [
+        SOURCE.read_bytes(),
+        " ".join(sorted(features.flags)).encode(),
+        " ".join(cflags).encode(),
+        torch.__version__.encode(),
+    ]
     build_dir = default_cache_dir() / "extensions" / hashlib.sha256(b"\0".join(key)).hexdigest()[:16]
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(name="shoal_paged_attention_cpu", sources=[str(SOURCE)], build_directory=str(build_dir),
-                           extra_cflags=cflags, is_python_module=False, verbose=False)
+        cpp_extension.load(
+            name="shoal_paged_attention_cpu",
+            sources=[str(SOURCE)],
+            build_directory=str(build_dir),
+            extra_cflags=cflags,
+            is_python_module=False,
+            verbose=False,
+        )
     except (RuntimeError, OSError, ImportError) as exc:  # no compiler or headers, read-only cache: tiled kernel
         log.warning("CPU attention kernel unavailable (%s); using the tiled torch kernel", exc)
         return None
     return torch.ops.shoal
 
 
-def row_paged_attention(kernel: ModuleType, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor],
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
+def row_paged_attention(
+    kernel: ModuleType, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """Same contract as `tiled_paged_attention`: q [T, H, D] rotated; returns [T, H * D] in q's dtype."""
     k_cache, v_cache = cache
-    out = kernel.paged_attention_rows(q.float().contiguous(), k_cache, v_cache, meta.block_tables,
-                                      meta.token_sequences, meta.token_positions, scale)
+    out = kernel.paged_attention_rows(
+        q.float().contiguous(), k_cache, v_cache, meta.block_tables, meta.token_sequences, meta.token_positions, scale
+    )
     return out.view(q.shape[0], -1).to(q.dtype)

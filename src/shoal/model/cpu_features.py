@@ -14,6 +14,7 @@ Torch's libraries are capped through the environment, which they read when they 
 which child processes inherit: oneDNN (ONEDNN_MAX_CPU_ISA), ATen (ATEN_CPU_CAPABILITY) and MKL
 (MKL_ENABLE_INSTRUCTIONS). So `apply_cpu_isa_cap()` must run before torch runs its first operation.
 """
+
 from __future__ import annotations
 
 import functools
@@ -44,18 +45,46 @@ class IsaLevel:
 
 ISA_LEVELS = (
     IsaLevel("baseline", frozenset(), frozenset(), "SSE41", "default", "SSE4_2", ("-march=x86-64",)),
-    IsaLevel("avx2", frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}), frozenset(),
-             "AVX2", "avx2", "AVX2", ("-march=x86-64-v3",)),
-    IsaLevel("avx512", frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
-             frozenset({"avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq",
-                        "avx512_vp2intersect"}),
-             "AVX512_CORE", "avx512", "AVX512", ("-march=x86-64-v4",)),
-    IsaLevel("avx512_bf16", frozenset({"avx512_bf16", "avx512_vnni"}), frozenset(),
-             "AVX512_CORE_BF16", "avx512", "AVX512", ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni")),
-    IsaLevel("amx", frozenset({"amx_tile", "amx_bf16", "amx_int8"}),
-             frozenset({"avx512_fp16", "avx_ne_convert", "avx_vnni", "avx_vnni_int8", "avx_ifma", "amx_fp16",
-                        "amx_complex"}),
-             None, "avx512", None, ("-march=native",)),
+    IsaLevel(
+        "avx2",
+        frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"}),
+        frozenset(),
+        "AVX2",
+        "avx2",
+        "AVX2",
+        ("-march=x86-64-v3",),
+    ),
+    IsaLevel(
+        "avx512",
+        frozenset({"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}),
+        frozenset(
+            {"avx512ifma", "avx512vbmi", "avx512_vbmi2", "avx512_bitalg", "avx512_vpopcntdq", "avx512_vp2intersect"}
+        ),
+        "AVX512_CORE",
+        "avx512",
+        "AVX512",
+        ("-march=x86-64-v4",),
+    ),
+    IsaLevel(
+        "avx512_bf16",
+        frozenset({"avx512_bf16", "avx512_vnni"}),
+        frozenset(),
+        "AVX512_CORE_BF16",
+        "avx512",
+        "AVX512",
+        ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
+    ),
+    IsaLevel(
+        "amx",
+        frozenset({"amx_tile", "amx_bf16", "amx_int8"}),
+        frozenset(
+            {"avx512_fp16", "avx_ne_convert", "avx_vnni", "avx_vnni_int8", "avx_ifma", "amx_fp16", "amx_complex"}
+        ),
+        None,
+        "avx512",
+        None,
+        ("-march=native",),
+    ),
 )
 LEVEL_NAMES = tuple(level.name for level in ISA_LEVELS)
 
@@ -98,8 +127,11 @@ class CpuFeatures:
         """The variables that hold oneDNN, ATen and MKL to the cap (none when not capped)."""
         if not self.capped:
             return {}
-        values = {"ONEDNN_MAX_CPU_ISA": self.level.onednn_isa, "ATEN_CPU_CAPABILITY": self.level.aten_capability,
-                  "MKL_ENABLE_INSTRUCTIONS": self.level.mkl_instructions}
+        values = {
+            "ONEDNN_MAX_CPU_ISA": self.level.onednn_isa,
+            "ATEN_CPU_CAPABILITY": self.level.aten_capability,
+            "MKL_ENABLE_INSTRUCTIONS": self.level.mkl_instructions,
+        }
         return {name: value for name, value in values.items() if value is not None}
 
     def describe(self) -> str:
@@ -140,7 +172,7 @@ def resolve_cpu_features(cpuinfo: str, cap: str | None) -> CpuFeatures:
     position = LEVEL_NAMES.index(cap)
     if position > LEVEL_NAMES.index(host.name):
         raise ValueError(f"{ISA_VARIABLE}={cap} asks for more than this CPU has: its level is {host.name}")
-    removed = frozenset().union(*(level.required | level.optional for level in ISA_LEVELS[position + 1:]))
+    removed = frozenset().union(*(level.required | level.optional for level in ISA_LEVELS[position + 1 :]))
     return CpuFeatures(flags - removed, ISA_LEVELS[position], host, capped=True)
 
 
@@ -174,6 +206,11 @@ def effective_cpu_features() -> CpuFeatures:
     aten = torch.backends.cpu.get_cpu_capability()
     log.info("CPU instruction set: %s; ATen kernels: %s", features.describe(), aten)
     if features.capped and aten.lower() != features.level.aten_capability:
-        log.warning("%s=%s came after torch started: ATen keeps its %s kernels, and oneDNN may keep its own; "
-                    "set it before the process starts", ISA_VARIABLE, features.level.name, aten)
+        log.warning(
+            "%s=%s came after torch started: ATen keeps its %s kernels, and oneDNN may keep its own; "
+            "set it before the process starts",
+            ISA_VARIABLE,
+            features.level.name,
+            aten,
+        )
     return features

@@ -1,4 +1,5 @@
 """Errors raised while loading a model checkpoint or using its tokenizer."""
+
 from __future__ import annotations
 
 

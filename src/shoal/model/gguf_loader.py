@@ -4,6 +4,7 @@ Invariants of the produced state dict: tensors are dequantized to the requested 
 order (ggml lists dimensions innermost first, torch outermost first), and q_proj/k_proj rows are in
 the Hugging Face order, i.e. llama.cpp's rotary permutation of llama-arch checkpoints is undone.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -95,8 +96,10 @@ def _f32(value: Any) -> float:
 
 def _rope_scaling(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> RopeScaling:
     if "rope_freqs.weight" in tensor_names:
-        raise ModelLoadError("per-dimension rope_freqs (Llama 3.1-style scaling) in a GGUF file is not supported; "
-                             "load the Hugging Face checkpoint instead")
+        raise ModelLoadError(
+            "per-dimension rope_freqs (Llama 3.1-style scaling) in a GGUF file is not supported; "
+            "load the Hugging Face checkpoint instead"
+        )
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
     if kind == "none" and factor is None:
@@ -128,8 +131,11 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
     rope_dim = meta.get(f"{arch}.rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != head_dim:
         raise ModelLoadError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
-    eos_ids = [meta[key] for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
-                                     "tokenizer.ggml.eom_token_id") if key in meta]
+    eos_ids = [
+        meta[key]
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
+        if key in meta
+    ]
     try:
         return LlamaConfig(
             vocab_size=int(tensors["token_embd.weight"].shape[1]),
@@ -184,8 +190,9 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape).contiguous()
 
 
-def gguf_state_dict(reader: GGUFReader, config: LlamaConfig,
-                    dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def gguf_state_dict(
+    reader: GGUFReader, config: LlamaConfig, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """Every tensor of the file, renamed, dequantized, un-permuted and cast; validated against `config`."""
     permuted = config.architecture in _PERMUTED_ARCHITECTURES
     weights: dict[str, torch.Tensor] = {}

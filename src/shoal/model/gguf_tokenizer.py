@@ -7,6 +7,7 @@ ids equal `AutoTokenizer.from_pretrained(dir, gguf_file=...)`:
 - "llama": SentencePiece-style BPE with byte fallback; merges from the file or derived from the scores.
 Control tokens (type 3) become special added tokens, user-defined tokens (type 4) plain added tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -46,8 +47,22 @@ _GPT4O_SPLIT = (
 )
 # `tokenizer.ggml.pre` -> split regex; names not listed (e.g. SmolLM2's "smollm") keep GPT-2's regex.
 PRE_TOKENIZER_SPLITS = {
-    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
-                     "jina-v5-nano", "dbrx", "smaug-bpe"), _LLAMA3_SPLIT),
+    **dict.fromkeys(
+        (
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "falcon-h1",
+            "pixtral",
+            "midm-2.0",
+            "lfm2",
+            "jina-v5-nano",
+            "dbrx",
+            "smaug-bpe",
+        ),
+        _LLAMA3_SPLIT,
+    ),
     **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez"), _QWEN2_SPLIT),
     "qwen35": _QWEN35_SPLIT,
     "tekken": _TEKKEN_SPLIT,
@@ -76,8 +91,9 @@ def merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[str
     vocab = {token: index for index, token in enumerate(tokens)}
     merges: list[tuple[str, str, float]] = []
     for token, score in dict(zip(tokens, scores)).items():
-        local = [(token[:i], token[i:], score) for i in range(1, len(token))
-                 if token[:i] in vocab and token[i:] in vocab]
+        local = [
+            (token[:i], token[i:], score) for i in range(1, len(token)) if token[:i] in vocab and token[i:] in vocab
+        ]
         merges.extend(sorted(local, key=lambda m: (vocab[m[0]], vocab[m[1]])))
     merges.sort(key=lambda m: (m[2], len(m[0]), len(m[1])), reverse=True)
     return [(left, right) for left, right, _ in merges]
@@ -100,16 +116,23 @@ def _byte_level_backend(tokens: list[str], merges: list[str]) -> tuple[Backend, 
         token if set(token) <= alphabet else "".join(spelling[b] for b in token.encode("utf-8")): index
         for index, token in enumerate(tokens)
     }
-    model = BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges], dropout=None,
-                continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    model = BPE(
+        vocab=vocab,
+        merges=[tuple(m.split(" ")) for m in merges],
+        dropout=None,
+        continuing_subword_prefix="",
+        end_of_word_suffix="",
+        fuse_unk=False,
+    )
     backend = Backend(model)
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
     return backend, ("<|endoftext|>",)
 
 
-def _sentencepiece_backend(tokens: list[str], merges: list[str] | None,
-                           scores: list[float] | None) -> tuple[Backend, tuple[str, ...]]:
+def _sentencepiece_backend(
+    tokens: list[str], merges: list[str] | None, scores: list[float] | None
+) -> tuple[Backend, tuple[str, ...]]:
     if merges is not None:
         pairs = [tuple(m.split(" ")) for m in merges]
     elif scores is not None:
@@ -119,14 +142,20 @@ def _sentencepiece_backend(tokens: list[str], merges: list[str] | None,
     vocab = {token: index for index, token in enumerate(tokens)}
     backend = Backend(BPE(vocab=vocab, merges=pairs, fuse_unk=True, byte_fallback=True, dropout=None))
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first", split=False)
-    backend.decoder = decoders.Sequence([
-        decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0),
-    ])
+    backend.decoder = decoders.Sequence(
+        [
+            decoders.Replace("\u2581", " "),
+            decoders.ByteFallback(),
+            decoders.Fuse(),
+            decoders.Strip(" ", 1, 0),
+        ]
+    )
     return backend, ("<unk>", "<s>", "</s>")
 
 
-def _post_processor(bos: str | None, eos: str | None, add_bos: bool, add_eos: bool,
-                    vocab: dict[str, int]) -> processors.TemplateProcessing:
+def _post_processor(
+    bos: str | None, eos: str | None, add_bos: bool, add_eos: bool, vocab: dict[str, int]
+) -> processors.TemplateProcessing:
     """transformers' `update_post_processor`: optional BOS before and EOS after each sequence."""
     add_bos, add_eos = add_bos and bos is not None, add_eos and eos is not None
     single = f"{bos + ':0 ' if add_bos else ''}$A:0{' ' + eos + ':0' if add_eos else ''}"
@@ -150,8 +179,9 @@ def gguf_tokenizer_spec(meta: dict[str, Any]) -> GGUFTokenizerSpec:
         arch = meta.get("general.architecture")
         if arch in _RESPELLED_SENTENCEPIECE_ARCHITECTURES:
             raise ModelLoadError(f"the SentencePiece tokenizer variant of {arch!r} is not supported")
-        backend, class_defaults = _sentencepiece_backend(tokens, meta.get("tokenizer.ggml.merges"),
-                                                         meta.get("tokenizer.ggml.scores"))
+        backend, class_defaults = _sentencepiece_backend(
+            tokens, meta.get("tokenizer.ggml.merges"), meta.get("tokenizer.ggml.scores")
+        )
         alphabet = None
     else:
         raise ModelLoadError(f"GGUF tokenizer model {kind!r} is not supported (supported: gpt2, llama)")
@@ -159,32 +189,53 @@ def gguf_tokenizer_spec(meta: dict[str, Any]) -> GGUFTokenizerSpec:
     vocab = backend.get_vocab()
     # transformers' tokenizer classes register their default special tokens first (when in the vocabulary).
     backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in class_defaults if t in vocab])
-    backend.add_special_tokens([AddedToken(token, normalized=False, special=True)
-                                for token, kind_ in zip(tokens, token_types)
-                                if kind_ == _CONTROL and (alphabet is None or set(token) <= alphabet)])
+    backend.add_special_tokens(
+        [
+            AddedToken(token, normalized=False, special=True)
+            for token, kind_ in zip(tokens, token_types)
+            if kind_ == _CONTROL and (alphabet is None or set(token) <= alphabet)
+        ]
+    )
     vocab = backend.get_vocab()
-    backend.add_tokens([AddedToken(token, normalized=False, special=False)
-                        for token, kind_ in zip(tokens, token_types) if kind_ == _USER_DEFINED and token in vocab])
+    backend.add_tokens(
+        [
+            AddedToken(token, normalized=False, special=False)
+            for token, kind_ in zip(tokens, token_types)
+            if kind_ == _USER_DEFINED and token in vocab
+        ]
+    )
 
     def token_of(key: str) -> str | None:
         index = meta.get(f"tokenizer.ggml.{key}")
         return tokens[index] if index is not None and 0 <= index < len(tokens) else None
 
-    special_tokens = {"bos_token": token_of("bos_token_id"), "eos_token": token_of("eos_token_id"),
-                      "unk_token": token_of("unknown_token_id"), "pad_token": token_of("padding_token_id")}
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in dict.fromkeys(special_tokens.values()) if t is not None])
+    special_tokens = {
+        "bos_token": token_of("bos_token_id"),
+        "eos_token": token_of("eos_token_id"),
+        "unk_token": token_of("unknown_token_id"),
+        "pad_token": token_of("padding_token_id"),
+    }
+    backend.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(special_tokens.values()) if t is not None]
+    )
 
     split = PRE_TOKENIZER_SPLITS.get(meta.get("tokenizer.ggml.pre", ""))
     if split is not None:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(split), behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
     add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", kind == "llama"))
     add_eos = bool(meta.get("tokenizer.ggml.add_eos_token", False))
-    backend.post_processor = _post_processor(special_tokens["bos_token"], special_tokens["eos_token"],
-                                             add_bos, add_eos, backend.get_vocab())
+    backend.post_processor = _post_processor(
+        special_tokens["bos_token"], special_tokens["eos_token"], add_bos, add_eos, backend.get_vocab()
+    )
     extra_eos = tuple(meta[k] for k in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id") if k in meta)
-    return GGUFTokenizerSpec(backend=backend, special_tokens=special_tokens,
-                             chat_template=meta.get("tokenizer.chat_template"), extra_eos_ids=extra_eos)
+    return GGUFTokenizerSpec(
+        backend=backend,
+        special_tokens=special_tokens,
+        chat_template=meta.get("tokenizer.chat_template"),
+        extra_eos_ids=extra_eos,
+    )

@@ -3,6 +3,7 @@
 Invariant of the produced state dict: exactly the tensors the decoder uses (see layout), in the requested
 dtype; rotary `inv_freq` buffers and a tied `lm_head.weight` are dropped.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,15 @@ from shoal.model.tokenizer import Tokenizer
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 _INDEX_FILE = "model.safetensors.index.json"
 # Files besides the weights that change what a load produces; their identities key the weight cache.
-_METADATA_FILES = ("config.json", "generation_config.json", _INDEX_FILE, "tokenizer.json", "tokenizer_config.json",
-                   "special_tokens_map.json", "chat_template.jinja")
+_METADATA_FILES = (
+    "config.json",
+    "generation_config.json",
+    _INDEX_FILE,
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -83,8 +91,9 @@ def hf_source_files(model_dir: str | Path) -> list[Path]:
     return [*(model_dir / n for n in _METADATA_FILES if (model_dir / n).is_file()), *hf_weight_files(model_dir)]
 
 
-def load_hf_state_dict(model_dir: str | Path, config: LlamaConfig,
-                       dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def load_hf_state_dict(
+    model_dir: str | Path, config: LlamaConfig, dtype: torch.dtype = torch.float32
+) -> dict[str, torch.Tensor]:
     """The decoder's tensors from all shards, cast to `dtype` and validated against `config`."""
     wanted = set(required_shapes(config)) | set(optional_shapes(config))
     weights: dict[str, torch.Tensor] = {}
@@ -124,8 +133,13 @@ def load_hf_tokenizer(model_dir: str | Path) -> Tokenizer:
     names = ("bos_token", "eos_token", "unk_token", "pad_token")
     special = {n: _token_content(tok_config.get(n, legacy_map.get(n))) for n in names}
     vocab = backend.get_vocab()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                for t in dict.fromkeys(special.values()) if t is not None and t in vocab])
+    backend.add_special_tokens(
+        [
+            AddedToken(t, special=True, normalized=False)
+            for t in dict.fromkeys(special.values())
+            if t is not None and t in vocab
+        ]
+    )
     templates = tok_config.get("chat_template")
     if isinstance(templates, list):
         templates = {entry["name"]: entry["template"] for entry in templates}
@@ -133,5 +147,6 @@ def load_hf_tokenizer(model_dir: str | Path) -> Tokenizer:
     if jinja_file.is_file():
         default = jinja_file.read_text(encoding="utf-8")
         templates = {**templates, "default": default} if isinstance(templates, dict) else default
-    return Tokenizer(backend, special_tokens=special, chat_template=templates,
-                     extra_eos_ids=generation_eos_ids(model_dir))
+    return Tokenizer(
+        backend, special_tokens=special, chat_template=templates, extra_eos_ids=generation_eos_ids(model_dir)
+    )

@@ -16,6 +16,7 @@ oneDNN multiplies bfloat16/float16 where the CPU has its kernels for them (`CpuF
 16-bit weights are widened to float32 once (exactly), each tile is widened on the way in and
 rounded back on the way out, and unprepacked ones use ATen's kernels.
 """
+
 from __future__ import annotations
 
 import functools
@@ -45,13 +46,22 @@ class InvariantLinear:
     "aten".
     """
 
-    def __init__(self, weights: list[torch.Tensor], biases: list[torch.Tensor | None] | None, tile_rows: int,
-                 prepack: bool, features: CpuFeatures | None = None):
+    def __init__(
+        self,
+        weights: list[torch.Tensor],
+        biases: list[torch.Tensor | None] | None,
+        tile_rows: int,
+        prepack: bool,
+        features: CpuFeatures | None = None,
+    ):
         biases = biases or [None] * len(weights)
         self.tile_rows = tile_rows
         self.out_features = sum(w.shape[0] for w in weights)
-        self.bias = None if all(b is None for b in biases) else torch.cat(
-            [b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        self.bias = (
+            None
+            if all(b is None for b in biases)
+            else torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        )
         on_cpu = tile_rows > 0 and weights[0].device.type == "cpu"
         compute = onednn_compute_dtype(weights[0].dtype, features or effective_cpu_features()) if on_cpu else None
         self.compute_dtype = compute or weights[0].dtype
@@ -73,7 +83,7 @@ class InvariantLinear:
             x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
         if padded == tile:
             return self._multiply(x)[:rows]
-        return torch.cat([self._multiply(x[start:start + tile]) for start in range(0, padded, tile)])[:rows]
+        return torch.cat([self._multiply(x[start : start + tile]) for start in range(0, padded, tile)])[:rows]
 
     def _multiply(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "onednn-packed":
@@ -96,10 +106,15 @@ def onednn_compute_dtype(dtype: torch.dtype, features: CpuFeatures) -> torch.dty
     Logged once per dtype and CPU when 16-bit weights fall back."""
     if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return None
-    native = {torch.float32: True,
-              torch.bfloat16: features.onednn_bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
-              torch.float16: features.onednn_fp16 and torch.ops.mkldnn._is_mkldnn_fp16_supported()}[dtype]
+    native = {
+        torch.float32: True,
+        torch.bfloat16: features.onednn_bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
+        torch.float16: features.onednn_fp16 and torch.ops.mkldnn._is_mkldnn_fp16_supported(),
+    }[dtype]
     if not native:
-        log.info("%s weights on CPU level %s: oneDNN has no kernels for them here; prepacked ones are "
-                 "multiplied in float32", dtype, features.describe())
+        log.info(
+            "%s weights on CPU level %s: oneDNN has no kernels for them here; prepacked ones are multiplied in float32",
+            dtype,
+            features.describe(),
+        )
     return dtype if native else torch.float32

@@ -1,4 +1,5 @@
 """The decoder's tensors in Hugging Face naming and torch shape order, derived from a `LlamaConfig`."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -21,23 +22,27 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         shapes["lm_head.weight"] = (config.vocab_size, hidden)
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,),
-            p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q_rows, hidden),
-            p + "self_attn.k_proj.weight": (kv_rows, hidden),
-            p + "self_attn.v_proj.weight": (kv_rows, hidden),
-            p + "self_attn.o_proj.weight": (hidden, q_rows),
-            p + "mlp.gate_proj.weight": (inter, hidden),
-            p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q_rows, hidden),
+                p + "self_attn.k_proj.weight": (kv_rows, hidden),
+                p + "self_attn.v_proj.weight": (kv_rows, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q_rows),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
         if config.attention_bias:
-            shapes.update({
-                p + "self_attn.q_proj.bias": (q_rows,),
-                p + "self_attn.k_proj.bias": (kv_rows,),
-                p + "self_attn.v_proj.bias": (kv_rows,),
-            })
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q_rows,),
+                    p + "self_attn.k_proj.bias": (kv_rows,),
+                    p + "self_attn.v_proj.bias": (kv_rows,),
+                }
+            )
     return shapes
 
 

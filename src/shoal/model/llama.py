@@ -8,6 +8,7 @@ multiply goes through `InvariantLinear` and attention through one of two batch-i
 (the C++ row kernel on CPUs, the tiled torch kernel elsewhere), so a token's hidden states never
 depend on its batch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -42,34 +43,53 @@ class DecoderLayer:
     `config` has this rank's head and intermediate counts; `all_sum` adds the ranks' partial
     outputs of the row-parallel projections (the identity without tensor parallelism)."""
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], prefix: str, tile_rows: int,
-                 prepack: bool, attention: AttentionKernel, all_sum: Callable[[torch.Tensor], torch.Tensor]):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        weights: dict[str, torch.Tensor],
+        prefix: str,
+        tile_rows: int,
+        prepack: bool,
+        attention: AttentionKernel,
+        all_sum: Callable[[torch.Tensor], torch.Tensor],
+    ):
         self.config = config
         self.attention = attention
         self.all_sum = all_sum
         attn = prefix + "self_attn."
-        self.qkv = InvariantLinear([weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
-                                   [weights.get(f"{attn}{p}_proj.bias") for p in "qkv"], tile_rows, prepack)
-        self.o = InvariantLinear([weights[attn + "o_proj.weight"]], [weights.get(attn + "o_proj.bias")], tile_rows,
-                                 prepack)
-        self.gate_up = InvariantLinear([weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]],
-                                       None, tile_rows, prepack)
+        self.qkv = InvariantLinear(
+            [weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
+            [weights.get(f"{attn}{p}_proj.bias") for p in "qkv"],
+            tile_rows,
+            prepack,
+        )
+        self.o = InvariantLinear(
+            [weights[attn + "o_proj.weight"]], [weights.get(attn + "o_proj.bias")], tile_rows, prepack
+        )
+        self.gate_up = InvariantLinear(
+            [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]], None, tile_rows, prepack
+        )
         self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
         self.input_norm = weights[prefix + "input_layernorm.weight"]
         self.post_attention_norm = weights[prefix + "post_attention_layernorm.weight"]
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim ** -0.5
+        self.scale = config.head_dim**-0.5
 
-    def forward(self, hidden: torch.Tensor, rope_tables: tuple[torch.Tensor, torch.Tensor],
-                cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        rope_tables: tuple[torch.Tensor, torch.Tensor],
+        cache: KVCache,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
         cfg = self.config
         tokens = hidden.shape[0]
         qkv = self.qkv(rms_norm(hidden, self.input_norm, cfg.rms_norm_eps))
         # q and k are rotated together: one pass over the [T, H + Hkv, D] view.
-        qk = apply_rotary(qkv[:, :self.q_size + self.kv_size].reshape(tokens, -1, cfg.head_dim), *rope_tables)
+        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].reshape(tokens, -1, cfg.head_dim), *rope_tables)
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
-        v = qkv[:, self.q_size + self.kv_size:].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
+        v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
         hidden = hidden + self.all_sum(self.o(self.attention(q, cache, meta, self.scale)))
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
@@ -87,16 +107,27 @@ class LlamaModel:
     layer count stay the model's). Invariant: weights are not modified; caches are owned by the
     caller, one per layer held."""
 
-    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], tile_rows: int,
-                 device: torch.device | str = "cpu", prepack: bool = False, attention_kernel: str = "auto",
-                 layers: range | None = None, tensor_parallel: TensorParallel | None = None):
+    def __init__(
+        self,
+        config: LlamaConfig,
+        weights: dict[str, torch.Tensor],
+        tile_rows: int,
+        device: torch.device | str = "cpu",
+        prepack: bool = False,
+        attention_kernel: str = "auto",
+        layers: range | None = None,
+        tensor_parallel: TensorParallel | None = None,
+    ):
         self.layer_range = layers or range(config.num_layers)
         self.has_embedding = self.layer_range.start == 0
         self.has_head = self.layer_range.stop == config.num_layers
         self.tensor_parallel = tensor_parallel
         wanted = [f"model.layers.{i}." for i in self.layer_range]
-        weights = {name: t for name, t in weights.items() if not name.startswith("model.layers.")
-                   or name.startswith(tuple(wanted))}
+        weights = {
+            name: t
+            for name, t in weights.items()
+            if not name.startswith("model.layers.") or name.startswith(tuple(wanted))
+        }
         if tensor_parallel is not None:
             config, weights = shard_weights(config, weights, tensor_parallel)
         self.config = config
@@ -112,12 +143,14 @@ class LlamaModel:
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
-        self.layers = [DecoderLayer(config, on_device, f"model.layers.{i}.", tile_rows, prepack, attention,
-                                    self.all_sum) for i in self.layer_range]
+        self.layers = [
+            DecoderLayer(config, on_device, f"model.layers.{i}.", tile_rows, prepack, attention, self.all_sum)
+            for i in self.layer_range
+        ]
         self.rope = RotaryEmbedding(config).to(self.device)
 
     def _pick_attention(self, kind: str) -> AttentionKernel:
-        """"rows": the C++ CPU kernel; "tiles": the torch kernel; "auto": rows on CPU when it builds."""
+        """ "rows": the C++ CPU kernel; "tiles": the torch kernel; "auto": rows on CPU when it builds."""
         if kind not in ("auto", "rows", "tiles"):
             raise ValueError(f"attention_kernel must be auto, rows or tiles, got {kind!r}")
         kernel = load_cpu_attention() if kind != "tiles" and self.device.type == "cpu" else None
@@ -138,8 +171,9 @@ class LlamaModel:
         return self.all_sum(rows)
 
     @torch.inference_mode()
-    def forward(self, inputs: torch.Tensor, positions: torch.Tensor, caches: list[KVCache],
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, inputs: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], meta: AttentionMetadata
+    ) -> torch.Tensor:
         """inputs: [T] token ids if this holds the embedding, else [T, H] hidden states from the
         previous layers; positions: [T]. Writes the tokens' K/V into `caches`; returns the hidden
         states [T, H] after the last layer held (not normalised: see compute_logits)."""
@@ -159,8 +193,10 @@ class LlamaModel:
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
         cfg = self.config
-        return [allocate_kv_cache(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, self.dtype, self.device)
-                for _ in self.layers]
+        return [
+            allocate_kv_cache(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, self.dtype, self.device)
+            for _ in self.layers
+        ]
 
     def kv_bytes_per_token(self) -> int:
         """KV-cache bytes per token for the layers and heads held here."""

@@ -1,4 +1,5 @@
 """`load_checkpoint`: a model name or path -> config, HF-named weights and tokenizer, through the weight cache."""
+
 from __future__ import annotations
 
 import logging
@@ -42,8 +43,9 @@ def _convert(source: ModelSource, dtype: torch.dtype) -> tuple[LlamaConfig, dict
     return config, weights, load_hf_tokenizer(source.path)
 
 
-def load_checkpoint(name_or_path: str, dtype: torch.dtype = torch.float32,
-                    cache_dir: str | Path | None = None) -> Checkpoint:
+def load_checkpoint(
+    name_or_path: str, dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None
+) -> Checkpoint:
     """Resolves `name_or_path` (see registry), converts it on a cache miss, and returns it memory-mapped.
 
     cache_dir defaults to `$SHOAL_CACHE_DIR` or `~/.cache/shoal`. If the cache cannot be written, the
@@ -68,5 +70,9 @@ def load_checkpoint(name_or_path: str, dtype: torch.dtype = torch.float32,
             raise ModelLoadError(f"weight cache entry for {source.path} was written but cannot be read back")
     if _TOKENIZER_KEY not in entry.extra:
         raise ModelLoadError(f"weight cache entry {entry.path} has no tokenizer")
-    return Checkpoint(config=entry.config, weights=entry.weights,
-                      tokenizer=Tokenizer.from_json(entry.extra[_TOKENIZER_KEY]), source=str(source.path))
+    return Checkpoint(
+        config=entry.config,
+        weights=entry.weights,
+        tokenizer=Tokenizer.from_json(entry.extra[_TOKENIZER_KEY]),
+        source=str(source.path),
+    )

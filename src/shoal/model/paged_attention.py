@@ -10,6 +10,7 @@ per-block partials in block order with a sequential scan; blocks past a query's 
 zeros. Hence a query's output is bit-identical whether it is decoded alone, prefilled among other
 tokens (chunked or not), or batched with any other sequences.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,15 +65,16 @@ def build_attention_metadata(
             slot_rows.extend(range(first_row, first_row + num_kv_heads * block_size, block_size))
         token_sequences.extend([index] * length)
         token_positions.extend(range(start, start + length))
-        visible_tables.append(table[:-(-(start + length) // block_size)])
+        visible_tables.append(table[: -(-(start + length) // block_size)])
     width = max(len(t) for t in visible_tables)
     padded_tables = [t + [0] * (width - len(t)) for t in visible_tables]
 
     def as_tensor(values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
-    meta = AttentionMetadata(as_tensor(slot_rows), as_tensor(padded_tables),
-                             as_tensor(token_sequences), as_tensor(token_positions))
+    meta = AttentionMetadata(
+        as_tensor(slot_rows), as_tensor(padded_tables), as_tensor(token_sequences), as_tensor(token_positions)
+    )
     if not with_tiles:
         return meta
     row_tokens: list[list[int]] = []
@@ -94,12 +96,18 @@ def build_attention_metadata(
     key_positions = torch.arange(width * block_size, device=device).view(1, width, 1, 1, block_size)
     visible = key_positions <= as_tensor(row_positions).view(-1, 1, 1, tile_height, 1)
     score_bias = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
-    return dataclasses.replace(meta, row_tokens=as_tensor(row_tokens), row_heads=as_tensor(row_heads),
-                               tile_blocks=as_tensor(tile_tables), score_bias=score_bias)
+    return dataclasses.replace(
+        meta,
+        row_tokens=as_tensor(row_tokens),
+        row_heads=as_tensor(row_heads),
+        tile_blocks=as_tensor(tile_tables),
+        score_bias=score_bias,
+    )
 
 
-def allocate_kv_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype,
-                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def allocate_kv_cache(
+    num_blocks: int, num_kv_heads: int, block_size: int, head_dim: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Zeroed keys and values (+ the ones column); zeros keep unwritten slots finite, so 0 * value = 0."""
     keys = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim, dtype=dtype, device=device)
     values = torch.zeros(num_blocks, num_kv_heads, block_size, head_dim + 1, dtype=dtype, device=device)
@@ -107,17 +115,21 @@ def allocate_kv_cache(num_blocks: int, num_kv_heads: int, block_size: int, head_
     return keys, values
 
 
-def write_kv(cache: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor,
-             meta: AttentionMetadata) -> None:
+def write_kv(
+    cache: tuple[torch.Tensor, torch.Tensor], k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata
+) -> None:
     """Stores new keys/values [T, Hkv, D] in their blocks."""
     k_cache, v_cache = cache
     head_dim = k.shape[-1]
     k_cache.view(-1, head_dim).index_copy_(0, meta.slot_rows, k.reshape(-1, head_dim).to(k_cache.dtype))
-    v_cache.view(-1, head_dim + 1)[:, :head_dim].index_copy_(0, meta.slot_rows, v.reshape(-1, head_dim).to(v_cache.dtype))
+    v_cache.view(-1, head_dim + 1)[:, :head_dim].index_copy_(
+        0, meta.slot_rows, v.reshape(-1, head_dim).to(v_cache.dtype)
+    )
 
 
-def tiled_paged_attention(q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata,
-                    scale: float) -> torch.Tensor:
+def tiled_paged_attention(
+    q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
     """q: [T, H, D] (already rotated). Returns [T, H * D] in q's dtype; math in float32.
 
     Shapes: W tiles of R rows, B blocks of bs keys. Batch dims are ordered (W, B, Hkv) so the

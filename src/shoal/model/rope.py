@@ -1,4 +1,5 @@
 """Rotary position embedding (RoPE) with the scaling variants Llama-family checkpoints use."""
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
         return inv_freq / scaling.factor
     if kind == "dynamic":
         # NTK-aware scaling evaluated at the full context length, so positions never depend on batch contents.
-        base = theta * ((scaling.factor * max_positions / scaling.original_max_position_embeddings)
-                        - (scaling.factor - 1)) ** (head_dim / (head_dim - 2))
+        base = theta * (
+            (scaling.factor * max_positions / scaling.original_max_position_embeddings) - (scaling.factor - 1)
+        ) ** (head_dim / (head_dim - 2))
         return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
     if kind == "llama3":
         old_context = scaling.original_max_position_embeddings
@@ -27,7 +29,9 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
         high_wavelen = old_context / scaling.high_freq_factor
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
-        smooth = (old_context / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+        smooth = (old_context / wavelen - scaling.low_freq_factor) / (
+            scaling.high_freq_factor - scaling.low_freq_factor
+        )
         smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
@@ -42,16 +46,18 @@ class RotaryEmbedding(torch.nn.Module):
 
     def __init__(self, config: LlamaConfig):
         super().__init__()
-        inv_freq = inverse_frequencies(config.head_dim, config.rope_theta, config.rope_scaling,
-                                       config.max_position_embeddings)
+        inv_freq = inverse_frequencies(
+            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
+        )
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos(), persistent=False)
         # rotate_half(x) * sin == roll(x, D/2) * signed_sin, with the first half of sin negated.
         half = config.head_dim // 2
-        self.register_buffer("signed_sin", torch.cat([-emb[:, :half].sin(), emb[:, half:].sin()], dim=-1),
-                             persistent=False)
+        self.register_buffer(
+            "signed_sin", torch.cat([-emb[:, :half].sin(), emb[:, half:].sin()], dim=-1), persistent=False
+        )
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for the given positions, [T, 1, D] each; computed once per step."""

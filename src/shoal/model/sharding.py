@@ -11,6 +11,7 @@ so TP=2 holds 2 + 1), which is why the tensor-parallel size is bounded by the KV
 identical on all ranks and each row depends on that row alone, whatever the batch (a ring
 all-reduce's summation order would follow the tensor's size, breaking batch invariance).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,8 +53,9 @@ class TensorParallel:
         padded = torch.nn.functional.pad(part, (0, widest - part.shape[1])).contiguous()
         parts = self._all_gather(padded)
         ranks = [dataclasses.replace(self, rank=r) for r in range(self.size)]
-        return torch.cat([p[:, :end - start] for p, (start, end) in zip(parts, (r.split(total_columns) for r in ranks))],
-                         dim=1)
+        return torch.cat(
+            [p[:, : end - start] for p, (start, end) in zip(parts, (r.split(total_columns) for r in ranks))], dim=1
+        )
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
@@ -67,8 +69,9 @@ def check_shardable(config: LlamaConfig, size: int) -> None:
         raise ValueError(f"tensor_parallel_size {size} exceeds the model's {config.num_kv_heads} KV heads")
 
 
-def shard_weights(config: LlamaConfig, weights: dict[str, torch.Tensor],
-                  tp: TensorParallel) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
+def shard_weights(
+    config: LlamaConfig, weights: dict[str, torch.Tensor], tp: TensorParallel
+) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
     """This rank's config (its head and intermediate counts; the vocabulary stays whole) and its
     slices of the weights (views where possible, so only the shard's pages of memory-mapped weights
     are ever read)."""
@@ -99,5 +102,6 @@ def shard_weights(config: LlamaConfig, weights: dict[str, torch.Tensor],
         else:  # norms: every rank needs them whole
             local[name] = tensor
     heads = kv_end - kv_start
-    return dataclasses.replace(config, num_heads=heads * group, num_kv_heads=heads,
-                               intermediate_size=mlp_end - mlp_start), local
+    return dataclasses.replace(
+        config, num_heads=heads * group, num_kv_heads=heads, intermediate_size=mlp_end - mlp_start
+    ), local

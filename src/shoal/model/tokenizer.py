@@ -3,6 +3,7 @@
 `Tokenizer` wraps a `tokenizers.Tokenizer` built from a GGUF file's metadata (see gguf_tokenizer) or
 from a Hugging Face `tokenizer.json` (see hf_loader); ids equal those of transformers' AutoTokenizer.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,8 +27,14 @@ class Tokenizer:
     """A model's tokenizer. Invariants: `eos_token_ids` is non-empty when the model names an EOS token, and
     holds every special end-of-turn token its chat template emits; templates are compiled once, at construction."""
 
-    def __init__(self, backend: Backend, *, special_tokens: Mapping[str, str | None],
-                 chat_template: str | Mapping[str, str] | None, extra_eos_ids: Iterable[int] = ()):
+    def __init__(
+        self,
+        backend: Backend,
+        *,
+        special_tokens: Mapping[str, str | None],
+        chat_template: str | Mapping[str, str] | None,
+        extra_eos_ids: Iterable[int] = (),
+    ):
         self._backend = backend
         self._special_tokens = {name: special_tokens.get(name) for name in _SPECIAL_TOKEN_NAMES}
         if chat_template is None:
@@ -55,31 +62,45 @@ class Tokenizer:
         return tuple(dict.fromkeys(ids))
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
         """From the `tokenizer.*` keys of a GGUF file (as returned by gguf_loader.gguf_metadata)."""
         spec = gguf_tokenizer_spec(dict(metadata))
-        return cls(spec.backend, special_tokens=spec.special_tokens, chat_template=spec.chat_template,
-                   extra_eos_ids=spec.extra_eos_ids)
+        return cls(
+            spec.backend,
+            special_tokens=spec.special_tokens,
+            chat_template=spec.chat_template,
+            extra_eos_ids=spec.extra_eos_ids,
+        )
 
     @classmethod
-    def from_gguf(cls, path: str | Path) -> "Tokenizer":
+    def from_gguf(cls, path: str | Path) -> Tokenizer:
         """From a GGUF file (parses the whole header, about a second for a 50k vocabulary)."""
         return cls.from_gguf_metadata(gguf_metadata(open_gguf(path)))
 
     def to_json(self) -> str:
         """Lossless serialization, the inverse of `from_json` (used by the weight cache)."""
-        return json.dumps({"backend": self._backend.to_str(), "special_tokens": self._special_tokens,
-                           "chat_templates": self._templates, "extra_eos_ids": list(self._extra_eos_ids)})
+        return json.dumps(
+            {
+                "backend": self._backend.to_str(),
+                "special_tokens": self._special_tokens,
+                "chat_templates": self._templates,
+                "extra_eos_ids": list(self._extra_eos_ids),
+            }
+        )
 
     @classmethod
-    def from_json(cls, text: str) -> "Tokenizer":
+    def from_json(cls, text: str) -> Tokenizer:
         try:
             state = json.loads(text)
             backend = Backend.from_str(state["backend"])
         except Exception as exc:  # tokenizers reports parse errors as bare Exception
             raise ModelLoadError(f"corrupt serialized tokenizer: {exc}") from exc
-        return cls(backend, special_tokens=state["special_tokens"], chat_template=state["chat_templates"] or None,
-                   extra_eos_ids=state["extra_eos_ids"])
+        return cls(
+            backend,
+            special_tokens=state["special_tokens"],
+            chat_template=state["chat_templates"] or None,
+            extra_eos_ids=state["extra_eos_ids"],
+        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; special token strings in it map to their ids. add_special_tokens adds BOS/EOS
@@ -89,15 +110,24 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
-    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
-                            tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    def apply_chat_template(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """The prompt text for `messages` (OpenAI-style dicts), rendered by the model's own template.
         Uses the "tool_use" template when tools are given and the model has one, else "default"."""
         name = "tool_use" if tools and "tool_use" in self._compiled else "default"
         if name not in self._compiled:
             raise ModelLoadError("this model has no chat template")
-        return render_chat_template(self._compiled[name], messages, add_generation_prompt=add_generation_prompt,
-                                    tools=tools, special_tokens=self._special_tokens)
+        return render_chat_template(
+            self._compiled[name],
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            special_tokens=self._special_tokens,
+        )
 
     @property
     def backend(self) -> Backend:
@@ -133,8 +163,7 @@ class IncrementalDetokenizer:
 
     _CONTEXT = 5  # prompt tokens decoded along with the first generated ones, so leading spaces survive
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None,
-                 skip_special_tokens: bool = True):
+    def __init__(self, tokenizer: Tokenizer, prompt_ids: Sequence[int] | None = None, skip_special_tokens: bool = True):
         self._tokenizer = tokenizer
         self._skip = skip_special_tokens
         self._ids = list(prompt_ids or ())
@@ -152,11 +181,11 @@ class IncrementalDetokenizer:
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
     def flush(self) -> str:
         """Releases held-back text (incomplete characters decode to U+FFFD) at the end of generation."""
         prefix_text = self._decode(self._prefix_offset, self._read_offset)
         new_text = self._decode(self._prefix_offset)
         self._prefix_offset, self._read_offset = self._read_offset, len(self._ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]

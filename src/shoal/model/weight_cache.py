@@ -7,6 +7,7 @@ Invariants:
 - Loaded tensors are views of one private (copy-on-write) memory mapping of the entry: nothing is read
   or copied up front, and processes on one host share the page-cache pages until one writes to them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -116,8 +117,11 @@ class WeightCache:
             return None
         try:
             weights, metadata = map_safetensors(path)
-            valid = (metadata.get("shoal.format") == CACHE_FORMAT and metadata.get("shoal.dtype") == _dtype_name(dtype)
-                     and metadata.get("shoal.sources") == source_identity(sources))
+            valid = (
+                metadata.get("shoal.format") == CACHE_FORMAT
+                and metadata.get("shoal.dtype") == _dtype_name(dtype)
+                and metadata.get("shoal.sources") == source_identity(sources)
+            )
             config = config_from_json(metadata["shoal.config"]) if valid else None
         except (OSError, ValueError, KeyError, TypeError, RuntimeError, struct.error):
             return None
@@ -126,8 +130,14 @@ class WeightCache:
         extra = {k: v for k, v in metadata.items() if k not in _RESERVED_KEYS}
         return CacheEntry(path=path, config=config, weights=weights, extra=extra)
 
-    def store(self, sources: Sequence[str | Path], dtype: torch.dtype, config: LlamaConfig,
-              weights: Mapping[str, torch.Tensor], extra: Mapping[str, str] | None = None) -> Path:
+    def store(
+        self,
+        sources: Sequence[str | Path],
+        dtype: torch.dtype,
+        config: LlamaConfig,
+        weights: Mapping[str, torch.Tensor],
+        extra: Mapping[str, str] | None = None,
+    ) -> Path:
         """Writes the entry atomically (temp file + rename) and returns its path. Weights must be `dtype`."""
         wrong = [name for name, t in weights.items() if t.dtype != dtype]
         if wrong:
@@ -137,8 +147,13 @@ class WeightCache:
         if clash:
             raise ValueError(f"extra metadata keys {sorted(clash)} are reserved")
         path = self.entry_path(sources, dtype)
-        metadata = {**extra, "shoal.format": CACHE_FORMAT, "shoal.dtype": _dtype_name(dtype),
-                    "shoal.sources": source_identity(sources), "shoal.config": config_to_json(config)}
+        metadata = {
+            **extra,
+            "shoal.format": CACHE_FORMAT,
+            "shoal.dtype": _dtype_name(dtype),
+            "shoal.sources": source_identity(sources),
+            "shoal.config": config_to_json(config),
+        }
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=self.root)
         os.close(fd)

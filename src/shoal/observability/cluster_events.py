@@ -14,6 +14,7 @@ Every event is a flat JSON-able dict: `seq` (increasing, unique), `time` (second
 `kind`, `change`, `worker_id` (None when it is not about one worker), `reason` (a short sentence),
 and whatever the kind adds (`model`, `tokens`, `trace_id`, `replicas`, `exit_code`, ...).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -37,14 +38,20 @@ class ClusterEvents:
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
 
-    def record(self, kind: str, change: str, reason: str = "", worker_id: str | None = None,
-               **details: object) -> dict:
+    def record(self, kind: str, change: str, reason: str = "", worker_id: str | None = None, **details: object) -> dict:
         """Appends one event (now) and returns it."""
         if kind not in self._by_kind:
             raise ValueError(f"unknown event kind {kind!r}; one of {KINDS}")
         with self._lock:
-            event = {"seq": next(self._seq), "time": time.time(), "kind": kind, "change": change,
-                     "worker_id": worker_id, "reason": reason, **details}
+            event = {
+                "seq": next(self._seq),
+                "time": time.time(),
+                "kind": kind,
+                "change": change,
+                "worker_id": worker_id,
+                "reason": reason,
+                **details,
+            }
             self._by_kind[kind].append(event)
         return event
 

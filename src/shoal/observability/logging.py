@@ -2,13 +2,14 @@
 that carry the request id and trace id of the request being served, for log search to join with
 traces. The ids live in a context variable, so each request's task (and what it awaits) has its
 own; a process's children inherit the format through the environment."""
+
 from __future__ import annotations
 
 import contextvars
 import json
 import logging
 import os
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 FORMAT_VARIABLE = "SHOAL_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -16,7 +17,8 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 NOISY_LOGGERS = ("httpx", "httpcore")
 
 _request: contextvars.ContextVar[tuple[str | None, str | None]] = contextvars.ContextVar(
-    "shoal_request", default=(None, None))
+    "shoal_request", default=(None, None)
+)
 
 
 def bind_request(request_id: str | None, trace_id: str | None) -> None:
@@ -37,8 +39,12 @@ class JsonLines(logging.Formatter):
     trace ids when set, and the exception's traceback if any."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
-                 "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         for key in ("request_id", "trace_id"):
             if getattr(record, key, None):
                 entry[key] = getattr(record, key)

@@ -4,6 +4,7 @@ to first token, between tokens, end to end) within a rolling window, from which 
 read. The request path feeds it (RequestTelemetry); the dashboard's sampler reads it every second.
 Prometheus histograms say the same over all time; this says it for the last few seconds.
 """
+
 from __future__ import annotations
 
 import threading
@@ -85,10 +86,15 @@ class RequestWindow:
         """Totals and the window's percentiles now."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            return {"finished": self.finished, "failed": self.failed, "tokens": self.tokens,
-                    "tokens_by_worker": dict(self.tokens_by_worker),
-                    "ttft": self.ttft.percentiles(now), "itl": self.itl.percentiles(now),
-                    "e2e": self.e2e.percentiles(now)}
+            return {
+                "finished": self.finished,
+                "failed": self.failed,
+                "tokens": self.tokens,
+                "tokens_by_worker": dict(self.tokens_by_worker),
+                "ttft": self.ttft.percentiles(now),
+                "itl": self.itl.percentiles(now),
+                "e2e": self.e2e.percentiles(now),
+            }
 
     def forget_worker(self, worker_id: str) -> None:
         with self._lock:

@@ -1,6 +1,7 @@
 """One request's whole trace as the router shows it: its own spans, and those of every worker an
 attempt reached, fetched from the workers' in-memory traces (`GET /debug/traces/{trace_id}`).
 Spans exported over OTLP are assembled by the collector instead."""
+
 from __future__ import annotations
 
 import asyncio
@@ -20,8 +21,13 @@ async def whole_trace(tracing: Tracing, session: aiohttp.ClientSession | None, t
     if not TRACE_ID.match(trace_id):
         return []
     spans = tracing.recent.spans(trace_id)
-    workers = sorted({s["attributes"]["server.address"] for s in spans
-                      if s["name"] == "router.attempt" and "server.address" in s["attributes"]})
+    workers = sorted(
+        {
+            s["attributes"]["server.address"]
+            for s in spans
+            if s["name"] == "router.attempt" and "server.address" in s["attributes"]
+        }
+    )
     if session is not None and workers:
         fetched = await asyncio.gather(*(_worker_spans(session, url, trace_id) for url in workers))
         spans += [span for found in fetched for span in found]
@@ -30,8 +36,9 @@ async def whole_trace(tracing: Tracing, session: aiohttp.ClientSession | None, t
 
 async def _worker_spans(session: aiohttp.ClientSession, url: str, trace_id: str) -> list[dict]:
     try:
-        async with session.get(f"{url}/debug/traces/{trace_id}",
-                               timeout=aiohttp.ClientTimeout(total=WORKER_TIMEOUT_S)) as reply:
+        async with session.get(
+            f"{url}/debug/traces/{trace_id}", timeout=aiohttp.ClientTimeout(total=WORKER_TIMEOUT_S)
+        ) as reply:
             return (await reply.json())["spans"] if reply.status == 200 else []
     except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
         return []

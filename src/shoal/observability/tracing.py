@@ -5,6 +5,7 @@ the dashboard and `/debug/traces`. Trace context crosses processes in W3C `trace
 Spans are started and ended explicitly and given their parent as a Context, never through the
 "current span" of the calling task: a streamed response outlives the handler that started it.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,16 +41,26 @@ def otlp_endpoint_from_environment() -> str | None:
 def span_record(span: ReadableSpan) -> dict:
     """A finished span as plain JSON: ids in hex, times in nanoseconds since the epoch."""
     context, parent = span.get_span_context(), span.parent
-    return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}",
-            "parent_span_id": f"{parent.span_id:016x}" if parent else None, "name": span.name,
-            "service": span.resource.attributes.get("service.name"),
-            "instance": span.resource.attributes.get("service.instance.id"), "kind": span.kind.name.lower(),
-            "start_ns": span.start_time, "end_ns": span.end_time, "status": span.status.status_code.name.lower(),
-            "attributes": dict(span.attributes or {}),
-            "events": [{"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})}
-                       for e in span.events],
-            "links": [{"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
-                      for link in span.links]}
+    return {
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+        "parent_span_id": f"{parent.span_id:016x}" if parent else None,
+        "name": span.name,
+        "service": span.resource.attributes.get("service.name"),
+        "instance": span.resource.attributes.get("service.instance.id"),
+        "kind": span.kind.name.lower(),
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "status": span.status.status_code.name.lower(),
+        "attributes": dict(span.attributes or {}),
+        "events": [
+            {"name": e.name, "time_ns": e.timestamp, "attributes": dict(e.attributes or {})} for e in span.events
+        ],
+        "links": [
+            {"trace_id": f"{link.context.trace_id:032x}", "span_id": f"{link.context.span_id:016x}"}
+            for link in span.links
+        ],
+    }
 
 
 class RecentTraces(SpanProcessor):
@@ -96,32 +107,47 @@ class Tracing:
     traceparent says it is sampled, else for `sample_ratio` of new traces (the others cost next to
     nothing, and their spans go nowhere)."""
 
-    def __init__(self, service_name: str, otlp_endpoint: str | None = None, keep_traces: int = DEFAULT_KEPT_TRACES,
-                 instance: str | None = None, sample_ratio: float = 1.0):
+    def __init__(
+        self,
+        service_name: str,
+        otlp_endpoint: str | None = None,
+        keep_traces: int = DEFAULT_KEPT_TRACES,
+        instance: str | None = None,
+        sample_ratio: float = 1.0,
+    ):
         resource = {"service.name": service_name, **({"service.instance.id": instance} if instance else {})}
-        self.provider = TracerProvider(resource=Resource.create(resource),
-                                       sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        self.provider = TracerProvider(
+            resource=Resource.create(resource), sampler=ParentBased(TraceIdRatioBased(sample_ratio))
+        )
         self.recent = RecentTraces(keep_traces)
         self.provider.add_span_processor(self.recent)
         self.otlp_endpoint = otlp_endpoint or otlp_endpoint_from_environment()
         if self.otlp_endpoint:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=self.otlp_endpoint),
-                                                                schedule_delay_millis=500))
+            self.provider.add_span_processor(
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=self.otlp_endpoint), schedule_delay_millis=500)
+            )
         self.tracer = self.provider.get_tracer("shoal")
         self.propagator = TraceContextTextMapPropagator()
 
-    def start(self, name: str, parent: Context | Span | None = None, kind: SpanKind = SpanKind.INTERNAL,
-              attributes: Mapping[str, object] | None = None, start_ns: int | None = None) -> Span:
+    def start(
+        self,
+        name: str,
+        parent: Context | Span | None = None,
+        kind: SpanKind = SpanKind.INTERNAL,
+        attributes: Mapping[str, object] | None = None,
+        start_ns: int | None = None,
+    ) -> Span:
         """A started span under `parent` (a span, a context from extract(), or None for a new trace).
         Under a span that is not recorded (its trace was not sampled) it is that span's context
         again, at no cost."""
         if isinstance(parent, Span) and not parent.is_recording():
             return trace.NonRecordingSpan(parent.get_span_context())
         context = trace.set_span_in_context(parent) if isinstance(parent, Span) else parent
-        return self.tracer.start_span(name, context=context or Context(), kind=kind,
-                                      attributes=attributes, start_time=start_ns)
+        return self.tracer.start_span(
+            name, context=context or Context(), kind=kind, attributes=attributes, start_time=start_ns
+        )
 
     def extract(self, headers: Mapping[str, str]) -> Context | None:
         """The caller's trace context from its traceparent header (None if it sent none)."""

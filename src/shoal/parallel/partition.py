@@ -8,6 +8,7 @@ plan minimises the slowest stage's time, which bounds the pipeline's throughput:
 constrains, so a slow node with much memory does not get most layers. Exact, by dynamic
 programming over (stage, layers placed so far).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -61,16 +62,19 @@ class PartitionPlan:
         lines = [f"{'stage':>5}  {'node':<16} {'layers':>9}  {'ms/step':>8}  {'memory':>10}"]
         for index, stage in enumerate(self.stages):
             extra = (" +embed" if index == 0 else "") + (" +head" if index == len(self.stages) - 1 else "")
-            lines.append(f"{index:>5}  {stage.node.name:<16} {stage.first_layer:>3}-{stage.end_layer - 1:<3}  "
-                         f"{stage.seconds * 1e3:>8.2f}  {stage.bytes / 2**20:>7.0f} MiB{extra}")
+            lines.append(
+                f"{index:>5}  {stage.node.name:<16} {stage.first_layer:>3}-{stage.end_layer - 1:<3}  "
+                f"{stage.seconds * 1e3:>8.2f}  {stage.bytes / 2**20:>7.0f} MiB{extra}"
+            )
         return "\n".join(lines)
 
 
 def stage_cost(nodes: list[StageNode], model: ModelCost, index: int, layers: int) -> tuple[float, int]:
     """(seconds, bytes) of stage `index` holding `layers` layers."""
     node, first, last = nodes[index], index == 0, index == len(nodes) - 1
-    seconds = layers * node.seconds_per_layer + (model.embed_seconds if first else 0) + (
-        model.head_seconds if last else 0)
+    seconds = (
+        layers * node.seconds_per_layer + (model.embed_seconds if first else 0) + (model.head_seconds if last else 0)
+    )
     size = layers * model.layer_bytes + (model.embed_bytes if first else 0) + (model.head_bytes if last else 0)
     return seconds, size
 
@@ -112,14 +116,18 @@ def plan_from_counts(nodes: list[StageNode], model: ModelCost, layers_per_stage:
     """A given split (a config's override), checked: one count per node, each at least 1, summing
     to the model's layers, each stage within its node's memory."""
     if len(layers_per_stage) != len(nodes) or sum(layers_per_stage) != model.num_layers or min(layers_per_stage) < 1:
-        raise PartitionError(f"layers_per_stage {layers_per_stage} must give each of the {len(nodes)} stages at "
-                             f"least one layer and {model.num_layers} in all")
+        raise PartitionError(
+            f"layers_per_stage {layers_per_stage} must give each of the {len(nodes)} stages at "
+            f"least one layer and {model.num_layers} in all"
+        )
     stages, first = [], 0
     for index, layers in enumerate(layers_per_stage):
         seconds, size = stage_cost(nodes, model, index, layers)
         if size > nodes[index].free_bytes:
-            raise PartitionError(f"stage {index} ({nodes[index].name}) needs {size / 2**20:.0f} MiB for {layers} "
-                                 f"layers; {nodes[index].free_bytes / 2**20:.0f} MiB are free")
+            raise PartitionError(
+                f"stage {index} ({nodes[index].name}) needs {size / 2**20:.0f} MiB for {layers} "
+                f"layers; {nodes[index].free_bytes / 2**20:.0f} MiB are free"
+            )
         stages.append(Stage(nodes[index], first, first + layers, seconds, size))
         first += layers
     return PartitionPlan(tuple(stages))

@@ -21,6 +21,7 @@ cache, and sends the micro-batches in flight again (recomputing a slot writes th
 Output is unchanged. Free blocks still in the prefix cache are dropped from it, since no log
 replay covers them. If no replacement is ready within the deadline, ReplicaFailedError.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,16 +37,29 @@ import torch
 import zmq
 
 from shoal.config.engine import EngineConfig
-from shoal.runner.model_runner import ModelRunner
-from shoal.runner.step_batch import StepBatch
 from shoal.errors import ReplicaFailedError
 from shoal.model.llama import LlamaModel
 from shoal.parallel.pipeline_plan import PipelineLayout
 from shoal.parallel.pipeline_stage import BoundaryLog, wire_dtype
 from shoal.parallel.stage_links import StageHandle
 from shoal.parallel.stage_messages import batch_frame, send
-from shoal.protocol.stage_frames import (HEAD_IDENT, Connect, Logits, Ping, Pong, Ready, Replayed, ReplayDone, SendReplay,
-                                         Setup, Step, Stop, Upstream)
+from shoal.protocol.stage_frames import (
+    HEAD_IDENT,
+    Connect,
+    Logits,
+    Ping,
+    Pong,
+    Ready,
+    ReplayDone,
+    Replayed,
+    SendReplay,
+    Setup,
+    Step,
+    Stop,
+    Upstream,
+)
+from shoal.runner.model_runner import ModelRunner
+from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -77,8 +91,15 @@ class PipelineRunner(ModelRunner):
     """The head's runner. Invariants: `in_flight` holds, in submission order, every micro-batch sent
     and not yet collected; every live stage has received each of them after its last replay."""
 
-    def __init__(self, config: EngineConfig, model: LlamaModel, layout: PipelineLayout, live_sequences: LiveSequences,
-                 forget_unreplayed: Callable[[], None], settings: PipelineSettings = PipelineSettings()):
+    def __init__(
+        self,
+        config: EngineConfig,
+        model: LlamaModel,
+        layout: PipelineLayout,
+        live_sequences: LiveSequences,
+        forget_unreplayed: Callable[[], None],
+        settings: PipelineSettings = PipelineSettings(),
+    ):
         super().__init__(model, layout.num_blocks, config.block_size)
         self.config, self.plan, self.profiles, self.settings = config, layout.plan, layout.profiles, settings
         self.live_sequences, self.forget_unreplayed = live_sequences, forget_unreplayed
@@ -107,8 +128,9 @@ class PipelineRunner(ModelRunner):
             self._connect_downstream()
             spares = [self.links.handle(address) for address in settings.spare_addresses]
             spares += [self.links.handle() for _ in range(settings.local_spares)]
-            self.spares = [self._set_up(spare, 1 + i % (len(self.stages) - 1), None, None)
-                           for i, spare in enumerate(spares)]
+            self.spares = [
+                self._set_up(spare, 1 + i % (len(self.stages) - 1), None, None) for i, spare in enumerate(spares)
+            ]
         except BaseException:
             self.shutdown()
             raise
@@ -125,15 +147,28 @@ class PipelineRunner(ModelRunner):
     def _upstream_of(self, index: int) -> int:
         return self.stages[index - 1].ident if index > 1 else HEAD_IDENT
 
-    def _set_up(self, handle: StageHandle, index: int, downstream: str | None,
-                upstream: int | None) -> StageHandle:
+    def _set_up(self, handle: StageHandle, index: int, downstream: str | None, upstream: int | None) -> StageHandle:
         """Loads stage `index`'s layers on `handle` (a cold load); returns it once ready."""
         spec = self.plan.stages[index]
         config = self._stage_config(handle, index).to_json()
-        send(handle.control, Setup(index, handle.ident, config, spec.first_layer, spec.end_layer, self.num_blocks,
-                                   downstream, upstream, self.address, self.settings.wire_dtype))
-        self._await_control(lambda m: isinstance(m, Ready) and m.ident == handle.ident,
-                            f"stage {index} did not load its layers")
+        send(
+            handle.control,
+            Setup(
+                index,
+                handle.ident,
+                config,
+                spec.first_layer,
+                spec.end_layer,
+                self.num_blocks,
+                downstream,
+                upstream,
+                self.address,
+                self.settings.wire_dtype,
+            ),
+        )
+        self._await_control(
+            lambda m: isinstance(m, Ready) and m.ident == handle.ident, f"stage {index} did not load its layers"
+        )
         handle.stage = index
         return handle
 
@@ -153,8 +188,9 @@ class PipelineRunner(ModelRunner):
         if warm is not None:
             self.spares.remove(warm)
             send(warm.control, Connect(downstream, upstream))
-            self._await_control(lambda m: isinstance(m, Ready) and m.ident == warm.ident,
-                                f"spare for stage {index} did not connect")
+            self._await_control(
+                lambda m: isinstance(m, Ready) and m.ident == warm.ident, f"spare for stage {index} did not connect"
+            )
             log.warning("pipeline stage %d: spare %s takes over with its layers loaded", index, warm.inbox)
             return warm
         cold = next((spare for spare in self.spares if spare.alive()), None) or self.links.handle()
@@ -187,8 +223,10 @@ class PipelineRunner(ModelRunner):
         following = self.stages[index + 1] if index + 1 < len(self.stages) else None
         if following is not None:  # it takes steps from the replacement only
             send(following.control, Upstream(self.stages[index].ident))
-            self._await_control(lambda m: isinstance(m, Ready) and m.ident == following.ident,
-                                f"stage {index + 1} did not take its new upstream")
+            self._await_control(
+                lambda m: isinstance(m, Ready) and m.ident == following.ident,
+                f"stage {index + 1} did not take its new upstream",
+            )
         sequences = [(table, tokens) for table, tokens in self.live_sequences() if tokens]
         self.forget_unreplayed()
         if index == 1:
@@ -200,11 +238,17 @@ class PipelineRunner(ModelRunner):
         else:
             send(self.stages[index - 1].control, SendReplay(self.stages[index].inbox, sequences))
         replacement = self.stages[index]
-        self._await_control(lambda m: isinstance(m, Replayed) and m.ident == replacement.ident,
-                            f"replacement stage {index} did not rebuild its KV cache")
+        self._await_control(
+            lambda m: isinstance(m, Replayed) and m.ident == replacement.ident,
+            f"replacement stage {index} did not rebuild its KV cache",
+        )
         self.replays += 1
-        log.warning("pipeline stage %d replaced: KV cache rebuilt from the boundary log for %d sequences (%d tokens)",
-                    index, len(sequences), sum(tokens for _, tokens in sequences))
+        log.warning(
+            "pipeline stage %d replaced: KV cache rebuilt from the boundary log for %d sequences (%d tokens)",
+            index,
+            len(sequences),
+            sum(tokens for _, tokens in sequences),
+        )
 
     # Running micro-batches.
 
@@ -241,7 +285,9 @@ class PipelineRunner(ModelRunner):
             except StageLost:
                 lost = self._unresponsive_stages()
                 if lost and replaced == MAX_REPLACEMENTS_PER_STEP:  # the batch itself kills stages
-                    raise ReplicaFailedError(f"micro-batch {step_id} lost stages {MAX_REPLACEMENTS_PER_STEP} times")
+                    raise ReplicaFailedError(
+                        f"micro-batch {step_id} lost stages {MAX_REPLACEMENTS_PER_STEP} times"
+                    ) from None
                 if lost:
                     self._replace_lost(lost)
                     replaced += 1
@@ -257,8 +303,10 @@ class PipelineRunner(ModelRunner):
         try:
             self._await(wanted, self.settings.replacement_timeout_s)
         except StageLost:
-            raise ReplicaFailedError(f"pipeline: {what} within {self.settings.replacement_timeout_s:.0f} s, "
-                                     f"or another stage was lost meanwhile") from None
+            raise ReplicaFailedError(
+                f"pipeline: {what} within {self.settings.replacement_timeout_s:.0f} s, "
+                f"or another stage was lost meanwhile"
+            ) from None
 
     def _await(self, wanted: Callable[[object], bool], timeout_s: float) -> object:
         """Reads the inbox (keeping the logits of micro-batches in flight) until `wanted` matches.
@@ -281,12 +329,20 @@ class PipelineRunner(ModelRunner):
             return None
         message, tensor = received
         last = self.stages[-1]
-        if (isinstance(message, Logits) and message.step_id in self.in_flight and last is not None
-                and message.sender == last.ident):  # not from a replaced last stage
+        if (
+            isinstance(message, Logits)
+            and message.step_id in self.in_flight
+            and last is not None
+            and message.sender == last.ident
+        ):  # not from a replaced last stage
             expected = (len(self.in_flight[message.step_id].last_rows), self.model.config.vocab_size)
             if tuple(tensor.shape) != expected:
-                log.warning("pipeline head dropped logits of shape %s for micro-batch %d, not %s",
-                            list(tensor.shape), message.step_id, list(expected))
+                log.warning(
+                    "pipeline head dropped logits of shape %s for micro-batch %d, not %s",
+                    list(tensor.shape),
+                    message.step_id,
+                    list(expected),
+                )
                 return None
             self.results[message.step_id] = tensor
             self.times[message.step_id] = [self.head_times.pop(message.step_id), *message.stage_times]

@@ -19,6 +19,7 @@ with a warning, never answered.
 It binds loopback unless given another address (`--bind tcp://10.0.0.5:7100` to serve heads on
 other machines).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,6 @@ import torch
 import zmq
 
 from shoal.config.engine import EngineConfig
-from shoal.runner.devices import resolve_device, resolve_dtype
-from shoal.runner.model_runner import ModelRunner, build_model
-from shoal.runner.step_batch import StepBatch
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.observability.logging import configure_logging
 from shoal.parallel.cluster_sockets import ClusterContext
@@ -41,8 +39,26 @@ from shoal.parallel.stage_messages import batch_frame, receive, send, step_batch
 from shoal.parallel.stage_profile import measure_node
 from shoal.protocol.cluster_secret import MissingClusterSecret, required_secret
 from shoal.protocol.frames import WIRE_DTYPES, BadFrame
-from shoal.protocol.stage_frames import (STAGE_INBOX, Connect, Logits, Ping, Pong, Probe, Profiled, Ready, Replayed,
-                                         ReplayDone, SendReplay, Setup, Step, Stop, Upstream)
+from shoal.protocol.stage_frames import (
+    STAGE_INBOX,
+    Connect,
+    Logits,
+    Ping,
+    Pong,
+    Probe,
+    Profiled,
+    Ready,
+    ReplayDone,
+    Replayed,
+    SendReplay,
+    Setup,
+    Step,
+    Stop,
+    Upstream,
+)
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger("shoal.parallel.pipeline_stage")
 
@@ -57,9 +73,14 @@ class BoundaryLog:
 
     def slots(self, batch: StepBatch) -> torch.Tensor:
         bs = self.block_size
-        return torch.tensor([table[p // bs] * bs + p % bs
-                             for table, start, length in zip(batch.block_tables, batch.start_positions, batch.query_lens)
-                             for p in range(start, start + length)], dtype=torch.int64)
+        return torch.tensor(
+            [
+                table[p // bs] * bs + p % bs
+                for table, start, length in zip(batch.block_tables, batch.start_positions, batch.query_lens)
+                for p in range(start, start + length)
+            ],
+            dtype=torch.int64,
+        )
 
     def record(self, batch: StepBatch, hidden: torch.Tensor) -> None:
         self.rows.index_copy_(0, self.slots(batch), hidden)
@@ -71,7 +92,7 @@ class BoundaryLog:
 
 
 def wire_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
-    """"auto": the model's own dtype (lossless; 16-bit models send 2 bytes a value)."""
+    """ "auto": the model's own dtype (lossless; 16-bit models send 2 bytes a value)."""
     return model_dtype if name == "auto" else getattr(torch, name)
 
 
@@ -157,8 +178,9 @@ class StageServer:
     def _checkpoint(config: EngineConfig) -> Checkpoint:
         """The model the config names, as this node runs it; BadFrame if this node cannot load it."""
         try:
-            return load_checkpoint(config.model, dtype=resolve_dtype(config, resolve_device(config)),
-                                   cache_dir=config.cache_dir)
+            return load_checkpoint(
+                config.model, dtype=resolve_dtype(config, resolve_device(config)), cache_dir=config.cache_dir
+            )
         except (ValueError, OSError, TypeError) as error:
             raise BadFrame(f"cannot load the model {config.model!r}: {error}") from None
 
@@ -168,8 +190,9 @@ class StageServer:
         profile = measure_node(config, self._checkpoint(config))
         send(reply, Profiled(probe.ident, profile))
         reply.close(linger=1000)
-        log.info("probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3,
-                 profile.free_bytes / 2**30)
+        log.info(
+            "probed: %.2f ms per layer, %.1f GiB free", profile.seconds_per_layer * 1e3, profile.free_bytes / 2**30
+        )
 
     def _setup(self, setup: Setup) -> None:
         config = self._config(setup.engine_config)
@@ -188,16 +211,22 @@ class StageServer:
         self.ident, self.upstream, self.stage = setup.ident, setup.upstream, setup.stage
         self.is_last = model.has_head
         self.wire = wire_dtype(setup.wire_dtype, dtype)
-        self.log = BoundaryLog(setup.num_blocks * config.block_size, model.config.hidden_size, self.wire,
-                               config.block_size)
+        self.log = BoundaryLog(
+            setup.num_blocks * config.block_size, model.config.hidden_size, self.wire, config.block_size
+        )
         for sock in (self.head, self.downstream):  # a persistent server's previous head
             if sock is not None:
                 sock.close(linger=0)
         self.head, self.downstream = head, None
         if setup.downstream:
             self._connect(setup.downstream)
-        log.info("%s layers %d-%d (stage %d)", "holds" if setup.downstream else "holds, as a spare,",
-                 setup.first_layer, setup.end_layer - 1, setup.stage)
+        log.info(
+            "%s layers %d-%d (stage %d)",
+            "holds" if setup.downstream else "holds, as a spare,",
+            setup.first_layer,
+            setup.end_layer - 1,
+            setup.stage,
+        )
         send(self.head, Ready(setup.ident))
 
     def _step(self, step: Step, hidden: torch.Tensor) -> None:

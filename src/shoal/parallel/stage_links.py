@@ -4,6 +4,7 @@ handle per stage server (a local process it started, or a `shoal stage` at an ad
 Every link is ZeroMQ CURVE with the cluster secret (see cluster_sockets). Stage servers at given
 addresses need the configured secret, the same as theirs; with local stage processes only, a head
 without one draws a secret for the run and hands it to them in their environment."""
+
 from __future__ import annotations
 
 import ipaddress
@@ -66,8 +67,11 @@ class StageHandle:
         self.process = None
         if address is None:
             address = f"tcp://127.0.0.1:{free_port()}"
-            self.process = subprocess.Popen([sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
-                                            env=child_environment(secret), preexec_fn=die_with_parent)
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "shoal.parallel.pipeline_stage", "--bind", address],
+                env=child_environment(secret),
+                preexec_fn=die_with_parent,
+            )
         self.inbox = address
         self.control = links.connect(zmq.PUSH, address)
         self.control.setsockopt(zmq.LINGER, 0)
@@ -120,8 +124,9 @@ class StageLinks:
                     profiles[message.ident] = message.profile
         silent = [handle.inbox for handle in handles if handle.ident not in profiles]
         if silent:
-            raise ReplicaFailedError(f"pipeline: stage servers {silent} did not answer a probe "
-                                     f"within {timeout_s:.0f} s")
+            raise ReplicaFailedError(
+                f"pipeline: stage servers {silent} did not answer a probe within {timeout_s:.0f} s"
+            )
         return [profiles[handle.ident] for handle in handles]
 
     def close(self) -> None:

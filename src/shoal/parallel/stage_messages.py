@@ -9,10 +9,10 @@ import msgspec
 import torch
 import zmq
 
-from shoal.runner.step_batch import StepBatch
 from shoal.protocol.frames import TensorSpec
 from shoal.protocol.stage_frames import StageFrame, decode, encode
 from shoal.protocol.step_batch import StepBatchFrame
+from shoal.runner.step_batch import StepBatch
 
 
 def batch_frame(batch: StepBatch) -> StepBatchFrame:

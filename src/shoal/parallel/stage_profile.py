@@ -1,6 +1,7 @@
 """What a pipeline node can do, measured where it runs: its time per decoder layer on a reference
 batch, and its free memory. The head measures itself; each `shoal stage` server measures itself
 when probed; the partition planner weighs stages by these figures (NodeProfile, a wire message)."""
+
 from __future__ import annotations
 
 import socket
@@ -10,12 +11,12 @@ import time
 import torch
 
 from shoal.config.engine import EngineConfig
+from shoal.model.loader import Checkpoint, load_checkpoint
+from shoal.protocol.stage_frames import NodeProfile
 from shoal.runner.devices import resolve_device, resolve_dtype
 from shoal.runner.memory import free_memory_bytes
 from shoal.runner.model_runner import ModelRunner, build_model
 from shoal.runner.step_batch import StepBatch
-from shoal.model.loader import Checkpoint, load_checkpoint
-from shoal.protocol.stage_frames import NodeProfile
 
 # The reference batch: one prompt chunk and several decoding sequences, as a busy step has.
 PROMPT_TOKENS = 64
@@ -29,10 +30,14 @@ def reference_batch(block_size: int) -> StepBatch:
     blocks_each = -(-PROMPT_TOKENS // block_size)
     tables = [list(range(i * blocks_each, (i + 1) * blocks_each)) for i in range(1 + DECODING_SEQUENCES)]
     last = PROMPT_TOKENS - 1
-    return StepBatch(input_ids=[1] * (PROMPT_TOKENS + DECODING_SEQUENCES),
-                     positions=list(range(PROMPT_TOKENS)) + [last] * DECODING_SEQUENCES,
-                     query_lens=[PROMPT_TOKENS] + [1] * DECODING_SEQUENCES,
-                     start_positions=[0] + [last] * DECODING_SEQUENCES, block_tables=tables, last_rows=[])
+    return StepBatch(
+        input_ids=[1] * (PROMPT_TOKENS + DECODING_SEQUENCES),
+        positions=list(range(PROMPT_TOKENS)) + [last] * DECODING_SEQUENCES,
+        query_lens=[PROMPT_TOKENS] + [1] * DECODING_SEQUENCES,
+        start_positions=[0] + [last] * DECODING_SEQUENCES,
+        block_tables=tables,
+        last_rows=[],
+    )
 
 
 def measure_node(config: EngineConfig, checkpoint: Checkpoint | None = None) -> NodeProfile:

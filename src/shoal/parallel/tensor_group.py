@@ -16,6 +16,7 @@ killed (so no collective waits on them), `on_failure` is called (a worker exits 
 supervisor restarts the replica as a whole, and the router moves its streams), and every later
 step raises ReplicaFailedError.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,18 +35,18 @@ import torch.distributed as dist
 import zmq
 
 from shoal.config.engine import EngineConfig
-from shoal.runner.devices import resolve_device, resolve_dtype
-from shoal.runner.model_runner import ModelRunner, build_model
-from shoal.runner.step_batch import StepBatch
 from shoal.errors import ReplicaFailedError
 from shoal.model.loader import load_checkpoint
+from shoal.model.sharding import TensorParallel
 from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.parallel.stage_messages import batch_frame, step_batch
-from shoal.model.sharding import TensorParallel
 from shoal.processes import die_with_parent, free_port
 from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
 from shoal.protocol.frames import BadFrame
 from shoal.protocol.tensor_group_frames import Begin, Finish, GroupFrame, RunBatch, decode, encode
+from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ START_TIMEOUT_S = 300.0
 def _store(rank: int, size: int, port: int) -> dist.TCPStore:
     """The group's rendezvous, served by rank 0. A follower announces itself under joined/RANK once
     its shard is loaded, just before it joins the group."""
-    return dist.TCPStore("127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=START_TIMEOUT_S),
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        "127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=START_TIMEOUT_S), wait_for_workers=False
+    )
 
 
 def _process_group(rank: int, size: int, store: dist.TCPStore, device: torch.device) -> Any:
@@ -95,10 +97,25 @@ class TensorParallelGroup:
         for rank in range(1, self.size):
             sock, address = self._context.bind_to_random_port(zmq.PUSH, "127.0.0.1")
             self._sockets.append(sock)
-            self.followers.append(subprocess.Popen(
-                [sys.executable, "-m", "shoal.parallel.tensor_group", "--rank", str(rank), "--port", str(port),
-                 "--steps", address, "--config", config.to_json()],
-                env=child_environment(secret), preexec_fn=die_with_parent))
+            self.followers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "shoal.parallel.tensor_group",
+                        "--rank",
+                        str(rank),
+                        "--port",
+                        str(port),
+                        "--steps",
+                        address,
+                        "--config",
+                        config.to_json(),
+                    ],
+                    env=child_environment(secret),
+                    preexec_fn=die_with_parent,
+                )
+            )
         store = _store(0, self.size, port)
         self._await_followers(store)
         self.context = TensorParallel(0, self.size, _process_group(0, self.size, store, device))
@@ -112,8 +129,11 @@ class TensorParallelGroup:
         while not store.check(keys):
             exited = [(rank, p.returncode) for rank, p in enumerate(self.followers, 1) if p.poll() is not None]
             if exited or time.monotonic() > deadline:
-                reason = (f"tensor-parallel rank {exited[0][0]} exited with status {exited[0][1]} before joining"
-                          if exited else f"the tensor-parallel ranks did not join within {START_TIMEOUT_S:.0f} s")
+                reason = (
+                    f"tensor-parallel rank {exited[0][0]} exited with status {exited[0][1]} before joining"
+                    if exited
+                    else f"the tensor-parallel ranks did not join within {START_TIMEOUT_S:.0f} s"
+                )
                 self.failure = reason
                 for process in self.followers:
                     process.kill()
@@ -194,8 +214,9 @@ def follow(rank: int, port: int, steps: str, config: EngineConfig, secret: str) 
     sock = ClusterContext(secret).connect(zmq.PULL, steps)
     store = _store(rank, config.tensor_parallel_size, port)
     store.set(f"joined/{rank}", "1")
-    tp = TensorParallel(rank, config.tensor_parallel_size, _process_group(rank, config.tensor_parallel_size,
-                                                                         store, device))
+    tp = TensorParallel(
+        rank, config.tensor_parallel_size, _process_group(rank, config.tensor_parallel_size, store, device)
+    )
     model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
     try:
         begin = _expect(sock, Begin)
@@ -222,8 +243,13 @@ def main() -> None:
     parser.add_argument("--steps", required=True)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
-    follow(args.rank, args.port, args.steps, EngineConfig.from_json(args.config),
-           required_secret("a tensor-parallel follower"))
+    follow(
+        args.rank,
+        args.port,
+        args.steps,
+        EngineConfig.from_json(args.config),
+        required_secret("a tensor-parallel follower"),
+    )
 
 
 if __name__ == "__main__":

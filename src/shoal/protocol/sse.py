@@ -7,6 +7,7 @@ a blank line; a stream ends with `data: [DONE]`. Lines starting with ":" are com
 clients skip (the worker's keep-alives are comments: protocol.keep_alive). Readers take one line
 at a time, so they do not care how the bytes were split.
 """
+
 from __future__ import annotations
 
 import json

@@ -6,6 +6,7 @@ say); counts are never negative. Unknown keys are ignored, so a newer worker can
 older router. A body that does not fit the schema is refused whole (`decode_*` raise ValueError
 with msgspec's reason), never half-read.
 """
+
 from __future__ import annotations
 
 from typing import Annotated

@@ -8,6 +8,7 @@ queue refuses with 429 + Retry-After, except for critical requests, which evict 
 sheddable request, then the newest standard one, and are refused only when neither exists. So a
 critical request is never shed while a lower-class one is still queued.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -39,8 +40,13 @@ class Admission:
     it exceeds capacity(m) only when capacity shrank under it; every queued waiter's future is
     pending."""
 
-    def __init__(self, capacity: Callable[[str], int], queue_limits: dict[str, int], queue_timeout_s: float,
-                 retry_after_s: int = 2):
+    def __init__(
+        self,
+        capacity: Callable[[str], int],
+        queue_limits: dict[str, int],
+        queue_timeout_s: float,
+        retry_after_s: int = 2,
+    ):
         self.capacity = capacity
         self.queue_limits = queue_limits
         self.queue_timeout_s = queue_timeout_s
@@ -53,7 +59,7 @@ class Admission:
         return self.admitted[model] < self.capacity(model)
 
     def _waiting_ahead(self, model: str, priority: str) -> bool:
-        ahead = PRIORITY_ORDER[:PRIORITY_ORDER.index(priority) + 1]
+        ahead = PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
     def try_admit(self, model: str, priority: str) -> bool:
@@ -82,8 +88,7 @@ class Admission:
                 queue.remove(waiter)
             if not waiter.admitted.done():
                 self.shed[priority] += 1
-                raise Refused(503, f"no capacity for {model!r} within {timeout_s:g} s",
-                              self.retry_after_s) from None
+                raise Refused(503, f"no capacity for {model!r} within {timeout_s:g} s", self.retry_after_s) from None
         except asyncio.CancelledError:  # the client went away while queued
             if waiter in queue:
                 queue.remove(waiter)
@@ -97,8 +102,9 @@ class Admission:
             if self.queues[priority]:
                 victim = self.queues[priority].pop()
                 self.shed[priority] += 1
-                victim.admitted.set_exception(Refused(429, "shed for higher-priority work; try again later",
-                                                      self.retry_after_s))
+                victim.admitted.set_exception(
+                    Refused(429, "shed for higher-priority work; try again later", self.retry_after_s)
+                )
                 return True
         return False
 

@@ -2,6 +2,7 @@
 responses_api for /v1/responses), health, and the control endpoints: workers join and heartbeat
 with the cluster secret; operators list, drain and remove workers with the admin token, and watch
 the cluster on the dashboard (/dashboard)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,6 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.responses import JSONResponse, Response
 
 from shoal.observability.cluster_events import ClusterEvents
-from shoal.router.metrics import RouterMetrics
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
@@ -28,6 +28,7 @@ from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
+from shoal.router.metrics import RouterMetrics
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.endpoints import ResponsesApi
@@ -42,11 +43,21 @@ def _bearer_matches(request: Request, secret: str | None) -> bool:
 
 def _describe(state: WorkerState) -> dict:
     view = state.view()
-    return {"worker_id": state.worker_id, "models": sorted(state.models), "healthy": state.available,
-            "down": state.down, "ejected": state.ejected_until is not None, "breaker": str(state.breaker.state),
-            "running": view.running, "waiting": view.waiting, "in_flight": view.in_flight,
-            "outstanding_tokens": view.outstanding_tokens, "capability": view.capability,
-            "ttft_s": state.latency.ttft_s, "itl_s": state.latency.itl_s}
+    return {
+        "worker_id": state.worker_id,
+        "models": sorted(state.models),
+        "healthy": state.available,
+        "down": state.down,
+        "ejected": state.ejected_until is not None,
+        "breaker": str(state.breaker.state),
+        "running": view.running,
+        "waiting": view.waiting,
+        "in_flight": view.in_flight,
+        "outstanding_tokens": view.outstanding_tokens,
+        "capability": view.capability,
+        "ttft_s": state.latency.ttft_s,
+        "itl_s": state.latency.itl_s,
+    }
 
 
 def create_router_app(config: RouterConfig) -> FastAPI:
@@ -57,8 +68,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     membership = Membership(config.health, events, config.load_poll_interval_s)
     balancer = Balancer(make_policy(config.policy, **config.policy_options), membership, config.seed)
     monitor = HealthMonitor(membership, config.health, events, balancer.forget)
-    tracing = Tracing("shoal-router", config.tracing.otlp_endpoint, config.tracing.keep_traces,
-                      sample_ratio=config.tracing.sample_ratio)
+    tracing = Tracing(
+        "shoal-router",
+        config.tracing.otlp_endpoint,
+        config.tracing.keep_traces,
+        sample_ratio=config.tracing.sample_ratio,
+    )
     metrics = RouterMetrics(registry)
     front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics, feed)
     metrics.watch(registry, membership, front_door.admission.queued)
@@ -71,15 +86,18 @@ def create_router_app(config: RouterConfig) -> FastAPI:
     async def lifespan(_: FastAPI):
         session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s))
+            timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s),
+        )
         membership.session = session
         front_door.open(session)
         await responses_api.open()
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
-        tasks = [asyncio.create_task(membership.run()),
-                 asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake)),
-                 asyncio.create_task(dashboard.run())]
+        tasks = [
+            asyncio.create_task(membership.run()),
+            asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake)),
+            asyncio.create_task(dashboard.run()),
+        ]
         yield
         for task in tasks:
             task.cancel()
@@ -115,8 +133,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0, "owned_by": "shoal"}
-                                           for m in sorted(membership.models())]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": m, "object": "model", "created": 0, "owned_by": "shoal"} for m in sorted(membership.models())
+            ],
+        }
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -140,8 +162,11 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             return error_response(400, f"invalid registration: {exc}", "invalid_request_error")
         state = membership.register(joining.url, joining.models, joining.load)
         front_door.admission.wake()
-        accepted = RegistrationAccepted(worker_id=state.worker_id, lease_s=config.health.lease_s,
-                                        heartbeat_interval_s=config.health.heartbeat_interval_s)
+        accepted = RegistrationAccepted(
+            worker_id=state.worker_id,
+            lease_s=config.health.lease_s,
+            heartbeat_interval_s=config.health.heartbeat_interval_s,
+        )
         return Response(encode(accepted), media_type="application/json")
 
     @app.post("/admin/workers/heartbeat")
@@ -163,8 +188,13 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         the latest health changes (admin token)."""
         if not _bearer_matches(request, admin_token):
             return unauthorized("admin token")
-        return JSONResponse({"queued": front_door.admission.queued(), "events": list(events.recent),
-                             "workers": [_describe(w) for w in membership.workers.values()]})
+        return JSONResponse(
+            {
+                "queued": front_door.admission.queued(),
+                "events": list(events.recent),
+                "workers": [_describe(w) for w in membership.workers.values()],
+            }
+        )
 
     @app.get("/debug/traces")
     async def recent_requests(request: Request, limit: int = 50) -> Response:

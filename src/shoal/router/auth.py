@@ -1,6 +1,7 @@
 """Client authentication: API keys as Bearer tokens, stored as SHA-256 hashes (or given raw in an
 environment variable), each with optional rate limits. Keys never appear in logs: a key is named
 by its configured name, or by the first 8 hex digits of its hash."""
+
 from __future__ import annotations
 
 import hashlib
@@ -47,7 +48,9 @@ class ApiKeys:
         offered = key_hash(authorization.removeprefix("Bearer ").strip())
         for key in self.keys:
             if hmac.compare_digest(offered, key.sha256):
-                return Client(key.name or f"key-{key.sha256[:8]}",
-                              key.requests_per_minute or self.default.requests_per_minute,
-                              key.tokens_per_minute or self.default.tokens_per_minute)
+                return Client(
+                    key.name or f"key-{key.sha256[:8]}",
+                    key.requests_per_minute or self.default.requests_per_minute,
+                    key.tokens_per_minute or self.default.tokens_per_minute,
+                )
         return None

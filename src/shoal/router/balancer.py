@@ -1,5 +1,6 @@
 """Places requests: eligible workers, the policy's choice, and the bookkeeping that follows it
 (prefix index and in-flight accounting)."""
+
 from __future__ import annotations
 
 import random
@@ -46,8 +47,11 @@ class Balancer:
         chosen = self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)
         capacity_tokens = chosen.kv_capacity_tokens or 1 << 20
-        self.prefix_index.record(chosen.worker_id, request.prefix_blocks,
-                                 int(capacity_tokens * request.chars_per_token / request.block_chars))
+        self.prefix_index.record(
+            chosen.worker_id,
+            request.prefix_blocks,
+            int(capacity_tokens * request.chars_per_token / request.block_chars),
+        )
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, request.expected_decode_tokens)

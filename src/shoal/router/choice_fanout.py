@@ -6,6 +6,7 @@ so the merged response is the one a single worker would have given. Merging keep
 stream's response id, numbers each choice by its stream, and sums the usage (the prompt counted
 once).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,8 +23,16 @@ def choice_bodies(body: dict, force_stream: bool) -> list[dict]:
     if n == 1 and not force_stream:
         return [body]
     seed = body.get("seed")
-    return [{**body, "n": 1, "stream": True, "stream_options": {"include_usage": True},
-             **({"seed": seed + i} if isinstance(seed, int) else {})} for i in range(n)]
+    return [
+        {
+            **body,
+            "n": 1,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            **({"seed": seed + i} if isinstance(seed, int) else {}),
+        }
+        for i in range(n)
+    ]
 
 
 async def merged(streams: list[AsyncIterator[bytes]], include_usage: bool) -> AsyncIterator[bytes]:

@@ -5,6 +5,7 @@ canaries); any other answer, 4xx included, is a success. `failure_threshold` con
 open the breaker; after `open_s` it turns half-open and lets one probe through (a real request or
 the canary): success closes it, failure opens it again for twice as long (at most `max_open_s`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,8 +22,13 @@ class CircuitBreaker:
     """Invariants: `probe_in_flight` only while half-open; `open_for` is in [open_s, max_open_s];
     every state change is reported once to `on_change(old, new, reason)`."""
 
-    def __init__(self, failure_threshold: int, open_s: float, max_open_s: float,
-                 on_change: Callable[[BreakerState, BreakerState, str], None]):
+    def __init__(
+        self,
+        failure_threshold: int,
+        open_s: float,
+        max_open_s: float,
+        on_change: Callable[[BreakerState, BreakerState, str], None],
+    ):
         self.failure_threshold = failure_threshold
         self.open_s = open_s
         self.max_open_s = max_open_s

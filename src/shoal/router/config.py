@@ -1,5 +1,6 @@
 """Router configuration: one frozen pydantic model, from flags or a YAML/JSON file. Unknown keys
 are errors that name the key."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -1,5 +1,6 @@
 """The path of one client request through the router: authenticate, parse, rate-limit, degrade if
 saturated, admit, place, forward. Each step answers with an OpenAI-shaped error when it refuses."""
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,6 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.observability.cluster_events import ClusterEvents
-from shoal.router.metrics import RouterMetrics
 from shoal.observability.tracing import Tracing
 from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, Client
@@ -22,6 +22,7 @@ from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import RouterConfig
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership
+from shoal.router.metrics import RouterMetrics
 from shoal.router.proxy import error_response
 from shoal.router.rate_limit import RateLimiter
 from shoal.router.request_telemetry import RequestTelemetry
@@ -34,8 +35,16 @@ class FrontDoor:
     """Invariant: an admitted request releases its admission slot and its placement exactly once,
     when its response ends (or at once if it never reaches a worker)."""
 
-    def __init__(self, config: RouterConfig, membership: Membership, balancer: Balancer, monitor: HealthMonitor,
-                 tracing: Tracing, metrics: RouterMetrics, events: ClusterEvents | None = None):
+    def __init__(
+        self,
+        config: RouterConfig,
+        membership: Membership,
+        balancer: Balancer,
+        monitor: HealthMonitor,
+        tracing: Tracing,
+        metrics: RouterMetrics,
+        events: ClusterEvents | None = None,
+    ):
         self.config = config
         self.tracing, self.metrics = tracing, metrics
         self.events = events if events is not None else ClusterEvents()  # failovers go to the feed
@@ -47,21 +56,32 @@ class FrontDoor:
         self.api_keys = ApiKeys(config)
         self.rate_limiter = RateLimiter()
         settings = config.admission
-        self.admission = Admission(self.capacity, settings.queue_limits, settings.queue_timeout_s,
-                                   settings.retry_after_s)
+        self.admission = Admission(
+            self.capacity, settings.queue_limits, settings.queue_timeout_s, settings.retry_after_s
+        )
 
     def open(self, session: aiohttp.ClientSession) -> None:
         """Called by the app's lifespan, inside the event loop, with the upstream session."""
         self.session = session
-        self.failover = StreamFailover(session, self.balancer, self.membership, self.monitor, self.config.failover,
-                                       self.fallbacks, self.config.admission.unavailable_wait_s)
+        self.failover = StreamFailover(
+            session,
+            self.balancer,
+            self.membership,
+            self.monitor,
+            self.config.failover,
+            self.fallbacks,
+            self.config.admission.unavailable_wait_s,
+        )
 
     def capacity(self, model: str) -> int:
         """Slots for a model: max_in_flight_per_worker for each available worker serving it, and one
         for a worker whose half-open breaker lets a single probe through."""
         per_worker = self.config.admission.max_in_flight_per_worker
-        return sum(per_worker if w.breaker.state is BreakerState.CLOSED else 1
-                   for w in self.membership.workers.values() if w.available and model in w.models)
+        return sum(
+            per_worker if w.breaker.state is BreakerState.CLOSED else 1
+            for w in self.membership.workers.values()
+            if w.available and model in w.models
+        )
 
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
@@ -79,8 +99,9 @@ class FrontDoor:
         """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
         client = self.api_keys.authenticate(request.headers.get("authorization"))
         if client is None:
-            return error_response(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                  "authentication_error")
+            return error_response(
+                401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
+            )
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return self._too_large()
@@ -92,8 +113,9 @@ class FrontDoor:
         except ValueError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error")
 
-    async def dispatch(self, body: object, headers: Mapping[str, str], path: str, chat: bool,
-                       client: Client) -> Response:
+    async def dispatch(
+        self, body: object, headers: Mapping[str, str], path: str, chat: bool, client: Client
+    ) -> Response:
         """Routes one parsed OpenAI request body from an authenticated client (also the entry point
         of APIs built on completions, such as /v1/responses), traced and counted: a streamed
         response's telemetry ends with its stream, any other's here."""
@@ -103,29 +125,41 @@ class FrontDoor:
             telemetry.finish(response.status_code)
         return response
 
-    async def _dispatch(self, body: object, headers: Mapping[str, str], path: str, chat: bool, client: Client,
-                        telemetry: RequestTelemetry) -> Response:
+    async def _dispatch(
+        self,
+        body: object,
+        headers: Mapping[str, str],
+        path: str,
+        chat: bool,
+        client: Client,
+        telemetry: RequestTelemetry,
+    ) -> Response:
         try:
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
-            routed = route_request(body, headers, chat, self.config.chars_per_token,
-                                   self.config.default_decode_tokens)
+            routed = route_request(body, headers, chat, self.config.chars_per_token, self.config.default_decode_tokens)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
         telemetry.routed_as(routed, body.get("stream") is True)
         known = self.membership.known_models | set(self.config.models)
         if routed.model not in known and not any(m in known for m in self.fallbacks(routed.model)):
-            return error_response(404, f"model {routed.model!r} is not served by this cluster", "not_found_error",
-                                  "model")
+            return error_response(
+                404, f"model {routed.model!r} is not served by this cluster", "not_found_error", "model"
+            )
         try:
             deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        wait = self.rate_limiter.check(client.name, client.requests_per_minute, client.tokens_per_minute,
-                                       routed.total_tokens)
+        wait = self.rate_limiter.check(
+            client.name, client.requests_per_minute, client.tokens_per_minute, routed.total_tokens
+        )
         if wait:
-            return error_response(429, f"rate limit exceeded for {client.name}", "rate_limit_error",
-                                  headers={"retry-after": str(math.ceil(wait)) if math.isfinite(wait) else "60"})
+            return error_response(
+                429,
+                f"rate limit exceeded for {client.name}",
+                "rate_limit_error",
+                headers={"retry-after": str(math.ceil(wait)) if math.isfinite(wait) else "60"},
+            )
         degraded = None
         if routed.priority == "sheddable" and not self.admission.has_room(routed.model):
             routed, body, degraded = self._degrade(routed, body)
@@ -139,9 +173,17 @@ class FrontDoor:
         except Refused as refused:
             fallback = next((m for m in self.fallbacks(routed.model) if self.admission.has_room(m)), None)
             if refused.status != 503 or fallback is None:
-                return error_response(refused.status, str(refused), "rate_limit_error" if refused.status == 429
-                                      else "service_unavailable", headers={"retry-after": str(refused.retry_after_s)})
-            routed, body, degraded = replace(routed, model=fallback), {**body, "model": fallback}, f"fallback={fallback}"
+                return error_response(
+                    refused.status,
+                    str(refused),
+                    "rate_limit_error" if refused.status == 429 else "service_unavailable",
+                    headers={"retry-after": str(refused.retry_after_s)},
+                )
+            routed, body, degraded = (
+                replace(routed, model=fallback),
+                {**body, "model": fallback},
+                f"fallback={fallback}",
+            )
             self.admission.admitted[fallback] += 1
         if degraded:
             telemetry.root.set_attribute("shoal.degraded", degraded)
@@ -150,11 +192,18 @@ class FrontDoor:
         telemetry.placed(routed, placement, self.balancer.policy.name, started_ns)
         if placement is None:
             self.admission.release(routed.model)
-            return error_response(503, f"no worker can take this request for {routed.model!r} now",
-                                  "service_unavailable", headers={"retry-after": str(self.config.admission.retry_after_s)})
+            return error_response(
+                503,
+                f"no worker can take this request for {routed.model!r} now",
+                "service_unavailable",
+                headers={"retry-after": str(self.config.admission.retry_after_s)},
+            )
         model = routed.model
-        extra = {"x-shoal-trace-id": telemetry.trace_id, "x-request-id": telemetry.request_id,
-                 **({"x-shoal-degraded": degraded} if degraded else {})}
+        extra = {
+            "x-shoal-trace-id": telemetry.trace_id,
+            "x-request-id": telemetry.request_id,
+            **({"x-shoal-degraded": degraded} if degraded else {}),
+        }
 
         def release_slot() -> None:
             self.admission.release(model)

@@ -1,5 +1,6 @@
 """Every change of a worker's health, logged, counted (Prometheus) and put in the cluster's event
 feed (kind `health`), where operators (`GET /admin/workers`) and the dashboard read it."""
+
 from __future__ import annotations
 
 import logging
@@ -18,8 +19,12 @@ class HealthEvents:
     counts all. Without a feed of its own, it keeps one just for them."""
 
     def __init__(self, registry: CollectorRegistry, feed: ClusterEvents | None = None):
-        self.transitions = Counter("shoal_router_worker_transitions", "Health state changes of workers",
-                                   ["worker", "change"], registry=registry)
+        self.transitions = Counter(
+            "shoal_router_worker_transitions",
+            "Health state changes of workers",
+            ["worker", "change"],
+            registry=registry,
+        )
         self.feed = feed if feed is not None else ClusterEvents()
 
     @property

@@ -1,4 +1,5 @@
 """What clients feel from one worker, as the router measures it on the streams it relays."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

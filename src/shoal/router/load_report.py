@@ -1,5 +1,6 @@
 """Load reports as the router reads them: shoal's /load JSON, or the Prometheus metrics of other
 OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server) where they expose them."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,23 +40,30 @@ class LoadReport:
     draining: bool = False
 
     @classmethod
-    def from_shoal(cls, report: WorkerLoad) -> "LoadReport":
+    def from_shoal(cls, report: WorkerLoad) -> LoadReport:
         block_size = report.block_size or 0
         single_rate = report.calibration.decode_tokens_per_s if report.calibration else None
         return cls(
-            running=report.running, waiting=report.waiting, max_num_seqs=report.max_num_seqs,
+            running=report.running,
+            waiting=report.waiting,
+            max_num_seqs=report.max_num_seqs,
             outstanding_prefill_tokens=report.outstanding_prefill_tokens,
             outstanding_decode_tokens=report.outstanding_decode_tokens,
             free_kv_tokens=None if report.free_kv_blocks is None else report.free_kv_blocks * block_size,
             kv_capacity_tokens=None if report.num_kv_blocks is None else report.num_kv_blocks * block_size,
-            kv_cache_usage=report.kv_cache_usage, max_model_len=report.max_model_len,
-            prefill_tokens_per_s=report.prefill_tokens_per_s, decode_tokens_per_s=report.decode_tokens_per_s,
-            decode_step_s=report.decode_step_s, longest_step_s=report.longest_step_s,
+            kv_cache_usage=report.kv_cache_usage,
+            max_model_len=report.max_model_len,
+            prefill_tokens_per_s=report.prefill_tokens_per_s,
+            decode_tokens_per_s=report.decode_tokens_per_s,
+            decode_step_s=report.decode_step_s,
+            longest_step_s=report.longest_step_s,
             single_step_s=1.0 / single_rate if single_rate else None,
-            capability=report.capability, draining=report.draining)
+            capability=report.capability,
+            draining=report.draining,
+        )
 
     @classmethod
-    def from_prometheus(cls, text: str) -> "LoadReport | None":
+    def from_prometheus(cls, text: str) -> LoadReport | None:
         """Sums each known metric over its series; None if no known family is present."""
         values: dict[str, float] = {}
         for family in text_string_to_metric_families(text):
@@ -63,6 +71,7 @@ class LoadReport:
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
         for running, waiting, usage in PROMETHEUS_NAMES:
             if running in values:
-                return cls(running=int(values[running]), waiting=int(values.get(waiting, 0)),
-                           kv_cache_usage=values.get(usage))
+                return cls(
+                    running=int(values[running]), waiting=int(values.get(waiting, 0)), kv_cache_usage=values.get(usage)
+                )
         return None

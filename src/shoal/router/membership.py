@@ -5,6 +5,7 @@ load in heartbeats). Load comes from shoal's /load, else from Prometheus metrics
 else from the router's own accounting alone. Whether a worker may get work is decided by the
 health monitor (health_monitor.py) from the contact recorded here and the worker's breaker.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,11 +17,11 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from shoal.protocol.worker_load import WorkerLoad, decode_load
 from shoal.router.circuit_breaker import BreakerState, CircuitBreaker
 from shoal.router.config import HealthSettings
 from shoal.router.health_events import HealthEvents
 from shoal.router.latency_stats import LatencyStats
-from shoal.protocol.worker_load import WorkerLoad, decode_load
 from shoal.router.load_report import LoadReport
 from shoal.router.views import WorkerView
 
@@ -93,15 +94,25 @@ class WorkerState:
         prefill = sum(f.prefill_tokens for f in self.in_flight.values())
         decode = sum(f.decode_tokens for f in self.in_flight.values())
         return WorkerView(
-            worker_id=self.worker_id, url=self.url, models=self.models,
-            healthy=self.available, running=report.running, waiting=report.waiting,
-            max_num_seqs=report.max_num_seqs, in_flight=len(self.in_flight),
+            worker_id=self.worker_id,
+            url=self.url,
+            models=self.models,
+            healthy=self.available,
+            running=report.running,
+            waiting=report.waiting,
+            max_num_seqs=report.max_num_seqs,
+            in_flight=len(self.in_flight),
             outstanding_prefill_tokens=max(prefill, report.outstanding_prefill_tokens or 0),
             outstanding_decode_tokens=max(decode, report.outstanding_decode_tokens or 0),
-            free_kv_tokens=report.free_kv_tokens, kv_capacity_tokens=report.kv_capacity_tokens,
-            max_model_len=report.max_model_len, prefill_tokens_per_s=report.prefill_tokens_per_s,
-            decode_tokens_per_s=report.decode_tokens_per_s, decode_step_s=report.decode_step_s,
-            single_step_s=report.single_step_s, capability=report.capability)
+            free_kv_tokens=report.free_kv_tokens,
+            kv_capacity_tokens=report.kv_capacity_tokens,
+            max_model_len=report.max_model_len,
+            prefill_tokens_per_s=report.prefill_tokens_per_s,
+            decode_tokens_per_s=report.decode_tokens_per_s,
+            decode_step_s=report.decode_step_s,
+            single_step_s=report.single_step_s,
+            capability=report.capability,
+        )
 
 
 def normalize_url(url: str) -> str:
@@ -141,8 +152,9 @@ class Membership:
         def breaker_changed(old: BreakerState, new: BreakerState, reason: str) -> None:
             self.events.record(url, f"breaker_{new}", reason)
 
-        breaker = CircuitBreaker(breaker_settings.failure_threshold, breaker_settings.open_s,
-                                 breaker_settings.max_open_s, breaker_changed)
+        breaker = CircuitBreaker(
+            breaker_settings.failure_threshold, breaker_settings.open_s, breaker_settings.max_open_s, breaker_changed
+        )
         return WorkerState(url, url, models, breaker, registered=registered)
 
     async def add_static(self, url: str, models: list[str] | None = None) -> WorkerState:
@@ -208,6 +220,7 @@ class Membership:
         state.report, state.last_seen = report, time.monotonic()
         if not state.models:
             await self._discover_models(state)
+
     async def _read_load(self, state: WorkerState) -> LoadReport | None:
         if state.load_source in (None, "shoal"):
             status, body = await self._get(state.url + "/load")

@@ -4,6 +4,7 @@ end); and, read at scrape time, each worker's load and health as the router sees
 admission queues by priority. Worker health changes (ejections, breaker transitions) are counted by
 HealthEvents in the same registry. `window` holds the same request figures over the last seconds,
 for the dashboard's live charts."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -16,12 +17,51 @@ from shoal.observability.request_window import RequestWindow
 from shoal.router.membership import Membership
 
 # The workers' (vLLM's) bucket boundaries up to ten minutes, so the two read alike.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0)
 BREAKER_STATES = ("closed", "open", "half_open")
 
 
@@ -30,22 +70,45 @@ class RouterMetrics:
     admission queues at scrape time (so a scrape never waits on the request path)."""
 
     def __init__(self, registry: CollectorRegistry):
-        self.requests = Counter("shoal_router_requests", "Requests answered, by model, HTTP status and priority.",
-                                ["model", "status", "priority"], registry=registry)
-        self.retries = Counter("shoal_router_retries", "Requests sent again to another worker before their first "
-                               "byte.", ["model"], registry=registry)
-        self.migrations = Counter("shoal_router_migrations", "Streams moved to another worker mid-generation.",
-                                  ["model"], registry=registry)
-        self.ttft = Histogram("shoal_router_time_to_first_token_seconds", "Arrival at the router to the first "
-                              "token relayed.", ["model"], buckets=TTFT_BUCKETS, registry=registry)
-        self.itl = Histogram("shoal_router_inter_token_latency_seconds", "Time between tokens relayed.", ["model"],
-                             buckets=ITL_BUCKETS, registry=registry)
-        self.e2e = Histogram("shoal_router_e2e_request_latency_seconds", "Arrival at the router to the end of the "
-                             "response.", ["model"], buckets=E2E_BUCKETS, registry=registry)
+        self.requests = Counter(
+            "shoal_router_requests",
+            "Requests answered, by model, HTTP status and priority.",
+            ["model", "status", "priority"],
+            registry=registry,
+        )
+        self.retries = Counter(
+            "shoal_router_retries",
+            "Requests sent again to another worker before their first byte.",
+            ["model"],
+            registry=registry,
+        )
+        self.migrations = Counter(
+            "shoal_router_migrations", "Streams moved to another worker mid-generation.", ["model"], registry=registry
+        )
+        self.ttft = Histogram(
+            "shoal_router_time_to_first_token_seconds",
+            "Arrival at the router to the first token relayed.",
+            ["model"],
+            buckets=TTFT_BUCKETS,
+            registry=registry,
+        )
+        self.itl = Histogram(
+            "shoal_router_inter_token_latency_seconds",
+            "Time between tokens relayed.",
+            ["model"],
+            buckets=ITL_BUCKETS,
+            registry=registry,
+        )
+        self.e2e = Histogram(
+            "shoal_router_e2e_request_latency_seconds",
+            "Arrival at the router to the end of the response.",
+            ["model"],
+            buckets=E2E_BUCKETS,
+            registry=registry,
+        )
         self.window = RequestWindow()
 
-    def watch(self, registry: CollectorRegistry, membership: Membership,
-              queued: Callable[[], dict[str, int]]) -> None:
+    def watch(self, registry: CollectorRegistry, membership: Membership, queued: Callable[[], dict[str, int]]) -> None:
         """Adds the gauges read at scrape time."""
         registry.register(FleetCollector(membership, queued))
 
@@ -58,28 +121,40 @@ class FleetCollector(Collector):
         self.queued = queued
 
     def collect(self):
-        series = {name: GaugeMetricFamily(f"shoal_router_worker_{name}", text, labels=["worker"])
-                  for name, text in (("in_flight", "Requests the router has on the worker."),
-                                     ("running", "Requests running on the worker (its latest report)."),
-                                     ("waiting", "Requests queued on the worker (its latest report)."),
-                                     ("outstanding_tokens", "Prefill and decode tokens still to do on the worker."),
-                                     ("free_kv_tokens", "Free KV-cache tokens on the worker."),
-                                     ("healthy", "1 while the worker takes requests."),
-                                     ("ejected", "1 while the worker is ejected as an outlier."))}
-        breaker = GaugeMetricFamily("shoal_router_worker_breaker_state", "1 for the worker's circuit-breaker state.",
-                                    labels=["worker", "state"])
+        series = {
+            name: GaugeMetricFamily(f"shoal_router_worker_{name}", text, labels=["worker"])
+            for name, text in (
+                ("in_flight", "Requests the router has on the worker."),
+                ("running", "Requests running on the worker (its latest report)."),
+                ("waiting", "Requests queued on the worker (its latest report)."),
+                ("outstanding_tokens", "Prefill and decode tokens still to do on the worker."),
+                ("free_kv_tokens", "Free KV-cache tokens on the worker."),
+                ("healthy", "1 while the worker takes requests."),
+                ("ejected", "1 while the worker is ejected as an outlier."),
+            )
+        }
+        breaker = GaugeMetricFamily(
+            "shoal_router_worker_breaker_state", "1 for the worker's circuit-breaker state.", labels=["worker", "state"]
+        )
         for state in list(self.membership.workers.values()):
             view, worker = state.view(), [state.worker_id]
-            values = {"in_flight": view.in_flight, "running": view.running, "waiting": view.waiting,
-                      "outstanding_tokens": view.outstanding_tokens, "free_kv_tokens": view.free_kv_tokens,
-                      "healthy": int(state.available), "ejected": int(state.ejected_until is not None)}
+            values = {
+                "in_flight": view.in_flight,
+                "running": view.running,
+                "waiting": view.waiting,
+                "outstanding_tokens": view.outstanding_tokens,
+                "free_kv_tokens": view.free_kv_tokens,
+                "healthy": int(state.available),
+                "ejected": int(state.ejected_until is not None),
+            }
             for name, value in values.items():
                 if value is not None:
                     series[name].add_metric(worker, value)
             for name in BREAKER_STATES:
                 breaker.add_metric([state.worker_id, name], int(str(state.breaker.state) == name))
-        queued = GaugeMetricFamily("shoal_router_queued_requests", "Requests waiting for admission.",
-                                   labels=["priority"])
+        queued = GaugeMetricFamily(
+            "shoal_router_queued_requests", "Requests waiting for admission.", labels=["priority"]
+        )
         for priority, count in self.queued().items():
             queued.add_metric([priority], count)
         yield from series.values()

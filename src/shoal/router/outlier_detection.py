@@ -4,6 +4,7 @@ Latencies are compared per model and normalised by each worker's calibrated sing
 time when every compared worker reports one, so a slower kind of hardware is not a failure; only
 a worker slow for its kind is.
 """
+
 from __future__ import annotations
 
 import statistics

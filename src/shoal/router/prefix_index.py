@@ -6,6 +6,7 @@ workers' own block manager. For each worker the index keeps the blocks the route
 recently used first out, up to a capacity matching the worker's KV cache. It is an estimate: workers
 evict on their own schedule, and the index learns nothing from them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -18,7 +19,7 @@ def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[bytes, ...
     """Chained hashes of the full blocks of `text` (a trailing partial block is not cached anyway)."""
     blocks, parent = [], b""
     for start in range(0, len(text) - block_chars + 1, block_chars):
-        parent = hashlib.blake2b(parent + text[start:start + block_chars].encode(), digest_size=12).digest()
+        parent = hashlib.blake2b(parent + text[start : start + block_chars].encode(), digest_size=12).digest()
         blocks.append(parent)
     return tuple(blocks)
 

@@ -2,6 +2,7 @@
 OpenAI-shaped error body every refusal of the router uses. The upstream client is aiohttp: under
 64 concurrent requests it relayed several times more requests per second on one core than httpx
 did (benchmarks/router_overhead.py)."""
+
 from __future__ import annotations
 
 from starlette.responses import Response
@@ -11,7 +12,17 @@ from shoal.errors import error_json
 FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate", "x-request-id")
 
 
-def error_response(status: int, message: str, kind: str, param: str | None = None,
-                   headers: dict[str, str] | None = None, code: str | None = None) -> Response:
-    return Response(error_json(message, status, kind, param, code), status_code=status, media_type="application/json",
-                    headers=headers)
+def error_response(
+    status: int,
+    message: str,
+    kind: str,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+    code: str | None = None,
+) -> Response:
+    return Response(
+        error_json(message, status, kind, param, code),
+        status_code=status,
+        media_type="application/json",
+        headers=headers,
+    )

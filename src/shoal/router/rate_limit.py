@@ -4,6 +4,7 @@ A bucket holds up to `per_minute` units and refills continuously at per_minute /
 request takes 1 request unit and its estimated tokens (prompt + max output) from the key's buckets,
 or nothing at all if either would go negative; the refusal says how long until it would fit.
 """
+
 from __future__ import annotations
 
 import time
@@ -39,12 +40,14 @@ class RateLimiter:
     def __init__(self):
         self.buckets: dict[tuple[str, str], TokenBucket] = {}
 
-    def check(self, key: str, requests_per_minute: float | None, tokens_per_minute: float | None,
-              tokens: int) -> float:
+    def check(self, key: str, requests_per_minute: float | None, tokens_per_minute: float | None, tokens: int) -> float:
         """Takes from the key's buckets and returns 0, or takes nothing and returns seconds to wait."""
         now = time.monotonic()
-        wanted = [(kind, limit, amount) for kind, limit, amount in
-                  (("requests", requests_per_minute, 1), ("tokens", tokens_per_minute, tokens)) if limit]
+        wanted = [
+            (kind, limit, amount)
+            for kind, limit, amount in (("requests", requests_per_minute, 1), ("tokens", tokens_per_minute, tokens))
+            if limit
+        ]
         buckets = []
         for kind, limit, amount in wanted:
             bucket = self.buckets.setdefault((key, kind), TokenBucket(limit))

@@ -9,6 +9,7 @@ put in the cluster's event feed; latencies are measured as the client sees them:
 the router to the first token relayed, between tokens, and to the end (histograms, and the
 metrics' rolling window for the dashboard's live charts).
 """
+
 from __future__ import annotations
 
 import time
@@ -18,9 +19,9 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.logging import bind_request
-from shoal.router.metrics import RouterMetrics
 from shoal.observability.tracing import Tracing, json_attribute, trace_id_of
 from shoal.router.balancer import Placement
+from shoal.router.metrics import RouterMetrics
 from shoal.router.policies.cost import estimated_seconds
 from shoal.router.views import RouteRequest
 
@@ -29,12 +30,19 @@ class RequestTelemetry:
     """Invariants: the root span ends exactly once, in `finish`, which also counts the request;
     every attempt span ends before the next one starts or at `finish`."""
 
-    def __init__(self, tracing: Tracing, metrics: RouterMetrics, headers: MutableMapping[str, str] | dict, path: str,
-                 events: ClusterEvents | None = None):
+    def __init__(
+        self,
+        tracing: Tracing,
+        metrics: RouterMetrics,
+        headers: MutableMapping[str, str] | dict,
+        path: str,
+        events: ClusterEvents | None = None,
+    ):
         self.tracing, self.metrics, self.events = tracing, metrics, events
         self.started = time.monotonic()
-        self.root = tracing.start("router.request", parent=tracing.extract(headers), kind=SpanKind.SERVER,
-                                  attributes={"http.route": path})
+        self.root = tracing.start(
+            "router.request", parent=tracing.extract(headers), kind=SpanKind.SERVER, attributes={"http.route": path}
+        )
         self.trace_id = trace_id_of(self.root)
         self.request_id = headers.get("x-request-id") or self.trace_id
         bind_request(self.request_id, self.trace_id)
@@ -49,8 +57,14 @@ class RequestTelemetry:
 
     def routed_as(self, request: RouteRequest, streaming: bool) -> None:
         self.model, self.priority, self.streaming = request.model, request.priority, streaming
-        self.root.set_attributes({"shoal.model": request.model, "shoal.priority": request.priority,
-                                  "shoal.prompt_tokens_estimate": request.prompt_tokens, "shoal.stream": streaming})
+        self.root.set_attributes(
+            {
+                "shoal.model": request.model,
+                "shoal.priority": request.priority,
+                "shoal.prompt_tokens_estimate": request.prompt_tokens,
+                "shoal.stream": streaming,
+            }
+        )
 
     def span(self, name: str, **attributes: object) -> Span:
         """A child of the root span, started now; the caller ends it."""
@@ -58,17 +72,34 @@ class RequestTelemetry:
 
     def placed(self, request: RouteRequest, placement: Placement | None, policy: str, started_ns: int) -> None:
         """Records a routing decision as a `router.route` span (from started_ns to now)."""
-        span = self.tracing.start("router.route", parent=self.root, start_ns=started_ns,
-                                  attributes={"shoal.policy": policy, "shoal.model": request.model})
+        span = self.tracing.start(
+            "router.route",
+            parent=self.root,
+            start_ns=started_ns,
+            attributes={"shoal.policy": policy, "shoal.model": request.model},
+        )
         if placement is not None and span.is_recording():
             context = placement.context
-            span.set_attributes({
-                "shoal.worker": placement.worker.worker_id, "shoal.cached_tokens_estimate": placement.cached_tokens,
-                "shoal.candidates": json_attribute([
-                    {"worker": view.worker_id, "load": view.load, "outstanding_tokens": view.outstanding_tokens,
-                     "matched_blocks": context.matched_blocks.get(view.worker_id, 0),
-                     "estimated_s": round(estimated_seconds(request, view, placement.candidates, context), 4)}
-                    for view in placement.candidates])})
+            span.set_attributes(
+                {
+                    "shoal.worker": placement.worker.worker_id,
+                    "shoal.cached_tokens_estimate": placement.cached_tokens,
+                    "shoal.candidates": json_attribute(
+                        [
+                            {
+                                "worker": view.worker_id,
+                                "load": view.load,
+                                "outstanding_tokens": view.outstanding_tokens,
+                                "matched_blocks": context.matched_blocks.get(view.worker_id, 0),
+                                "estimated_s": round(
+                                    estimated_seconds(request, view, placement.candidates, context), 4
+                                ),
+                            }
+                            for view in placement.candidates
+                        ]
+                    ),
+                }
+            )
         elif placement is None:
             span.set_status(Status(StatusCode.ERROR, "no worker can take the request"))
         span.end()
@@ -78,8 +109,17 @@ class RequestTelemetry:
         self.end_attempt("abandoned")
         self.attempts += 1
         self.worker_id = worker_id
-        self.attempt_span = self.tracing.start("router.attempt", parent=self.root, kind=SpanKind.CLIENT, attributes={
-            "shoal.worker": worker_id, "server.address": url, "shoal.attempt": self.attempts, "shoal.resume": resuming})
+        self.attempt_span = self.tracing.start(
+            "router.attempt",
+            parent=self.root,
+            kind=SpanKind.CLIENT,
+            attributes={
+                "shoal.worker": worker_id,
+                "server.address": url,
+                "shoal.attempt": self.attempts,
+                "shoal.resume": resuming,
+            },
+        )
         self.tracing.inject(self.attempt_span, headers)
         headers["x-request-id"] = self.request_id
 
@@ -96,16 +136,31 @@ class RequestTelemetry:
         self.metrics.retries.labels(self.model).inc()
         self.root.add_event("retry", {"shoal.worker": worker_id, "shoal.reason": reason})
         if self.events is not None:
-            self.events.record("failover", "retried", reason, worker_id=worker_id, model=self.model,
-                               attempt=self.attempts, trace_id=self.trace_id)
+            self.events.record(
+                "failover",
+                "retried",
+                reason,
+                worker_id=worker_id,
+                model=self.model,
+                attempt=self.attempts,
+                trace_id=self.trace_id,
+            )
 
     def migrated(self, worker_id: str, tokens: int, reason: str) -> None:
         self.metrics.migrations.labels(self.model).inc()
-        self.root.add_event("migration", {"shoal.worker": worker_id, "shoal.tokens_so_far": tokens,
-                                          "shoal.reason": reason})
+        self.root.add_event(
+            "migration", {"shoal.worker": worker_id, "shoal.tokens_so_far": tokens, "shoal.reason": reason}
+        )
         if self.events is not None:
-            self.events.record("failover", "migrated", reason, worker_id=worker_id, model=self.model, tokens=tokens,
-                               trace_id=self.trace_id)
+            self.events.record(
+                "failover",
+                "migrated",
+                reason,
+                worker_id=worker_id,
+                model=self.model,
+                tokens=tokens,
+                trace_id=self.trace_id,
+            )
 
     def tokens(self, count: int) -> None:
         """`count` tokens relayed to the client now."""
@@ -136,6 +191,11 @@ class RequestTelemetry:
             self.metrics.e2e.labels(self.model).observe(elapsed)
         else:
             self.root.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
-        self.root.set_attributes({"http.response.status_code": status, "shoal.attempts": self.attempts,
-                                  "shoal.output_tokens": self.output_tokens})
+        self.root.set_attributes(
+            {
+                "http.response.status_code": status,
+                "shoal.attempts": self.attempts,
+                "shoal.output_tokens": self.output_tokens,
+            }
+        )
         self.root.end()

@@ -1,5 +1,6 @@
 """One non-streamed OpenAI response from the events of a stream (the router streams from workers
 even for non-streaming clients, so that a failure mid-way can be continued elsewhere)."""
+
 from __future__ import annotations
 
 
@@ -9,8 +10,10 @@ def _merge_logprobs(parts: list[dict | None], chat: bool) -> dict | None:
         return None
     if chat:
         return {"content": [entry for p in parts for entry in p.get("content") or []]}
-    return {key: [v for p in parts for v in p.get(key) or []] for key in ("tokens", "token_logprobs", "top_logprobs",
-                                                                         "text_offset")}
+    return {
+        key: [v for p in parts for v in p.get(key) or []]
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    }
 
 
 def assemble(events: list[dict], chat: bool) -> dict:
@@ -22,8 +25,10 @@ def assemble(events: list[dict], chat: bool) -> dict:
     for event in events:
         usage = event.get("usage") or usage
         for choice in event.get("choices") or []:
-            part = parts.setdefault(choice.get("index", 0), {"text": [], "token_ids": [], "logprobs": [],
-                                                              "finish_reason": None, "seed": None})
+            part = parts.setdefault(
+                choice.get("index", 0),
+                {"text": [], "token_ids": [], "logprobs": [], "finish_reason": None, "seed": None},
+            )
             part["token_ids"] += choice.get("token_ids") or []
             part["text"].append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
             part["logprobs"].append(choice.get("logprobs"))
@@ -32,12 +37,23 @@ def assemble(events: list[dict], chat: bool) -> dict:
     choices = []
     for index in sorted(parts):
         part = parts[index]
-        choice = {"index": index, "finish_reason": part["finish_reason"], "token_ids": part["token_ids"],
-                  "seed": part["seed"], "logprobs": _merge_logprobs(part["logprobs"], chat)}
+        choice = {
+            "index": index,
+            "finish_reason": part["finish_reason"],
+            "token_ids": part["token_ids"],
+            "seed": part["seed"],
+            "logprobs": _merge_logprobs(part["logprobs"], chat),
+        }
         if chat:
             choice["message"] = {"role": "assistant", "content": "".join(part["text"])}
         else:
             choice["text"] = "".join(part["text"])
         choices.append(choice)
-    return {"id": first.get("id"), "created": first.get("created"), "model": first.get("model"),
-            "object": "chat.completion" if chat else "text_completion", "choices": choices, "usage": usage}
+    return {
+        "id": first.get("id"),
+        "created": first.get("created"),
+        "model": first.get("model"),
+        "object": "chat.completion" if chat else "text_completion",
+        "choices": choices,
+        "usage": usage,
+    }

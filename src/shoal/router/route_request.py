@@ -1,4 +1,5 @@
 """Turns a client's OpenAI request body into the RouteRequest policies reason about."""
+
 from __future__ import annotations
 
 from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_blocks
@@ -18,8 +19,9 @@ class RequestError(ValueError):
         self.param = param
 
 
-def route_request(body: dict, headers: dict[str, str], chat: bool, chars_per_token: float,
-                  default_decode_tokens: int) -> RouteRequest:
+def route_request(
+    body: dict, headers: dict[str, str], chat: bool, chars_per_token: float, default_decode_tokens: int
+) -> RouteRequest:
     """Raises RequestError for what the router itself needs and cannot find (model, prompt)."""
     model = body.get("model")
     if not isinstance(model, str) or not model:
@@ -44,6 +46,13 @@ def route_request(body: dict, headers: dict[str, str], chat: bool, chars_per_tok
     if priority not in PRIORITIES:
         raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
     session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None) or body.get("user")
-    return RouteRequest(model=model, prompt_tokens=max(1, prompt_tokens), expected_decode_tokens=decode,
-                        prefix_blocks=prefix_blocks(text), chars_per_token=chars_per_token, block_chars=BLOCK_CHARS,
-                        session_key=session if isinstance(session, str) else None, priority=priority)
+    return RouteRequest(
+        model=model,
+        prompt_tokens=max(1, prompt_tokens),
+        expected_decode_tokens=decode,
+        prefix_blocks=prefix_blocks(text),
+        chars_per_token=chars_per_token,
+        block_chars=BLOCK_CHARS,
+        session_key=session if isinstance(session, str) else None,
+        priority=priority,
+    )

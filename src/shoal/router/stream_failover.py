@@ -260,8 +260,9 @@ class StreamFailover:
                 background=BackgroundTask(stream_over),
             )
         try:
-            collected = [json_data(data) async for chunk in events
-                         if (data := data_of(chunk)) is not None and not is_done(data)]
+            collected = [
+                json_data(data) async for chunk in events if (data := data_of(chunk)) is not None and not is_done(data)
+            ]
         finally:
             finish()
         errors = [e["error"] for e in collected if "error" in e]

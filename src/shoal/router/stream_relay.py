@@ -26,7 +26,6 @@ from shoal.router.membership import WorkerState
 from shoal.router.request_telemetry import RequestTelemetry
 
 
-
 class StreamBroken(Exception):
     """The worker stopped streaming before `[DONE]`: `connection_lost` when its connection broke,
     `timed_out` when it looked hung, neither when it failed the request (an error event)."""

@@ -1,5 +1,6 @@
 """What a routing policy sees: the request (as the router understands it, without a tokenizer) and
 one immutable view per worker. Policies are pure functions of these, so a simulator can drive them."""
+
 from __future__ import annotations
 
 import random

@@ -1,5 +1,6 @@
 """What an engine config's "auto" device and dtype are on this machine (values found at run time
 are returned, never written back into the config)."""
+
 from __future__ import annotations
 
 import torch

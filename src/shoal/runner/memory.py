@@ -1,4 +1,5 @@
 """How many KV-cache blocks a memory budget buys."""
+
 from __future__ import annotations
 
 import torch

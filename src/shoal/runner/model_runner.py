@@ -1,4 +1,5 @@
 """Runs one step batch through the model and returns the logits to sample from."""
+
 from __future__ import annotations
 
 import torch
@@ -8,18 +9,32 @@ from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
-from shoal.runner.step_batch import StepBatch
 from shoal.model.sharding import TensorParallel
+from shoal.runner.step_batch import StepBatch
 
 
-def build_model(config: EngineConfig, checkpoint: Checkpoint, device: torch.device, dtype: torch.dtype,
-                layers: range | None = None, tensor_parallel: TensorParallel | None = None) -> LlamaModel:
+def build_model(
+    config: EngineConfig,
+    checkpoint: Checkpoint,
+    device: torch.device,
+    dtype: torch.dtype,
+    layers: range | None = None,
+    tensor_parallel: TensorParallel | None = None,
+) -> LlamaModel:
     """The model (or the layers of one pipeline stage, or one tensor-parallel rank's shard) as the
     engine config asks: batch-invariant tiles, prepacked weights, attention kernel."""
     tile_rows = default_tile_rows(dtype) if config.batch_invariant else 0
     weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.weights.items()}
-    return LlamaModel(checkpoint.config, weights, tile_rows, device, not config.share_weights, config.attention_kernel,
-                      layers=layers, tensor_parallel=tensor_parallel)
+    return LlamaModel(
+        checkpoint.config,
+        weights,
+        tile_rows,
+        device,
+        not config.share_weights,
+        config.attention_kernel,
+        layers=layers,
+        tensor_parallel=tensor_parallel,
+    )
 
 
 class ModelRunner:
@@ -59,8 +74,9 @@ class ModelRunner:
     def run_layers(self, batch: StepBatch, inputs: torch.Tensor) -> torch.Tensor:
         """The layers held on `inputs` (token ids, or hidden states from earlier layers)."""
         device = self.model.device
-        return self.model.forward(inputs, torch.tensor(batch.positions, device=device), self.kv_caches,
-                                  self.metadata(batch))
+        return self.model.forward(
+            inputs, torch.tensor(batch.positions, device=device), self.kv_caches, self.metadata(batch)
+        )
 
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         if not batch.last_rows:

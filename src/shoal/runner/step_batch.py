@@ -1,5 +1,6 @@
 """One forward step as plain lists: what a runner is given, locally or sent to other ranks and
 pipeline stages (protocol.step_batch is its wire form)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass

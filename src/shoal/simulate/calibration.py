@@ -1,5 +1,6 @@
 """Where a simulated worker's figures come from: a live shoal worker's /load report, a JSON file
 (a saved /load report or the engine's cached calibration), or the defaults below."""
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,9 @@ from shoal.simulate.cost_model import CalibrationFigures
 
 # A SmolLM2-135M-Instruct worker on one core of a 2-core Xeon (AVX512-BF16/AMX) machine: bfloat16,
 # --num-threads 1, 256MiB KV cache, its start-up calibration measured alone (docs/simulation.md).
-SMOLLM2_CPU = CalibrationFigures(prefill_tokens_per_s=760.0, decode_tokens_per_s=23.7,
-                                 batched_decode_tokens_per_s=172.0, batch=8)
+SMOLLM2_CPU = CalibrationFigures(
+    prefill_tokens_per_s=760.0, decode_tokens_per_s=23.7, batched_decode_tokens_per_s=172.0, batch=8
+)
 
 
 @dataclass(frozen=True)
@@ -30,7 +32,7 @@ class WorkerFigures:
     source: str = "defaults (SmolLM2-135M, CPU, 1 thread)"
 
     @classmethod
-    def from_report(cls, report: dict, source: str) -> "WorkerFigures":
+    def from_report(cls, report: dict, source: str) -> WorkerFigures:
         """From a shoal worker's /load report: the speeds it measures now, that is its start-up
         calibration rescaled to the moving averages of its recent steps (for a worker that has not
         served yet, the calibration itself). A bare calibration dict is taken as it is."""
@@ -50,8 +52,13 @@ class WorkerFigures:
         return cls(calibration, kv, load.max_num_seqs, load.max_model_len, source)
 
     def as_dict(self) -> dict:
-        return {"calibration": self.calibration.as_dict(), "kv_tokens": self.kv_tokens,
-                "max_num_seqs": self.max_num_seqs, "max_model_len": self.max_model_len, "source": self.source}
+        return {
+            "calibration": self.calibration.as_dict(),
+            "kv_tokens": self.kv_tokens,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+            "source": self.source,
+        }
 
 
 def average(figures: Sequence[WorkerFigures]) -> WorkerFigures:
@@ -64,10 +71,17 @@ def average(figures: Sequence[WorkerFigures]) -> WorkerFigures:
     def mean(name: str) -> float:
         return sum(getattr(f.calibration, name) for f in figures) / len(figures)
 
-    calibration = CalibrationFigures(mean("prefill_tokens_per_s"), mean("decode_tokens_per_s"),
-                                     mean("batched_decode_tokens_per_s"), first.calibration.batch)
-    return replace(first, calibration=calibration, source=f"the mean of {len(figures)}: "
-                                                          + ", ".join(sorted({f.source for f in figures})))
+    calibration = CalibrationFigures(
+        mean("prefill_tokens_per_s"),
+        mean("decode_tokens_per_s"),
+        mean("batched_decode_tokens_per_s"),
+        first.calibration.batch,
+    )
+    return replace(
+        first,
+        calibration=calibration,
+        source=f"the mean of {len(figures)}: " + ", ".join(sorted({f.source for f in figures})),
+    )
 
 
 DEFAULT_FIGURES = WorkerFigures(SMOLLM2_CPU)
@@ -90,4 +104,3 @@ def read_figures(source: str, timeout_s: float = 10.0) -> WorkerFigures:
     if not isinstance(raw, dict):
         raise ValueError(f"{source} holds no JSON object")
     return WorkerFigures.from_report(raw, source)
-

@@ -1,4 +1,5 @@
 """The clients: the workload sent as `shoal bench`'s runner sends it, in simulated time."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -18,8 +19,9 @@ class Clients:
     after a failed one are recorded as failed, unsent, at their arrival times. The loop stops once
     every request has an outcome. Invariant: `outcomes` holds one outcome per finished request."""
 
-    def __init__(self, requests: Sequence[SimRequest], concurrency: int | None, loop: EventLoop,
-                 overhead_s: float = 0.0):
+    def __init__(
+        self, requests: Sequence[SimRequest], concurrency: int | None, loop: EventLoop, overhead_s: float = 0.0
+    ):
         self.loop = loop
         self.concurrency = concurrency
         self.overhead_s = overhead_s
@@ -48,23 +50,54 @@ class Clients:
     def done(self, flight: Flight, error: str | None) -> None:
         request = flight.request
         worker = flight.placement.worker.worker_id if flight.placement else None
-        self._record(RequestOutcome(
-            request.index, request.conversation_id, request.turn, request.arrival_s, flight.sent_s,
-            flight.first_token_s, self.loop.now, request.prompt_tokens, flight.cached_tokens,
-            0 if error else request.max_tokens, flight.migrations, flight.lost_tokens, flight.recomputed_tokens,
-            self._worker_class.get(worker), error))
+        self._record(
+            RequestOutcome(
+                request.index,
+                request.conversation_id,
+                request.turn,
+                request.arrival_s,
+                flight.sent_s,
+                flight.first_token_s,
+                self.loop.now,
+                request.prompt_tokens,
+                flight.cached_tokens,
+                0 if error else request.max_tokens,
+                flight.migrations,
+                flight.lost_tokens,
+                flight.recomputed_tokens,
+                self._worker_class.get(worker),
+                error,
+            )
+        )
         self._in_flight -= 1
         if self._queue:
             self._ready(self._queue.popleft())
         following = self._next_turn.get((request.conversation_id, request.turn))
         if following is not None:
-            self.loop.at(max(self.loop.now, following.arrival_s),
-                         self._ready if error is None else self._not_sent, following)
+            self.loop.at(
+                max(self.loop.now, following.arrival_s), self._ready if error is None else self._not_sent, following
+            )
 
     def _not_sent(self, request: SimRequest) -> None:
-        self._record(RequestOutcome(
-            request.index, request.conversation_id, request.turn, request.arrival_s, None, None, self.loop.now,
-            request.prompt_tokens, None, 0, 0, 0, 0, None, "not sent: an earlier turn of its conversation failed"))
+        self._record(
+            RequestOutcome(
+                request.index,
+                request.conversation_id,
+                request.turn,
+                request.arrival_s,
+                None,
+                None,
+                self.loop.now,
+                request.prompt_tokens,
+                None,
+                0,
+                0,
+                0,
+                0,
+                None,
+                "not sent: an earlier turn of its conversation failed",
+            )
+        )
         following = self._next_turn.get((request.conversation_id, request.turn))
         if following is not None:
             self.loop.at(max(self.loop.now, following.arrival_s), self._not_sent, following)

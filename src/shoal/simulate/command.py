@@ -1,6 +1,7 @@
 """`shoal simulate`: runs the workload over the simulated fleet once per policy, prints the
 comparison and writes the JSON report and plot. Exit status: 0 when the runs finished (requests
 may have failed: that is a result), 2 for bad options or an unreadable calibration source."""
+
 from __future__ import annotations
 
 import argparse
@@ -49,4 +50,3 @@ def run(args: argparse.Namespace) -> int:
 def _report_progress(result: SimulationResult, console: Console) -> SimulationResult:
     console.print(f"  {result.policy}: {result.summary.duration_s:.0f} s simulated in {result.wall_s:.1f} s")
     return result
-

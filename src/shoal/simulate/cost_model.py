@@ -11,6 +11,7 @@ Three calibration figures fix the three coefficients (see `StepCost.from_calibra
 rate over one long prompt gives token_s (that step is compute-bound), the single-stream decode
 rate gives floor_s + seq_s, and the batched decode rate at batch B gives the growth per sequence.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -37,25 +38,36 @@ class CalibrationFigures:
             raise ValueError("the calibration batch must be at least 1")
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "CalibrationFigures":
+    def from_dict(cls, raw: dict) -> CalibrationFigures:
         """From a Calibration.as_dict() (the worker's /load `calibration`, or its cached JSON file)."""
         try:
-            return cls(float(raw["prefill_tokens_per_s"]), float(raw["decode_tokens_per_s"]),
-                       float(raw["batched_decode_tokens_per_s"]), int(raw["batch"]))
+            return cls(
+                float(raw["prefill_tokens_per_s"]),
+                float(raw["decode_tokens_per_s"]),
+                float(raw["batched_decode_tokens_per_s"]),
+                int(raw["batch"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"not a calibration ({type(exc).__name__}: {exc}); expected prefill_tokens_per_s, "
-                             "decode_tokens_per_s, batched_decode_tokens_per_s and batch") from None
+            raise ValueError(
+                f"not a calibration ({type(exc).__name__}: {exc}); expected prefill_tokens_per_s, "
+                "decode_tokens_per_s, batched_decode_tokens_per_s and batch"
+            ) from None
 
-    def rescaled(self, prefill_tokens_per_s: float, decode_step_s: float,
-                 decode_tokens_per_s: float) -> "CalibrationFigures":
+    def rescaled(
+        self, prefill_tokens_per_s: float, decode_step_s: float, decode_tokens_per_s: float
+    ) -> CalibrationFigures:
         """The same worker at the speeds it measures while serving (the moving averages of its
         load report): prefill at the measured rate; decode steps as long as the measured step at
         the measured batch (decode tokens/s x step time), keeping the calibrated growth of the
         step with the batch."""
         batch = max(1.0, decode_tokens_per_s * decode_step_s)
         factor = StepCost.from_calibration(self).seconds(0, batch) / decode_step_s
-        return CalibrationFigures(prefill_tokens_per_s, self.decode_tokens_per_s * factor,
-                                  self.batched_decode_tokens_per_s * factor, self.batch)
+        return CalibrationFigures(
+            prefill_tokens_per_s,
+            self.decode_tokens_per_s * factor,
+            self.batched_decode_tokens_per_s * factor,
+            self.batch,
+        )
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -71,8 +83,7 @@ class StepCost:
     seq_s: float
 
     @classmethod
-    def from_calibration(cls, figures: CalibrationFigures,
-                         prompt_tokens: int = CALIBRATION_PROMPT_TOKENS) -> "StepCost":
+    def from_calibration(cls, figures: CalibrationFigures, prompt_tokens: int = CALIBRATION_PROMPT_TOKENS) -> StepCost:
         """The coefficients that reproduce the three figures exactly: the prefill step (prompt_tokens,
         no decode) takes prompt_tokens / prefill rate; a decode step of one sequence 1 / single rate;
         of `batch` sequences batch / batched rate."""
@@ -92,7 +103,7 @@ class StepCost:
     def seconds(self, prefill_tokens: float, decode_seqs: float) -> float:
         return max(self.floor_s, (prefill_tokens + decode_seqs) * self.token_s) + decode_seqs * self.seq_s
 
-    def scaled(self, speed: float) -> "StepCost":
+    def scaled(self, speed: float) -> StepCost:
         """The same hardware `speed` times faster."""
         return StepCost(self.floor_s / speed, self.token_s / speed, self.seq_s / speed)
 

@@ -1,4 +1,5 @@
 """The simulation's clock: a priority queue of timed callbacks."""
+
 from __future__ import annotations
 
 import heapq

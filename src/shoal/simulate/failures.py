@@ -1,4 +1,5 @@
 """Worker failures: exponential times to failure, fixed repair times."""
+
 from __future__ import annotations
 
 import random

@@ -16,6 +16,7 @@ A YAML file says the same (`workers: N` and `classes:`, a list of mappings with 
 
 Fractions are weights (normalized); counts are rounded by largest remainder, so they add up to N.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -63,7 +64,7 @@ class WorkerClass:
                 raise ValueError(f"{self.name}: {key} must be at least 1")
 
     @classmethod
-    def from_mapping(cls, raw: dict) -> "WorkerClass":
+    def from_mapping(cls, raw: dict) -> WorkerClass:
         """From YAML or the parsed `--mix`; unknown keys and wrong types are errors."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(fields))
@@ -121,7 +122,7 @@ class FleetSpec:
         exact = [self.workers * c.fraction / total for c in self.classes]
         counts = [int(x) for x in exact]
         by_remainder = sorted(range(len(exact)), key=lambda i: (counts[i] - exact[i], i))
-        for i in by_remainder[:self.workers - sum(counts)]:
+        for i in by_remainder[: self.workers - sum(counts)]:
             counts[i] += 1
         return {c.name: n for c, n in zip(self.classes, counts)}
 
@@ -132,22 +133,38 @@ class FleetSpec:
         for worker_class, count in zip(self.classes, self.counts().values()):
             c = worker_class
             cal = figures.calibration
-            scaled = CalibrationFigures(cal.prefill_tokens_per_s * c.speed, cal.decode_tokens_per_s * c.speed,
-                                        cal.batched_decode_tokens_per_s * c.speed, cal.batch)
+            scaled = CalibrationFigures(
+                cal.prefill_tokens_per_s * c.speed,
+                cal.decode_tokens_per_s * c.speed,
+                cal.batched_decode_tokens_per_s * c.speed,
+                cal.batch,
+            )
             for i in range(count):
-                specs.append(WorkerSpec(
-                    worker_id=f"{c.name}-{i:05d}", worker_class=c.name, cost=base.scaled(c.speed), calibration=scaled,
-                    kv_tokens=c.kv or figures.kv_tokens or DEFAULT_KV_TOKENS,
-                    max_num_seqs=c.seqs or figures.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
-                    max_num_batched_tokens=c.batch_tokens,
-                    max_model_len=c.max_len or figures.max_model_len or DEFAULT_MAX_MODEL_LEN,
-                    mtbf_s=c.mtbf, repair_s=c.repair, host=f"{c.name}-host-{i // c.per_host:05d}",
-                    threads=c.threads, host_cores=c.cores or c.per_host * c.threads))
+                specs.append(
+                    WorkerSpec(
+                        worker_id=f"{c.name}-{i:05d}",
+                        worker_class=c.name,
+                        cost=base.scaled(c.speed),
+                        calibration=scaled,
+                        kv_tokens=c.kv or figures.kv_tokens or DEFAULT_KV_TOKENS,
+                        max_num_seqs=c.seqs or figures.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+                        max_num_batched_tokens=c.batch_tokens,
+                        max_model_len=c.max_len or figures.max_model_len or DEFAULT_MAX_MODEL_LEN,
+                        mtbf_s=c.mtbf,
+                        repair_s=c.repair,
+                        host=f"{c.name}-host-{i // c.per_host:05d}",
+                        threads=c.threads,
+                        host_cores=c.cores or c.per_host * c.threads,
+                    )
+                )
         return specs
 
     def as_dict(self) -> dict:
-        return {"workers": self.workers, "counts": self.counts(),
-                "classes": [dataclasses.asdict(c) for c in self.classes]}
+        return {
+            "workers": self.workers,
+            "counts": self.counts(),
+            "classes": [dataclasses.asdict(c) for c in self.classes],
+        }
 
 
 def parse_mix(text: str) -> tuple[WorkerClass, ...]:

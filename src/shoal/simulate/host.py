@@ -1,4 +1,5 @@
 """CPU sharing: the workers on one host compete for its cores (processor sharing)."""
+
 from __future__ import annotations
 
 import itertools

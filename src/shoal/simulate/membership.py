@@ -1,4 +1,5 @@
 """The router's Membership, with each worker's view rebuilt only after something changed it."""
+
 from __future__ import annotations
 
 from shoal.router.membership import Membership

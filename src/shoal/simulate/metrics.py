@@ -1,4 +1,5 @@
 """What a simulated run measured: one outcome per request, and the run's figures."""
+
 from __future__ import annotations
 
 from collections import Counter
@@ -87,13 +88,23 @@ def summarize(outcomes: Sequence[RequestOutcome], worker_failures: int) -> SimSu
     completion = sum(o.completion_tokens for o in done)
     itl = [(o.e2e_ms - o.ttft_ms) / (o.completion_tokens - 1) for o in done if o.completion_tokens > 1]
     return SimSummary(
-        total=len(outcomes), completed=len(done), failed=len(outcomes) - len(done), duration_s=duration,
+        total=len(outcomes),
+        completed=len(done),
+        failed=len(outcomes) - len(done),
+        duration_s=duration,
         request_throughput=len(done) / duration if duration else 0.0,
         output_throughput=completion / duration if duration else 0.0,
-        prompt_tokens=prompt, cached_tokens=cached, cache_hit_rate=cached / prompt if prompt else 0.0,
-        completion_tokens=completion, ttft_ms=Distribution.of([o.ttft_ms for o in done]),
-        itl_ms=Distribution.of(itl), e2e_ms=Distribution.of([o.e2e_ms for o in done]),
-        worker_failures=worker_failures, migrations=sum(o.migrations for o in outcomes),
-        lost_tokens=sum(o.lost_tokens for o in outcomes), recomputed_tokens=sum(o.recomputed_tokens for o in outcomes),
+        prompt_tokens=prompt,
+        cached_tokens=cached,
+        cache_hit_rate=cached / prompt if prompt else 0.0,
+        completion_tokens=completion,
+        ttft_ms=Distribution.of([o.ttft_ms for o in done]),
+        itl_ms=Distribution.of(itl),
+        e2e_ms=Distribution.of([o.e2e_ms for o in done]),
+        worker_failures=worker_failures,
+        migrations=sum(o.migrations for o in outcomes),
+        lost_tokens=sum(o.lost_tokens for o in outcomes),
+        recomputed_tokens=sum(o.recomputed_tokens for o in outcomes),
         completed_by_class=dict(sorted(Counter(o.worker_class for o in done).items())),
-        errors=dict(Counter(o.error for o in outcomes if not o.ok).most_common()))
+        errors=dict(Counter(o.error for o in outcomes if not o.ok).most_common()),
+    )

@@ -1,5 +1,6 @@
 """`shoal simulate` options, and the config they make. Imports nothing heavy: every `shoal` command
 builds this parser."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,38 +13,76 @@ DEFAULT_POLICIES = "round_robin,least_outstanding_tokens,power_of_two,cache_awar
 
 def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet")
-    fleet.add_argument("--workers", type=int, metavar="N", default=None,
-                       help="workers in the fleet (default: the --fleet file's count, else 10)")
-    fleet.add_argument("--mix", metavar="SPEC", default=None,
-                       help='worker classes, e.g. "fast:0.2:speed=4,kv=200000;slow:0.8:kv=50000" (keys: speed '
-                            "kv seqs max_len batch_tokens mtbf repair threads per_host cores)")
+    fleet.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        default=None,
+        help="workers in the fleet (default: the --fleet file's count, else 10)",
+    )
+    fleet.add_argument(
+        "--mix",
+        metavar="SPEC",
+        default=None,
+        help='worker classes, e.g. "fast:0.2:speed=4,kv=200000;slow:0.8:kv=50000" (keys: speed '
+        "kv seqs max_len batch_tokens mtbf repair threads per_host cores)",
+    )
     fleet.add_argument("--fleet", metavar="YAML", default=None, help="workers and classes from a file instead")
-    fleet.add_argument("--calibrate-from", metavar="URL|JSON", action="append", default=[],
-                       help="a shoal worker (http://host:port: the speeds its /load reports now) or a JSON file "
-                            "with its /load report or calibration; repeat to average several (default: a "
-                            "SmolLM2-135M worker on one CPU core)")
+    fleet.add_argument(
+        "--calibrate-from",
+        metavar="URL|JSON",
+        action="append",
+        default=[],
+        help="a shoal worker (http://host:port: the speeds its /load reports now) or a JSON file "
+        "with its /load report or calibration; repeat to average several (default: a "
+        "SmolLM2-135M worker on one CPU core)",
+    )
 
     router = parser.add_argument_group("router")
-    router.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="comma-separated policies to compare (default %(default)s)")
-    router.add_argument("--report-interval-s", type=float, metavar="S", default=0.5,
-                        help="how often each worker's load report reaches the router (default %(default)s)")
-    router.add_argument("--max-migrations", type=int, metavar="N", default=3,
-                        help="moves of one stream before it fails (default %(default)s)")
-    router.add_argument("--request-overhead-ms", type=float, metavar="MS", default=0.0,
-                        help="from a client's send to the router: HTTP, front ends, tokenization (default 0)")
+    router.add_argument(
+        "--policies", default=DEFAULT_POLICIES, help="comma-separated policies to compare (default %(default)s)"
+    )
+    router.add_argument(
+        "--report-interval-s",
+        type=float,
+        metavar="S",
+        default=0.5,
+        help="how often each worker's load report reaches the router (default %(default)s)",
+    )
+    router.add_argument(
+        "--max-migrations",
+        type=int,
+        metavar="N",
+        default=3,
+        help="moves of one stream before it fails (default %(default)s)",
+    )
+    router.add_argument(
+        "--request-overhead-ms",
+        type=float,
+        metavar="MS",
+        default=0.0,
+        help="from a client's send to the router: HTTP, front ends, tokenization (default 0)",
+    )
 
     add_workload_arguments(parser)
     add_load_arguments(parser)
 
     output = parser.add_argument_group("output")
-    output.add_argument("--output-json", metavar="PATH", default=None,
-                        help="write the config, each policy's summary and every request's outcome here")
+    output.add_argument(
+        "--output-json",
+        metavar="PATH",
+        default=None,
+        help="write the config, each policy's summary and every request's outcome here",
+    )
     output.add_argument("--plot", metavar="PNG", default=None, help="write a comparison plot here")
-    output.add_argument("--summary-only", action="store_true",
-                        help="leave the per-request outcomes out of the JSON")
-    output.add_argument("--jobs", type=int, metavar="N", default=1,
-                        help="simulate up to N policies at once, in separate processes (default 1)")
+    output.add_argument("--summary-only", action="store_true", help="leave the per-request outcomes out of the JSON")
+    output.add_argument(
+        "--jobs",
+        type=int,
+        metavar="N",
+        default=1,
+        help="simulate up to N policies at once, in separate processes (default 1)",
+    )
 
 
 def simulation_config(args: argparse.Namespace, policy: str):
@@ -61,15 +100,15 @@ def simulation_config(args: argparse.Namespace, policy: str):
     else:
         workers = 10 if args.workers is None else args.workers
         fleet = FleetSpec(workers, parse_mix(args.mix)) if args.mix else FleetSpec(workers)
-    figures = average([read_figures(source) for source in args.calibrate_from]) if args.calibrate_from \
-        else DEFAULT_FIGURES
+    figures = (
+        average([read_figures(source) for source in args.calibrate_from]) if args.calibrate_from else DEFAULT_FIGURES
+    )
     if args.report_interval_s <= 0 or args.max_migrations < 0 or args.request_overhead_ms < 0:
-        raise ValueError("--report-interval-s must be above 0, --max-migrations and --request-overhead-ms "
-                         "at least 0")
-    router = RouterSettings(policy=policy, report_interval_s=args.report_interval_s,
-                            max_migrations=args.max_migrations)
-    return SimulationConfig(fleet, workload_config(args), arrival_process(args), router, figures, args.seed,
-                            args.request_overhead_ms / 1000)
+        raise ValueError("--report-interval-s must be above 0, --max-migrations and --request-overhead-ms at least 0")
+    router = RouterSettings(policy=policy, report_interval_s=args.report_interval_s, max_migrations=args.max_migrations)
+    return SimulationConfig(
+        fleet, workload_config(args), arrival_process(args), router, figures, args.seed, args.request_overhead_ms / 1000
+    )
 
 
 def policies(args: argparse.Namespace) -> list[str]:

@@ -1,4 +1,5 @@
 """A PNG comparing policies (matplotlib's Agg renderer, no display needed)."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -16,16 +17,19 @@ def write_plot(path: Path, config: SimulationConfig, results: Sequence[Simulatio
     names = [r.policy for r in results]
     figure = Figure(figsize=(13, 8.5), layout="constrained")
     classes = ", ".join(f"{count} {name}" for name, count in config.fleet.counts().items())
-    figure.suptitle(f"{config.fleet.workers} simulated workers ({classes}); {config.workload.requests} "
-                    f"{config.workload.kind} requests")
+    figure.suptitle(
+        f"{config.fleet.workers} simulated workers ({classes}); {config.workload.requests} "
+        f"{config.workload.kind} requests"
+    )
     (cdf, ttft), (throughput, hits) = figure.subplots(2, 2)
 
     for result in results:
         values = sorted(o.ttft_ms for o in result.outcomes if o.ok)
         if values:
             cdf.step(values, [(i + 1) / len(values) for i in range(len(values))], where="post", label=result.policy)
-    cdf.set(title="time to first token (CDF)", xlabel="ms (log scale)", ylabel="fraction ≤ x", xscale="log",
-            ylim=(0, 1.02))
+    cdf.set(
+        title="time to first token (CDF)", xlabel="ms (log scale)", ylabel="fraction ≤ x", xscale="log", ylim=(0, 1.02)
+    )
     cdf.grid(alpha=0.3)
     cdf.legend()
 

@@ -1,4 +1,5 @@
 """A comparison of simulated runs as a table on the terminal, and as JSON."""
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,14 @@ def print_comparison(config: SimulationConfig, results: Sequence[SimulationResul
     classes = ", ".join(f"{count} {name}" for name, count in fleet.counts().items())
     cost = StepCost.from_calibration(config.figures.calibration)
     console.print(f"[bold]fleet[/bold]: {fleet.workers} workers ({classes}); calibration from {config.figures.source}")
-    console.print(f"[bold]step cost at speed 1[/bold]: max({cost.floor_s * 1e3:.1f} ms, tokens x "
-                  f"{cost.token_s * 1e3:.2f} ms) + decoding sequences x {cost.seq_s * 1e3:.2f} ms")
-    latency = Table(title=f"shoal simulate: {config.workload.kind}, {config.workload.requests} requests; latency (ms)",
-                    title_justify="left")
+    console.print(
+        f"[bold]step cost at speed 1[/bold]: max({cost.floor_s * 1e3:.1f} ms, tokens x "
+        f"{cost.token_s * 1e3:.2f} ms) + decoding sequences x {cost.seq_s * 1e3:.2f} ms"
+    )
+    latency = Table(
+        title=f"shoal simulate: {config.workload.kind}, {config.workload.requests} requests; latency (ms)",
+        title_justify="left",
+    )
     for column in ("policy", "done / failed", "TTFT p50", "TTFT p99", "TTFT mean", "E2E p50", "E2E p99"):
         latency.add_column(column, justify="left" if column == "policy" else "right", no_wrap=column == "policy")
     work = Table(title="throughput, prefix cache and failures", title_justify="left")
@@ -31,11 +36,25 @@ def print_comparison(config: SimulationConfig, results: Sequence[SimulationResul
     for result in results:
         s = result.summary
         ttft, e2e = s.ttft_ms, s.e2e_ms
-        latency.add_row(result.policy, f"{s.completed} / {s.failed}", _ms(ttft and ttft.p50), _ms(ttft and ttft.p99),
-                        _ms(ttft and ttft.mean), _ms(e2e and e2e.p50), _ms(e2e and e2e.p99))
-        work.add_row(result.policy, f"{s.output_throughput:.0f}", f"{s.request_throughput:.2f}",
-                     f"{s.cache_hit_rate:.1%}", str(s.worker_failures), str(s.migrations), str(s.lost_tokens),
-                     f"{s.duration_s:.0f} s in {result.wall_s:.0f} s")
+        latency.add_row(
+            result.policy,
+            f"{s.completed} / {s.failed}",
+            _ms(ttft and ttft.p50),
+            _ms(ttft and ttft.p99),
+            _ms(ttft and ttft.mean),
+            _ms(e2e and e2e.p50),
+            _ms(e2e and e2e.p99),
+        )
+        work.add_row(
+            result.policy,
+            f"{s.output_throughput:.0f}",
+            f"{s.request_throughput:.2f}",
+            f"{s.cache_hit_rate:.1%}",
+            str(s.worker_failures),
+            str(s.migrations),
+            str(s.lost_tokens),
+            f"{s.duration_s:.0f} s in {result.wall_s:.0f} s",
+        )
     console.print(latency)
     console.print(work)
 
@@ -50,8 +69,11 @@ def write_json(path: Path, config: SimulationConfig, results: Sequence[Simulatio
     path.parent.mkdir(parents=True, exist_ok=True)
     settings = config.as_dict()
     del settings["router"]["policy"]
-    body = {"config": settings,
-            "step_cost": StepCost.from_calibration(config.figures.calibration).as_dict(), "results": {}}
+    body = {
+        "config": settings,
+        "step_cost": StepCost.from_calibration(config.figures.calibration).as_dict(),
+        "results": {},
+    }
     for result in results:
         entry = {"summary": result.summary.as_dict(), "events": result.events, "wall_s": result.wall_s}
         if outcomes:

@@ -1,5 +1,6 @@
 """The router side of the simulation: the router's own Membership, Balancer and policies, fed with
 the simulated workers' load reports, and the failover of streams from failed workers."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -65,8 +66,9 @@ class SimRouter:
     that failed it, at most `max_migrations` times. Invariant: every request in `flights` holds
     exactly one placement, on the worker running it."""
 
-    def __init__(self, settings: RouterSettings, loop: EventLoop, seed: int,
-                 on_done: Callable[[Flight, str | None], None]):
+    def __init__(
+        self, settings: RouterSettings, loop: EventLoop, seed: int, on_done: Callable[[Flight, str | None], None]
+    ):
         self.settings = settings
         self.loop = loop
         self.on_done = on_done
@@ -88,8 +90,9 @@ class SimRouter:
 
     def submit(self, request: SimRequest, sent_s: float) -> None:
         """A request reaches the router (the client sent it at `sent_s`)."""
-        routed = route_request(request.body(MODEL), {}, True, self.settings.chars_per_token,
-                               self.settings.default_decode_tokens)
+        routed = route_request(
+            request.body(MODEL), {}, True, self.settings.chars_per_token, self.settings.default_decode_tokens
+        )
         flight = self.flights[str(request.index)] = Flight(request, routed, sent_s)
         self._send(flight, request.prompt_token_ids(), [])
 
@@ -105,8 +108,9 @@ class SimRouter:
             return
         flight.placement = placement
         self.membership.changed(worker.spec.worker_id)
-        worker.add(str(flight.request.index), prompt, resumed, flight.request.max_tokens,
-                   flight.request.output_token_id(0))
+        worker.add(
+            str(flight.request.index), prompt, resumed, flight.request.max_tokens, flight.request.output_token_id(0)
+        )
 
     def first_token(self, worker_id: str, seq: Sequence) -> None:
         flight = self.flights[seq.request_id]

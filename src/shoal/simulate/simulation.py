@@ -1,5 +1,6 @@
 """One simulated run: a fleet, a workload and a routing policy, from the first arrival until every
 request has an outcome."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,13 +43,19 @@ class SimulationConfig:
         if self.request_overhead_s < 0:
             raise ValueError("the request overhead cannot be negative")
 
-    def with_policy(self, policy: str) -> "SimulationConfig":
+    def with_policy(self, policy: str) -> SimulationConfig:
         return dataclasses.replace(self, router=dataclasses.replace(self.router, policy=policy))
 
     def as_dict(self) -> dict:
-        return {"fleet": self.fleet.as_dict(), "workload": self.workload.as_dict(),
-                "arrivals": dataclasses.asdict(self.arrivals), "router": dataclasses.asdict(self.router),
-                "figures": self.figures.as_dict(), "seed": self.seed, "request_overhead_s": self.request_overhead_s}
+        return {
+            "fleet": self.fleet.as_dict(),
+            "workload": self.workload.as_dict(),
+            "arrivals": dataclasses.asdict(self.arrivals),
+            "router": dataclasses.asdict(self.router),
+            "figures": self.figures.as_dict(),
+            "seed": self.seed,
+            "request_overhead_s": self.request_overhead_s,
+        }
 
 
 @dataclass(frozen=True)
@@ -86,8 +93,13 @@ def simulate(config: SimulationConfig, requests: Sequence[SimRequest] | None = N
     with _collector_paused():
         loop.run()
     outcomes = [clients.outcomes[r.index] for r in requests]
-    return SimulationResult(config.router.policy, summarize(outcomes, failures.failures), outcomes,
-                            loop.events_run, time.perf_counter() - started)
+    return SimulationResult(
+        config.router.policy,
+        summarize(outcomes, failures.failures),
+        outcomes,
+        loop.events_run,
+        time.perf_counter() - started,
+    )
 
 
 @contextlib.contextmanager

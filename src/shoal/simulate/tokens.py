@@ -8,6 +8,7 @@ request generates are the first `max_tokens` ids of its answer's segment, which 
 message of the conversation's next turn: a turn's prompt extends the previous turn's prompt and
 output, as with a real chat template.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -74,6 +75,16 @@ def sim_requests(workload: Sequence[BenchRequest]) -> list[SimRequest]:
         else:
             answer = len(segment_ids)
             segment_ids[("answer", str(r.index))] = answer
-        requests.append(SimRequest(r.index, r.conversation_id, r.turn, r.arrival_s, r.messages, r.max_tokens,
-                                   tuple(segment(m) for m in r.messages), answer))
+        requests.append(
+            SimRequest(
+                r.index,
+                r.conversation_id,
+                r.turn,
+                r.arrival_s,
+                r.messages,
+                r.max_tokens,
+                tuple(segment(m) for m in r.messages),
+                answer,
+            )
+        )
     return requests

@@ -1,5 +1,6 @@
 """A simulated worker: the engine's own scheduler and block manager, with the forward pass replaced
 by the step-cost model."""
+
 from __future__ import annotations
 
 from typing import Protocol
@@ -45,9 +46,12 @@ class SimWorker:
         self._params: dict[int, SamplingParams] = {}
         figures = spec.calibration
         self.calibration = CalibrationFigures(
-            prefill_tokens_per_s=figures.prefill_tokens_per_s, decode_tokens_per_s=figures.decode_tokens_per_s,
-            batched_decode_tokens_per_s=figures.batched_decode_tokens_per_s, batch=figures.batch,
-            capability=figures.batched_decode_tokens_per_s)
+            prefill_tokens_per_s=figures.prefill_tokens_per_s,
+            decode_tokens_per_s=figures.decode_tokens_per_s,
+            batched_decode_tokens_per_s=figures.batched_decode_tokens_per_s,
+            batch=figures.batch,
+            capability=figures.batched_decode_tokens_per_s,
+        )
         self._empty()
 
     def _empty(self) -> None:
@@ -55,8 +59,11 @@ class SimWorker:
         self.block_manager = BlockManager(spec.kv_tokens // BLOCK_SIZE, BLOCK_SIZE)
         self.scheduler = Scheduler(self.block_manager, spec.max_num_seqs, spec.max_num_batched_tokens)
         self.speed = SpeedEstimator()
-        self.speed.seed(calibration.prefill_tokens_per_s, calibration.batched_decode_tokens_per_s,
-                        calibration.batch / calibration.batched_decode_tokens_per_s)
+        self.speed.seed(
+            calibration.prefill_tokens_per_s,
+            calibration.batched_decode_tokens_per_s,
+            calibration.batch / calibration.batched_decode_tokens_per_s,
+        )
         self.output_bases: dict[str, int] = {}
         self.stepping = False
         self._step_chunks: list[ScheduledChunk] = []
@@ -92,8 +99,9 @@ class SimWorker:
         prefill = sum(c.length for c in chunks) - decode
         self.stepping = True
         self._step_chunks, self._step_started, self._step_tokens = chunks, self.loop.now, (prefill, decode)
-        self.host.start(self.spec.worker_id, self.spec.threads, self.spec.cost.seconds(prefill, decode),
-                        self._step_done)
+        self.host.start(
+            self.spec.worker_id, self.spec.threads, self.spec.cost.seconds(prefill, decode), self._step_done
+        )
 
     def _step_done(self) -> None:
         prefill, decode = self._step_tokens
@@ -135,12 +143,20 @@ class SimWorker:
         bm, speed, calibration = self.block_manager, self.speed, self.spec.calibration
         live = self.scheduler.running + list(self.scheduler.waiting)
         prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
-        return WorkerLoad(max_model_len=self.spec.max_model_len, running=len(self.scheduler.running),
-                          waiting=len(self.scheduler.waiting), max_num_seqs=self.spec.max_num_seqs,
-                          outstanding_prefill_tokens=prefill,
-                          outstanding_decode_tokens=sum(s.params.max_tokens - len(s.output_token_ids) for s in live),
-                          free_kv_blocks=bm.num_free_blocks, num_kv_blocks=bm.num_blocks, block_size=BLOCK_SIZE,
-                          kv_cache_usage=bm.usage(), prefill_tokens_per_s=speed.prefill_tokens_per_s,
-                          decode_tokens_per_s=speed.decode_tokens_per_s, decode_step_s=speed.decode_step_s,
-                          capability=calibration.batched_decode_tokens_per_s,
-                          calibration=self.calibration)
+        return WorkerLoad(
+            max_model_len=self.spec.max_model_len,
+            running=len(self.scheduler.running),
+            waiting=len(self.scheduler.waiting),
+            max_num_seqs=self.spec.max_num_seqs,
+            outstanding_prefill_tokens=prefill,
+            outstanding_decode_tokens=sum(s.params.max_tokens - len(s.output_token_ids) for s in live),
+            free_kv_blocks=bm.num_free_blocks,
+            num_kv_blocks=bm.num_blocks,
+            block_size=BLOCK_SIZE,
+            kv_cache_usage=bm.usage(),
+            prefill_tokens_per_s=speed.prefill_tokens_per_s,
+            decode_tokens_per_s=speed.decode_tokens_per_s,
+            decode_step_s=speed.decode_step_s,
+            capability=calibration.batched_decode_tokens_per_s,
+            calibration=self.calibration,
+        )

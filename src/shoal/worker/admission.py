@@ -1,5 +1,6 @@
 """Admission at the HTTP edge: body-size limit (413), draining and overload (503 + Retry-After),
 and the count of in-flight requests that a drain waits for."""
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -38,8 +39,9 @@ class AdmissionMiddleware:
             return await self._refuse(send, 503, "this worker is overloaded", "service_unavailable")
         body = await self._read_body(scope, receive)
         if body is None:
-            return await self._refuse(send, 413, f"request body exceeds {self.limits.max_body_bytes} bytes",
-                                      "invalid_request_error")
+            return await self._refuse(
+                send, 413, f"request body exceeds {self.limits.max_body_bytes} bytes", "invalid_request_error"
+            )
         self.state.enter()
         finished = False
         replayed = False

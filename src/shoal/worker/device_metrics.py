@@ -1,4 +1,5 @@
 """Device utilisation and memory for /metrics: the CPU through psutil, NVIDIA GPUs through NVML."""
+
 from __future__ import annotations
 
 import logging
@@ -36,8 +37,9 @@ class DeviceCollector(Collector):
         self.gpus = _nvml_handles(device)
 
     def collect(self):
-        utilization = GaugeMetricFamily("shoal:device_utilization_perc", "Device busy fraction (0-1).",
-                                        labels=["device"])
+        utilization = GaugeMetricFamily(
+            "shoal:device_utilization_perc", "Device busy fraction (0-1).", labels=["device"]
+        )
         used = GaugeMetricFamily("shoal:device_memory_used_bytes", "Device memory in use.", labels=["device"])
         total = GaugeMetricFamily("shoal:device_memory_total_bytes", "Device memory size.", labels=["device"])
         memory = psutil.virtual_memory()
@@ -55,5 +57,8 @@ class DeviceCollector(Collector):
         yield utilization
         yield used
         yield total
-        yield GaugeMetricFamily("shoal:process_resident_memory_bytes", "Resident memory of this worker process.",
-                                value=self.process.memory_info().rss)
+        yield GaugeMetricFamily(
+            "shoal:process_resident_memory_bytes",
+            "Resident memory of this worker process.",
+            value=self.process.memory_info().rss,
+        )

@@ -1,6 +1,7 @@
 """Graceful drain on SIGTERM: stop taking work (ready=false; admission answers 503 + Retry-After),
 let in-flight requests finish within a grace period, then stop the server (which cuts what is still
 open after its own short graceful-shutdown timeout) and exit 0."""
+
 from __future__ import annotations
 
 import signal

@@ -1,8 +1,10 @@
 """A worker's membership in a router: register, then push the load report every interval.
 
-The router's answer to the registration sets the interval. If the router answers 404 (it restarted, or dropped this worker after missed heartbeats) the worker
-registers again; if it cannot be reached, the worker keeps trying each interval and keeps serving.
+The router's answer to the registration sets the interval. If the router answers 404 (it
+restarted, or dropped this worker after missed heartbeats) the worker registers again; if it cannot
+be reached, the worker keeps trying each interval and keeps serving.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -17,8 +19,15 @@ log = logging.getLogger(__name__)
 
 
 class RouterHeartbeat:
-    def __init__(self, router_url: str, advertise_url: str, model_name: str, secret: str,
-                 load_report: Callable[[], WorkerLoad], interval_s: float = 1.0):
+    def __init__(
+        self,
+        router_url: str,
+        advertise_url: str,
+        model_name: str,
+        secret: str,
+        load_report: Callable[[], WorkerLoad],
+        interval_s: float = 1.0,
+    ):
         self.router_url = router_url.rstrip("/")
         self.advertise_url = advertise_url
         self.model_name = model_name
@@ -38,14 +47,18 @@ class RouterHeartbeat:
 
     async def _beat(self, client: httpx.AsyncClient) -> None:
         if self.registered:
-            response = await client.post("/admin/workers/heartbeat",
-                                         content=encode(Heartbeat(worker_id=self.advertise_url, load=self.load_report())))
+            response = await client.post(
+                "/admin/workers/heartbeat",
+                content=encode(Heartbeat(worker_id=self.advertise_url, load=self.load_report())),
+            )
             if response.status_code != 404:
                 response.raise_for_status()
                 return
             log.warning("router %s forgot this worker; registering again", self.router_url)
-        response = await client.post("/admin/workers", content=encode(
-            Registration(url=self.advertise_url, models=[self.model_name], load=self.load_report())))
+        response = await client.post(
+            "/admin/workers",
+            content=encode(Registration(url=self.advertise_url, models=[self.model_name], load=self.load_report())),
+        )
         response.raise_for_status()
         self.registered = True
         self.interval_s = decode_registration_accepted(response.content).heartbeat_interval_s

@@ -1,4 +1,5 @@
 """Engine logprobs rendered in OpenAI's completion and chat shapes."""
+
 from __future__ import annotations
 
 
@@ -17,13 +18,26 @@ class LogprobRenderer:
         if self.top is None or entries is None:
             return None
         pieces = [self._piece(t) for t in token_ids]
-        tops = [sorted(e.items(), key=lambda kv: -kv[1])[:self.top] for e in entries]
+        tops = [sorted(e.items(), key=lambda kv: -kv[1])[: self.top] for e in entries]
         sampled = [e.get(t) for t, e in zip(token_ids, entries)]
         if self.chat:
-            return {"content": [
-                {"token": piece, "logprob": lp, "bytes": list(piece.encode()),
-                 "top_logprobs": [{"token": self._piece(i), "logprob": v, "bytes": list(self._piece(i).encode())}
-                                  for i, v in top]}
-                for piece, lp, top in zip(pieces, sampled, tops)]}
-        return {"tokens": pieces, "token_logprobs": sampled,
-                "top_logprobs": [{self._piece(i): v for i, v in top} for top in tops], "text_offset": []}
+            return {
+                "content": [
+                    {
+                        "token": piece,
+                        "logprob": lp,
+                        "bytes": list(piece.encode()),
+                        "top_logprobs": [
+                            {"token": self._piece(i), "logprob": v, "bytes": list(self._piece(i).encode())}
+                            for i, v in top
+                        ],
+                    }
+                    for piece, lp, top in zip(pieces, sampled, tops)
+                ]
+            }
+        return {
+            "tokens": pieces,
+            "token_logprobs": sampled,
+            "top_logprobs": [{self._piece(i): v for i, v in top} for top in tops],
+            "text_offset": [],
+        }

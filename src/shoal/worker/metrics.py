@@ -4,6 +4,7 @@ Latency histograms are fed by the engine thread (the worker is the engine's Requ
 gauges and counters are read from the engine's published stats snapshot at scrape time, so a
 scrape never touches engine state.
 """
+
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
@@ -17,12 +18,74 @@ from shoal.worker.device_metrics import DeviceCollector
 disable_created_metrics()  # no *_created series, as in vLLM
 
 # vLLM's bucket boundaries, so dashboards built for it read shoal the same way.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-               40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-               480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 
 
 # (kind, name under shoal:, help, EngineStats field); counters get "_total" appended on exposition.
@@ -30,8 +93,12 @@ ENGINE_SERIES = (
     (GaugeMetricFamily, "num_requests_running", "Requests in the running batch.", "num_running"),
     (GaugeMetricFamily, "num_requests_waiting", "Requests waiting to be scheduled.", "num_waiting"),
     (GaugeMetricFamily, "kv_cache_usage_perc", "Fraction of KV-cache blocks in use (0-1).", "kv_cache_usage"),
-    (CounterMetricFamily, "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-     "prefix_cache_query_tokens"),
+    (
+        CounterMetricFamily,
+        "prefix_cache_queries",
+        "Prompt tokens looked up in the prefix cache.",
+        "prefix_cache_query_tokens",
+    ),
     (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hit_tokens"),
     (CounterMetricFamily, "prompt_tokens", "Prompt tokens of requests that were prefilled.", "prompt_tokens"),
     (CounterMetricFamily, "generation_tokens", "Tokens generated.", "generation_tokens"),
@@ -63,14 +130,33 @@ class WorkerMetrics:
         self.registry.register(EngineCollector(engine, model_name))
         self.registry.register(DeviceCollector(engine.engine.device))
         labels = ["model_name"]
-        self.ttft = Histogram("shoal:time_to_first_token_seconds", "Time to first token.", labels,
-                              buckets=TTFT_BUCKETS, registry=self.registry).labels(model_name)
-        self.itl = Histogram("shoal:inter_token_latency_seconds", "Time between consecutive tokens.", labels,
-                             buckets=ITL_BUCKETS, registry=self.registry).labels(model_name)
-        self.e2e = Histogram("shoal:e2e_request_latency_seconds", "Arrival to finish of a request.", labels,
-                             buckets=E2E_BUCKETS, registry=self.registry).labels(model_name)
-        self.successes = Counter("shoal:request_success", "Finished requests by finish reason.",
-                                 ["model_name", "finished_reason"], registry=self.registry)
+        self.ttft = Histogram(
+            "shoal:time_to_first_token_seconds",
+            "Time to first token.",
+            labels,
+            buckets=TTFT_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "shoal:inter_token_latency_seconds",
+            "Time between consecutive tokens.",
+            labels,
+            buckets=ITL_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "shoal:e2e_request_latency_seconds",
+            "Arrival to finish of a request.",
+            labels,
+            buckets=E2E_BUCKETS,
+            registry=self.registry,
+        ).labels(model_name)
+        self.successes = Counter(
+            "shoal:request_success",
+            "Finished requests by finish reason.",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
         self.model_name = model_name
 
     def first_token(self, seq: Sequence, time_to_first_token_s: float) -> None:

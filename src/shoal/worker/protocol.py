@@ -1,6 +1,7 @@
 """Request bodies of the OpenAI-compatible endpoints, validated with pydantic, and their mapping to
 SamplingParams. Unknown fields are ignored (as OpenAI's own server does); wrong types and values
 are 400s."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -42,11 +43,21 @@ class SamplingFields(BaseModel):
     def sampling_params(self, max_tokens: int, logprobs: int | None, seed: int | None) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
-            max_tokens=max_tokens, temperature=self.temperature, top_p=self.top_p, top_k=max(self.top_k, 0),
-            min_p=self.min_p, presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty, stop=tuple(stop),
-            stop_token_ids=tuple(self.stop_token_ids or ()), seed=seed, logprobs=logprobs,
-            ignore_eos=self.ignore_eos, min_tokens=self.min_tokens)
+            max_tokens=max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=max(self.top_k, 0),
+            min_p=self.min_p,
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            stop=tuple(stop),
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            seed=seed,
+            logprobs=logprobs,
+            ignore_eos=self.ignore_eos,
+            min_tokens=self.min_tokens,
+        )
 
 
 class CompletionRequest(SamplingFields):

@@ -2,6 +2,7 @@
 traceparent), and under it the engine's part, reconstructed from the engine's timestamps:
 `engine.queue` (arrival to first scheduling), `engine.prefill` (to the first token; with a
 `pipeline.stage` span per stage of the step that produced it) and `engine.decode` (to the end)."""
+
 from __future__ import annotations
 
 import threading
@@ -48,12 +49,21 @@ class EngineSpans:
         scheduled = epoch_ns(seq.first_scheduled_time or seq.arrival_time)
         queue = self.tracing.start("engine.queue", parent=parent, start_ns=epoch_ns(seq.arrival_time))
         queue.end(scheduled)
-        prefill = self.tracing.start("engine.prefill", parent=parent, start_ns=scheduled, attributes={
-            "shoal.prompt_tokens": len(seq.prompt_token_ids), "shoal.cached_tokens": seq.num_cached_tokens,
-            "shoal.resumed_tokens": len(seq.output_token_ids) - 1, "shoal.preemptions": seq.num_preemptions})
+        prefill = self.tracing.start(
+            "engine.prefill",
+            parent=parent,
+            start_ns=scheduled,
+            attributes={
+                "shoal.prompt_tokens": len(seq.prompt_token_ids),
+                "shoal.cached_tokens": seq.num_cached_tokens,
+                "shoal.resumed_tokens": len(seq.output_token_ids) - 1,
+                "shoal.preemptions": seq.num_preemptions,
+            },
+        )
         for stage, started, ended in seq.first_token_stage_times:
-            self.tracing.start("pipeline.stage", parent=prefill, start_ns=started,
-                               attributes={"shoal.stage": stage}).end(ended)
+            self.tracing.start(
+                "pipeline.stage", parent=prefill, start_ns=started, attributes={"shoal.stage": stage}
+            ).end(ended)
         prefill.end(epoch_ns(seq.first_token_time))
 
     def next_token(self, seq: Sequence, inter_token_latency_s: float) -> None:
@@ -63,9 +73,15 @@ class EngineSpans:
         parent = self._parent(seq)
         if parent is None or seq.first_token_time is None:
             return
-        decode = self.tracing.start("engine.decode", parent=parent, start_ns=epoch_ns(seq.first_token_time),
-                                    attributes={"shoal.output_tokens": len(seq.output_token_ids),
-                                                "shoal.finish_reason": seq.finish_reason or "unknown"})
+        decode = self.tracing.start(
+            "engine.decode",
+            parent=parent,
+            start_ns=epoch_ns(seq.first_token_time),
+            attributes={
+                "shoal.output_tokens": len(seq.output_token_ids),
+                "shoal.finish_reason": seq.finish_reason or "unknown",
+            },
+        )
         decode.end()
 
 
@@ -73,11 +89,14 @@ class WorkerRequestSpan:
     """One HTTP request's `worker.request` span and the engine requests under it. Invariant:
     `end` ends the span once and unregisters every engine request it tracked."""
 
-    def __init__(self, tracing: Tracing, engine_spans: EngineSpans, headers: Mapping[str, str], route: str,
-                 model: str):
+    def __init__(self, tracing: Tracing, engine_spans: EngineSpans, headers: Mapping[str, str], route: str, model: str):
         self.engine_spans = engine_spans
-        self.span = tracing.start("worker.request", parent=tracing.extract(headers), kind=SpanKind.SERVER,
-                                  attributes={"http.route": route, "shoal.model": model})
+        self.span = tracing.start(
+            "worker.request",
+            parent=tracing.extract(headers),
+            kind=SpanKind.SERVER,
+            attributes={"http.route": route, "shoal.model": model},
+        )
         bind_request(headers.get("x-request-id"), trace_id_of(self.span))
         self.request_ids: list[str] = []
         self.ended = False

@@ -2,6 +2,7 @@
 events. Every choice carries its token ids and seed, so a router can resume the request elsewhere
 (prompt + token ids, same seed). A stream with nothing to send for KEEP_ALIVE_S gets a keep-alive
 comment saying what the engine is busy with, so a router tells a long step from a hung worker."""
+
 from __future__ import annotations
 
 import asyncio
@@ -24,14 +25,24 @@ from shoal.worker.request_tracing import WorkerRequestSpan
 KEEP_ALIVE_S = 0.5
 
 
-async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
-                  logprobs: int | None, chat: bool, model_name: str, max_model_len: int, trace: WorkerRequestSpan):
+async def respond(
+    engine: AsyncLLMEngine,
+    body: SamplingFields,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    logprobs: int | None,
+    chat: bool,
+    model_name: str,
+    max_model_len: int,
+    trace: WorkerRequestSpan,
+):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
     response."""
     try:
-        response = await _respond(engine, body, prompt_ids, max_tokens, logprobs, chat, model_name, max_model_len,
-                                  trace)
+        response = await _respond(
+            engine, body, prompt_ids, max_tokens, logprobs, chat, model_name, max_model_len, trace
+        )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
         raise
@@ -40,13 +51,25 @@ async def respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list
     return response
 
 
-async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: list[int], max_tokens: int | None,
-                   logprobs: int | None, chat: bool, model_name: str, max_model_len: int, trace: WorkerRequestSpan):
+async def _respond(
+    engine: AsyncLLMEngine,
+    body: SamplingFields,
+    prompt_ids: list[int],
+    max_tokens: int | None,
+    logprobs: int | None,
+    chat: bool,
+    model_name: str,
+    max_model_len: int,
+    trace: WorkerRequestSpan,
+):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
     if max_tokens is not None and max_tokens > room:
-        raise PromptTooLongError(f"max_tokens={max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
-                                 f"and the context window {max_model_len}", param="max_tokens")
+        raise PromptTooLongError(
+            f"max_tokens={max_tokens} does not fit: the prompt has {len(prompt_ids)} tokens "
+            f"and the context window {max_model_len}",
+            param="max_tokens",
+        )
     max_tokens = max_tokens or max(1, room)
     resume = None
     if body.resume_token_ids is not None:
@@ -55,9 +78,15 @@ async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: lis
         resume = Resume(body.resume_token_ids, body.resume_text_offset)
     for i in range(body.n):
         trace.track(f"{request_id}-{i}")
-    streams = [engine.generate(prompt_ids, body.sampling_params(
-        max_tokens, logprobs, None if body.seed is None else body.seed + i), request_id=f"{request_id}-{i}",
-        resume=resume) for i in range(body.n)]
+    streams = [
+        engine.generate(
+            prompt_ids,
+            body.sampling_params(max_tokens, logprobs, None if body.seed is None else body.seed + i),
+            request_id=f"{request_id}-{i}",
+            resume=resume,
+        )
+        for i in range(body.n)
+    ]
     resumed = len(body.resume_token_ids or ())
     try:
         firsts = [await _first(s) for s in streams]
@@ -69,9 +98,11 @@ async def _respond(engine: AsyncLLMEngine, body: SamplingFields, prompt_ids: lis
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return StreamingResponse(_sse(engine, streams, firsts, meta, chat, len(prompt_ids), include_usage, render,
-                                      resumed, trace), media_type="text/event-stream",
-                                 background=BackgroundTask(trace.end))
+        return StreamingResponse(
+            _sse(engine, streams, firsts, meta, chat, len(prompt_ids), include_usage, render, resumed, trace),
+            media_type="text/event-stream",
+            background=BackgroundTask(trace.end),
+        )
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
     return _full_response(finals, meta, chat, len(prompt_ids), render)
 
@@ -88,17 +119,20 @@ async def _last(stream: AsyncIterator[RequestOutput], first: RequestOutput) -> R
 
 
 def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
-def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_tokens: int,
-                   render: LogprobRenderer) -> dict:
+def _full_response(
+    finals: list[RequestOutput], meta: dict, chat: bool, prompt_tokens: int, render: LogprobRenderer
+) -> dict:
     choices = []
     for index, final in enumerate(finals):
         out = final.outputs[0]
-        choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids,
-                  "seed": final.seed}
+        choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids, "seed": final.seed}
         choice["logprobs"] = render(out.token_ids, out.logprobs)
         if chat:
             choice["message"] = {"role": "assistant", "content": out.text}
@@ -106,12 +140,26 @@ def _full_response(finals: list[RequestOutput], meta: dict, chat: bool, prompt_t
             choice["text"] = out.text
         choices.append(choice)
     completion_tokens = sum(len(f.outputs[0].token_ids) for f in finals)
-    return {**meta, "object": "chat.completion" if chat else "text_completion", "choices": choices,
-            "usage": _usage(prompt_tokens, completion_tokens)}
+    return {
+        **meta,
+        "object": "chat.completion" if chat else "text_completion",
+        "choices": choices,
+        "usage": _usage(prompt_tokens, completion_tokens),
+    }
 
 
-async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, prompt_tokens: int,
-               include_usage: bool, render: LogprobRenderer, resumed: int, trace: WorkerRequestSpan):
+async def _sse(
+    engine: AsyncLLMEngine,
+    streams,
+    firsts,
+    meta: dict,
+    chat: bool,
+    prompt_tokens: int,
+    include_usage: bool,
+    render: LogprobRenderer,
+    resumed: int,
+    trace: WorkerRequestSpan,
+):
     """Merges the choices' outputs into SSE chunks, with a keep-alive after every KEEP_ALIVE_S
     without one; abandoning it (client gone) aborts every choice. Usage counts the `resumed`
     tokens too: the client's completion includes them."""
@@ -132,8 +180,15 @@ async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, 
     try:
         if chat:
             for index in range(len(streams)):
-                yield data_event({**meta, "object": kind, "choices": [
-                    {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]})
+                yield data_event(
+                    {
+                        **meta,
+                        "object": kind,
+                        "choices": [
+                            {"index": index, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+                        ],
+                    }
+                )
         remaining = len(streams)
         while remaining:
             try:
@@ -148,11 +203,15 @@ async def _sse(engine: AsyncLLMEngine, streams, firsts, meta: dict, chat: bool, 
                 yield data_event(output.body())
                 continue
             completion_tokens += len(output.new_token_ids)
-            choice = {"index": index, "finish_reason": output.outputs[0].finish_reason if output.finished
-                      else None, "token_ids": output.new_token_ids, "seed": output.seed}
+            choice = {
+                "index": index,
+                "finish_reason": output.outputs[0].finish_reason if output.finished else None,
+                "token_ids": output.new_token_ids,
+                "seed": output.seed,
+            }
             new = len(output.new_token_ids)
             entries = output.outputs[0].logprobs
-            choice["logprobs"] = render(output.new_token_ids, entries[len(entries) - new:] if entries else None)
+            choice["logprobs"] = render(output.new_token_ids, entries[len(entries) - new :] if entries else None)
             if chat:
                 choice["delta"] = {"content": output.new_text} if output.new_text else {}
             else:
@@ -175,5 +234,3 @@ def _keep_alive(engine: AsyncLLMEngine) -> bytes:
     activity = engine.activity()
     step_s = None if activity.step_s is None else round(activity.step_s, 3)
     return KeepAlive(busy_s=round(activity.busy_s, 3), step_s=step_s).encode()
-
-

@@ -1,5 +1,6 @@
 """One replica behind OpenAI-compatible HTTP: /v1/completions, /v1/chat/completions, /v1/models;
 /health, /ready and /health/canary; /load (the router's load report) and /metrics (Prometheus)."""
+
 from __future__ import annotations
 
 import asyncio
@@ -34,7 +35,9 @@ from shoal.worker.responses import respond
 CANARY_PROMPT = "ping"
 
 
-def error_response(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
+def error_response(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
     return JSONResponse(error_body(message, status, kind, param), status_code=status)
 
 
@@ -47,9 +50,15 @@ class RouterLink:
     secret: str
 
 
-def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None = None,
-               calibration: Calibration | None = None, limits: AdmissionLimits | None = None,
-               routers: Sequence[RouterLink] = (), tracing: Tracing | None = None) -> FastAPI:
+def create_app(
+    engine: AsyncLLMEngine,
+    model_name: str,
+    drain: DrainState | None = None,
+    calibration: Calibration | None = None,
+    limits: AdmissionLimits | None = None,
+    routers: Sequence[RouterLink] = (),
+    tracing: Tracing | None = None,
+) -> FastAPI:
     """The worker's ASGI app. Invariants: a client's mistake is a 4xx for that request only; an
     engine failure is a 500 for the requests it hit only. The worker registers with each of
     `routers` (redundant routers serve the same workers) and heartbeats its load report to each.
@@ -62,30 +71,46 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
     def load_report() -> WorkerLoad:
         """The compact load report for routers (from the engine's latest stats snapshot)."""
         stats = engine.stats
-        return WorkerLoad(model=model_name, max_model_len=max_model_len, draining=drain.draining,
-                          running=stats.num_running, waiting=stats.num_waiting,
-                          max_num_seqs=engine.engine.config.max_num_seqs,
-                          outstanding_prefill_tokens=stats.outstanding_prefill_tokens,
-                          outstanding_decode_tokens=stats.outstanding_decode_tokens,
-                          free_kv_blocks=stats.num_free_blocks, num_kv_blocks=stats.num_kv_blocks,
-                          kv_cache_budget_bytes=engine.engine.kv_cache_budget_bytes, block_size=stats.block_size,
-                          kv_cache_usage=stats.kv_cache_usage, prefill_tokens_per_s=stats.prefill_tokens_per_s,
-                          decode_tokens_per_s=stats.decode_tokens_per_s, decode_step_s=stats.decode_step_s,
-                          longest_step_s=engine.longest_step_s(),
-                          capability=calibration.capability if calibration else None, calibration=figures)
+        return WorkerLoad(
+            model=model_name,
+            max_model_len=max_model_len,
+            draining=drain.draining,
+            running=stats.num_running,
+            waiting=stats.num_waiting,
+            max_num_seqs=engine.engine.config.max_num_seqs,
+            outstanding_prefill_tokens=stats.outstanding_prefill_tokens,
+            outstanding_decode_tokens=stats.outstanding_decode_tokens,
+            free_kv_blocks=stats.num_free_blocks,
+            num_kv_blocks=stats.num_kv_blocks,
+            kv_cache_budget_bytes=engine.engine.kv_cache_budget_bytes,
+            block_size=stats.block_size,
+            kv_cache_usage=stats.kv_cache_usage,
+            prefill_tokens_per_s=stats.prefill_tokens_per_s,
+            decode_tokens_per_s=stats.decode_tokens_per_s,
+            decode_step_s=stats.decode_step_s,
+            longest_step_s=engine.longest_step_s(),
+            capability=calibration.capability if calibration else None,
+            calibration=figures,
+        )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        tasks = [asyncio.create_task(RouterHeartbeat(r.url, r.advertise_url, model_name, r.secret, load_report).run())
-                 for r in routers]
+        tasks = [
+            asyncio.create_task(RouterHeartbeat(r.url, r.advertise_url, model_name, r.secret, load_report).run())
+            for r in routers
+        ]
         yield
         for task in tasks:
             task.cancel()
         tracing.shutdown()
 
     app = FastAPI(title="shoal worker", lifespan=lifespan)
-    app.add_middleware(AdmissionMiddleware, state=drain, limits=limits or AdmissionLimits(),
-                       waiting_requests=lambda: engine.stats.num_waiting)
+    app.add_middleware(
+        AdmissionMiddleware,
+        state=drain,
+        limits=limits or AdmissionLimits(),
+        waiting_requests=lambda: engine.stats.num_waiting,
+    )
     metrics = WorkerMetrics(engine, model_name)
     engine_spans = EngineSpans(tracing)
     engine.engine.observer = ObserverGroup(metrics, engine_spans)
@@ -124,8 +149,9 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
         try:
             async with asyncio.timeout(timeout_s):
-                async for output in engine.generate(canary_prompt, params, f"canary-{uuid.uuid4().hex}",
-                                                    jump_queue=True):
+                async for output in engine.generate(
+                    canary_prompt, params, f"canary-{uuid.uuid4().hex}", jump_queue=True
+                ):
                     token_ids = output.outputs[0].token_ids
         except TimeoutError:
             return JSONResponse({"ok": False, "error": f"no token within {timeout_s} s"}, status_code=503)
@@ -148,13 +174,18 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "shoal",
-                                            "max_model_len": max_model_len}]}
+        return {
+            "object": "list",
+            "data": [
+                {"id": model_name, "object": "model", "created": 0, "owned_by": "shoal", "max_model_len": max_model_len}
+            ],
+        }
 
     def check_model(body: SamplingFields) -> None:
         if body.model != model_name:
-            raise ModelNotFoundError(f"model {body.model!r} is not served here; this worker serves {model_name!r}",
-                                     param="model")
+            raise ModelNotFoundError(
+                f"model {body.model!r} is not served here; this worker serves {model_name!r}", param="model"
+            )
 
     def traced(request: Request) -> WorkerRequestSpan:
         return WorkerRequestSpan(tracing, engine_spans, request.headers, request.url.path, model_name)
@@ -163,8 +194,17 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
     async def completions(body: CompletionRequest, request: Request):
         check_model(body)
         prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
-        return await respond(engine, body, prompt_ids, body.max_tokens, body.logprobs, chat=False,
-                             model_name=model_name, max_model_len=max_model_len, trace=traced(request))
+        return await respond(
+            engine,
+            body,
+            prompt_ids,
+            body.max_tokens,
+            body.logprobs,
+            chat=False,
+            model_name=model_name,
+            max_model_len=max_model_len,
+            trace=traced(request),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
@@ -173,7 +213,16 @@ def create_app(engine: AsyncLLMEngine, model_name: str, drain: DrainState | None
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return await respond(engine, body, prompt_ids, body.max_completion_tokens or body.max_tokens, logprobs,
-                             chat=True, model_name=model_name, max_model_len=max_model_len, trace=traced(request))
+        return await respond(
+            engine,
+            body,
+            prompt_ids,
+            body.max_completion_tokens or body.max_tokens,
+            logprobs,
+            chat=True,
+            model_name=model_name,
+            max_model_len=max_model_len,
+            trace=traced(request),
+        )
 
     return app

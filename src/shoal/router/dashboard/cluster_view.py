@@ -8,6 +8,7 @@ Each worker is one flat dict (see `describe`). `status` sums its state up, worst
 gone, down, ejected, breaker_open, draining, half_open, healthy; a supervisor slot with no worker
 in the router is starting, spare or restarting.
 """
+
 from __future__ import annotations
 
 import time
@@ -52,18 +53,37 @@ def describe(state: WorkerState, relayed_tokens_per_s: float, now: float) -> dic
     """One worker now. `relayed_tokens_per_s` is what the router relayed from it over the last
     sample; `decode_tokens_per_s` is the worker's own moving-average decode speed (its report)."""
     view, report = state.view(), state.report or LoadReport()
-    return {"worker_id": state.worker_id, "url": state.url, "models": sorted(state.models),
-            "status": status_of(state), "healthy": state.available, "down": state.down,
-            "ejected": state.ejected_until is not None, "ejections": state.ejections,
-            "breaker": str(state.breaker.state), "draining": report.draining, "registered": state.registered,
-            "load_source": state.load_source, "running": view.running, "waiting": view.waiting,
-            "in_flight": view.in_flight, "max_num_seqs": view.max_num_seqs,
-            "outstanding_tokens": view.outstanding_tokens, "kv_cache_usage": kv_usage(report),
-            "free_kv_tokens": report.free_kv_tokens, "kv_capacity_tokens": report.kv_capacity_tokens,
-            "relayed_tokens_per_s": relayed_tokens_per_s, "decode_tokens_per_s": report.decode_tokens_per_s,
-            "prefill_tokens_per_s": report.prefill_tokens_per_s, "capability": view.capability,
-            "ttft_s": state.latency.ttft_s, "itl_s": state.latency.itl_s,
-            "last_contact_s": round(max(now - state.last_seen, 0.0), 3), "gone_since": None, "replica": None}
+    return {
+        "worker_id": state.worker_id,
+        "url": state.url,
+        "models": sorted(state.models),
+        "status": status_of(state),
+        "healthy": state.available,
+        "down": state.down,
+        "ejected": state.ejected_until is not None,
+        "ejections": state.ejections,
+        "breaker": str(state.breaker.state),
+        "draining": report.draining,
+        "registered": state.registered,
+        "load_source": state.load_source,
+        "running": view.running,
+        "waiting": view.waiting,
+        "in_flight": view.in_flight,
+        "max_num_seqs": view.max_num_seqs,
+        "outstanding_tokens": view.outstanding_tokens,
+        "kv_cache_usage": kv_usage(report),
+        "free_kv_tokens": report.free_kv_tokens,
+        "kv_capacity_tokens": report.kv_capacity_tokens,
+        "relayed_tokens_per_s": relayed_tokens_per_s,
+        "decode_tokens_per_s": report.decode_tokens_per_s,
+        "prefill_tokens_per_s": report.prefill_tokens_per_s,
+        "capability": view.capability,
+        "ttft_s": state.latency.ttft_s,
+        "itl_s": state.latency.itl_s,
+        "last_contact_s": round(max(now - state.last_seen, 0.0), 3),
+        "gone_since": None,
+        "replica": None,
+    }
 
 
 class ClusterView:
@@ -71,8 +91,13 @@ class ClusterView:
     left, none that was in the router at the last `notice`; `_present` describes every worker the
     router had then, with its slot when `replicas` (set under `shoal serve`) names one."""
 
-    def __init__(self, membership: Membership, feed: ClusterEvents, retention_s: float = DEFAULT_RETENTION_S,
-                 max_gone: int = DEFAULT_MAX_GONE):
+    def __init__(
+        self,
+        membership: Membership,
+        feed: ClusterEvents,
+        retention_s: float = DEFAULT_RETENTION_S,
+        max_gone: int = DEFAULT_MAX_GONE,
+    ):
         self.membership = membership
         self.feed = feed
         self.retention_s = retention_s
@@ -91,17 +116,28 @@ class ClusterView:
         by_url = {slot["url"]: slot for slot in self._slots if slot.get("url")}
         present = {}
         for state in list(self.membership.workers.values()):
-            present[state.worker_id] = {**describe(state, rates.get(state.worker_id, 0.0), now),
-                                        "replica": by_url.get(state.url)}
+            present[state.worker_id] = {
+                **describe(state, rates.get(state.worker_id, 0.0), now),
+                "replica": by_url.get(state.url),
+            }
         for worker_id, last in self._present.items():
             if worker_id not in present:
                 self.gone.pop(worker_id, None)
-                self.gone[worker_id] = {**last, "status": "gone", "healthy": False, "gone_since": wall,
-                                        "running": 0, "waiting": 0, "in_flight": 0, "relayed_tokens_per_s": 0.0}
+                self.gone[worker_id] = {
+                    **last,
+                    "status": "gone",
+                    "healthy": False,
+                    "gone_since": wall,
+                    "running": 0,
+                    "waiting": 0,
+                    "in_flight": 0,
+                    "relayed_tokens_per_s": 0.0,
+                }
         for worker_id in present:
             self.gone.pop(worker_id, None)
-        while self.gone and (len(self.gone) > self.max_gone
-                             or next(iter(self.gone.values()))["gone_since"] < wall - self.retention_s):
+        while self.gone and (
+            len(self.gone) > self.max_gone or next(iter(self.gone.values()))["gone_since"] < wall - self.retention_s
+        ):
             self.gone.popitem(last=False)
         self._present = present
         return list(present.values())
@@ -114,10 +150,20 @@ class ClusterView:
         for slot in self._slots:
             if slot.get("url") in shown:
                 continue
-            rows.append({"worker_id": slot.get("url") or f"{slot['model']}#{slot['slot']}", "url": slot.get("url"),
-                         "models": [slot["model"]], "status": SLOT_STATUS.get(slot["state"], slot["state"]),
-                         "healthy": False, "running": 0, "waiting": 0, "in_flight": 0, "gone_since": None,
-                         "replica": slot})
+            rows.append(
+                {
+                    "worker_id": slot.get("url") or f"{slot['model']}#{slot['slot']}",
+                    "url": slot.get("url"),
+                    "models": [slot["model"]],
+                    "status": SLOT_STATUS.get(slot["state"], slot["state"]),
+                    "healthy": False,
+                    "running": 0,
+                    "waiting": 0,
+                    "in_flight": 0,
+                    "gone_since": None,
+                    "replica": slot,
+                }
+            )
         latest = self._latest_events({row["worker_id"] for row in rows})
         for row in rows:
             row["last_event"] = latest.get(row["worker_id"])

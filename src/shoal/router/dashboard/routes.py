@@ -12,6 +12,7 @@ sends it as a bearer token to the JSON endpoints below, which take the same admi
 - `GET /dashboard/api/requests?limit=N`: the latest finished requests, newest first;
 - `GET /dashboard/api/requests/{trace_id}`: one request's spans, the router's and the workers'.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,12 +34,19 @@ from shoal.router.membership import Membership
 from shoal.router.proxy import error_response
 
 STATIC = Path(__file__).resolve().parent / "static"
-STATIC_FILES = {**{f"{name}.js": "text/javascript" for name in ("dashboard", "dom", "tables", "charts", "waterfall")},
-                "dashboard.css": "text/css", "favicon.svg": "image/svg+xml"}
+STATIC_FILES = {
+    **{f"{name}.js": "text/javascript" for name in ("dashboard", "dom", "tables", "charts", "waterfall")},
+    "dashboard.css": "text/css",
+    "favicon.svg": "image/svg+xml",
+}
 # The page runs only its own files; nothing it shows can run as script.
-PAGE_HEADERS = {"cache-control": "no-store", "referrer-policy": "no-referrer", "x-content-type-options": "nosniff",
-                "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
-                                           "img-src 'self'; connect-src 'self'; frame-ancestors 'none'"}
+PAGE_HEADERS = {
+    "cache-control": "no-store",
+    "referrer-policy": "no-referrer",
+    "x-content-type-options": "nosniff",
+    "content-security-policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self'; connect-src 'self'; frame-ancestors 'none'",
+}
 
 
 class Dashboard:
@@ -46,14 +54,25 @@ class Dashboard:
     behind the worker table. `shoal serve` sets `replicas` to return the supervisor's slots.
     Invariant: reads only; nothing here changes how requests are served."""
 
-    def __init__(self, membership: Membership, admission: Admission, tracing: Tracing, window: RequestWindow,
-                 feed: ClusterEvents):
-        self.membership, self.admission, self.tracing, self.window, self.feed = (membership, admission, tracing,
-                                                                                  window, feed)
+    def __init__(
+        self, membership: Membership, admission: Admission, tracing: Tracing, window: RequestWindow, feed: ClusterEvents
+    ):
+        self.membership, self.admission, self.tracing, self.window, self.feed = (
+            membership,
+            admission,
+            tracing,
+            window,
+            feed,
+        )
         self.cluster = ClusterView(membership, feed)
-        self.sampler = Sampler(window, LoadNow(in_flight=lambda: sum(admission.admitted.values()),
-                                               queued=lambda: sum(admission.queued().values()),
-                                               workers=self._worker_counts))
+        self.sampler = Sampler(
+            window,
+            LoadNow(
+                in_flight=lambda: sum(admission.admitted.values()),
+                queued=lambda: sum(admission.queued().values()),
+                workers=self._worker_counts,
+            ),
+        )
         self.sampler.on_sample = self._after_sample
 
     @property
@@ -82,9 +101,14 @@ class Dashboard:
 
     def cluster_state(self) -> dict:
         workers = self.cluster.workers(self.sampler.worker_rates)
-        return {"time": time.time(), "models": sorted(self.membership.models()),
-                "queued": self.admission.queued(), "in_flight": sum(self.admission.admitted.values()),
-                "latest": self.sampler.series.latest(), "workers": workers}
+        return {
+            "time": time.time(),
+            "models": sorted(self.membership.models()),
+            "queued": self.admission.queued(),
+            "in_flight": sum(self.admission.admitted.values()),
+            "latest": self.sampler.series.latest(),
+            "workers": workers,
+        }
 
     def routes(self, authorized: Callable[[Request], bool]) -> APIRouter:
         routes = APIRouter()
@@ -121,8 +145,13 @@ class Dashboard:
             """The samples taken after `after` (seconds since the epoch), oldest first."""
             if not authorized(request):
                 return refused()
-            return JSONResponse({"interval_s": self.sampler.interval_s, "window_s": self.window.window_s,
-                                 "samples": self.sampler.series.since(after)})
+            return JSONResponse(
+                {
+                    "interval_s": self.sampler.interval_s,
+                    "window_s": self.window.window_s,
+                    "samples": self.sampler.series.since(after),
+                }
+            )
 
         @routes.get("/dashboard/api/requests")
         async def requests(request: Request, limit: int = 50) -> Response:
@@ -136,7 +165,8 @@ class Dashboard:
             """One request's spans (the router's and its workers'), in start order."""
             if not authorized(request):
                 return refused()
-            return JSONResponse({"trace_id": trace_id,
-                                 "spans": await whole_trace(self.tracing, self.membership.session, trace_id)})
+            return JSONResponse(
+                {"trace_id": trace_id, "spans": await whole_trace(self.tracing, self.membership.session, trace_id)}
+            )
 
         return routes

@@ -4,6 +4,7 @@ token, inter-token and end-to-end latency percentiles over the request window) a
 (requests in flight and queued, workers serving), kept in a ring buffer (ten minutes by default).
 It also keeps each worker's relayed tokens per second over the last interval, for the worker table.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -76,8 +77,13 @@ class Sampler:
     """Turns the request window's totals into per-second rates once per `interval_s`.
     Invariant: `worker_rates` holds only workers that relayed tokens in the last interval."""
 
-    def __init__(self, window: RequestWindow, load: LoadNow, series: TimeSeries | None = None,
-                 interval_s: float = DEFAULT_INTERVAL_S):
+    def __init__(
+        self,
+        window: RequestWindow,
+        load: LoadNow,
+        series: TimeSeries | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ):
         self.window = window
         self.load = load
         self.series = series if series is not None else TimeSeries()
@@ -94,20 +100,27 @@ class Sampler:
         seconds = now - self.previous.at
         before = self.previous
         available, known = self.load.workers()
-        sample = {"time": round(wall, 3),
-                  "requests_per_s": _rate(snapshot["finished"], before.finished, seconds),
-                  "errors_per_s": _rate(snapshot["failed"], before.failed, seconds),
-                  "tokens_per_s": _rate(snapshot["tokens"], before.tokens, seconds),
-                  "in_flight": self.load.in_flight(), "queued": self.load.queued(),
-                  "workers_available": available, "workers": known}
+        sample = {
+            "time": round(wall, 3),
+            "requests_per_s": _rate(snapshot["finished"], before.finished, seconds),
+            "errors_per_s": _rate(snapshot["failed"], before.failed, seconds),
+            "tokens_per_s": _rate(snapshot["tokens"], before.tokens, seconds),
+            "in_flight": self.load.in_flight(),
+            "queued": self.load.queued(),
+            "workers_available": available,
+            "workers": known,
+        }
         for name in ("ttft", "itl", "e2e"):
             for quantile, value in snapshot[name].items():
                 sample[f"{name}_{quantile}_s"] = value
-        self.worker_rates = {worker: _rate(tokens, before.tokens_by_worker.get(worker, 0), seconds)
-                             for worker, tokens in snapshot["tokens_by_worker"].items()
-                             if tokens > before.tokens_by_worker.get(worker, 0)}
-        self.previous = Totals(now, snapshot["finished"], snapshot["failed"], snapshot["tokens"],
-                               snapshot["tokens_by_worker"])
+        self.worker_rates = {
+            worker: _rate(tokens, before.tokens_by_worker.get(worker, 0), seconds)
+            for worker, tokens in snapshot["tokens_by_worker"].items()
+            if tokens > before.tokens_by_worker.get(worker, 0)
+        }
+        self.previous = Totals(
+            now, snapshot["finished"], snapshot["failed"], snapshot["tokens"], snapshot["tokens_by_worker"]
+        )
         self.series.add(sample)
         return sample
 

@@ -1,5 +1,6 @@
 """Balancing policies by name. Each is a small class whose choose() is a pure function of
 (request, eligible worker views, routing context)."""
+
 from __future__ import annotations
 
 from shoal.router.policies.base import Policy, eligible
@@ -10,8 +11,10 @@ from shoal.router.policies.power_of_two import PowerOfTwoChoices
 from shoal.router.policies.round_robin import RoundRobin
 from shoal.router.policies.session_affinity import SessionAffinity
 
-POLICIES = {policy.name: policy for policy in (RoundRobin, LeastOutstandingTokens, PowerOfTwoChoices, CacheAware,
-                                               SessionAffinity, CostPolicy)}
+POLICIES = {
+    policy.name: policy
+    for policy in (RoundRobin, LeastOutstandingTokens, PowerOfTwoChoices, CacheAware, SessionAffinity, CostPolicy)
+}
 
 
 def make_policy(name: str, **options) -> Policy:

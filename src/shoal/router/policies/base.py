@@ -1,4 +1,5 @@
 """The policy contract and the hard constraints every policy respects."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

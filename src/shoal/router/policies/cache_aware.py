@@ -6,6 +6,7 @@ worker gets the request. Otherwise the worker holding the longest cached prefix 
 `cache_threshold` of the prompt's blocks match and that worker is not overloaded; a cache miss goes
 to the least loaded worker that is not overloaded, never to an overloaded one.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -22,8 +23,10 @@ class CacheAware:
     name: str = "cache_aware"
 
     def overloaded(self, worker: WorkerView, idlest_load: int) -> bool:
-        return (worker.load - idlest_load > self.balance_abs_threshold
-                and worker.load > idlest_load * self.balance_rel_threshold)
+        return (
+            worker.load - idlest_load > self.balance_abs_threshold
+            and worker.load > idlest_load * self.balance_rel_threshold
+        )
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView], context: RoutingContext) -> WorkerView:
         least_loaded = min(workers, key=lambda w: (w.load, w.outstanding_tokens, w.worker_id))

@@ -31,6 +31,7 @@ speeds) enter one formula: a worker twice as fast has per-token times half as lo
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
 taken as the fleet's median, so unknown workers are treated as typical rather than as free.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -72,11 +73,13 @@ def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
         worker.prefill_tokens_per_s
         or _median_or([w.prefill_tokens_per_s for w in fleet], DEFAULT_PREFILL_TOKENS_PER_S),
         decode_throughput(worker) or _median_or([decode_throughput(w) for w in fleet], DEFAULT_DECODE_TOKENS_PER_S),
-        worker.decode_step_s or _median_or([w.decode_step_s for w in fleet], DEFAULT_DECODE_STEP_S))
+        worker.decode_step_s or _median_or([w.decode_step_s for w in fleet], DEFAULT_DECODE_STEP_S),
+    )
 
 
-def estimated_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView],
-                      context: RoutingContext) -> float:
+def estimated_seconds(
+    request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView], context: RoutingContext
+) -> float:
     speed = speeds(worker, fleet)
     running = max(worker.running, worker.in_flight - worker.waiting)
     step = speed.decode_step_s if running else idle_step_s(worker) or speed.decode_step_s
@@ -97,7 +100,9 @@ class CostPolicy:
         estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in workers}
         fastest = min(workers, key=lambda w: (estimates[w.worker_id], w.worker_id))
         home = max(workers, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -estimates[w.worker_id]))
-        if (context.matched_blocks.get(home.worker_id, 0) > context.matched_blocks.get(fastest.worker_id, 0)
-                and estimates[home.worker_id] <= (1 + self.affinity_margin) * estimates[fastest.worker_id]):
+        if (
+            context.matched_blocks.get(home.worker_id, 0) > context.matched_blocks.get(fastest.worker_id, 0)
+            and estimates[home.worker_id] <= (1 + self.affinity_margin) * estimates[fastest.worker_id]
+        ):
             return home
         return fastest

@@ -1,4 +1,5 @@
 """Least outstanding tokens: the worker with the least prefill + decode work still to do."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

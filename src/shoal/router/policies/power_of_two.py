@@ -1,5 +1,6 @@
 """Power of two choices: sample two workers at random, send to the less loaded one (outstanding
 tokens, then request count). Near-optimal balance without herding on one stale minimum."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

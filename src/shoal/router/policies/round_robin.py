@@ -1,4 +1,5 @@
 """Round robin over the eligible workers, by the router's request counter."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -6,6 +6,7 @@ A membership change moves only the keys of the ring arcs that changed hands (abo
 no worker takes more than its bounded share, so a hot session spills to its ring neighbour instead of
 overloading one node. Requests without a session key use the fallback policy.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -25,7 +26,9 @@ def ring_hash(text: str) -> int:
 
 @functools.lru_cache(maxsize=64)
 def _ring(worker_ids: frozenset[str], virtual_nodes: int) -> tuple[list[int], list[str]]:
-    points = sorted((ring_hash(f"{worker_id}#{i}"), worker_id) for worker_id in worker_ids for i in range(virtual_nodes))
+    points = sorted(
+        (ring_hash(f"{worker_id}#{i}"), worker_id) for worker_id in worker_ids for i in range(virtual_nodes)
+    )
     return [p for p, _ in points], [w for _, w in points]
 
 

@@ -8,6 +8,7 @@ id as its session, so a turn prefers the worker that holds the conversation's pr
 the whole history is sent, any other worker (behind any router sharing the store) continues it as
 well.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,8 +95,9 @@ class ResponsesApi:
         skeleton = response_skeleton(response_id, parsed, int(time.time()))
         session = chain[0].response_id if chain else response_id
         chat_body = parsed.chat_body(conversation_messages(parsed.instructions, chain, parsed.input_items))
-        answer = await self.front_door.dispatch(chat_body, {**request.headers, "x-shoal-session": session},
-                                                "/v1/chat/completions", True, client)
+        answer = await self.front_door.dispatch(
+            chat_body, {**request.headers, "x-shoal-session": session}, "/v1/chat/completions", True, client
+        )
         if answer.status_code != 200 or not isinstance(answer, StreamingResponse if parsed.stream else JSONResponse):
             return answer
         shoal_headers = {k: v for k, v in answer.headers.items() if k.startswith("x-shoal-")}
@@ -106,13 +108,22 @@ class ResponsesApi:
 
         if parsed.stream:
             # The chat stream's background task releases its worker even if this stream is never read.
-            return StreamingResponse(response_events(answer.body_iterator, skeleton, message_id, keep),
-                                     media_type="text/event-stream", headers=shoal_headers,
-                                     background=answer.background)
+            return StreamingResponse(
+                response_events(answer.body_iterator, skeleton, message_id, keep),
+                media_type="text/event-stream",
+                headers=shoal_headers,
+                background=answer.background,
+            )
         completion = json.loads(answer.body)
         choice = completion["choices"][0]
-        response = finished_response(skeleton, message_id, choice["message"]["content"], choice["finish_reason"],
-                                     completion.get("usage"), completion.get("model"))
+        response = finished_response(
+            skeleton,
+            message_id,
+            choice["message"]["content"],
+            choice["finish_reason"],
+            completion.get("usage"),
+            completion.get("model"),
+        )
         try:
             await keep(response)
         except StoreUnavailable as exc:
@@ -139,8 +150,9 @@ class ResponsesApi:
             return found
         query = request.query_params
         try:
-            page = input_items_page(found.input_items, query.get("order", "desc"), query.get("limit", "20"),
-                                    query.get("after"))
+            page = input_items_page(
+                found.input_items, query.get("order", "desc"), query.get("limit", "20"), query.get("after")
+            )
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
         return JSONResponse(page)
@@ -149,8 +161,9 @@ class ResponsesApi:
         """The caller's stored turn, or the error to answer (401, 404, 503)."""
         client = self.front_door.api_keys.authenticate(request.headers.get("authorization"))
         if client is None:
-            return error_response(401, "a valid API key is required (Authorization: Bearer KEY)",
-                                  "authentication_error")
+            return error_response(
+                401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
+            )
         try:
             return await self._owned(response_id, client)
         except UnknownResponse as exc:
@@ -174,8 +187,10 @@ class ResponsesApi:
             except UnknownResponse:
                 if next_id == previous_response_id:
                     raise
-                raise UnknownResponse(f"response {previous_response_id!r} continues {next_id!r}, which is no "
-                                      f"longer stored", "previous_response_id") from None
+                raise UnknownResponse(
+                    f"response {previous_response_id!r} continues {next_id!r}, which is no longer stored",
+                    "previous_response_id",
+                ) from None
             chain.append(turn)
             next_id = turn.previous_response_id
         return chain[::-1]

@@ -1,4 +1,5 @@
 """Turns the chat completion stream of a response into the Responses API's server-sent events."""
+
 from __future__ import annotations
 
 import itertools
@@ -10,8 +11,9 @@ from shoal.router.responses_api.response_object import failed_response, finished
 from shoal.router.responses_api.store import StoreUnavailable
 
 
-async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: dict, message_id: str,
-                          keep: Callable[[dict], Awaitable[None]]) -> AsyncIterator[bytes]:
+async def response_events(
+    chat_chunks: AsyncGenerator[bytes, None], skeleton: dict, message_id: str, keep: Callable[[dict], Awaitable[None]]
+) -> AsyncIterator[bytes]:
     """Invariants: sequence numbers count from 0 without gaps; the concatenated output_text.delta
     texts are the final text; the last event is exactly one of response.completed,
     response.incomplete (cut by max_output_tokens) or response.failed (after an `error` event), and
@@ -24,15 +26,20 @@ async def response_events(chat_chunks: AsyncGenerator[bytes, None], skeleton: di
         return named_event(kind, {"type": kind, "sequence_number": next(sequence), **fields})
 
     def failure(message: str) -> list[bytes]:
-        return [event("error", code="server_error", message=message, param=None),
-                event("response.failed", response=failed_response(skeleton, message))]
+        return [
+            event("error", code="server_error", message=message, param=None),
+            event("response.failed", response=failed_response(skeleton, message)),
+        ]
 
     position = {"item_id": message_id, "output_index": 0, "content_index": 0}
     # Sent once the chat stream has started: closing a chat stream that never started would not
     # run its clean-up, and its worker would stay taken.
-    opening = [event("response.created", response=skeleton), event("response.in_progress", response=skeleton),
-               event("response.output_item.added", output_index=0, item=output_message(message_id, "in_progress", [])),
-               event("response.content_part.added", **position, part=output_text_part(""))]
+    opening = [
+        event("response.created", response=skeleton),
+        event("response.in_progress", response=skeleton),
+        event("response.output_item.added", output_index=0, item=output_message(message_id, "in_progress", [])),
+        event("response.content_part.added", **position, part=output_text_part("")),
+    ]
     pieces, finish_reason, usage, model, error = [], None, None, None, None
     try:
         async for chat_event in json_events(chat_chunks):

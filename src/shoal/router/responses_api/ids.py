@@ -1,4 +1,5 @@
 """Ids of responses and of their items, shaped as OpenAI's ("resp_..." and "msg_...")."""
+
 from __future__ import annotations
 
 import uuid

@@ -1,5 +1,6 @@
 """Input items of /v1/responses: validated and normalised (as OpenAI lists them), paged for
 `GET /v1/responses/{id}/input_items`, and turned into the chat messages a worker is sent."""
+
 from __future__ import annotations
 
 from shoal.router.responses_api.ids import new_message_id
@@ -30,7 +31,7 @@ def _normalize_item(item: object, where: str) -> dict:
         raise RequestError(f"`{where}` must be a message object with `role` and `content`", where)
     kind = item.get("type", "message")
     if kind != "message":
-        raise RequestError(f"`{where}.type` {kind!r} is not supported; only \"message\" items are", f"{where}.type")
+        raise RequestError(f'`{where}.type` {kind!r} is not supported; only "message" items are', f"{where}.type")
     role = item.get("role")
     if role not in ROLES:
         raise RequestError(f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
@@ -38,15 +39,17 @@ def _normalize_item(item: object, where: str) -> dict:
     if isinstance(content, str):
         return _message(role, [content])
     if not isinstance(content, list) or not content:
-        raise RequestError(f"`{where}.content` must be a string or a non-empty list of text parts",
-                           f"{where}.content")
+        raise RequestError(f"`{where}.content` must be a string or a non-empty list of text parts", f"{where}.content")
     return _message(role, [_part_text(part, f"{where}.content[{index}]") for index, part in enumerate(content)])
 
 
 def _part_text(part: object, where: str) -> str:
     if not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES:
-        raise RequestError(f"`{where}` must be a text part: {{\"type\": \"input_text\" or \"output_text\", "
-                           f"\"text\": ...}} (other content types are not supported)", f"{where}.type")
+        raise RequestError(
+            f'`{where}` must be a text part: {{"type": "input_text" or "output_text", '
+            f'"text": ...}} (other content types are not supported)',
+            f"{where}.type",
+        )
     if not isinstance(part.get("text"), str):
         raise RequestError(f"`{where}.text` must be a string", f"{where}.text")
     return part["text"]
@@ -55,8 +58,13 @@ def _part_text(part: object, where: str) -> str:
 def _message(role: str, texts: list[str]) -> dict:
     if role == "assistant":
         return output_message(new_message_id(), "completed", [output_text_part(text) for text in texts])
-    return {"type": "message", "id": new_message_id(), "status": "completed", "role": role,
-            "content": [{"type": "input_text", "text": text} for text in texts]}
+    return {
+        "type": "message",
+        "id": new_message_id(),
+        "status": "completed",
+        "role": role,
+        "content": [{"type": "input_text", "text": text} for text in texts],
+    }
 
 
 def item_messages(items: list[dict]) -> list[dict]:
@@ -79,7 +87,7 @@ def input_items_page(items: list[dict], order: str, limit: str, after: str | Non
     """One page of a response's input items in OpenAI's list shape. `order` is "desc" (newest
     first, OpenAI's default) or "asc"; `limit` 1..100; `after` an item id of the previous page."""
     if order not in ("asc", "desc"):
-        raise RequestError("`order` must be \"asc\" or \"desc\"", "order")
+        raise RequestError('`order` must be "asc" or "desc"', "order")
     if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
         raise RequestError(f"`limit` must be an integer from 1 to {MAX_PAGE}", "limit")
     ordered = items if order == "asc" else items[::-1]
@@ -87,7 +95,12 @@ def input_items_page(items: list[dict], order: str, limit: str, after: str | Non
         position = next((index for index, item in enumerate(ordered) if item["id"] == after), None)
         if position is None:
             raise RequestError(f"`after` {after!r} is not an input item of this response", "after")
-        ordered = ordered[position + 1:]
-    page = ordered[:int(limit)]
-    return {"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None, "has_more": len(ordered) > len(page)}
+        ordered = ordered[position + 1 :]
+    page = ordered[: int(limit)]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": len(ordered) > len(page),
+    }

@@ -1,5 +1,6 @@
 """The parts of an assistant message as the Responses API shows them: in a response's output, and
 among the input items of a conversation (which also parse them from clients)."""
+
 from __future__ import annotations
 
 

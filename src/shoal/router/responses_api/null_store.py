@@ -1,4 +1,5 @@
 """The store for `responses.store: none`: keeps nothing."""
+
 from __future__ import annotations
 
 from shoal.router.responses_api.store import StoredTurn

@@ -1,4 +1,5 @@
 """Chooses and opens the response store named by the router's configuration."""
+
 from __future__ import annotations
 
 from shoal.router.config import ResponsesSettings

@@ -1,4 +1,5 @@
 """Stored responses in Redis, shared by every router that points at the same server."""
+
 from __future__ import annotations
 
 import contextlib
@@ -7,7 +8,7 @@ from collections.abc import Iterator
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from shoal.router.responses_api.store import StoreUnavailable, StoredTurn
+from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
 
 KEY_PREFIX = "shoal:response:"
 
@@ -30,7 +31,7 @@ class RedisStore:
         self._client = client
 
     @classmethod
-    def open(cls, url: str) -> "RedisStore":
+    def open(cls, url: str) -> RedisStore:
         """Connects lazily: a server that is down makes requests fail (503), not the router start."""
         return cls(redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0))
 

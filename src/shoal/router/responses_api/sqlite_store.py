@@ -1,4 +1,5 @@
 """Stored responses in one SQLite file: embedded, the default, and kept across router restarts."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from shoal.router.responses_api.store import StoreUnavailable, StoredTurn
+from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
 
 T = TypeVar("T")
 
@@ -35,7 +36,7 @@ class SQLiteStore:
         self._connection = connection
 
     @classmethod
-    async def open(cls, path: str | Path) -> "SQLiteStore":
+    async def open(cls, path: str | Path) -> SQLiteStore:
         """Opens (creating the file and its directory if needed) the store at `path` (`~` expanded)."""
         executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-responses-sqlite")
         connection = await asyncio.get_running_loop().run_in_executor(executor, _connect, Path(path).expanduser())
@@ -49,17 +50,20 @@ class SQLiteStore:
 
     async def put(self, turn: StoredTurn) -> None:
         text = turn.to_json()
-        await self._run(lambda: self._connection.execute(
-            "INSERT OR REPLACE INTO responses (id, turn) VALUES (?, ?)", (turn.response_id, text)))
+        await self._run(
+            lambda: self._connection.execute(
+                "INSERT OR REPLACE INTO responses (id, turn) VALUES (?, ?)", (turn.response_id, text)
+            )
+        )
 
     async def get(self, response_id: str) -> StoredTurn | None:
-        row = await self._run(lambda: self._connection.execute(
-            "SELECT turn FROM responses WHERE id = ?", (response_id,)).fetchone())
+        row = await self._run(
+            lambda: self._connection.execute("SELECT turn FROM responses WHERE id = ?", (response_id,)).fetchone()
+        )
         return StoredTurn.from_json(row[0]) if row else None
 
     async def delete(self, response_id: str) -> bool:
-        cursor = await self._run(lambda: self._connection.execute("DELETE FROM responses WHERE id = ?",
-                                                                  (response_id,)))
+        cursor = await self._run(lambda: self._connection.execute("DELETE FROM responses WHERE id = ?", (response_id,)))
         return cursor.rowcount > 0
 
     async def close(self) -> None:

@@ -1,4 +1,5 @@
 """The contract between /v1/responses and wherever stored responses live."""
+
 from __future__ import annotations
 
 import json
@@ -32,7 +33,7 @@ class StoredTurn:
         return json.dumps({"response": self.response, "input_items": self.input_items, "owner": self.owner})
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> "StoredTurn":
+    def from_json(cls, text: str | bytes) -> StoredTurn:
         return cls(**json.loads(text))
 
 
