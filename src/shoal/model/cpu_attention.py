@@ -5,11 +5,13 @@ It is compiled on first use for the effective instruction set (the machine's own
 unless SHOAL_CPU_ISA caps it, see cpu_features) and cached under
 `<shoal cache>/extensions/<hash of source, CPU flags, compiler flags and torch version>`, so a
 different CPU, cap or source gets its own build. Where no compiler is available the model uses the
-tiled torch kernel instead.
+tiled torch kernel instead. Processes building at once take turns on an flock, which the kernel
+releases when its holder dies: a worker killed mid-build leaves no lock that stalls the next one.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import hashlib
 import logging
@@ -26,12 +28,8 @@ log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
 
 
-@functools.cache
-def load_cpu_attention() -> ModuleType | None:
-    """The operator namespace holding the compiled kernel, or None if it cannot be built here (cached
-    per process: an operator library can be loaded into a process only once anyway)."""
-    from torch.utils import cpp_extension
-
+def kernel_build() -> tuple[Path, list[str]]:
+    """Where this process's kernel is built, and the compiler flags it is built with."""
     features = effective_cpu_features()
     cflags = ["-O3", *features.compiler_flags()]
     key = [
@@ -40,17 +38,30 @@ def load_cpu_attention() -> ModuleType | None:
         " ".join(cflags).encode(),
         torch.__version__.encode(),
     ]
-    build_dir = default_cache_dir() / "extensions" / hashlib.sha256(b"\0".join(key)).hexdigest()[:16]
+    return default_cache_dir() / "extensions" / hashlib.sha256(b"\0".join(key)).hexdigest()[:16], cflags
+
+
+@functools.cache
+def load_cpu_attention() -> ModuleType | None:
+    """The operator namespace holding the compiled kernel, or None if it cannot be built here (cached
+    per process: an operator library can be loaded into a process only once anyway)."""
+    from torch.utils import cpp_extension
+
+    build_dir, cflags = kernel_build()
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name="shoal_paged_attention_cpu",
-            sources=[str(SOURCE)],
-            build_directory=str(build_dir),
-            extra_cflags=cflags,
-            is_python_module=False,
-            verbose=False,
-        )
+        with open(build_dir / "shoal.lock", "w") as turn:
+            fcntl.flock(turn, fcntl.LOCK_EX)
+            # Holding the turn, any lock of torch's own here was left by a builder that died.
+            (build_dir / "lock").unlink(missing_ok=True)
+            cpp_extension.load(
+                name="shoal_paged_attention_cpu",
+                sources=[str(SOURCE)],
+                build_directory=str(build_dir),
+                extra_cflags=cflags,
+                is_python_module=False,
+                verbose=False,
+            )
     except (RuntimeError, OSError, ImportError) as exc:  # no compiler or headers, read-only cache: tiled kernel
         log.warning("CPU attention kernel unavailable (%s); using the tiled torch kernel", exc)
         return None
