@@ -75,6 +75,23 @@ def resume_elsewhere(config: dict, prompt: list[int], params: SamplingParams, re
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _drawn_seeds(engine, count: int) -> list[int]:
+    params = SamplingParams(temperature=1.0, max_tokens=1)
+    for i in range(count):
+        engine.add_request(f"r{i}", PROMPT, params)
+    seeds = {}
+    while engine.has_unfinished_requests():
+        seeds.update({out.request_id: out.seed for out in engine.step()})
+    return [seeds[f"r{i}"] for i in range(count)]
+
+
+def test_replicas_draw_their_own_seeds_unless_the_config_fixes_them(make_tiny_engine):
+    """Two replicas left to their default draw different seeds for the same unseeded requests;
+    an engine seed makes the draws repeatable."""
+    assert _drawn_seeds(make_tiny_engine(), 4) != _drawn_seeds(make_tiny_engine(), 4)
+    assert _drawn_seeds(make_tiny_engine(seed=7), 4) == _drawn_seeds(make_tiny_engine(seed=7), 4)
+
+
 def test_resume_from_prefix_in_another_process(make_tiny_engine, tiny_model_dir, shoal_cache_dir):
     config = dict(
         model=str(tiny_model_dir),

@@ -92,7 +92,7 @@ class ModelDeployment(Frozen):
     batch_invariant: bool = True
     attention_kernel: Literal["auto", "rows", "tiles"] = "auto"
     itl_target_ms: float | None = Field(None, gt=0)
-    seed: int = 0
+    seed: int | None = None
     tensor_parallel_size: int = Field(1, ge=1)
     pipeline_parallel_size: int = Field(1, ge=1)
     layers_per_stage: list[int] | None = None

@@ -22,6 +22,8 @@ class EngineConfig:
     faster CPU matrix multiplies. attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
     step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
+    seed draws the sampling seed of each request that names none (None: from the OS, so replicas
+    and restarts draw differently); every drawn seed is reported, so a stream resumes exactly.
     tensor_parallel_size > 1 shards every layer over that many processes on this host (one failure
     domain); pipeline_parallel_size > 1 splits the layers into that many stage processes linked by
     messages (layers_per_stage overrides the planned split); pipeline_wire_dtype is the dtype of the
@@ -49,7 +51,7 @@ class EngineConfig:
     share_weights: bool = False
     attention_kernel: str = "auto"
     itl_target_ms: float | None = None
-    seed: int = 0
+    seed: int | None = None
     num_threads: int | None = None
     cache_dir: str | None = None
     step_delay_ms: float = 0.0
