@@ -4,8 +4,6 @@ across routers, one of them killed (Redis); streaming; errors; ownership."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
@@ -13,6 +11,7 @@ import yaml
 
 from shoal.router.auth import key_hash
 from tests.support.routers import start_router, stop
+from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, free_port, scrape, start_worker
 
 SAMPLING = {"temperature": 0.8, "max_output_tokens": 12}
@@ -277,10 +276,8 @@ def test_a_client_leaving_a_stream_aborts_its_request_on_the_worker(worker, rout
     body = {"model": MODEL, "input": "go on and on", "max_output_tokens": 400, "ignore_eos": True, "stream": True}
     with httpx.stream("POST", url + "/v1/responses", json=body, timeout=60) as response:
         next(line for line in response.iter_lines() if "response.output_text.delta" in line)
-    deadline = time.monotonic() + 30
-    while scrape(worker)["shoal:num_requests_running"] and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert scrape(worker)[abort] == aborted_before + 1
+    wait_for(lambda: scrape(worker).get(abort, 0) == aborted_before + 1)
+    assert scrape(worker)["shoal:num_requests_running"] == 0
 
 
 def test_an_unreachable_store_is_a_503_and_the_router_goes_on(routers):

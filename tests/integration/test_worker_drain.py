@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 
 import httpx
 
+from tests.support.waiting import wait_for
 from tests.support.workers import start_worker
 
 
@@ -24,8 +24,7 @@ def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir
             first = next(line for line in lines if line.startswith("data:"))
             tokens += json.loads(first[5:])["choices"][0]["token_ids"]
             process.send_signal(signal.SIGTERM)
-            time.sleep(0.1)
-            assert httpx.get(url + "/ready", timeout=5).status_code == 503
+            wait_for(lambda: httpx.get(url + "/ready", timeout=5).status_code == 503)
             refused = httpx.post(url + "/v1/completions", json={"model": "m", "prompt": "x"}, timeout=5)
             assert refused.status_code == 503 and refused.headers["retry-after"]
             for line in lines:

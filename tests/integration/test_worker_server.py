@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import openai
 import pytest
 
+from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, scrape
 
 
@@ -100,12 +99,11 @@ def test_client_disconnect_mid_stream_frees_the_request(worker_url):
         assert next(line for line in lines if line.startswith("data:"))
         during = scrape(worker_url)
         assert during["shoal:num_requests_running"] == 1 and during["shoal:kv_cache_usage_perc"] > 0
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        after = scrape(worker_url)
-        if after["shoal:num_requests_running"] == 0 and after["shoal:kv_cache_usage_perc"] == 0:
-            break
-        time.sleep(0.1)
+    after = wait_for(
+        lambda: (
+            (m := scrape(worker_url))["shoal:num_requests_running"] == 0 and m["shoal:kv_cache_usage_perc"] == 0 and m
+        )
+    )
     assert after["shoal:num_requests_running"] == 0 and after["shoal:num_requests_waiting"] == 0
     assert after["shoal:kv_cache_usage_perc"] == 0
     load = httpx.get(worker_url + "/load").json()
