@@ -18,14 +18,15 @@ PROMPTS = {"a": [5, 6, 7], "poison": [8, 9, 10, 11], "b": [12, 13]}
 
 def poison_forward(engine, after_tokens: int = 2) -> None:
     """Makes every forward pass that contains request "poison" raise once it has `after_tokens` outputs."""
-    real_execute = engine.runner.execute
+    real_run = engine.runner.run
 
-    def execute(chunks):
-        if any(c.seq.request_id == "poison" and len(c.seq.output_token_ids) >= after_tokens for c in chunks):
+    def run(batch):
+        poison = engine.sequences.get("poison")
+        if poison and len(poison.output_token_ids) >= after_tokens and list(poison.block_table) in batch.block_tables:
             raise RuntimeError("kernel fault on poison")
-        return real_execute(chunks)
+        return real_run(batch)
 
-    engine.runner.execute = execute
+    engine.runner.run = run
 
 
 def test_only_the_failing_request_fails_and_the_rest_are_unchanged(make_tiny_engine):
@@ -52,16 +53,16 @@ def test_only_the_failing_request_fails_and_the_rest_are_unchanged(make_tiny_eng
 
 def test_a_fault_no_single_request_explains_fails_that_batch_only(make_tiny_engine):
     engine = make_tiny_engine()
-    real_execute = engine.runner.execute
+    real_run = engine.runner.run
     faults = {"left": 1}
 
-    def flaky_execute(chunks):
-        if len(chunks) > 1 and faults["left"]:
+    def flaky_run(batch):
+        if len(batch.query_lens) > 1 and faults["left"]:
             faults["left"] -= 1
             raise MemoryError("transient")
-        return real_execute(chunks)
+        return real_run(batch)
 
-    engine.runner.execute = flaky_execute
+    engine.runner.run = flaky_run
     engine.add_request("x", [5, 6], PARAMS)
     engine.add_request("y", [7, 8], PARAMS)
     failed = {o.request_id for o in engine.step() if o.error}
