@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import torch
+
+from shoal.model.cpu_features import effective_cpu_features
+from shoal.model.invariant_linear import onednn_compute_dtype
+
 
 def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine):
     engine = make_tiny_engine(share_weights=True)
@@ -12,8 +17,11 @@ def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine
         mapped[f"model.layers.0.self_attn.{p}_proj.weight"].data_ptr() for p in "qkv"
     ]
     assert engine.model.embed.data_ptr() == mapped["model.embed_tokens.weight"].data_ptr()
+    assert layer.down.backend == "onednn"  # batch-invariant kernels straight on the shared pages
 
 
 def test_prepacked_engine_uses_packed_kernels(make_tiny_engine):
-    assert make_tiny_engine().model.layers[0].down.backend == "mkl"  # float32 on the MKL torch build
-    assert make_tiny_engine(dtype="bfloat16").model.layers[0].down.backend == "onednn"
+    for dtype in ("float32", "bfloat16"):
+        down = make_tiny_engine(dtype=dtype).model.layers[0].down
+        expected = onednn_compute_dtype(getattr(torch, dtype), effective_cpu_features())
+        assert (down.backend, down.compute_dtype) == ("onednn-packed", expected)
