@@ -135,6 +135,19 @@ def test_an_idle_worker_is_costed_by_the_shorter_of_its_calibrated_and_last_meas
     assert estimated_seconds(req, busy, fleet, RoutingContext()) == pytest.approx(10 * 0.1)
 
 
+def test_measured_figures_within_the_noise_of_a_shared_machine_leave_the_calibration_in_charge():
+    """Identical idle workers whose last steps differ by noise cost the same, so a conversation is
+    not traded away from its cache on luck."""
+    req, fleet = request(prompt_tokens=0, decode=10), [worker("peer")]
+    lucky = worker("a", single_step_s=0.02, decode_step_s=0.015, capability=1000.0, decode_tokens_per_s=1500.0)
+    unlucky = worker("b", single_step_s=0.02, decode_step_s=0.03, capability=1000.0, decode_tokens_per_s=700.0)
+    assert (
+        estimated_seconds(req, lucky, fleet, RoutingContext())
+        == estimated_seconds(req, unlucky, fleet, RoutingContext())
+        == pytest.approx(10 * 0.02)
+    )
+
+
 class TimedReplica:
     """A worker as the router sees it: steps of a fixed true duration (a tiny model's cost is its step
     delay), the engine's own SpeedEstimator fed with every step and seeded the way calibration seeds

@@ -12,14 +12,14 @@ their batch and every sequence's steps get slower. So for a worker, the estimate
 per-token time = max(decode step time, (running + 1) / decode throughput): the step time the
 batch has now, or the batch's share of the worker's aggregate decode rate once it is saturated.
 
-Figures from start-up calibration and figures measured since are both kept, and where they differ
-the faster one is believed: an idle worker's step is its calibrated single-stream step or its last
-measured step, whichever is shorter (a step at any batch takes no less than one at batch 1), and
-its throughput the calibrated aggregate rate or the rate it has reached since, whichever is higher
-(a rate reached is a rate it can do). Errors are not symmetric: a worker estimated too fast gets
-work and is measured again, one estimated too slow gets none and would keep its figures forever.
-So a calibration taken while other processes had the CPU no longer exiles a worker that has since
-shown its speed; one that has served nothing yet is judged by its calibration alone.
+Figures from start-up calibration and figures measured since are both kept, and where a measured
+one is far better (CALIBRATION_DOUBT) it is believed: an idle worker's step is its calibrated
+single-stream step unless its last measured step is far shorter (a step at any batch takes no less
+than one at batch 1), and its throughput the calibrated aggregate rate unless the rate it has
+reached since is far higher (a rate reached is a rate it can do). Errors are not symmetric: a
+worker estimated too fast gets work and is measured again, one estimated too slow gets none and
+would keep its figures forever. So a calibration taken while other processes had the CPU no longer
+exiles a worker that has since shown its speed; one that has served nothing yet is judged by its calibration alone.
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
@@ -57,14 +57,26 @@ def _median_or(values: list[float | None], default: float) -> float:
     return statistics.median(known) if known else default
 
 
+# A measured figure this many times better than the calibrated one means the calibration was taken
+# on a starved CPU; smaller gaps are the noise of a shared machine, where trusting whichever figure
+# is luckier would move conversations off their caches.
+CALIBRATION_DOUBT = 2.0
+
+
 def decode_throughput(worker: WorkerView) -> float | None:
-    """The calibrated aggregate decode rate or the one measured since, whichever is higher."""
-    return max(filter(None, (worker.capability, worker.decode_tokens_per_s)), default=None)
+    """The calibrated aggregate decode rate, or the one measured since where it is far higher."""
+    calibrated, measured = worker.capability, worker.decode_tokens_per_s
+    if calibrated and measured and measured > CALIBRATION_DOUBT * calibrated:
+        return measured
+    return calibrated or measured
 
 
 def idle_step_s(worker: WorkerView) -> float | None:
-    """The calibrated single-stream step or the last measured step, whichever is shorter."""
-    return min(filter(None, (worker.single_step_s, worker.decode_step_s)), default=None)
+    """The calibrated single-stream step, or the last measured step where it is far shorter."""
+    calibrated, measured = worker.single_step_s, worker.decode_step_s
+    if calibrated and measured and measured * CALIBRATION_DOUBT < calibrated:
+        return measured
+    return calibrated or measured
 
 
 def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
