@@ -56,6 +56,13 @@ def test_shoal_report_converts_blocks_to_tokens():
     )
     assert report.free_kv_tokens == 160 and report.kv_capacity_tokens == 640 and report.max_num_seqs == 64
     assert report.outstanding_decode_tokens == 90 and report.capability == 200.0 and report.draining
+    assert not report.unmeasured  # a worker that does not say is not taken for a new one
+
+
+def test_a_worker_that_has_generated_nothing_yet_is_unmeasured():
+    fresh = LoadReport.from_shoal(decode_load(b'{"running": 0, "waiting": 0, "generated_tokens": 0}'))
+    served = LoadReport.from_shoal(decode_load(b'{"running": 0, "waiting": 0, "generated_tokens": 12}'))
+    assert fresh.unmeasured and not served.unmeasured
 
 
 def test_worker_messages_round_trip_through_the_one_schema():

@@ -162,6 +162,7 @@ class TimedReplica:
         self.remaining: list[int] = []  # tokens left per running request
         self.joining = 0  # requests whose prompt the next step computes
         self.next_step_s = 0.0
+        self.generated_tokens = 0
 
     def view(self) -> WorkerView:
         speed = self.speed
@@ -175,6 +176,7 @@ class TimedReplica:
             decode_step_s=speed.decode_step_s,
             single_step_s=1 / self.single,
             capability=self.batched,
+            unmeasured=self.generated_tokens == 0,
         )
 
     def start(self, tokens: int, now_s: float) -> None:
@@ -186,6 +188,7 @@ class TimedReplica:
     def step(self, prompt_tokens: int) -> int:
         """One step: every running request gets a token; returns how many requests finished."""
         self.speed.observe(self.joining * prompt_tokens, len(self.remaining) - self.joining, self.step_s)
+        self.generated_tokens += len(self.remaining)
         self.joining = 0
         self.remaining = [left - 1 for left in self.remaining]
         finished = self.remaining.count(0)
@@ -299,3 +302,23 @@ def test_every_policy_returns_an_eligible_worker(name):
 def test_unknown_policy_names_the_choices():
     with pytest.raises(ValueError, match="round_robin"):
         make_policy("fastest")
+
+
+def test_a_fast_worker_calibrated_on_a_starved_cpu_that_has_served_nothing_yet_is_tried_and_then_trusted():
+    """The same two workers, but the fast one has generated nothing since it started: its speeds are
+    its bad calibration's alone. Costed by them it would never get a request and never be measured;
+    taken while idle to be as fast as the fastest idle worker, it gets one when the slow one is busy."""
+    fast = TimedReplica("fast", step_s=0.013, single=12.0, batched=90.0)
+    slow = TimedReplica("slow", step_s=0.045, single=20.0, batched=160.0)
+    picks = closed_loop([fast, slow], requests=48, clients=8, tokens=24)
+    assert picks["fast"] >= 2 * picks["slow"], picks
+
+
+def test_a_worker_that_has_served_nothing_is_costed_as_the_fastest_idle_worker_only_while_idle():
+    req = request(prompt_tokens=0, decode=10)
+    proven = worker("proven", single_step_s=0.02, capability=1000.0)
+    new = worker("new", single_step_s=0.2, capability=1000.0, unmeasured=True)
+    fleet = [proven, new]
+    assert estimated_seconds(req, new, fleet, RoutingContext()) == pytest.approx(10 * 0.02)
+    busy_new = worker("new", running=1, decode_step_s=0.2, single_step_s=0.2, capability=1000.0, unmeasured=True)
+    assert estimated_seconds(req, busy_new, [proven, busy_new], RoutingContext()) == pytest.approx(10 * 0.2)

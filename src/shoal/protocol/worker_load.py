@@ -54,6 +54,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     longest_step_s: Rate | None = None
     capability: Rate | None = None
     calibration: CalibrationFigures | None = None
+    generated_tokens: Count | None = None  # since start; 0: the speeds above are still the calibration's
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):

@@ -37,6 +37,7 @@ class LoadReport:
     longest_step_s: float | None = None
     single_step_s: float | None = None
     capability: float | None = None
+    unmeasured: bool = False
     draining: bool = False
 
     @classmethod
@@ -59,6 +60,7 @@ class LoadReport:
             longest_step_s=report.longest_step_s,
             single_step_s=1.0 / single_rate if single_rate else None,
             capability=report.capability,
+            unmeasured=report.generated_tokens == 0,
             draining=report.draining,
         )
 

@@ -112,6 +112,7 @@ class WorkerState:
             decode_step_s=report.decode_step_s,
             single_step_s=report.single_step_s,
             capability=report.capability,
+            unmeasured=report.unmeasured,
         )
 
 

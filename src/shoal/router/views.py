@@ -57,6 +57,7 @@ class WorkerView:
     decode_step_s: float | None = None
     single_step_s: float | None = None
     capability: float | None = None
+    unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's
 
     @property
     def outstanding_tokens(self) -> int:

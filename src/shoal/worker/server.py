@@ -91,6 +91,7 @@ def create_app(
             longest_step_s=engine.longest_step_s(),
             capability=calibration.capability if calibration else None,
             calibration=figures,
+            generated_tokens=stats.generation_tokens,
         )
 
     @contextlib.asynccontextmanager

@@ -19,7 +19,10 @@ than one at batch 1), and its throughput the calibrated aggregate rate unless th
 reached since is far higher (a rate reached is a rate it can do). Errors are not symmetric: a
 worker estimated too fast gets work and is measured again, one estimated too slow gets none and
 would keep its figures forever. So a calibration taken while other processes had the CPU no longer
-exiles a worker that has since shown its speed; one that has served nothing yet is judged by its calibration alone.
+exiles a worker that has since shown its speed. A worker that has generated nothing since it started
+has only its calibration, which may be just as wrong: while idle it is taken to be as fast as the
+fleet's fastest idle worker, so it gets a request when the others are busy and is measured by it.
+An estimate too fast costs one request; one too slow would starve it for good.
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
@@ -79,6 +82,11 @@ def idle_step_s(worker: WorkerView) -> float | None:
     return calibrated or measured
 
 
+def fastest_idle_step_s(fleet: Sequence[WorkerView]) -> float | None:
+    known = [step for step in map(idle_step_s, fleet) if step]
+    return min(known) if known else None
+
+
 def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
     """The worker's measured speeds, the fleet's median where it has none, defaults if nobody has."""
     return Speeds(
@@ -94,7 +102,12 @@ def estimated_seconds(
 ) -> float:
     speed = speeds(worker, fleet)
     running = max(worker.running, worker.in_flight - worker.waiting)
-    step = speed.decode_step_s if running else idle_step_s(worker) or speed.decode_step_s
+    if running:
+        step = speed.decode_step_s
+    elif worker.unmeasured:
+        step = fastest_idle_step_s(fleet) or speed.decode_step_s
+    else:
+        step = idle_step_s(worker) or speed.decode_step_s
     per_token = max(step, (running + 1) / speed.decode_tokens_per_s)
     ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
     if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
