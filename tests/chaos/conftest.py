@@ -5,24 +5,13 @@ from __future__ import annotations
 import pytest
 
 from tests.support.fleet import Fleet
-from tests.support.workers import MODEL
+from tests.support.workers import MODEL, tiny_worker_args
 
 
 @pytest.fixture
 def fleet(tiny_model_dir, shoal_cache_dir, tmp_path):
     workers = Fleet(
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--dtype",
-            "float32",
-            "--served-model-name",
-            MODEL,
-            "--kv-cache",
-            "8MiB",
-            "--step-delay-ms",
-            "10",
-        ],
+        tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=10),
         shoal_cache_dir,
         tmp_path,
         size=3,

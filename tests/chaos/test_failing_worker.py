@@ -16,7 +16,7 @@ from tests.support.fleet import admin, router_config, start
 from tests.support.routers import stop
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, spawn_worker, wait_ready
+from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 
 @pytest.fixture
@@ -88,16 +88,7 @@ def test_5xx_open_the_breaker_4xx_do_not_and_a_probe_closes_it(pair):
 def test_a_critical_request_falls_back_along_the_chain_when_its_model_fails(tiny_model_dir, shoal_cache_dir, tmp_path):
     small = wait_ready(
         *spawn_worker(
-            [
-                "--model",
-                str(tiny_model_dir),
-                "--dtype",
-                "float32",
-                "--served-model-name",
-                "small",
-                "--kv-cache",
-                "8MiB",
-            ],
+            tiny_worker_args(tiny_model_dir, "small"),
             shoal_cache_dir,
         )
     )

@@ -15,7 +15,7 @@ import yaml
 from tests.support.routers import start_router, stop
 from tests.support.streams import read_stream
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, scrape, spawn_worker, wait_ready
+from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready
 
 MAX_TOKENS = 150
 ADMIN = {"authorization": "Bearer failover-admin-token"}
@@ -25,18 +25,7 @@ ADMIN = {"authorization": "Bearer failover-admin-token"}
 def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
     """Two workers at 10 ms per step behind a router with a 1 s token deadline. They draw the seeds of
     unseeded requests from different sources, so neither could continue such a stream by chance."""
-    common = [
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--served-model-name",
-        MODEL,
-        "--kv-cache",
-        "8MiB",
-        "--step-delay-ms",
-        "10",
-    ]
+    common = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=10)
     workers = [wait_ready(*w) for w in [spawn_worker(common + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2)]]
     config = tmp_path / "router.yaml"
     config.write_text(

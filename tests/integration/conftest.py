@@ -18,7 +18,7 @@ from tests.support.routers import start_router, stop
 from tests.support.scripted_worker import ScriptedWorker
 from tests.support.serving import supervised
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, free_port, spawn_worker, start_worker, wait_ready
+from tests.support.workers import MODEL, free_port, spawn_worker, start_worker, tiny_worker_args, wait_ready
 
 
 @pytest.fixture
@@ -86,18 +86,7 @@ def traced_fleet(tiny_model_dir, shoal_cache_dir, tmp_path):
     collector = OtlpCollector()
     real = wait_ready(
         *spawn_worker(
-            [
-                "--model",
-                str(tiny_model_dir),
-                "--dtype",
-                "float32",
-                "--served-model-name",
-                MODEL,
-                "--kv-cache",
-                "8MiB",
-                "--otlp-endpoint",
-                collector.endpoint,
-            ],
+            tiny_worker_args(tiny_model_dir, MODEL, "--otlp-endpoint", collector.endpoint),
             shoal_cache_dir,
         )
     )

@@ -50,10 +50,13 @@ def test_workers_are_placed_by_resources_and_rescheduled_when_their_node_goes(de
     assert answers and set(answers) == {16}, [a for a in answers if a != 16][:3]
 
 
-def test_a_pipeline_replica_has_its_stages_placed_on_other_nodes(deploy, ray_cluster):
+def test_a_pipeline_replica_has_its_stages_placed_on_other_nodes(deploy, ray_cluster, monkeypatch):
     """Each process of the replica asks for one `accel` and each node has one: the stage lands on
-    the other node, the head measures it and plans, and the replica serves as one worker."""
+    the other node, the head measures it and plans, and the replica serves as one worker. The
+    instruction-set cap set where `shoal serve` runs holds on the node the worker lands on, whose
+    raylet was started without it."""
     cluster, nodes = ray_cluster
+    monkeypatch.setenv("SHOAL_CPU_ISA", "avx2")
     _, url, state_dir, _ = deploy(
         replicas=1,
         pipeline_parallel_size=2,
@@ -65,6 +68,7 @@ def test_a_pipeline_replica_has_its_stages_placed_on_other_nodes(deploy, ray_clu
     assert len(replica["stage_nodes"]) == 1
     log = Path(replica["log"]).read_text()
     assert "pipeline plan" in log and "ms per layer" in log
+    assert "CPU instruction set: avx2 (capped by SHOAL_CPU_ISA" in log
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     with busy(client, clients=2, max_tokens=16) as answers:
         wait_for(lambda: len(answers) >= 4, timeout_s=120)

@@ -12,7 +12,7 @@ import yaml
 from shoal.router.auth import key_hash
 from tests.support.routers import start_router, stop
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, free_port, scrape, start_worker
+from tests.support.workers import MODEL, free_port, scrape, start_worker, tiny_worker_args
 
 SAMPLING = {"temperature": 0.8, "max_output_tokens": 12}
 SEED = 7
@@ -23,18 +23,7 @@ INSTRUCTIONS = "Answer like a fish."
 def worker(tiny_model_dir, shoal_cache_dir):
     """One tiny worker at 10 ms a step: short turns stay quick, a 400-token stream takes seconds."""
     process, url = start_worker(
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--dtype",
-            "float32",
-            "--served-model-name",
-            MODEL,
-            "--kv-cache",
-            "8MiB",
-            "--step-delay-ms",
-            "10",
-        ],
+        tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=10),
         shoal_cache_dir,
     )
     yield url
@@ -144,18 +133,7 @@ def test_the_next_turn_goes_to_the_worker_holding_the_conversation_and_survives_
     # 10 ms a step, like a real model's, so that timing noise does not swamp the routing estimates.
     workers = [
         start_worker(
-            [
-                "--model",
-                str(tiny_model_dir),
-                "--dtype",
-                "float32",
-                "--served-model-name",
-                MODEL,
-                "--kv-cache",
-                "8MiB",
-                "--step-delay-ms",
-                "10",
-            ],
+            tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=10),
             shoal_cache_dir,
         )
         for _ in range(2)

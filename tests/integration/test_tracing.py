@@ -14,7 +14,7 @@ import httpx
 from tests.support.fleet import ADMIN
 from tests.support.traces import MAX_TOKENS, streamed
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, spawn_worker, wait_ready
+from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 
 def test_one_request_through_router_retry_and_worker_is_one_trace(traced_fleet):
@@ -93,18 +93,7 @@ def test_a_pipeline_workers_prefill_shows_its_stage_hops(tiny_model_dir, shoal_c
     stage under the prefill, the head's before the last stage's."""
     process, url = wait_ready(
         *spawn_worker(
-            [
-                "--model",
-                str(tiny_model_dir),
-                "--dtype",
-                "float32",
-                "--served-model-name",
-                MODEL,
-                "--kv-cache",
-                "8MiB",
-                "--pipeline-parallel-size",
-                "2",
-            ],
+            tiny_worker_args(tiny_model_dir, MODEL, "--pipeline-parallel-size", "2"),
             shoal_cache_dir,
         )
     )

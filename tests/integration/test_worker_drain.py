@@ -9,7 +9,7 @@ import signal
 import httpx
 
 from tests.support.waiting import wait_for
-from tests.support.workers import start_worker
+from tests.support.workers import start_worker, tiny_worker_args
 
 
 def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):
@@ -41,20 +41,7 @@ def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir
 
 def test_a_stream_outliving_the_grace_period_is_cut_and_the_worker_still_exits_cleanly(tiny_model_dir, shoal_cache_dir):
     process, url = start_worker(
-        [
-            "--model",
-            str(tiny_model_dir),
-            "--dtype",
-            "float32",
-            "--served-model-name",
-            "m",
-            "--kv-cache",
-            "8MiB",
-            "--step-delay-ms",
-            "20",
-            "--drain-grace-s",
-            "1",
-        ],
+        tiny_worker_args(tiny_model_dir, "m", "--drain-grace-s", "1", step_delay_ms=20),
         shoal_cache_dir,
     )
     try:

@@ -185,7 +185,7 @@ def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
     with (
         stage_servers(shoal_cache_dir, None, 1) as (servers, _),
-        caplog.at_level(logging.INFO, logger="shoal.engine.engine"),
+        caplog.at_level(logging.INFO, logger="shoal.engine.replica"),
     ):
         pipeline = LLM(five_layer_model, pipeline_parallel_size=3, stage_servers=tuple(servers), **options)
         runner = pipeline.engine.runner

@@ -19,7 +19,7 @@ from tests.support.fleet import admin, router_config, start
 from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
 from tests.support.routers import stop
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, spawn_worker, wait_ready
+from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 
 def greedy_tokens(model: str, prompts: list, cache_dir, max_tokens: int, **options) -> list[list[int]]:
@@ -74,18 +74,7 @@ def stream_tokens(url: str, on_token=None) -> tuple[list[int], str]:
 
 
 def test_killing_a_rank_fails_the_replica_and_its_stream_continues_elsewhere(tiny_model_dir, shoal_cache_dir, tmp_path):
-    common = [
-        "--model",
-        str(tiny_model_dir),
-        "--dtype",
-        "float32",
-        "--served-model-name",
-        MODEL,
-        "--kv-cache",
-        "8MiB",
-        "--step-delay-ms",
-        "20",
-    ]
+    common = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20)
     logs = [open(tmp_path / f"worker-{i}.log", "wb") for i in range(2)]
     sharded, sharded_url = wait_ready(
         *spawn_worker(common + ["--tensor-parallel-size", "2"], shoal_cache_dir, stderr=logs[0])

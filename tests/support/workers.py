@@ -21,6 +21,26 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def tiny_worker_args(
+    model_dir, served_name: str, *extra: str, step_delay_ms: int | None = None, kv_cache: str = "8MiB"
+) -> list[str]:
+    """`shoal worker` arguments for the tiny test model in float32 served as `served_name`, with a
+    small KV cache, steps of at least `step_delay_ms` when given, then `extra`."""
+    delay = ["--step-delay-ms", str(step_delay_ms)] if step_delay_ms is not None else []
+    return [
+        "--model",
+        str(model_dir),
+        "--dtype",
+        "float32",
+        "--served-model-name",
+        served_name,
+        "--kv-cache",
+        kv_cache,
+        *delay,
+        *extra,
+    ]
+
+
 def spawn_worker(
     args: list[str], cache_dir, port: int | None = None, stderr=subprocess.PIPE
 ) -> tuple[subprocess.Popen, str]:

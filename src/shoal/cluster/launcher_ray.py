@@ -12,6 +12,7 @@ Ray is an optional dependency (`pip install shoal[ray]`), imported only when thi
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ import ray
 
 from shoal.cluster.config import ModelDeployment
 from shoal.cluster.launcher_local import LaunchedWorker, worker_command
+from shoal.config.environment import node_environment
 from shoal.processes import die_with_parent
 from shoal.protocol.cluster_secret import child_environment, run_secret
 
@@ -57,9 +59,13 @@ class StageActor:
 
 
 def actor_options(deployment: ModelDeployment) -> dict:
-    """What each process of a replica asks Ray for: the deployment's resources."""
+    """What each process of a replica asks Ray for: the deployment's resources, and the node
+    variables set here (an instruction-set cap), which its processes inherit on whatever node."""
     resources = deployment.resources
-    return dict(num_cpus=resources.cpus, num_gpus=resources.gpus, resources=dict(resources.custom))
+    options = dict(num_cpus=resources.cpus, num_gpus=resources.gpus, resources=dict(resources.custom))
+    if variables := node_environment(os.environ):
+        options["runtime_env"] = {"env_vars": variables}
+    return options
 
 
 @ray.remote(num_cpus=0, max_restarts=0)

@@ -14,10 +14,10 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
-from shoal.engine.block_manager import BlockManager
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
+from shoal.engine.replica import build_replica
 from shoal.engine.sampler import SampledToken, SamplingRow, sample
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler, batch_of
@@ -31,10 +31,7 @@ from shoal.errors import (
     ReplicaFailedError,
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
-from shoal.model.sharding import check_shardable
 from shoal.runner.devices import resolve_device, resolve_dtype
-from shoal.runner.memory import free_memory_bytes, num_kv_blocks
-from shoal.runner.model_runner import ModelRunner, build_model
 
 log = logging.getLogger(__name__)
 
@@ -100,63 +97,18 @@ class LLMEngine:
                 f"{model_config.max_position_embeddings} positions"
             )
         self.on_replica_failure = on_replica_failure
-        self.tensor_group = None
-        if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
-            raise ValueError("tensor and pipeline parallelism in one replica are not supported together yet")
-        if config.tensor_parallel_size > 1:
-            from shoal.parallel.tensor_group import TensorParallelGroup
-
-            check_shardable(model_config, config.tensor_parallel_size)
-            self.tensor_group = TensorParallelGroup(config, on_replica_failure)
-        layout = None
-        if config.pipeline_parallel_size > 1:
-            from shoal.parallel.pipeline_plan import PipelineLayout
-
-            layout = PipelineLayout.measure(config, self.checkpoint, self.dtype, self.max_model_len)
-            log.info("pipeline plan:\n%s", layout.describe())
-        self.model = build_model(
+        replica = build_replica(
             config,
             self.checkpoint,
             self.device,
             self.dtype,
-            layers=layout.head_layers if layout else None,
-            tensor_parallel=self.tensor_group.context if self.tensor_group else None,
+            self.max_model_len,
+            self._live_sequences,
+            on_replica_failure,
         )
-        # The KV budget this engine was given, in bytes (a pipeline's stages each bound it too).
-        self.kv_cache_budget_bytes = config.kv_cache_bytes or int(
-            free_memory_bytes(self.device) * config.kv_cache_fraction
-        )
-        if layout:
-            blocks = layout.num_blocks
-        else:
-            blocks = num_kv_blocks(
-                self.kv_cache_budget_bytes,
-                config.block_size,
-                self.model.kv_bytes_per_token(),
-                config.max_num_seqs * self.max_model_len,
-            )
-        self.block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
-        if self.tensor_group:
-            from shoal.parallel.tensor_group import TensorParallelRunner
-
-            self.runner = TensorParallelRunner(self.tensor_group, self.model, blocks, config.block_size)
-        elif layout:
-            from shoal.parallel.pipeline import PipelineRunner, PipelineSettings
-
-            self.runner = PipelineRunner(
-                config,
-                self.model,
-                layout,
-                self._live_sequences,
-                self.block_manager.forget_free_cached,
-                PipelineSettings(
-                    wire_dtype=config.pipeline_wire_dtype,
-                    spare_addresses=tuple(config.spare_stage_servers),
-                    local_spares=config.spare_stages,
-                ),
-            )
-        else:
-            self.runner = ModelRunner(self.model, blocks, config.block_size)
+        self.model, self.block_manager, self.runner = replica.model, replica.block_manager, replica.runner
+        self.tensor_group = replica.tensor_group
+        self.kv_cache_budget_bytes = replica.kv_cache_budget_bytes
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
@@ -177,7 +129,7 @@ class LLMEngine:
             config.model,
             self.dtype,
             self.device,
-            blocks,
+            self.block_manager.num_blocks,
             self.max_cached_tokens,
         )
 

@@ -23,9 +23,11 @@ import os
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 
+from shoal.config.environment import CPU_ISA_VARIABLE
+
 log = logging.getLogger(__name__)
 
-ISA_VARIABLE = "SHOAL_CPU_ISA"
+ISA_VARIABLE = CPU_ISA_VARIABLE
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,97 @@
+"""A replica's model, KV cache and runner, built for its layout: one process, tensor-parallel ranks
+(a TensorParallelGroup of follower processes) or a pipeline (stages measured and planned first).
+
+Invariant: the block manager has exactly as many blocks as the runner's caches, which hold the KV
+budget (`kv_cache_bytes`, else `kv_cache_fraction` of free memory) or, in a pipeline, what every
+stage's own budget allows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from shoal.config.engine import EngineConfig
+from shoal.engine.block_manager import BlockManager
+from shoal.model.loader import Checkpoint
+from shoal.model.sharding import check_shardable
+from shoal.runner.memory import free_memory_bytes, num_kv_blocks
+from shoal.runner.model_runner import ModelRunner, build_model
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Replica:
+    model: torch.nn.Module
+    block_manager: BlockManager
+    runner: object  # ModelRunner, TensorParallelRunner or PipelineRunner: run, submit, collect, depth
+    tensor_group: object | None  # the TensorParallelGroup of a tensor-parallel replica
+    kv_cache_budget_bytes: int
+
+
+def build_replica(
+    config: EngineConfig,
+    checkpoint: Checkpoint,
+    device: torch.device,
+    dtype: torch.dtype,
+    max_model_len: int,
+    live_sequences: Callable[[], list[tuple[list[int], int]]],
+    on_replica_failure: Callable[[str], None] | None,
+) -> Replica:
+    """`live_sequences` gives a pipeline the sequences to replay when it replaces a stage;
+    `on_replica_failure` is called (from another thread) when a process of the replica dies."""
+    if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
+        raise ValueError("tensor and pipeline parallelism in one replica are not supported together yet")
+    tensor_group = None
+    if config.tensor_parallel_size > 1:
+        from shoal.parallel.tensor_group import TensorParallelGroup
+
+        check_shardable(checkpoint.config, config.tensor_parallel_size)
+        tensor_group = TensorParallelGroup(config, on_replica_failure)
+    layout = None
+    if config.pipeline_parallel_size > 1:
+        from shoal.parallel.pipeline_plan import PipelineLayout
+
+        layout = PipelineLayout.measure(config, checkpoint, dtype, max_model_len)
+        log.info("pipeline plan:\n%s", layout.describe())
+    model = build_model(
+        config,
+        checkpoint,
+        device,
+        dtype,
+        layers=layout.head_layers if layout else None,
+        tensor_parallel=tensor_group.context if tensor_group else None,
+    )
+    budget = config.kv_cache_bytes or int(free_memory_bytes(device) * config.kv_cache_fraction)
+    if layout:
+        blocks = layout.num_blocks
+    else:
+        most_tokens = config.max_num_seqs * max_model_len
+        blocks = num_kv_blocks(budget, config.block_size, model.kv_bytes_per_token(), most_tokens)
+    block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
+    if tensor_group:
+        from shoal.parallel.tensor_group import TensorParallelRunner
+
+        runner = TensorParallelRunner(tensor_group, model, blocks, config.block_size)
+    elif layout:
+        from shoal.parallel.pipeline import PipelineRunner, PipelineSettings
+
+        runner = PipelineRunner(
+            config,
+            model,
+            layout,
+            live_sequences,
+            block_manager.forget_free_cached,
+            PipelineSettings(
+                wire_dtype=config.pipeline_wire_dtype,
+                spare_addresses=tuple(config.spare_stage_servers),
+                local_spares=config.spare_stages,
+            ),
+        )
+    else:
+        runner = ModelRunner(model, blocks, config.block_size)
+    return Replica(model, block_manager, runner, tensor_group, budget)
