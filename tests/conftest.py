@@ -2,18 +2,55 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
+from tests.support.kernel_builds import KernelBuilds
 from tests.support.tiny_model import write_tiny_model
 
 
 def pytest_configure(config) -> None:
-    """SHOAL_CPU_ISA, when set, caps torch's libraries in this process before any test runs an operation."""
+    """SHOAL_CPU_ISA, when set, caps torch's libraries in this process before any test runs an operation.
+
+    The processes the tests start (workers, routers, pipeline stages, several at once on a machine
+    of few cores) let their idle OpenMP threads sleep instead of spin: a spinning thread takes the
+    core its neighbour process needs. OpenMP reads the variable when torch loads it, which this
+    process has done by then, so the in-process engines here keep OpenMP's default."""
     from shoal.model.cpu_features import apply_cpu_isa_cap
 
     apply_cpu_isa_cap()
+    import torch  # noqa: F401  (loads OpenMP before the variable below is set)
+
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def suite_directory(item: pytest.Item, root: Path) -> str:
+    """The directory under tests/ that holds the item: "unit", "integration", ..."""
+    parts = item.path.relative_to(root).parts
+    return parts[1] if len(parts) > 2 else ""
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    """The unit tests first: quick and mostly on one core, they leave the other to the kernel builds."""
+    items.sort(key=lambda item: suite_directory(item, config.rootpath) != "unit")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_cache(request, shoal_cache_dir):
+    """Every engine of the session, here or in a process started from here, caches its weights,
+    calibrations and compiled kernels in `shoal_cache_dir`, never in the user's cache. When the
+    session runs more than the unit tests, the attention kernels are built there ahead."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SHOAL_CACHE_DIR", str(shoal_cache_dir))
+        root = request.config.rootpath
+        if all(suite_directory(item, root) == "unit" for item in request.session.items):
+            yield
+            return
+        builds = KernelBuilds(shoal_cache_dir)
+        yield
+        builds.stop()
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ import pytest
 
 from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
 from tests.support.engine_under_isa_cap import REPORT_PREFIX
+from tests.support.kernel_builds import FORCED_LEVELS
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -68,7 +69,7 @@ def run_engine_under_cap(level: str, model_dir: Path, cache_dir: Path) -> tuple[
     return json.loads(lines[-1].removeprefix(REPORT_PREFIX)), lines
 
 
-@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("level", FORCED_LEVELS)
 def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model_dir, shoal_cache_dir):
     host = effective_cpu_features().host_level.name
     if LEVEL_NAMES.index(host) < LEVEL_NAMES.index(level):

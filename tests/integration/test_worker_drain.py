@@ -12,10 +12,8 @@ from tests.support.waiting import wait_for
 from tests.support.workers import start_worker, tiny_worker_args
 
 
-def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(shoal_cache_dir):
-    process, url = start_worker(
-        ["--dtype", "bfloat16", "--served-model-name", "m", "--kv-cache", "32MiB"], shoal_cache_dir
-    )
+def test_sigterm_finishes_in_flight_streams_and_refuses_new_work(tiny_model_dir, shoal_cache_dir):
+    process, url = start_worker(tiny_worker_args(tiny_model_dir, "m", step_delay_ms=20), shoal_cache_dir)
     try:
         body = {"model": "m", "prompt": "Once upon a time", "max_tokens": 64, "stream": True, "ignore_eos": True}
         tokens, finish = [], None

@@ -46,6 +46,14 @@ def outputs(llm: LLM, prompts: list, params: SamplingParams) -> list[list[int]]:
 
 
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+SAMPLED = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
+TINY_OPTIONS = dict(dtype="float32", kv_cache_bytes=16 << 20)
+
+
+@pytest.fixture(scope="module")
+def sampled_on_one_process(five_layer_model, shoal_cache_dir) -> list[list[int]]:
+    """The single process's SAMPLED tokens for the tiny prompts: what every failure must not change."""
+    return outputs(LLM(five_layer_model, cache_dir=str(shoal_cache_dir), **TINY_OPTIONS), TINY_PROMPTS, SAMPLED)
 
 
 @pytest.mark.parametrize("stages,layers_per_stage", [(2, None), (3, (2, 2, 1))])
@@ -88,21 +96,19 @@ def test_smollm2_pipelines_in_bfloat16_give_the_single_process_tokens(smollm2_bf
     ],
 )
 def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_changes_nothing(
-    five_layer_model, shoal_cache_dir, caplog, stages, fault, spares
+    five_layer_model, shoal_cache_dir, sampled_on_one_process, caplog, stages, fault, spares
 ):
     """Stage 1 is the middle of three (the head replays to it); stage 2 is replayed to by stage 1.
     With spares, one already holding the lost stage's layers takes over; else one is loaded cold.
     Both lost at once: stage 1 is rebuilt first, and its rebuilt log then rebuilds stage 2."""
-    params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
-    options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
-    expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
     pipeline = LLM(
         five_layer_model,
         pipeline_parallel_size=3,
         layers_per_stage=(2, 2, 1),
         step_delay_ms=10,
         spare_stages=spares,
-        **options,
+        cache_dir=str(shoal_cache_dir),
+        **TINY_OPTIONS,
     )
     runner = pipeline.engine.runner
     runner.settings = PipelineSettings(step_deadline_s=2.0, ping_timeout_s=1.0)
@@ -118,7 +124,7 @@ def test_a_stage_lost_mid_generation_is_replaced_from_the_boundary_log_and_chang
 
     threading.Thread(target=strike, daemon=True).start()
     with caplog.at_level(logging.WARNING, logger="shoal.parallel.pipeline"):
-        assert outputs(pipeline, TINY_PROMPTS, params) == expected
+        assert outputs(pipeline, TINY_PROMPTS, SAMPLED) == sampled_on_one_process
     assert at_tokens and at_tokens[0] < len(TINY_PROMPTS) * 60
     assert runner.replays == len(stages) and all(victim.poll() is not None for victim in victims)
     for stage in stages:
@@ -199,13 +205,10 @@ def test_stage_servers_measure_themselves_and_the_plan_weighs_their_figures(
 
 
 def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale_slots(
-    five_layer_model, shoal_cache_dir, tmp_path, cluster_secret
+    five_layer_model, shoal_cache_dir, sampled_on_one_process, tmp_path, cluster_secret
 ):
     """Stage 1, a server SIGSTOPped mid-generation, is replaced; woken up, it forwards the steps
     that waited in its inbox, and stage 2 drops them: they come from a former upstream."""
-    params = SamplingParams(temperature=0.8, seed=5, max_tokens=60, ignore_eos=True)
-    options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
-    expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, params)
     with stage_servers(shoal_cache_dir, None, None, log_dir=tmp_path) as (servers, processes):
         pipeline = LLM(
             five_layer_model,
@@ -213,7 +216,8 @@ def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale
             layers_per_stage=(2, 2, 1),
             step_delay_ms=10,
             stage_servers=tuple(servers),
-            **options,
+            cache_dir=str(shoal_cache_dir),
+            **TINY_OPTIONS,
         )
         runner = pipeline.engine.runner
         runner.settings = PipelineSettings(step_deadline_s=1.0, ping_timeout_s=0.5)
@@ -228,7 +232,7 @@ def test_a_hung_stage_server_that_wakes_after_its_replacement_cannot_write_stale
             hung.send_signal(signal.SIGCONT)
 
         threading.Thread(target=hang_then_wake, daemon=True).start()
-        assert outputs(pipeline, TINY_PROMPTS, params) == expected
+        assert outputs(pipeline, TINY_PROMPTS, SAMPLED) == sampled_on_one_process
         assert runner.replays == 1
         wait_for(lambda: "dropped Step from" in (tmp_path / "stage-1.log").read_text(), timeout_s=30)
 

@@ -65,6 +65,9 @@ log = logging.getLogger(__name__)
 
 LiveSequences = Callable[[], list[tuple[list[int], int]]]
 MAX_REPLACEMENTS_PER_STEP = 2
+# How long, all together, the local stages have to exit after Stop on shutdown. The engine thread
+# has ended by then, so a stage is between steps and exits at once unless it is hung.
+STOP_GRACE_S = 3.0
 
 
 class StageLost(Exception):
@@ -387,11 +390,12 @@ class PipelineRunner(ModelRunner):
         for handle in handles:
             if handle.alive():
                 send(handle.control, Stop())
+        deadline = time.monotonic() + STOP_GRACE_S
         for handle in handles:
             if handle.process is not None:
                 try:
-                    handle.process.wait(timeout=10)
+                    handle.process.wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
-            handle.close()
+            handle.close()  # kills a local stage still running: hung, it would never read Stop
         self.links.close()  # every socket, including a half-made replacement's
