@@ -14,9 +14,10 @@ from tests.support.serving import busy, healthy_workers, supervised
 from tests.support.waiting import wait_for
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_cluster():
-    """A head without the `accel` resource and two nodes with one each."""
+    """A head without the `accel` resource and two nodes with one each. The list of those nodes is
+    the module's: a test that replaces one leaves the list saying so."""
     cluster = cluster_utils.Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False})
     nodes = [cluster.add_node(num_cpus=2, resources={"accel": 1}) for _ in range(2)]
     cluster.wait_for_nodes()
@@ -25,7 +26,8 @@ def ray_cluster():
 
 
 def test_workers_are_placed_by_resources_and_rescheduled_when_their_node_goes(deploy, ray_cluster):
-    cluster, (node_a, node_b) = ray_cluster
+    cluster, nodes = ray_cluster
+    node_a, node_b = nodes
     _, url, state_dir, _ = deploy(
         replicas=2,
         resources={"cpus": 1, "custom": {"accel": 1}},
@@ -38,6 +40,7 @@ def test_workers_are_placed_by_resources_and_rescheduled_when_their_node_goes(de
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     with busy(client, clients=2, max_tokens=16) as answers:
         cluster.remove_node(node_a)
+        nodes[:] = [node_b, node_c]
         moved = wait_for(
             lambda: [
                 s

@@ -14,18 +14,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.generation.modes import GenerationMode
 
-from tests.support.workers import MODEL, start_worker
+from tests.support.workers import MODEL, start_worker, tiny_worker_args
 
 REFERENCE = {"model": MODEL, "prompt": "fuzz me", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
 def fuzzed_worker(tiny_model_dir, shoal_cache_dir):
-    """(url, the reference completion's token ids before any fuzzing)."""
-    process, url = start_worker(
-        ["--model", str(tiny_model_dir), "--dtype", "float32", "--served-model-name", MODEL, "--kv-cache", "8MiB"],
-        shoal_cache_dir,
-    )
+    """(url, the reference completion's token ids before any fuzzing). A short context window keeps
+    every valid generation short, and makes over-long prompts common."""
+    process, url = start_worker(tiny_worker_args(tiny_model_dir, MODEL, "--max-model-len", "256"), shoal_cache_dir)
     before = httpx.post(url + "/v1/completions", json=REFERENCE, timeout=60).json()["choices"][0]["token_ids"]
     yield url, before
     process.kill()
