@@ -7,6 +7,8 @@ unless SHOAL_CPU_ISA caps it, see cpu_features) and cached under
 different CPU, cap or source gets its own build. Where no compiler is available the model uses the
 tiled torch kernel instead. Processes building at once take turns on an flock, which the kernel
 releases when its holder dies: a worker killed mid-build leaves no lock that stalls the next one.
+A build directory that already holds the library is loaded without calling the build system (its
+name says what it was built from), which keeps a worker's start short.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from shoal.model.weight_cache import default_cache_dir
 
 log = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "csrc" / "paged_attention_cpu.cpp"
+LIBRARY = "shoal_paged_attention_cpu"
 
 
 def kernel_build() -> tuple[Path, list[str]]:
@@ -41,21 +44,36 @@ def kernel_build() -> tuple[Path, list[str]]:
     return default_cache_dir() / "extensions" / hashlib.sha256(b"\0".join(key)).hexdigest()[:16], cflags
 
 
+def _load_built(library: Path) -> bool:
+    """Loads a library a finished build left; False if there is none or it does not load (a build
+    killed while linking), for the build system to make it again."""
+    if not library.exists():
+        return False
+    try:
+        torch.ops.load_library(str(library))
+    except OSError as exc:
+        log.warning("rebuilding the CPU attention kernel: %s does not load (%s)", library, exc)
+        return False
+    return True
+
+
 @functools.cache
 def load_cpu_attention() -> ModuleType | None:
     """The operator namespace holding the compiled kernel, or None if it cannot be built here (cached
     per process: an operator library can be loaded into a process only once anyway)."""
-    from torch.utils import cpp_extension
-
     build_dir, cflags = kernel_build()
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
         with open(build_dir / "shoal.lock", "w") as turn:
             fcntl.flock(turn, fcntl.LOCK_EX)
+            if _load_built(build_dir / f"{LIBRARY}.so"):
+                return torch.ops.shoal
+            from torch.utils import cpp_extension
+
             # Holding the turn, any lock of torch's own here was left by a builder that died.
             (build_dir / "lock").unlink(missing_ok=True)
             cpp_extension.load(
-                name="shoal_paged_attention_cpu",
+                name=LIBRARY,
                 sources=[str(SOURCE)],
                 build_directory=str(build_dir),
                 extra_cflags=cflags,
