@@ -322,3 +322,15 @@ def test_a_worker_that_has_served_nothing_is_costed_as_the_fastest_idle_worker_o
     assert estimated_seconds(req, new, fleet, RoutingContext()) == pytest.approx(10 * 0.02)
     busy_new = worker("new", running=1, decode_step_s=0.2, single_step_s=0.2, capability=1000.0, unmeasured=True)
     assert estimated_seconds(req, busy_new, [proven, busy_new], RoutingContext()) == pytest.approx(10 * 0.2)
+
+
+def test_a_conversation_is_not_moved_off_its_cache_to_try_a_worker_that_has_served_nothing():
+    """Its home looks busy (a load report from its last turn): the new worker is costed by its own
+    (slow) calibration, not as the fleet's fastest, so the home keeps the conversation."""
+    req = request(prompt_tokens=200, decode=4, text="a long shared system prompt " * 20)
+    fast_prefill = {"prefill_tokens_per_s": 100_000.0, "capability": 1000.0}
+    home = worker("home", running=1, decode_step_s=0.02, single_step_s=0.01, **fast_prefill)
+    new = worker("new", single_step_s=0.05, unmeasured=True, **fast_prefill)
+    context = RoutingContext(matched_blocks={"home": len(req.prefix_blocks)})
+    assert CostPolicy().choose(req, [home, new], context).worker_id == "home"
+    assert CostPolicy().choose(req, [home, new], RoutingContext()).worker_id == "new"

@@ -20,9 +20,10 @@ reached since is far higher (a rate reached is a rate it can do). Errors are not
 worker estimated too fast gets work and is measured again, one estimated too slow gets none and
 would keep its figures forever. So a calibration taken while other processes had the CPU no longer
 exiles a worker that has since shown its speed. A worker that has generated nothing since it started
-has only its calibration, which may be just as wrong: while idle it is taken to be as fast as the
-fleet's fastest idle worker, so it gets a request when the others are busy and is measured by it.
-An estimate too fast costs one request; one too slow would starve it for good.
+has only its calibration, which may be just as wrong: while idle, and for a request no worker holds
+a cached prefix of, it is taken to be as fast as the fleet's fastest idle worker, so it gets such a
+request when the others are busy and is measured by it. An estimate too fast costs one request; one
+too slow would starve it for good. A conversation is never moved off its cache to try a worker.
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
@@ -104,7 +105,7 @@ def estimated_seconds(
     running = max(worker.running, worker.in_flight - worker.waiting)
     if running:
         step = speed.decode_step_s
-    elif worker.unmeasured:
+    elif worker.unmeasured and not any(context.matched_blocks.values()):
         step = fastest_idle_step_s(fleet) or speed.decode_step_s
     else:
         step = idle_step_s(worker) or speed.decode_step_s
