@@ -14,7 +14,8 @@ import subprocess
 import sys
 import threading
 
-from shoal.model.cpu_features import ISA_VARIABLE, LEVEL_NAMES, effective_cpu_features
+from shoal.config.environment import CPU_ISA_VARIABLE
+from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
 
 FORCED_LEVELS = ("avx2", "avx512_bf16")  # the narrower CPUs the suite forces: AVX2-only, and Zen 4
 
@@ -46,7 +47,7 @@ class KernelBuilds:
         for level in self.levels:
             environment = dict(self.environment)
             if level is not None:
-                environment[ISA_VARIABLE] = level
+                environment[CPU_ISA_VARIABLE] = level
             with self.lock:
                 if self.stopped:
                     return

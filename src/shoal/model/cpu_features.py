@@ -27,8 +27,6 @@ from shoal.config.environment import CPU_ISA_VARIABLE
 
 log = logging.getLogger(__name__)
 
-ISA_VARIABLE = CPU_ISA_VARIABLE
-
 
 @dataclass(frozen=True)
 class IsaLevel:
@@ -139,7 +137,7 @@ class CpuFeatures:
     def describe(self) -> str:
         if not self.capped:
             return f"{self.level.name} (this CPU's level)"
-        return f"{self.level.name} (capped by {ISA_VARIABLE}; this CPU: {self.host_level.name})"
+        return f"{self.level.name} (capped by {CPU_ISA_VARIABLE}; this CPU: {self.host_level.name})"
 
 
 def parse_cpuinfo_flags(cpuinfo: str) -> frozenset[str]:
@@ -170,10 +168,12 @@ def resolve_cpu_features(cpuinfo: str, cap: str | None) -> CpuFeatures:
     if not cap:
         return CpuFeatures(flags, host, host, capped=False)
     if cap not in LEVEL_NAMES:
-        raise ValueError(f"{ISA_VARIABLE}={cap!r} is not an instruction-set level; use one of {', '.join(LEVEL_NAMES)}")
+        raise ValueError(
+            f"{CPU_ISA_VARIABLE}={cap!r} is not an instruction-set level; use one of {', '.join(LEVEL_NAMES)}"
+        )
     position = LEVEL_NAMES.index(cap)
     if position > LEVEL_NAMES.index(host.name):
-        raise ValueError(f"{ISA_VARIABLE}={cap} asks for more than this CPU has: its level is {host.name}")
+        raise ValueError(f"{CPU_ISA_VARIABLE}={cap} asks for more than this CPU has: its level is {host.name}")
     removed = frozenset().union(*(level.required | level.optional for level in ISA_LEVELS[position + 1 :]))
     return CpuFeatures(flags - removed, ISA_LEVELS[position], host, capped=True)
 
@@ -193,7 +193,7 @@ def apply_cpu_isa_cap(environ: MutableMapping[str, str] = os.environ) -> CpuFeat
 
     Program entries call it before torch runs its first operation (torch reads those variables once,
     at first use); child processes inherit them. Raises ValueError for a cap this CPU cannot honour."""
-    features = resolve_cpu_features(host_cpuinfo(), environ.get(ISA_VARIABLE))
+    features = resolve_cpu_features(host_cpuinfo(), environ.get(CPU_ISA_VARIABLE))
     environ.update(features.library_environment())
     return features
 
@@ -211,7 +211,7 @@ def effective_cpu_features() -> CpuFeatures:
         log.warning(
             "%s=%s came after torch started: ATen keeps its %s kernels, and oneDNN may keep its own; "
             "set it before the process starts",
-            ISA_VARIABLE,
+            CPU_ISA_VARIABLE,
             features.level.name,
             aten,
         )

@@ -84,6 +84,7 @@ def idle_step_s(worker: WorkerView) -> float | None:
 
 
 def fastest_idle_step_s(fleet: Sequence[WorkerView]) -> float | None:
+    """The shortest step any worker of the fleet would take idle (its `idle_step_s`), busy or not now."""
     known = [step for step in map(idle_step_s, fleet) if step]
     return min(known) if known else None
 
