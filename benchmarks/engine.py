@@ -326,10 +326,10 @@ def bench_shoal(
     load_s = time.perf_counter() - t
     attention = "tiled torch kernel"
     try:  # which attention implementation this build of shoal runs on the CPU
-        from shoal.model.cpu_attention import load_cpu_attention
+        from shoal.model.native_kernels import load_native_kernels
 
-        if load_cpu_attention() is not None:
-            attention = "compiled CPU kernel (shoal.model.cpu_attention)"
+        if load_native_kernels() is not None:
+            attention = "compiled CPU kernel (shoal.model.native_kernels)"
     except ImportError:
         pass
     # Warm-up: every concurrency with a few tokens, on prompts no measured request uses.

@@ -8,11 +8,11 @@ import subprocess
 import sys
 
 LOAD_AFTER_A_DEAD_BUILDER = """
-from shoal.model.cpu_attention import kernel_build, load_cpu_attention
+from shoal.model.native_kernels import kernel_build, load_native_kernels
 build_dir, _ = kernel_build()
 build_dir.mkdir(parents=True, exist_ok=True)
 (build_dir / "lock").write_text("")  # what a builder killed -9 inside torch's build leaves
-assert load_cpu_attention() is not None, "the kernel did not load"
+assert load_native_kernels() is not None, "the kernel did not load"
 print("loaded")
 """
 

@@ -18,6 +18,8 @@ import pytest
 from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
 from tests.support.engine_under_isa_cap import REPORT_PREFIX
 from tests.support.kernel_builds import FORCED_LEVELS
+from tests.support.linear_rows_check import REPORT_PREFIX as LINEAR_ROWS_PREFIX
+from tests.support.linear_rows_check import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -27,7 +29,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 class Expected:
     aten: str
     onednn_bf16: bool
-    backends: dict[str, str]
+    backends: dict[str, tuple[str, str]]  # dtype: (packed weights' backend, shared weights')
     auto_dtype: str
     compiler_flags: str
     onednn_isa: str
@@ -37,17 +39,19 @@ LEVELS = {
     "avx2": Expected(
         "AVX2",
         False,
-        {"float32": "onednn-packed float32", "bfloat16": "onednn-packed float32", "float16": "onednn-packed float32"},
+        {"float32": ("native f32", "onednn float32"), "bfloat16": ("native bf16", "aten bfloat16"),
+         "float16": ("native f16", "aten float16")},
         "torch.float32",
-        "-O3 -march=x86-64-v3",
+        "-march=x86-64-v3",
         "isa:Intel AVX2",
     ),
     "avx512_bf16": Expected(
         "AVX512",
         True,
-        {"float32": "onednn-packed float32", "bfloat16": "onednn-packed bfloat16", "float16": "onednn-packed float32"},
+        {"float32": ("native f32", "onednn float32"), "bfloat16": ("native bf16", "onednn bfloat16"),
+         "float16": ("native f16", "aten float16")},
         "torch.bfloat16",
-        "-O3 -march=x86-64-v4 -mavx512bf16 -mavx512vnni",
+        "-march=x86-64-v4 -mavx512bf16 -mavx512vnni",
         "isa:Intel AVX-512 with Intel DL Boost and bfloat16 support",
     ),
 }
@@ -95,6 +99,27 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model
     if shutil.which("c++"):
         assert report["kernel_cflags"].endswith(expected.compiler_flags), report["kernel_cflags"]
     for dtype, run in report["runs"].items():
-        assert run["backend"] == expected.backends[dtype], dtype
+        assert (run["backend"], run["shared_backend"]) == expected.backends[dtype], dtype
+        assert run["shared_distinct_outputs"] > 1, (dtype, run)
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="the native kernels need a C++ compiler")
+@pytest.mark.parametrize("level", ("baseline", *FORCED_LEVELS))
+def test_native_matrix_multiply_rows_are_the_same_bits_at_a_forced_level(level, shoal_cache_dir):
+    """The narrower kernel paths (scalar, AVX2, AVX512-BF16 dot products) on this machine."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.support.linear_rows_check"],
+        cwd=REPO,
+        env={**os.environ, "SHOAL_CPU_ISA": level, "SHOAL_CACHE_DIR": str(shoal_cache_dir)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.splitlines()[-1].removeprefix(LINEAR_ROWS_PREFIX))
+    assert report["level"] == level
+    assert {name: r["differing"] for name, r in report["formats"].items()} == {name: [] for name in TOLERANCE}
+    assert all(r["relative_error"] < TOLERANCE[name] for name, r in report["formats"].items()), report

@@ -1,11 +1,7 @@
-"""Without prepacking, the engine computes straight from the memory-mapped cache file's pages."""
+"""Without prepacking, the engine computes straight from the memory-mapped cache file's pages; with
+it (the default), on its own packed copy with the native kernels."""
 
 from __future__ import annotations
-
-import torch
-
-from shoal.model.cpu_features import effective_cpu_features
-from shoal.model.invariant_linear import onednn_compute_dtype
 
 
 def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine):
@@ -20,8 +16,6 @@ def test_unpacked_engine_uses_the_mapped_weights_without_copies(make_tiny_engine
     assert layer.down.backend == "onednn"  # batch-invariant kernels straight on the shared pages
 
 
-def test_prepacked_engine_uses_packed_kernels(make_tiny_engine):
-    for dtype in ("float32", "bfloat16"):
-        down = make_tiny_engine(dtype=dtype).model.layers[0].down
-        expected = onednn_compute_dtype(getattr(torch, dtype), effective_cpu_features())
-        assert (down.backend, down.compute_dtype) == ("onednn-packed", expected)
+def test_prepacked_engine_uses_the_native_kernels(make_tiny_engine):
+    for dtype, packed in (("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16")):
+        assert make_tiny_engine(dtype=dtype).model.layers[0].down.description == f"native {packed}"

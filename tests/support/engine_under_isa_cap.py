@@ -4,7 +4,7 @@
 
 The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
-attention kernel loaded here, and per dtype the GEMM backend with the dtype it computes in, and
+CPU kernels loaded here, and per dtype the GEMM backend of packed and of shared weights, and
 whether requests run alone and together got the same tokens.
 """
 
@@ -18,9 +18,9 @@ REPORT_PREFIX = "ENGINE_UNDER_ISA_CAP "
 
 
 def loaded_kernel_build_flags() -> str:
-    """The cflags in build.ninja beside the attention kernel's library mapped into this process."""
+    """The cflags in build.ninja beside the CPU kernels library mapped into this process."""
     with open("/proc/self/maps") as maps:
-        libraries = {line.split()[-1] for line in maps if line.rstrip().endswith("shoal_paged_attention_cpu.so")}
+        libraries = {line.split()[-1] for line in maps if line.rstrip().endswith("shoal_cpu_kernels.so")}
     if len(libraries) != 1:
         return ""
     build = (Path(libraries.pop()).parent / "build.ninja").read_text()
@@ -40,7 +40,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from shoal.runner.devices import resolve_dtype
     from tests.support.engine_runs import run_to_completion
 
-    def engine(dtype: str) -> LLMEngine:
+    def engine(dtype: str, share_weights: bool = False) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.
         return LLMEngine(
             EngineConfig(
@@ -52,6 +52,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
                 max_num_batched_tokens=64,
                 cache_dir=cache_dir,
                 num_threads=1,
+                share_weights=share_weights,
             )
         )
 
@@ -62,9 +63,12 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         together_engine, alone_engine = engine(dtype), engine(dtype)
         together = run_to_completion(together_engine, prompts)
         alone = {key: run_to_completion(alone_engine, {key: request})[key] for key, request in prompts.items()}
-        projection = together_engine.model.layers[0].qkv
+        # Shared weights run on torch's kernels (oneDNN where it has them): the cap must reach those too.
+        shared = engine(dtype, share_weights=True)
         runs[dtype] = {
-            "backend": f"{projection.backend} {str(projection.compute_dtype).removeprefix('torch.')}",
+            "backend": together_engine.model.layers[0].qkv.description,
+            "shared_backend": shared.model.layers[0].qkv.description,
+            "shared_distinct_outputs": len({tuple(t) for t in run_to_completion(shared, prompts).values()}),
             "invariant": alone == together,
             "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
             "attention_uses_tiles": together_engine.model.attention_uses_tiles,

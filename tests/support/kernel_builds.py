@@ -21,7 +21,7 @@ FORCED_LEVELS = ("avx2", "avx512_bf16")  # the narrower CPUs the suite forces: A
 
 BUILD = (
     "from shoal.model.cpu_features import apply_cpu_isa_cap; apply_cpu_isa_cap(); "
-    "from shoal.model.cpu_attention import load_cpu_attention; load_cpu_attention()"
+    "from shoal.model.native_kernels import load_native_kernels; load_native_kernels()"
 )
 
 

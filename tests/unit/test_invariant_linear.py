@@ -1,4 +1,5 @@
-"""Tiled matrix multiplies give each row the same bits whatever the batch around it, on every CPU level."""
+"""Matrix multiplies give each row the same bits whatever the batch around it: the native kernel for
+every row count and weight format, and the tiled torch backends on every CPU level."""
 
 from __future__ import annotations
 
@@ -6,14 +7,41 @@ import pytest
 import torch
 
 from shoal.model.cpu_features import resolve_cpu_features
-from shoal.model.invariant_linear import (
-    InvariantLinear,
-    default_tile_rows,
-    onednn_compute_dtype,
-)
+from shoal.model.invariant_linear import InvariantLinear, default_tile_rows, onednn_runs
 from tests.support.cpu_flags import HASWELL, SAPPHIRE_RAPIDS, ZEN4
+from tests.support.linear_rows_check import TOLERANCE, check, quantized
 
 CPUS = {"sapphire_rapids": SAPPHIRE_RAPIDS, "zen4": ZEN4, "haswell": HASWELL}
+
+
+@pytest.mark.parametrize("in_features,out_features", [(576, 200), (1536, 64), (64, 17)])
+def test_native_rows_are_the_same_bits_for_every_row_count_and_place(in_features, out_features):
+    report = check(in_features, out_features)
+    assert {name: result["differing"] for name, result in report.items()} == {name: [] for name in TOLERANCE}
+    for name, result in report.items():
+        assert result["relative_error"] < TOLERANCE[name], name
+
+
+def test_native_rows_do_not_depend_on_the_thread_count():
+    torch.manual_seed(1)
+    linear = InvariantLinear([quantized(torch.randn(300, 576), "q4_1")], None, 16, True)
+    x = torch.randn(33, 576)
+    before = torch.get_num_threads()
+    try:
+        outs = []
+        for threads in (1, 2, 3):
+            torch.set_num_threads(threads)
+            outs.append(linear(x))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+def test_quantized_weights_stay_quantized_in_the_packed_copy():
+    weight = quantized(torch.randn(256, 576), "q4_1")
+    linear = InvariantLinear([weight], None, 16, True)
+    (packed, source, n, _), = linear.parts
+    assert (source, n) == ("q4_1", 256) and packed.numel() == weight.blocks.numel()
 
 
 def assert_rows_do_not_depend_on_batch(linear: InvariantLinear, in_features: int, dtype: torch.dtype) -> None:
@@ -27,14 +55,14 @@ def assert_rows_do_not_depend_on_batch(linear: InvariantLinear, in_features: int
         assert torch.equal(linear(batch)[where], alone), rows
 
 
-@pytest.mark.parametrize("prepack", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("in_features,out_features", [(576, 1536), (1536, 576), (64, 128), (576, 4096)])
-def test_row_results_do_not_depend_on_batch(dtype, in_features, out_features, prepack):
+@pytest.mark.parametrize("in_features,out_features", [(576, 1536), (1536, 576), (64, 128)])
+def test_tiled_row_results_do_not_depend_on_batch(dtype, in_features, out_features):
     torch.manual_seed(0)
     weights = [torch.randn(out_features, in_features).to(dtype), torch.randn(64, in_features).to(dtype)]
     biases = [torch.randn(out_features).to(dtype), None]
-    linear = InvariantLinear(weights, biases, default_tile_rows(dtype), prepack)
+    linear = InvariantLinear(weights, biases, default_tile_rows(dtype), prepack=False)
+    assert linear.backend in ("onednn", "aten")
     assert_rows_do_not_depend_on_batch(linear, in_features, dtype)
 
 
@@ -43,47 +71,31 @@ ONEDNN_KERNELS = {("sapphire_rapids", torch.bfloat16), ("sapphire_rapids", torch
 
 @pytest.mark.parametrize("cpu", CPUS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_16_bit_weights_use_onednn_kernels_only_where_cpu_and_torch_both_have_them(cpu, dtype):
-    """torch's check follows oneDNN's capped ISA, not the CPU; float32 is the fallback everywhere."""
+def test_shared_16_bit_weights_use_onednn_only_where_cpu_and_torch_both_have_kernels(cpu, dtype):
+    """torch's check follows oneDNN's capped ISA, not the CPU; ATen is the fallback."""
     torch_allows = {
         torch.bfloat16: torch.ops.mkldnn._is_mkldnn_bf16_supported(),
         torch.float16: torch.ops.mkldnn._is_mkldnn_fp16_supported(),
     }.get(dtype, True)
     native = dtype == torch.float32 or ((cpu, dtype) in ONEDNN_KERNELS and torch_allows)
-    assert onednn_compute_dtype(dtype, resolve_cpu_features(CPUS[cpu], None)) == (dtype if native else torch.float32)
-
-
-@pytest.mark.parametrize(
-    "cpu,dtype", [("zen4", torch.float16), ("haswell", torch.bfloat16), ("haswell", torch.float16)]
-)
-@pytest.mark.parametrize("in_features,out_features", [(576, 1536), (64, 128)])
-def test_16_bit_weights_without_onednn_kernels_stay_invariant_in_float32(cpu, dtype, in_features, out_features):
-    torch.manual_seed(0)
-    weight, bias = torch.randn(out_features, in_features).to(dtype), torch.randn(out_features).to(dtype)
     features = resolve_cpu_features(CPUS[cpu], None)
-    linear = InvariantLinear([weight], [bias], default_tile_rows(dtype), True, features)
-    assert (linear.backend, linear.compute_dtype) == ("onednn-packed", torch.float32)
-    assert_rows_do_not_depend_on_batch(linear, in_features, dtype)
-    x = torch.randn(40, in_features).to(dtype)
-    out = linear(x)
-    assert out.dtype == dtype
-    torch.testing.assert_close(out, torch.nn.functional.linear(x.float(), weight.float(), bias.float()).to(dtype))
-    assert InvariantLinear([weight], [bias], default_tile_rows(dtype), False, features).backend == "aten"
+    assert onednn_runs(dtype, features) == native
+    weight = torch.randn(64, 64).to(dtype)
+    assert InvariantLinear([weight], None, 16, False, features).backend == ("onednn" if native else "aten")
 
 
 @pytest.mark.parametrize("threads", [2, 6, 12])
-@pytest.mark.parametrize("prepack", [False, True])
 @pytest.mark.parametrize("in_features,out_features", [(576, 64), (576, 576), (1536, 576)])
-def test_float32_rows_do_not_depend_on_their_place_in_the_tile_at_any_thread_count(
-    threads, prepack, in_features, out_features
+def test_shared_float32_rows_do_not_depend_on_their_place_in_the_tile_at_any_thread_count(
+    threads, in_features, out_features
 ):
     """The thread counts at which MKL's sgemm gives a tile's last rows other bits (AVX2 and AVX-512)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         torch.manual_seed(0)
-        linear = InvariantLinear([torch.randn(out_features, in_features)], None, 16, prepack)
-        assert linear.backend == ("onednn-packed" if prepack else "onednn")
+        linear = InvariantLinear([torch.randn(out_features, in_features)], None, 16, prepack=False)
+        assert linear.backend == "onednn"
         x = torch.randn(1, in_features)
         alone = linear(x)[0]
         for where in range(16):

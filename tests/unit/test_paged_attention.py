@@ -7,7 +7,8 @@ import functools
 import pytest
 import torch
 
-from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
+from shoal.model.cpu_attention import row_paged_attention
+from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import (
     allocate_kv_cache,
     build_attention_metadata,
@@ -20,7 +21,7 @@ HEADS = KV_HEADS * GROUP
 
 
 def kernels() -> list:
-    compiled = load_cpu_attention()
+    compiled = load_native_kernels()
     assert compiled is not None, "the C++ attention kernel must build on the CI machine"
     return [
         pytest.param(tiled_paged_attention, True, id="tiles"),

@@ -2,19 +2,19 @@
 
 CPU GEMM libraries pick kernels and blocking by problem shape, so row 0 of `x @ W.T` changes in
 its last bits when more rows are added. That would make a request's tokens depend on its
-neighbours. Here every multiply runs on tiles of exactly `tile_rows` rows (the last tile
-zero-padded), so the kernel always sees one shape. A fixed shape is not enough by itself: MKL's
-sgemm (ATen's float32 matmul) splits a tile's rows over threads and gives the rows at the end of a
-split to other kernels, so a row's bits depend on its place in the tile (seen with AVX2 on 2
-threads, and with AVX-512 on 12 or 16, for SmolLM2's shapes). oneDNN's inner-product kernels compute
-every row of a tile alike (checked at every row place, 1 to 16 threads, AVX2 to AMX), so on CPU the
-tiles go to oneDNN: prepacked once for the tile height (private copies of the weights), or, without
-prepacking, on the shared memory-mapped weights as they are.
+neighbours. Three backends keep each row's bits its own:
 
-oneDNN multiplies bfloat16/float16 where the CPU has its kernels for them (`CpuFeatures.onednn_bf16`
-/ `onednn_fp16`, and torch's own check, which follows oneDNN's capped ISA); elsewhere prepacked
-16-bit weights are widened to float32 once (exactly), each tile is widened on the way in and
-rounded back on the way out, and unprepacked ones use ATen's kernels.
+- "native": shoal's C++ kernel (csrc/linear_cpu.cpp) on a private copy of the weights packed for
+  it. Every output element is one fixed-order reduction over K by one thread, for every row count,
+  so nothing is padded. It runs float32, bfloat16 and float16 weights and GGUF-quantized blocks
+  (which stay quantized). The default on CPUs wherever the kernels build.
+- "onednn": oneDNN's inner-product kernels on the shared memory-mapped weights as they are, on
+  tiles of exactly `tile_rows` rows (the last zero-padded), so the kernel always sees one shape;
+  oneDNN computes every row of a tile alike (checked at every row place, 1 to 16 threads, AVX2 to
+  AMX). Used when the weights stay shared (no private copy) and oneDNN has kernels for their dtype.
+- "aten": torch's own kernels on the same tiles: CUDA, and CPUs without oneDNN or its kernels for
+  the dtype. On CPU, MKL's sgemm splits a tile's rows over threads with different kernels at the
+  ends, so there the tiles are invariant only on one thread; CUDA code is what this path is for.
 """
 
 from __future__ import annotations
@@ -25,30 +25,37 @@ import logging
 import torch
 
 from shoal.model.cpu_features import CpuFeatures, effective_cpu_features
+from shoal.model.native_kernels import load_native_kernels
+from shoal.model.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
 
+Weight = torch.Tensor | QuantizedWeight
+
+NATIVE_FORMATS = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}
+
 
 def default_tile_rows(dtype: torch.dtype) -> int:
-    """Tile height, chosen by measurement on SmolLM2 (docs/performance.md): for 16-bit weights a
-    32-row tile costs ~20% more than 16 rows at batch 1 but saves a second pass over the weights
-    from batch 17 to 32; float32 multiplies are compute-heavier, so they keep 16-row tiles."""
+    """Tile height of the tiled backends, chosen by measurement on SmolLM2 (docs/performance.md): for
+    16-bit weights a 32-row tile costs ~20% more than 16 rows at batch 1 but saves a second pass over
+    the weights from batch 17 to 32; float32 multiplies are compute-heavier, so they keep 16-row tiles."""
     return 16 if dtype == torch.float32 else 32
 
 
 class InvariantLinear:
     """`x @ W.T + b` for x [T, K], where W is the row-wise concatenation of `weights` (fused projections).
 
-    Invariant: with tile_rows > 0 on a CPU with oneDNN, output row i depends only on input row i and
-    the weights. tile_rows == 0 turns invariance off (one plain GEMM per call). The output has the
-    weights' dtype. `features` is the CPU whose kernels may be used (default: this process's).
-    `backend` says what runs: "onednn-packed" (in `compute_dtype`), "onednn" (on the shared weights) or
-    "aten".
+    Invariant: on the native backend, and with tile_rows > 0 on the tiled ones, output row i depends
+    only on input row i and the weights; tile_rows == 0 turns the tiles off (one plain GEMM per call).
+    The output has x's dtype, which is the float weights' dtype (quantized weights take float32 or
+    16-bit x). `prepack` allows a private packed copy of the weights (the native backend); without
+    it the weights are used where they lie (shared pages). `features` is the CPU whose kernels may be
+    used (default: this process's).
     """
 
     def __init__(
         self,
-        weights: list[torch.Tensor],
+        weights: list[Weight],
         biases: list[torch.Tensor | None] | None,
         tile_rows: int,
         prepack: bool,
@@ -57,38 +64,53 @@ class InvariantLinear:
         biases = biases or [None] * len(weights)
         self.tile_rows = tile_rows
         self.out_features = sum(w.shape[0] for w in weights)
-        self.bias = (
-            None
-            if all(b is None for b in biases)
-            else torch.cat([b if b is not None else w.new_zeros(w.shape[0]) for w, b in zip(weights, biases)])
-        )
-        on_cpu = tile_rows > 0 and weights[0].device.type == "cpu"
-        compute = onednn_compute_dtype(weights[0].dtype, features or effective_cpu_features()) if on_cpu else None
-        self.compute_dtype = compute or weights[0].dtype
-        if compute is not None and prepack:
-            self.backend = "onednn-packed"
-            weight = torch.cat(weights) if len(weights) > 1 else weights[0]
-            self.bias = None if self.bias is None else self.bias.to(compute)
-            self.weights = [torch.ops.mkldnn._reorder_linear_weight(weight.to(compute), tile_rows)]
-        else:
-            self.backend = "onednn" if compute == weights[0].dtype else "aten"
-            self.weights = weights
+        float_bias = [
+            b.float() if b is not None else torch.zeros(w.shape[0], device=w.device) for w, b in zip(weights, biases)
+        ]
+        has_bias = any(b is not None for b in biases)
+        kernels = load_native_kernels() if prepack and weights[0].device.type == "cpu" else None
+        quantized = any(isinstance(w, QuantizedWeight) for w in weights)
+        if quantized and kernels is None:
+            raise ValueError("quantized weights need shoal's CPU kernels (a CPU device and a C++ compiler)")
+        if kernels is not None and (quantized or weights[0].dtype in NATIVE_FORMATS):
+            self.backend = "native"
+            self.kernels = kernels
+            self.parts = [
+                (*_pack(kernels, _concatenated(group)), torch.cat(bias) if has_bias else None)
+                for group, bias in _same_format_runs(weights, float_bias)
+            ]
+            return
+        self.weights = weights
+        self.bias = torch.cat(float_bias).to(weights[0].dtype) if has_bias else None
+        on_cpu = weights[0].device.type == "cpu"
+        onednn = on_cpu and onednn_runs(weights[0].dtype, features or effective_cpu_features())
+        self.backend = "onednn" if onednn else "aten"
+
+    @property
+    def description(self) -> str:
+        """The backend and the weight formats it runs, e.g. "native q4_1" or "onednn bfloat16"."""
+        if self.backend == "native":
+            return "native " + "+".join(dict.fromkeys(source for _, source, _, _ in self.parts))
+        return f"{self.backend} {str(self.weights[0].dtype).removeprefix('torch.')}"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.backend == "native":
+            return self._native(x)
         if self.tile_rows == 0:
-            return self._multiply(x)
+            return self._tiled(x)
         rows, tile = x.shape[0], self.tile_rows
         padded = -(-rows // tile) * tile
         if padded != rows:
             x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
         if padded == tile:
-            return self._multiply(x)[:rows]
-        return torch.cat([self._multiply(x[start : start + tile]) for start in range(0, padded, tile)])[:rows]
+            return self._tiled(x)[:rows]
+        return torch.cat([self._tiled(x[start : start + tile]) for start in range(0, padded, tile)])[:rows]
 
-    def _multiply(self, x: torch.Tensor) -> torch.Tensor:
-        if self.backend == "onednn-packed":
-            wide = x.to(self.compute_dtype)
-            return torch.ops.mkldnn._linear_pointwise(wide, self.weights[0], self.bias, "none", [], "").to(x.dtype)
+    def _native(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [self.kernels.linear_rows(x, packed, source, n, bias) for packed, source, n, bias in self.parts]
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+
+    def _tiled(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "onednn":
             parts = [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in self.weights]
         elif len(self.weights) == 1:
@@ -99,22 +121,54 @@ class InvariantLinear:
         return out + self.bias if self.bias is not None else out
 
 
+def _format(weight: Weight) -> str:
+    return weight.kind if isinstance(weight, QuantizedWeight) else NATIVE_FORMATS.get(weight.dtype, str(weight.dtype))
+
+
+def _same_format_runs(
+    weights: list[Weight], biases: list[torch.Tensor]
+) -> list[tuple[list[Weight], list[torch.Tensor]]]:
+    """Consecutive weights of one format, which are packed as one matrix, with their biases."""
+    runs: list[tuple[list[Weight], list[torch.Tensor]]] = []
+    for weight, bias in zip(weights, biases):
+        if runs and _format(runs[-1][0][-1]) == _format(weight):
+            runs[-1][0].append(weight)
+            runs[-1][1].append(bias)
+        else:
+            runs.append(([weight], [bias]))
+    return runs
+
+
+def _concatenated(weights: list[Weight]) -> Weight:
+    if len(weights) == 1:
+        return weights[0]
+    if isinstance(weights[0], QuantizedWeight):
+        return QuantizedWeight(torch.cat([w.blocks for w in weights]), weights[0].kind, weights[0].columns)
+    return torch.cat(weights)
+
+
+def _pack(kernels, weight: Weight) -> tuple[torch.Tensor, str, int]:
+    """(packed weights, kernel source format, output count) of one matrix."""
+    if isinstance(weight, QuantizedWeight):
+        return kernels.pack_linear(weight.blocks, weight.kind, weight.columns), weight.kind, weight.shape[0]
+    source = NATIVE_FORMATS[weight.dtype]
+    return kernels.pack_linear(weight.contiguous(), source, weight.shape[1]), source, weight.shape[0]
+
+
 @functools.cache
-def onednn_compute_dtype(dtype: torch.dtype, features: CpuFeatures) -> torch.dtype | None:
-    """The dtype oneDNN multiplies `dtype` weights in on `features`: `dtype` itself where oneDNN has
-    kernels for it (float32 always), float32 for 16-bit weights elsewhere, None without oneDNN.
-    Logged once per dtype and CPU when 16-bit weights fall back."""
+def onednn_runs(dtype: torch.dtype, features: CpuFeatures) -> bool:
+    """Whether oneDNN multiplies `dtype` weights on `features` with kernels of its own: float32
+    always (where torch has oneDNN), 16-bit dtypes only where the CPU has them (`CpuFeatures.onednn_bf16`
+    / `onednn_fp16`, and torch's own check, which follows oneDNN's capped ISA). Logged once per
+    dtype and CPU when 16-bit weights fall back to ATen."""
     if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        return None
+        return False
     native = {
         torch.float32: True,
         torch.bfloat16: features.onednn_bf16 and torch.ops.mkldnn._is_mkldnn_bf16_supported(),
         torch.float16: features.onednn_fp16 and torch.ops.mkldnn._is_mkldnn_fp16_supported(),
     }[dtype]
     if not native:
-        log.info(
-            "%s weights on CPU level %s: oneDNN has no kernels for them here; prepacked ones are multiplied in float32",
-            dtype,
-            features.describe(),
-        )
-    return dtype if native else torch.float32
+        log.info("%s weights on CPU level %s: oneDNN has no kernels for them here; ATen multiplies them", dtype,
+                 features.describe())
+    return native

@@ -18,7 +18,8 @@ import torch
 from torch import nn
 
 from shoal.model.config import LlamaConfig
-from shoal.model.cpu_attention import load_cpu_attention, row_paged_attention
+from shoal.model.cpu_attention import row_paged_attention
+from shoal.model.native_kernels import load_native_kernels
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.rope import RotaryEmbedding, apply_rotary
@@ -153,7 +154,7 @@ class LlamaModel:
         """ "rows": the C++ CPU kernel; "tiles": the torch kernel; "auto": rows on CPU when it builds."""
         if kind not in ("auto", "rows", "tiles"):
             raise ValueError(f"attention_kernel must be auto, rows or tiles, got {kind!r}")
-        kernel = load_cpu_attention() if kind != "tiles" and self.device.type == "cpu" else None
+        kernel = load_native_kernels() if kind != "tiles" and self.device.type == "cpu" else None
         if kernel is None:
             if kind == "rows":
                 raise RuntimeError("the rows attention kernel needs a CPU device and a C++ compiler")

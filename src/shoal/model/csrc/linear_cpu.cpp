@@ -1,0 +1,556 @@
+// Batch-invariant matrix multiply for CPUs: y[m, n] = sum_k x[m, k] * W[n, k] (+ bias[n]).
+//
+// Invariant: each output element is computed by one thread, as one fixed sequence of
+// floating-point operations over k that is the same for every row count M, every place of the row
+// in the batch and every thread count. Threads split the output's rows and 16-column panels, never
+// k, and how many rows and panels a thread computes together (register blocking) changes which
+// elements share a loop, not the operations of any element. So row m's bits depend on x[m] and W
+// alone, and no row is ever padded to a tile height.
+//
+// Weights are packed once (pack_linear) into panels of 16 output columns laid out for the vector
+// unit; quantized GGUF blocks stay quantized and are widened in registers:
+//   f32   panel [K][16] float
+//   f16   panel [K][16] float16 (widened in registers)
+//   bf16  panel [K/2][16][2] bfloat16 (pairs of k, as AVX512-BF16's dot product reads them)
+//   q8_0  panel, per block of 32 k: scale fp16[16], then q int8[32][16]            (value d*q)
+//   q4_1  panel, per block of 32 k: scale fp16[16], min fp16[16], then byte [16][16] whose low
+//         nibble is k = j and high nibble k = j + 16 (GGML's own nibble order)   (value d*q + m)
+//   q4_0 is packed as q4_1 with m = -8d.
+// Accumulation is float32. Per element: f32 is one fused multiply-add chain over k; bf16 adds the
+// odd then the even product of each pair of k (VDPBF16PS's order, emulated with two FMAs where the
+// instruction is missing); quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and
+// scaled into the running sum once per block (q4_1 then adds m * sum(x over the block)).
+// The vector width follows the compiler flags (AVX-512, AVX2, or scalar code for the x86-64
+// baseline); the flags are the effective instruction set's (cpu_features), so forcing a narrower
+// set builds and runs the narrower path. Built with -ffp-contract=off: the only fused operations
+// are the explicit ones.
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+
+namespace {
+
+// bf16 weights use VDPBF16PS where the CPU has it but no AMX: on a Sapphire Rapids core it ran
+// SmolLM2's projections at 64 rows 1.3x slower than widening the weights and using both FMA units.
+#if defined(__AVX512BF16__) && !defined(__AMX_BF16__)
+#define SHOAL_BF16_DOT 1
+#else
+#define SHOAL_BF16_DOT 0
+#endif
+
+constexpr int64_t kPanel = 16;  // output columns per panel
+constexpr int64_t kBlock = 32;  // k per quantized block
+
+enum Format : int64_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8_0 = 3, kQ4_1 = 4 };
+
+constexpr int64_t kQ8PanelBlockBytes = 2 * kPanel + kBlock * kPanel;           // 544
+constexpr int64_t kQ4PanelBlockBytes = 2 * 2 * kPanel + (kBlock / 2) * kPanel;  // 320
+
+inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+inline float bf16_to_float(uint16_t bits) {
+  uint32_t wide = static_cast<uint32_t>(bits) << 16;
+  float value;
+  std::memcpy(&value, &wide, sizeof(value));
+  return value;
+}
+
+#if !defined(__AVX2__) && defined(__GNUC__) && !defined(__clang__)
+// GCC 12's loop vectorizer, at -O3 for the x86-64 baseline, adds one product of the bf16 path twice
+// (seen with K = 4 and one row); the scalar fallback runs unvectorized instead.
+#pragma GCC optimize("no-tree-vectorize")
+#endif
+
+// Sixteen float lanes: one zmm, two ymm, or an array of floats for the x86-64 baseline.
+struct Vec {
+#if defined(__AVX512F__)
+  __m512 v;
+  static Vec zero() { return {_mm512_setzero_ps()}; }
+  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
+  static Vec broadcast(float s) { return {_mm512_set1_ps(s)}; }
+  static Vec halves(const uint16_t* p) {
+    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
+  }
+  static Vec int8s(const int8_t* p) {
+    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
+  }
+  static void nibbles(const uint8_t* p, Vec& low, Vec& high) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    low.v = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
+    high.v = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
+  }
+  static void bf16_pairs(const uint16_t* p, Vec& even, Vec& odd) {
+    const __m512i pairs = _mm512_loadu_si512(p);
+    even.v = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+    odd.v = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
+  }
+  static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
+  static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
+  void store(float* p) const { _mm512_storeu_ps(p, v); }
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+  __m256 lo, hi;
+  static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+  static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+  static Vec broadcast(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
+  static Vec halves(const uint16_t* p) {
+    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
+  }
+  static Vec int8s(const int8_t* p) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
+  }
+  static void nibbles(const uint8_t* p, Vec& low, Vec& high) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m256i a = _mm256_cvtepu8_epi32(bytes), b = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
+    const __m256i mask = _mm256_set1_epi32(15);
+    low = {_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(b, mask))};
+    high = {_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
+  }
+  static void bf16_pairs(const uint16_t* p, Vec& even, Vec& odd) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
+    const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
+    even = {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
+    odd = {_mm256_castsi256_ps(_mm256_and_si256(a, mask)), _mm256_castsi256_ps(_mm256_and_si256(b, mask))};
+  }
+  static Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
+  static Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
+  void store(float* p) const {
+    _mm256_storeu_ps(p, lo);
+    _mm256_storeu_ps(p + 8, hi);
+  }
+#else
+  float f[kPanel];
+  static Vec zero() { return broadcast(0.f); }
+  static Vec load(const float* p) {
+    Vec r;
+    std::memcpy(r.f, p, sizeof(r.f));
+    return r;
+  }
+  static Vec broadcast(float s) {
+    Vec r;
+    for (int i = 0; i < kPanel; ++i) r.f[i] = s;
+    return r;
+  }
+  static Vec halves(const uint16_t* p) {
+    Vec r;
+    for (int i = 0; i < kPanel; ++i) r.f[i] = half_to_float(p[i]);
+    return r;
+  }
+  static Vec int8s(const int8_t* p) {
+    Vec r;
+    for (int i = 0; i < kPanel; ++i) r.f[i] = static_cast<float>(p[i]);
+    return r;
+  }
+  static void nibbles(const uint8_t* p, Vec& low, Vec& high) {
+    for (int i = 0; i < kPanel; ++i) {
+      low.f[i] = static_cast<float>(p[i] & 15);
+      high.f[i] = static_cast<float>(p[i] >> 4);
+    }
+  }
+  static void bf16_pairs(const uint16_t* p, Vec& even, Vec& odd) {
+    for (int i = 0; i < kPanel; ++i) {
+      even.f[i] = bf16_to_float(p[2 * i]);
+      odd.f[i] = bf16_to_float(p[2 * i + 1]);
+    }
+  }
+  // The baseline has no fused multiply-add instruction: a rounded multiply, then a rounded add.
+  static Vec fma(Vec a, Vec b, Vec c) {
+    Vec r;
+    for (int i = 0; i < kPanel; ++i) r.f[i] = a.f[i] * b.f[i] + c.f[i];
+    return r;
+  }
+  static Vec add(Vec a, Vec b) {
+    Vec r;
+    for (int i = 0; i < kPanel; ++i) r.f[i] = a.f[i] + b.f[i];
+    return r;
+  }
+  void store(float* p) const { std::memcpy(p, f, sizeof(f)); }
+#endif
+};
+
+// What one call multiplies. x rows are float32 (`xf`, row stride ldx) for every format but bf16
+// with hardware dot products, which reads bf16 pairs (`xpairs`, one uint32 per pair of k).
+struct Problem {
+  Format format;
+  int64_t m, n, k;
+  const uint8_t* packed;
+  int64_t panel_bytes;
+  const float* xf;
+  const uint32_t* xpairs;
+  int64_t ldx;         // floats (or pairs) per row of x
+  const float* xsums;  // q4_1: [m][k / 32] sums of x over each block
+  const float* bias;   // [n padded to a panel] or null
+  void* out;           // [m][n] results in x's dtype
+  at::ScalarType out_type;
+};
+
+constexpr int64_t kPrefetchPairs = 128;  // weight pairs ahead (2 KiB of bf16 per panel)
+
+inline const uint8_t* panel_at(const Problem& pr, int64_t panel) { return pr.packed + panel * pr.panel_bytes; }
+
+inline Vec widen(const float* p) { return Vec::load(p); }
+inline Vec widen(const uint16_t* p) { return Vec::halves(p); }
+
+// f32 and f16 weights: one fused multiply-add chain over k per element.
+template <int R, int P, typename weight_t>
+void tile_float(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R][P]) {
+  const weight_t* w[P];
+  for (int p = 0; p < P; ++p) w[p] = reinterpret_cast<const weight_t*>(panel_at(pr, panel + p));
+  for (int64_t k = 0; k < pr.k; ++k) {
+    Vec wk[P];
+    for (int p = 0; p < P; ++p) wk[p] = widen(w[p] + k * kPanel);
+    for (int r = 0; r < R; ++r) {
+      const Vec xk = Vec::broadcast(pr.xf[(row + r) * pr.ldx + k]);
+      for (int p = 0; p < P; ++p) acc[r][p] = Vec::fma(xk, wk[p], acc[r][p]);
+    }
+  }
+}
+
+template <int R, int P>
+void tile_bf16(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R][P]) {
+  const uint16_t* w[P];
+  for (int p = 0; p < P; ++p) w[p] = reinterpret_cast<const uint16_t*>(panel_at(pr, panel + p));
+  const int64_t pairs = (pr.k + 1) / 2;
+#if SHOAL_BF16_DOT
+  for (int64_t j = 0; j < pairs; ++j) {
+    __m512bh wj[P];
+    for (int p = 0; p < P; ++p) {
+      _mm_prefetch(reinterpret_cast<const char*>(w[p] + (j + kPrefetchPairs) * 2 * kPanel), _MM_HINT_T0);
+      wj[p] = (__m512bh)_mm512_loadu_si512(w[p] + j * 2 * kPanel);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xj = (__m512bh)_mm512_set1_epi32(static_cast<int>(pr.xpairs[(row + r) * pr.ldx + j]));
+      for (int p = 0; p < P; ++p) acc[r][p].v = _mm512_dpbf16_ps(acc[r][p].v, wj[p], xj);
+    }
+  }
+#else
+  for (int64_t j = 0; j < pairs; ++j) {
+    Vec even[P], odd[P];
+    for (int p = 0; p < P; ++p) Vec::bf16_pairs(w[p] + j * 2 * kPanel, even[p], odd[p]);
+    for (int r = 0; r < R; ++r) {
+      const float* xr = pr.xf + (row + r) * pr.ldx + 2 * j;
+      const Vec x_even = Vec::broadcast(xr[0]), x_odd = Vec::broadcast(xr[1]);
+      for (int p = 0; p < P; ++p) acc[r][p] = Vec::fma(x_even, even[p], Vec::fma(x_odd, odd[p], acc[r][p]));
+    }
+  }
+#endif
+}
+
+template <int R, int P>
+void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R][P]) {
+  const bool q4 = pr.format == kQ4_1;
+  const int64_t block_bytes = q4 ? kQ4PanelBlockBytes : kQ8PanelBlockBytes;
+  const int64_t blocks = pr.k / kBlock;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* w[P];
+    for (int p = 0; p < P; ++p) w[p] = panel_at(pr, panel + p) + b * block_bytes;
+    Vec low[R][P], high[R][P];
+    for (int r = 0; r < R; ++r)
+      for (int p = 0; p < P; ++p) low[r][p] = high[r][p] = Vec::zero();
+    for (int64_t j = 0; j < kBlock / 2; ++j) {
+      Vec wl[P], wh[P];
+      for (int p = 0; p < P; ++p) {
+        if (q4) {
+          Vec::nibbles(w[p] + 4 * kPanel + j * kPanel, wl[p], wh[p]);
+        } else {
+          const int8_t* q = reinterpret_cast<const int8_t*>(w[p] + 2 * kPanel);
+          wl[p] = Vec::int8s(q + j * kPanel);
+          wh[p] = Vec::int8s(q + (j + kBlock / 2) * kPanel);
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const float* xr = pr.xf + (row + r) * pr.ldx + b * kBlock;
+        const Vec xl = Vec::broadcast(xr[j]), xh = Vec::broadcast(xr[j + kBlock / 2]);
+        for (int p = 0; p < P; ++p) {
+          low[r][p] = Vec::fma(xl, wl[p], low[r][p]);
+          high[r][p] = Vec::fma(xh, wh[p], high[r][p]);
+        }
+      }
+    }
+    for (int p = 0; p < P; ++p) {
+      const uint16_t* scales = reinterpret_cast<const uint16_t*>(w[p]);
+      const Vec d = Vec::halves(scales);
+      const Vec m = q4 ? Vec::halves(scales + kPanel) : Vec::zero();
+      for (int r = 0; r < R; ++r) {
+        acc[r][p] = Vec::fma(d, Vec::add(low[r][p], high[r][p]), acc[r][p]);
+        if (q4) acc[r][p] = Vec::fma(m, Vec::broadcast(pr.xsums[(row + r) * blocks + b]), acc[r][p]);
+      }
+    }
+  }
+}
+
+template <int R, int P>
+void tile(const Problem& pr, int64_t row, int64_t panel) {
+  Vec acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = Vec::zero();
+  switch (pr.format) {
+    case kF32: tile_float<R, P, float>(pr, row, panel, acc); break;
+    case kF16: tile_float<R, P, uint16_t>(pr, row, panel, acc); break;
+    case kBF16: tile_bf16<R, P>(pr, row, panel, acc); break;
+    default: tile_quantized<R, P>(pr, row, panel, acc); break;
+  }
+  for (int p = 0; p < P; ++p) {
+    const Vec bias = pr.bias ? Vec::load(pr.bias + (panel + p) * kPanel) : Vec::zero();
+    const int64_t col = (panel + p) * kPanel, width = std::min(kPanel, pr.n - col);
+    for (int r = 0; r < R; ++r) {
+      const Vec sum = pr.bias ? Vec::add(acc[r][p], bias) : acc[r][p];
+      const int64_t at = (row + r) * pr.n + col;
+      if (pr.out_type != at::kFloat) {  // rounded to nearest even
+        float lanes[kPanel];
+        sum.store(lanes);
+        uint16_t* o = static_cast<uint16_t*>(pr.out) + at;
+        if (pr.out_type == at::kBFloat16) {
+          for (int64_t c = 0; c < width; ++c) o[c] = c10::BFloat16(lanes[c]).x;
+        } else {
+          for (int64_t c = 0; c < width; ++c) o[c] = c10::Half(lanes[c]).x;
+        }
+      } else if (width == kPanel) {
+        sum.store(static_cast<float*>(pr.out) + at);
+      } else {
+        float lanes[kPanel];
+        sum.store(lanes);
+        std::memcpy(static_cast<float*>(pr.out) + at, lanes, width * sizeof(float));
+      }
+    }
+  }
+}
+
+// Register blocking: a thread walks its panels `wide` at a time and, for each group, every row of
+// its chunk `tall` rows at a time, so a group's weights are read from memory once per chunk and
+// then from cache. Quantized weights are widened once per (row block, k) and used by `tall` rows,
+// so they get tall tiles; a single row gets wide ones, for independent chains.
+struct Blocking {
+  int tall, wide;
+};
+
+Blocking blocking(Format format, int64_t m) {
+#if defined(__AVX512F__)
+  if (format >= kQ8_0) return m == 1 ? Blocking{1, 4} : Blocking{6, 1};
+  return {6, 4};
+#else
+  if (format >= kQ8_0) return m == 1 ? Blocking{1, 2} : Blocking{2, 1};
+  return {2, 2};
+#endif
+}
+
+template <int P>
+void panel_group(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int tall) {
+  for (int64_t end = row + rows; row < end;) {
+    const int64_t left = std::min<int64_t>(end - row, tall);
+    switch (left) {
+      case 1: tile<1, P>(pr, row, panel); break;
+      case 2: tile<2, P>(pr, row, panel); break;
+      case 3: tile<3, P>(pr, row, panel); break;
+      case 4: tile<4, P>(pr, row, panel); break;
+      case 5: tile<5, P>(pr, row, panel); break;
+      default: tile<6, P>(pr, row, panel); break;
+    }
+    row += std::min<int64_t>(left, 6);
+  }
+}
+
+void rows_block(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int64_t panels) {
+  const Blocking shape = blocking(pr.format, pr.m);
+  while (panels > 0) {
+    if (panels >= 4 && shape.wide >= 4) {
+      panel_group<4>(pr, row, rows, panel, shape.tall);
+      panel += 4, panels -= 4;
+    } else if (panels >= 2 && shape.wide >= 2) {
+      panel_group<2>(pr, row, rows, panel, shape.tall);
+      panel += 2, panels -= 2;
+    } else {
+      panel_group<1>(pr, row, rows, panel, shape.tall);
+      panel += 1, panels -= 1;
+    }
+  }
+}
+
+constexpr int64_t kRowChunk = 48;  // at most this many rows' x stay in cache while a thread walks its panels
+
+// Tasks are (row chunk, panel) pairs, chunk-major; a thread takes a contiguous range of them.
+void run(const Problem& pr) {
+  const int64_t panels = (pr.n + kPanel - 1) / kPanel;
+  const int64_t chunks = (pr.m + kRowChunk - 1) / kRowChunk, chunk_rows = (pr.m + chunks - 1) / chunks;
+  at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t task = begin; task < end;) {
+      const int64_t chunk = task / panels, panel = task % panels;
+      const int64_t count = std::min(panels - panel, end - task);
+      const int64_t row = chunk * chunk_rows;
+      rows_block(pr, row, std::min(chunk_rows, pr.m - row), panel, count);
+      task += count;
+    }
+  });
+}
+
+int64_t panel_bytes(Format format, int64_t k) {
+  switch (format) {
+    case kF32: return k * kPanel * 4;
+    case kF16: return k * kPanel * 2;
+    case kBF16: return (k + 1) / 2 * 2 * kPanel * 2;
+    case kQ8_0: return k / kBlock * kQ8PanelBlockBytes;
+    default: return k / kBlock * kQ4PanelBlockBytes;
+  }
+}
+
+Format kernel_format(const std::string& source) {
+  if (source == "f32") return kF32;
+  if (source == "bf16") return kBF16;
+  if (source == "f16") return kF16;
+  if (source == "q8_0") return kQ8_0;
+  if (source == "q4_0" || source == "q4_1") return kQ4_1;
+  TORCH_CHECK(false, "pack_linear: unknown weight format ", source);
+}
+
+int64_t ggml_block_bytes(const std::string& source) {
+  if (source == "q8_0") return 34;
+  if (source == "q4_0") return 18;
+  return 20;  // q4_1
+}
+
+uint16_t float_to_half_bits(float value) { return c10::Half(value).x; }
+
+}  // namespace
+
+// Packs W [N, K] for linear_rows. `weight`: float32, bfloat16 or float16 [N, K] for "f32", "bf16"
+// or "f16", or the
+// GGML blocks of each row as uint8 [N, K / 32 * block bytes] for "q8_0"/"q4_0"/"q4_1".
+// Returns uint8 [panels, panel bytes]; columns past N are zero.
+at::Tensor pack_linear(at::Tensor weight, std::string source, int64_t k) {
+  const Format format = kernel_format(source);
+  const int64_t n = weight.size(0), panels = (n + kPanel - 1) / kPanel, bytes = panel_bytes(format, k);
+  TORCH_CHECK(format < kQ8_0 || k % kBlock == 0, "pack_linear: quantized rows need K divisible by 32, got ", k);
+  auto w = weight.contiguous();
+  auto packed = at::zeros({panels, bytes}, w.options().dtype(at::kByte));
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      uint8_t* out = dst + panel * bytes;
+      for (int64_t c = 0; c < kPanel && panel * kPanel + c < n; ++c) {
+        const int64_t col = panel * kPanel + c;
+        if (format == kF32) {
+          TORCH_CHECK(w.scalar_type() == at::kFloat, "pack_linear f32 needs float32 weights");
+          const float* src = w.data_ptr<float>() + col * k;
+          for (int64_t i = 0; i < k; ++i) reinterpret_cast<float*>(out)[i * kPanel + c] = src[i];
+        } else if (format == kF16) {
+          TORCH_CHECK(w.scalar_type() == at::kHalf, "pack_linear f16 needs float16 weights");
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::Half>()) + col * k;
+          for (int64_t i = 0; i < k; ++i) reinterpret_cast<uint16_t*>(out)[i * kPanel + c] = src[i];
+        } else if (format == kBF16) {
+          TORCH_CHECK(w.scalar_type() == at::kBFloat16, "pack_linear bf16 needs bfloat16 weights");
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) + col * k;
+          for (int64_t i = 0; i < k; ++i)
+            reinterpret_cast<uint16_t*>(out)[(i / 2) * 2 * kPanel + c * 2 + i % 2] = src[i];
+        } else {
+          TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / kBlock * ggml_block_bytes(source),
+                      "pack_linear ", source, " needs uint8 rows of GGML blocks");
+          const uint8_t* row = w.data_ptr<uint8_t>() + col * w.size(1);
+          for (int64_t b = 0; b < k / kBlock; ++b) {
+            const uint8_t* block = row + b * ggml_block_bytes(source);
+            uint16_t d;
+            std::memcpy(&d, block, 2);
+            if (format == kQ8_0) {
+              uint8_t* o = out + b * kQ8PanelBlockBytes;
+              std::memcpy(o + 2 * c, &d, 2);
+              for (int64_t i = 0; i < kBlock; ++i) o[2 * kPanel + i * kPanel + c] = block[2 + i];
+            } else {
+              uint8_t* o = out + b * kQ4PanelBlockBytes;
+              uint16_t m;
+              if (source == "q4_1") {
+                std::memcpy(&m, block + 2, 2);
+              } else {
+                const float min = -8.f * half_to_float(d);
+                m = float_to_half_bits(min);
+                TORCH_CHECK(half_to_float(m) == min, "pack_linear q4_0: scale ", half_to_float(d), " overflows float16 * 8");
+              }
+              const uint8_t* q = block + (source == "q4_1" ? 4 : 2);
+              std::memcpy(o + 2 * c, &d, 2);
+              std::memcpy(o + 2 * kPanel + 2 * c, &m, 2);
+              for (int64_t j = 0; j < kBlock / 2; ++j) o[4 * kPanel + j * kPanel + c] = q[j];
+            }
+          }
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+// y = x @ W.T (+ bias) for x [M, K] float32, bfloat16 or float16 and W packed by
+// pack_linear(source) with N outputs. Returns [M, N] in x's dtype (16-bit results rounded to
+// nearest even from the float32 sums).
+at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int64_t n, c10::optional<at::Tensor> bias) {
+  const Format format = kernel_format(source);
+  TORCH_CHECK(x.dim() == 2, "linear_rows: x must be [M, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              "linear_rows: x must be float32, bfloat16 or float16");
+  const int64_t m = x.size(0), k = x.size(1), panels = (n + kPanel - 1) / kPanel;
+  TORCH_CHECK(packed.is_contiguous() && packed.size(0) == panels && packed.size(1) == panel_bytes(format, k),
+              "linear_rows: packed weights do not match K = ", k, ", N = ", n);
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  Problem pr{format, m, n, k, packed.data_ptr<uint8_t>(), panel_bytes(format, k)};
+  pr.out = out.data_ptr();
+  pr.out_type = x.scalar_type();
+  // x as the kernel reads it: bf16 pairs for hardware bf16 dot products, float32 otherwise; a
+  // copy only where x is not in that form already (an odd K is padded with one zero).
+  at::Tensor xk;
+#if SHOAL_BF16_DOT
+  const bool pairs = format == kBF16 && x.scalar_type() == at::kBFloat16;
+#else
+  const bool pairs = false;
+#endif
+  const at::ScalarType wanted = pairs ? at::kBFloat16 : at::kFloat;
+  const int64_t width = format == kBF16 ? (k + 1) / 2 * 2 : k;
+  if (x.scalar_type() == wanted && width == k && x.is_contiguous()) {
+    xk = x;
+  } else {
+    xk = at::zeros({m, width}, x.options().dtype(wanted));
+    xk.narrow(1, 0, k).copy_(x);
+  }
+  if (pairs) {
+    pr.xpairs = reinterpret_cast<const uint32_t*>(xk.data_ptr<at::BFloat16>());
+    pr.ldx = width / 2;
+  } else {
+    pr.xf = xk.data_ptr<float>();
+    pr.ldx = width;
+  }
+  at::Tensor xsums, bias_panels;
+  if (format == kQ4_1) {
+    const int64_t blocks = k / kBlock;
+    xsums = at::empty({m, blocks}, x.options().dtype(at::kFloat));
+    float* s = xsums.data_ptr<float>();
+    for (int64_t r = 0; r < m; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        float total = 0.f;
+        for (int64_t i = 0; i < kBlock; ++i) total += pr.xf[r * pr.ldx + b * kBlock + i];
+        s[r * blocks + b] = total;
+      }
+    pr.xsums = s;
+  }
+  if (bias.has_value() && bias->defined()) {
+    bias_panels = at::zeros({panels * kPanel}, x.options().dtype(at::kFloat));
+    bias_panels.narrow(0, 0, n).copy_(*bias);
+    pr.bias = bias_panels.data_ptr<float>();
+  }
+  run(pr);
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(shoal, m) {
+  m.def("pack_linear(Tensor weight, str source, int k) -> Tensor", &pack_linear);
+  m.def("linear_rows(Tensor x, Tensor packed, str source, int n, Tensor? bias) -> Tensor", &linear_rows);
+}

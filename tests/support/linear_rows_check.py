@@ -1,0 +1,73 @@
+"""The bitwise row check of the native matrix multiply, for one process's instruction set.
+
+    python -m tests.support.linear_rows_check      (under SHOAL_CPU_ISA to force a narrower path)
+
+For every weight format, row r of the output is the same bits for M = 1..70, 128 and 512, with r
+first, in the middle and last in the batch. Prints one JSON report line: the level and, per
+format, the rows that differed (none is the pass) and the largest error against float64.
+"""
+
+from __future__ import annotations
+
+import json
+
+REPORT_PREFIX = "LINEAR_ROWS "
+ROW_COUNTS = (*range(1, 71), 128, 512)
+# Relative error of the whole product against float64 over the same (dequantized) weights:
+# float32 accumulation, and 16-bit outputs rounded once.
+TOLERANCE = {"f32": 1e-5, "q8_0": 1e-5, "q4_0": 1e-5, "q4_1": 1e-5, "bf16": 4e-3, "f16": 5e-4}
+
+
+def quantized(weight, kind):
+    import gguf
+    import numpy as np
+    import torch
+
+    from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
+
+    blocks = gguf.quants.quantize(weight.numpy(), GGML_TYPES[kind]).view(np.uint8).reshape(weight.shape[0], -1)
+    return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, weight.shape[1])
+
+
+def check(in_features: int = 576, out_features: int = 200) -> dict:
+    """Per format: rows that depended on the batch, and the relative error of the whole product."""
+    import torch
+
+    from shoal.model.invariant_linear import InvariantLinear
+
+    torch.manual_seed(0)
+    dense = [torch.randn(out_features, in_features), torch.randn(40, in_features)]
+    biases = [torch.randn(out_features), None]
+    cases = {
+        "f32": (dense, torch.float32),
+        "bf16": ([w.bfloat16() for w in dense], torch.bfloat16),
+        "f16": ([w.half() for w in dense], torch.float16),
+        **{kind: ([quantized(w, kind) for w in dense], torch.float32) for kind in ("q8_0", "q4_0", "q4_1")},
+    }
+    report = {}
+    for name, (weights, dtype) in cases.items():
+        linear = InvariantLinear(weights, [b.to(dtype) if b is not None else None for b in biases], 16, True)
+        assert linear.backend == "native", name
+        reference = torch.cat([w.dequantize() if hasattr(w, "dequantize") else w.double() for w in weights]).double()
+        rows = torch.randn(3, in_features).to(dtype)
+        alone = [linear(rows[i : i + 1])[0] for i in range(3)]
+        differing = []
+        for count in ROW_COUNTS:
+            batch = torch.randn(count, in_features).to(dtype)
+            placed = {place: i for i, place in enumerate((0, count // 2, count - 1))}  # small batches: fewer
+            for place, i in placed.items():
+                batch[place] = rows[i]
+            out = linear(batch)
+            differing += [[count, place] for place, i in placed.items() if not torch.equal(out[place], alone[i])]
+        full = torch.cat([b if b is not None else torch.zeros(w.shape[0]) for w, b in zip(weights, biases)])
+        exact = batch.double() @ reference.T + full.to(dtype).double()
+        error = ((out.double() - exact).abs().max() / exact.abs().max()).item()
+        report[name] = {"differing": differing, "relative_error": error}
+    return report
+
+
+if __name__ == "__main__":
+    from shoal.model.cpu_features import apply_cpu_isa_cap
+
+    level = apply_cpu_isa_cap().level.name
+    print(REPORT_PREFIX + json.dumps({"level": level, "formats": check()}), flush=True)
