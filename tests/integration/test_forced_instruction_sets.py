@@ -39,8 +39,11 @@ LEVELS = {
     "avx2": Expected(
         "AVX2",
         False,
-        {"float32": ("native f32", "onednn float32"), "bfloat16": ("native bf16", "aten bfloat16"),
-         "float16": ("native f16", "aten float16")},
+        {
+            "float32": ("native f32", "onednn float32"),
+            "bfloat16": ("native bf16", "aten bfloat16"),
+            "float16": ("native f16", "aten float16"),
+        },
         "torch.float32",
         "-march=x86-64-v3",
         "isa:Intel AVX2",
@@ -48,8 +51,11 @@ LEVELS = {
     "avx512_bf16": Expected(
         "AVX512",
         True,
-        {"float32": ("native f32", "onednn float32"), "bfloat16": ("native bf16", "onednn bfloat16"),
-         "float16": ("native f16", "aten float16")},
+        {
+            "float32": ("native f32", "onednn float32"),
+            "bfloat16": ("native bf16", "onednn bfloat16"),
+            "float16": ("native f16", "aten float16"),
+        },
         "torch.bfloat16",
         "-march=x86-64-v4 -mavx512bf16 -mavx512vnni",
         "isa:Intel AVX-512 with Intel DL Boost and bfloat16 support",

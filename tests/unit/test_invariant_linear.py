@@ -40,7 +40,7 @@ def test_native_rows_do_not_depend_on_the_thread_count():
 def test_quantized_weights_stay_quantized_in_the_packed_copy():
     weight = quantized(torch.randn(256, 576), "q4_1")
     linear = InvariantLinear([weight], None, 16, True)
-    (packed, source, n, _), = linear.parts
+    ((packed, source, n, _),) = linear.parts
     assert (source, n) == ("q4_1", 256) and packed.numel() == weight.blocks.numel()
 
 

@@ -169,6 +169,9 @@ def onednn_runs(dtype: torch.dtype, features: CpuFeatures) -> bool:
         torch.float16: features.onednn_fp16 and torch.ops.mkldnn._is_mkldnn_fp16_supported(),
     }[dtype]
     if not native:
-        log.info("%s weights on CPU level %s: oneDNN has no kernels for them here; ATen multiplies them", dtype,
-                 features.describe())
+        log.info(
+            "%s weights on CPU level %s: oneDNN has no kernels for them here; ATen multiplies them",
+            dtype,
+            features.describe(),
+        )
     return native

@@ -19,8 +19,8 @@ from torch import nn
 
 from shoal.model.config import LlamaConfig
 from shoal.model.cpu_attention import row_paged_attention
-from shoal.model.native_kernels import load_native_kernels
 from shoal.model.invariant_linear import InvariantLinear
+from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.rope import RotaryEmbedding, apply_rotary
 from shoal.model.sharding import TensorParallel, shard_weights

@@ -36,8 +36,10 @@ class QuantizedWeight:
     def __post_init__(self) -> None:
         if self.kind not in BLOCK_BYTES:
             raise ValueError(f"unsupported quantized kind {self.kind!r}")
-        if self.columns % BLOCK_COLUMNS or self.blocks.shape[-1] != self.columns // BLOCK_COLUMNS * BLOCK_BYTES[self.kind]:
-            raise ValueError(f"{self.kind} blocks of shape {tuple(self.blocks.shape)} do not hold {self.columns} columns")
+        row_bytes = self.columns // BLOCK_COLUMNS * BLOCK_BYTES[self.kind]
+        if self.columns % BLOCK_COLUMNS or self.blocks.shape[-1] != row_bytes:
+            shape = tuple(self.blocks.shape)
+            raise ValueError(f"{self.kind} blocks of shape {shape} do not hold {self.columns} columns")
 
     @property
     def shape(self) -> torch.Size:
