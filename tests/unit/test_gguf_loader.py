@@ -18,6 +18,7 @@ from shoal.model.gguf_loader import (
     load_gguf,
     open_gguf,
 )
+from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.registry import resolve_model
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
@@ -297,3 +298,18 @@ def test_smollm2_state_dict_matches_transformers_unpermutation(smollm2_reader: g
         raw = gguf.quants.dequantize(tensors[gguf_key].data, tensors[gguf_key].tensor_type)
         expected = processor.process(raw, gguf_key).weights
         assert torch.equal(weights[hf_key], torch.from_numpy(np.ascontiguousarray(expected)))
+
+
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+def test_kept_quantized_matrices_hold_the_same_values_as_dequantized_ones(tmp_path: Path, qtype: Q) -> None:
+    original = random_hf_weights(np.random.default_rng(3), bias=False, tied=True)
+    reader = open_gguf(write_model_gguf(tmp_path / "m.gguf", "llama", original, qtype=qtype))
+    config = gguf_config(reader)
+    kept = gguf_state_dict(reader, config, keep_quantized=True)
+    dequantized = gguf_state_dict(reader, config)
+    for name, value in original.items():
+        if value.ndim == 2:
+            assert isinstance(kept[name], QuantizedWeight) and kept[name].kind == qtype.name.lower(), name
+            assert torch.equal(kept[name].dequantize(), dequantized[name]), name  # rows un-permuted alike
+        else:
+            assert torch.equal(kept[name], dequantized[name]), name

@@ -13,6 +13,7 @@ import torch
 from shoal.model import loader as loader_module
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.loader import load_checkpoint
+from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.weight_cache import CACHE_DTYPES, WeightCache
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
@@ -152,3 +153,15 @@ def test_smollm2_second_load_is_mapped_and_shared_across_processes(tmp_path: Pat
     # Pages the child touched are the ones this process already maps: the page cache holds one copy.
     weight_bytes = sum(t.numel() * t.element_size() for t in second.weights.values())
     assert shared >= 0.9 * weight_bytes, (shared, weight_bytes)
+
+
+def test_quantized_entry_keeps_blocks_and_is_a_separate_entry(tmp_path: Path, source: Path) -> None:
+    cache = WeightCache(tmp_path)
+    blocks = torch.randint(0, 256, (4, 2 * 20), dtype=torch.uint8)
+    weights = {**_weights(torch.float32), "q": QuantizedWeight(blocks, "q4_1", 64)}
+    with pytest.raises(ValueError, match="need a quantized entry"):
+        cache.store([source], torch.float32, CONFIG, weights)
+    cache.store([source], torch.float32, CONFIG, weights, quantized=True)
+    assert cache.load([source], torch.float32) is None  # the dequantized entry is another one
+    loaded = cache.load([source], torch.float32, quantized=True).weights["q"]
+    assert (loaded.kind, loaded.columns) == ("q4_1", 64) and torch.equal(loaded.blocks, blocks)

@@ -62,7 +62,8 @@ class ModelDeployment(Frozen):
     Every other key is the EngineConfig field of that name (shoal.engine.config), and
     `engine_config()` is the config each replica runs, shipped to it whole. `share_weights` keeps
     the host's workers on one memory-mapped copy of the weights (CPU matrix multiplies are then
-    slower than on a private repacked copy); `tensor_parallel_size` ranks or
+    slower than on a private repacked copy); `keep_quantized: false` dequantizes a GGUF model's
+    quantized matrices instead of running them as they are; `tensor_parallel_size` ranks or
     `pipeline_parallel_size` stages make each replica that many processes (one replica to the
     router), `layers_per_stage` overriding the split planned from each node's measured speed and
     memory: ranks run on the replica's host; stages run there too with the local launcher, on nodes
@@ -84,6 +85,7 @@ class ModelDeployment(Frozen):
     num_threads: int | None = Field(None, ge=1)
     step_delay_ms: float = Field(0.0, ge=0)
     share_weights: bool = False
+    keep_quantized: bool = True
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)

@@ -19,7 +19,9 @@ class EngineConfig:
     kv_cache_bytes, when set, is the KV budget; otherwise kv_cache_fraction of the free memory of
     the device is used. itl_target_ms turns on the adaptive batch size. share_weights keeps the
     memory-mapped weights shared between the host's workers instead of repacking a private copy for
-    faster CPU matrix multiplies. attention_kernel picks
+    faster CPU matrix multiplies. keep_quantized runs a GGUF file's Q8_0/Q4_0/Q4_1 matrices as they
+    are on CPUs (the native kernels, private packed weights; dtype "auto" is then float32 for the
+    activations); False dequantizes them to dtype. attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
     step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
     seed draws the sampling seed of each request that names none (None: from the OS, so replicas
@@ -49,6 +51,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
     share_weights: bool = False
+    keep_quantized: bool = True
     attention_kernel: str = "auto"
     itl_target_ms: float | None = None
     seed: int | None = None

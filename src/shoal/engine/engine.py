@@ -31,7 +31,7 @@ from shoal.errors import (
     ReplicaFailedError,
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
-from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,9 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
-        self.checkpoint = checkpoint or load_checkpoint(config.model, dtype=self.dtype, cache_dir=config.cache_dir)
+        self.checkpoint = checkpoint or load_checkpoint(
+            config.model, self.dtype, config.cache_dir, keeps_quantized(config, self.device)
+        )
         model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings

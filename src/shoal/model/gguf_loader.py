@@ -1,8 +1,9 @@
 """Reads a llama.cpp GGUF file into a `LlamaConfig` and a state dict in Hugging Face naming and layout.
 
-Invariants of the produced state dict: tensors are dequantized to the requested dtype, shaped in torch
-order (ggml lists dimensions innermost first, torch outermost first), and q_proj/k_proj rows are in
-the Hugging Face order, i.e. llama.cpp's rotary permutation of llama-arch checkpoints is undone.
+Invariants of the produced state dict: tensors are dequantized to the requested dtype (or, when asked,
+matrices in Q8_0/Q4_0/Q4_1 stay QuantizedWeight blocks), shaped in torch order (ggml lists dimensions
+innermost first, torch outermost first), and q_proj/k_proj rows are in the Hugging Face order, i.e.
+llama.cpp's rotary permutation of llama-arch checkpoints is undone.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gguf.gguf_reader import ReaderField, ReaderTensor
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.errors import ModelLoadError
 from shoal.model.layout import check_state_dict
+from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 # llama.cpp's converter interleaves the rotary halves of q/k rows for these (LlamaModel.permute).
@@ -190,20 +192,34 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return grouped.transpose(1, 2).reshape(weight.shape).contiguous()
 
 
+_KEPT_KINDS = {ggml_type: kind for kind, ggml_type in GGML_TYPES.items()}
+
+
+def quantized_tensor(tensor: ReaderTensor) -> QuantizedWeight | None:
+    """A matrix whose ggml type the native kernels run, as its blocks (a copy); else None."""
+    kind = _KEPT_KINDS.get(tensor.tensor_type)
+    if kind is None or len(tensor.shape) != 2:
+        return None
+    blocks = np.ascontiguousarray(tensor.data, dtype=np.uint8).reshape(int(tensor.shape[1]), -1)
+    return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, int(tensor.shape[0]))
+
+
 def gguf_state_dict(
-    reader: GGUFReader, config: LlamaConfig, dtype: torch.dtype = torch.float32
-) -> dict[str, torch.Tensor]:
-    """Every tensor of the file, renamed, dequantized, un-permuted and cast; validated against `config`."""
+    reader: GGUFReader, config: LlamaConfig, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
+) -> dict[str, torch.Tensor | QuantizedWeight]:
+    """Every tensor of the file, renamed, dequantized (unless kept quantized), un-permuted and cast;
+    validated against `config`."""
     permuted = config.architecture in _PERMUTED_ARCHITECTURES
-    weights: dict[str, torch.Tensor] = {}
+    weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
         name = hf_tensor_name(tensor.name)
-        value = torch.from_numpy(dequantize_tensor(tensor))
+        kept = quantized_tensor(tensor) if keep_quantized else None
+        rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
         if permuted and ".self_attn.q_proj." in name:
-            value = unpermute_rotary_rows(value, config.num_heads)
+            rows = unpermute_rotary_rows(rows, config.num_heads)
         elif permuted and ".self_attn.k_proj." in name:
-            value = unpermute_rotary_rows(value, config.num_kv_heads)
-        weights[name] = value.to(dtype)
+            rows = unpermute_rotary_rows(rows, config.num_kv_heads)
+        weights[name] = QuantizedWeight(rows, kept.kind, kept.columns) if kept is not None else rows.to(dtype)
     check_state_dict(config, weights, source=f"GGUF {reader.data.filename}")
     return weights
 

@@ -22,6 +22,7 @@ from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
+from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.rope import RotaryEmbedding, apply_rotary
 from shoal.model.sharding import TensorParallel, shard_weights
 
@@ -136,7 +137,7 @@ class LlamaModel:
         self.all_sum = tensor_parallel.all_sum if tensor_parallel else _unsharded
         self.vocab_range = tensor_parallel.split(config.vocab_size) if tensor_parallel else (0, config.vocab_size)
         embed = weights["model.embed_tokens.weight"]
-        self.dtype = embed.dtype
+        self.dtype = weights["model.norm.weight"].dtype
         self.embed = embed.to(self.device) if self.has_embedding else None
         self.norm = weights["model.norm.weight"].to(self.device)
         lm_head = embed if config.tie_word_embeddings else weights.get("lm_head.weight")
@@ -165,11 +166,15 @@ class LlamaModel:
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[T] token ids -> [T, H] embeddings (each rank looks up its part of the vocabulary)."""
         if self.tensor_parallel is None:
-            return self.embed[input_ids]
+            return self._embedding_rows(input_ids)
         start, end = self.vocab_range
         mine = (input_ids >= start) & (input_ids < end)
-        rows = self.embed[(input_ids - start).clamp(0, end - start - 1)] * mine.unsqueeze(1).to(self.dtype)
+        rows = self._embedding_rows((input_ids - start).clamp(0, end - start - 1)) * mine.unsqueeze(1).to(self.dtype)
         return self.all_sum(rows)
+
+    def _embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        rows = self.embed[ids]
+        return rows.dequantize().to(self.device, self.dtype) if isinstance(rows, QuantizedWeight) else rows
 
     @torch.inference_mode()
     def forward(

@@ -12,9 +12,10 @@ from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
 from shoal.model.gguf_loader import gguf_config, gguf_metadata, gguf_state_dict, open_gguf
 from shoal.model.hf_loader import hf_source_files, load_hf, load_hf_tokenizer
+from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.registry import ModelSource, resolve_model
 from shoal.model.tokenizer import Tokenizer
-from shoal.model.weight_cache import CACHE_DTYPES, WeightCache
+from shoal.model.weight_cache import CACHE_DTYPES, WeightCache, Weights
 
 __all__ = ["Checkpoint", "ModelLoadError", "load_checkpoint"]
 
@@ -24,29 +25,35 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """A loaded model. Invariant: `weights` has exactly the decoder's tensors (HF names) in one dtype;
-    when the cache is writable they are memory-mapped from it and shared between processes."""
+    """A loaded model. Invariant: `weights` has exactly the decoder's tensors (HF names), each in one
+    dtype or a QuantizedWeight; when the cache is writable they are memory-mapped from it and shared
+    between processes."""
 
     config: LlamaConfig
-    weights: dict[str, torch.Tensor]
+    weights: dict[str, torch.Tensor | QuantizedWeight]
     tokenizer: Tokenizer
     source: str
 
 
-def _convert(source: ModelSource, dtype: torch.dtype) -> tuple[LlamaConfig, dict[str, torch.Tensor], Tokenizer]:
+def _convert(source: ModelSource, dtype: torch.dtype, keep_quantized: bool) -> tuple[LlamaConfig, Weights, Tokenizer]:
     if source.kind == "gguf":
         reader = open_gguf(source.path)
         metadata = gguf_metadata(reader)
         config = gguf_config(reader, metadata)
-        return config, gguf_state_dict(reader, config, dtype), Tokenizer.from_gguf_metadata(metadata)
+        weights = gguf_state_dict(reader, config, dtype, keep_quantized)
+        return config, weights, Tokenizer.from_gguf_metadata(metadata)
     config, weights = load_hf(source.path, dtype)
     return config, weights, load_hf_tokenizer(source.path)
 
 
 def load_checkpoint(
-    name_or_path: str, dtype: torch.dtype = torch.float32, cache_dir: str | Path | None = None
+    name_or_path: str,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | Path | None = None,
+    keep_quantized: bool = False,
 ) -> Checkpoint:
     """Resolves `name_or_path` (see registry), converts it on a cache miss, and returns it memory-mapped.
+    With keep_quantized, a GGUF file's Q8_0/Q4_0/Q4_1 matrices stay QuantizedWeight blocks.
 
     cache_dir defaults to `$SHOAL_CACHE_DIR` or `~/.cache/shoal`. If the cache cannot be written, the
     converted weights are returned from memory (logged as a warning).
@@ -56,16 +63,17 @@ def load_checkpoint(
     source = resolve_model(name_or_path)
     files = [source.path] if source.kind == "gguf" else hf_source_files(source.path)
     cache = WeightCache(cache_dir)
-    entry = cache.load(files, dtype)
+    quantized = keep_quantized and source.kind == "gguf"
+    entry = cache.load(files, dtype, quantized)
     if entry is None:
-        config, weights, tokenizer = _convert(source, dtype)
+        config, weights, tokenizer = _convert(source, dtype, quantized)
         try:
-            cache.store(files, dtype, config, weights, extra={_TOKENIZER_KEY: tokenizer.to_json()})
+            cache.store(files, dtype, config, weights, {_TOKENIZER_KEY: tokenizer.to_json()}, quantized)
         except OSError as exc:
             logger.warning("weight cache %s is not writable (%s); using unshared in-memory weights", cache.root, exc)
             return Checkpoint(config=config, weights=weights, tokenizer=tokenizer, source=str(source.path))
         del weights
-        entry = cache.load(files, dtype)
+        entry = cache.load(files, dtype, quantized)
         if entry is None:
             raise ModelLoadError(f"weight cache entry for {source.path} was written but cannot be read back")
     if _TOKENIZER_KEY not in entry.extra:

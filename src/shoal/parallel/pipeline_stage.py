@@ -56,7 +56,7 @@ from shoal.protocol.stage_frames import (
     Stop,
     Upstream,
 )
-from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.model_runner import ModelRunner, build_model
 from shoal.runner.step_batch import StepBatch
 
@@ -178,8 +178,9 @@ class StageServer:
     def _checkpoint(config: EngineConfig) -> Checkpoint:
         """The model the config names, as this node runs it; BadFrame if this node cannot load it."""
         try:
+            device = resolve_device(config)
             return load_checkpoint(
-                config.model, dtype=resolve_dtype(config, resolve_device(config)), cache_dir=config.cache_dir
+                config.model, resolve_dtype(config, device), config.cache_dir, keeps_quantized(config, device)
             )
         except (ValueError, OSError, TypeError) as error:
             raise BadFrame(f"cannot load the model {config.model!r}: {error}") from None

@@ -13,7 +13,7 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.protocol.stage_frames import NodeProfile
-from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.memory import free_memory_bytes
 from shoal.runner.model_runner import ModelRunner, build_model
 from shoal.runner.step_batch import StepBatch
@@ -46,7 +46,7 @@ def measure_node(config: EngineConfig, checkpoint: Checkpoint | None = None) -> 
     device = resolve_device(config)
     dtype = resolve_dtype(config, device)
     free = free_memory_bytes(device)
-    checkpoint = checkpoint or load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
+    checkpoint = checkpoint or load_checkpoint(config.model, dtype, config.cache_dir, keeps_quantized(config, device))
     model = build_model(config, checkpoint, device, dtype, layers=range(1))
     batch = reference_batch(config.block_size)
     runner = ModelRunner(model, len(batch.block_tables) * len(batch.block_tables[0]), config.block_size)

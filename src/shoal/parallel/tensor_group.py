@@ -44,7 +44,7 @@ from shoal.processes import die_with_parent, free_port
 from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
 from shoal.protocol.frames import BadFrame
 from shoal.protocol.tensor_group_frames import Begin, Finish, GroupFrame, RunBatch, decode, encode
-from shoal.runner.devices import resolve_device, resolve_dtype
+from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.model_runner import ModelRunner, build_model
 from shoal.runner.step_batch import StepBatch
 
@@ -210,7 +210,7 @@ def follow(rank: int, port: int, steps: str, config: EngineConfig, secret: str) 
     device = resolve_device(config, rank)
     torch.set_num_threads(config.num_threads)
     dtype = resolve_dtype(config, device)
-    checkpoint = load_checkpoint(config.model, dtype=dtype, cache_dir=config.cache_dir)
+    checkpoint = load_checkpoint(config.model, dtype, config.cache_dir, keeps_quantized(config, device))
     sock = ClusterContext(secret).connect(zmq.PULL, steps)
     store = _store(rank, config.tensor_parallel_size, port)
     store.set(f"joined/{rank}", "1")

@@ -7,6 +7,9 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.model.cpu_features import effective_cpu_features
+from shoal.model.errors import ModelLoadError
+from shoal.model.native_kernels import load_native_kernels
+from shoal.model.registry import resolve_model
 
 
 def resolve_device(config: EngineConfig, rank: int = 0) -> torch.device:
@@ -20,11 +23,26 @@ def resolve_device(config: EngineConfig, rank: int = 0) -> torch.device:
     return device
 
 
+def keeps_quantized(config: EngineConfig, device: torch.device) -> bool:
+    """Whether the model's GGUF-quantized matrices stay quantized: asked for, a GGUF model, a CPU
+    device where the native kernels build, and private packed weights (not share_weights)."""
+    if not config.keep_quantized or config.share_weights or device.type != "cpu":
+        return False
+    try:
+        gguf = resolve_model(config.model).kind == "gguf"
+    except ModelLoadError:
+        return False  # the load reports it
+    return gguf and load_native_kernels() is not None
+
+
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
-    """auto: bfloat16 where the hardware computes it natively (CUDA; CPUs whose effective features,
-    under SHOAL_CPU_ISA, include AVX512-BF16 or AMX), else float32."""
+    """auto: float32 around quantized weights (closer to the float32 reference than bfloat16, at no
+    cost in weight bytes); else bfloat16 where the hardware computes it natively (CUDA; CPUs whose
+    effective features, under SHOAL_CPU_ISA, include AVX512-BF16 or AMX), else float32."""
     if config.dtype != "auto":
         return getattr(torch, config.dtype)
+    if keeps_quantized(config, device):
+        return torch.float32
     if device.type == "cuda" or effective_cpu_features().native_bf16:
         return torch.bfloat16
     return torch.float32

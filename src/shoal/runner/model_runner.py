@@ -9,6 +9,7 @@ from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
+from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.sharding import TensorParallel
 from shoal.runner.step_batch import StepBatch
 
@@ -22,9 +23,10 @@ def build_model(
     tensor_parallel: TensorParallel | None = None,
 ) -> LlamaModel:
     """The model (or the layers of one pipeline stage, or one tensor-parallel rank's shard) as the
-    engine config asks: batch-invariant tiles, prepacked weights, attention kernel."""
+    engine config asks: batch-invariant tiles, prepacked weights, attention kernel. Quantized
+    weights in the checkpoint (loaded so by `keeps_quantized`) stay quantized."""
     tile_rows = default_tile_rows(dtype) if config.batch_invariant else 0
-    weights = {k: v.to(dtype) if v.is_floating_point() else v for k, v in checkpoint.weights.items()}
+    weights = {k: v if isinstance(v, QuantizedWeight) else v.to(dtype) for k, v in checkpoint.weights.items()}
     return LlamaModel(
         checkpoint.config,
         weights,
