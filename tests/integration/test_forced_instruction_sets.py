@@ -106,15 +106,18 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model
         assert report["kernel_cflags"].endswith(expected.compiler_flags), report["kernel_cflags"]
     for dtype, run in report["runs"].items():
         assert (run["backend"], run["shared_backend"]) == expected.backends[dtype], dtype
-        assert run["shared_distinct_outputs"] > 1, (dtype, run)
+        assert dtype != "float32" or run["shared_distinct_outputs"] > 1, (dtype, run)
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
 
 
 @pytest.mark.skipif(shutil.which("c++") is None, reason="the native kernels need a C++ compiler")
-@pytest.mark.parametrize("level", ("baseline", *FORCED_LEVELS))
+@pytest.mark.parametrize("level", FORCED_LEVELS)
 def test_native_matrix_multiply_rows_are_the_same_bits_at_a_forced_level(level, shoal_cache_dir):
-    """The narrower kernel paths (scalar, AVX2, AVX512-BF16 dot products) on this machine."""
+    """The narrower kernel paths (AVX2, AVX512-BF16 dot products) on this machine."""
+    host = effective_cpu_features().host_level.name
+    if LEVEL_NAMES.index(host) < LEVEL_NAMES.index(level):
+        pytest.skip(f"this CPU's level is {host}, below {level}")
     result = subprocess.run(
         [sys.executable, "-m", "tests.support.linear_rows_check"],
         cwd=REPO,

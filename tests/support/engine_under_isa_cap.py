@@ -68,7 +68,9 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         runs[dtype] = {
             "backend": together_engine.model.layers[0].qkv.description,
             "shared_backend": shared.model.layers[0].qkv.description,
-            "shared_distinct_outputs": len({tuple(t) for t in run_to_completion(shared, prompts).values()}),
+            "shared_distinct_outputs": len({tuple(t) for t in run_to_completion(shared, prompts).values()})
+            if dtype == "float32"
+            else None,
             "invariant": alone == together,
             "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
             "attention_uses_tiles": together_engine.model.attention_uses_tiles,
@@ -86,7 +88,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
             "onednn_bf16": torch.ops.mkldnn._is_mkldnn_bf16_supported(),
             "onednn_fp16": torch.ops.mkldnn._is_mkldnn_fp16_supported(),
         },
-        "auto_dtype": str(resolve_dtype(EngineConfig(dtype="auto"), torch.device("cpu"))),
+        "auto_dtype": str(resolve_dtype(EngineConfig(model=model_dir, dtype="auto"), torch.device("cpu"))),
         "kernel_cflags": loaded_kernel_build_flags(),
         "runs": runs,
     }

@@ -7,7 +7,7 @@ neighbours. Three backends keep each row's bits its own:
 - "native": shoal's C++ kernel (csrc/linear_cpu.cpp) on a private copy of the weights packed for
   it. Every output element is one fixed-order reduction over K by one thread, for every row count,
   so nothing is padded. It runs float32, bfloat16 and float16 weights and GGUF-quantized blocks
-  (which stay quantized). The default on CPUs wherever the kernels build.
+  (which stay quantized). The default on CPUs with AVX2 or more wherever the kernels build.
 - "onednn": oneDNN's inner-product kernels on the shared memory-mapped weights as they are, on
   tiles of exactly `tile_rows` rows (the last zero-padded), so the kernel always sees one shape;
   oneDNN computes every row of a tile alike (checked at every row place, 1 to 16 threads, AVX2 to
@@ -25,7 +25,7 @@ import logging
 import torch
 
 from shoal.model.cpu_features import CpuFeatures, effective_cpu_features
-from shoal.model.native_kernels import load_native_kernels
+from shoal.model.native_kernels import load_native_linear
 from shoal.model.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -68,10 +68,10 @@ class InvariantLinear:
             b.float() if b is not None else torch.zeros(w.shape[0], device=w.device) for w, b in zip(weights, biases)
         ]
         has_bias = any(b is not None for b in biases)
-        kernels = load_native_kernels() if prepack and weights[0].device.type == "cpu" else None
+        kernels = load_native_linear() if prepack and weights[0].device.type == "cpu" else None
         quantized = any(isinstance(w, QuantizedWeight) for w in weights)
         if quantized and kernels is None:
-            raise ValueError("quantized weights need shoal's CPU kernels (a CPU device and a C++ compiler)")
+            raise ValueError("quantized weights need shoal's CPU matrix multiply (a CPU with AVX2, a C++ compiler)")
         if kernels is not None and (quantized or weights[0].dtype in NATIVE_FORMATS):
             self.backend = "native"
             self.kernels = kernels

@@ -1,5 +1,6 @@
 """shoal's C++ CPU kernels (csrc/): the row-wise paged attention (`torch.ops.shoal.paged_attention_rows`)
-and the batch-invariant matrix multiply (`torch.ops.shoal.pack_linear` / `linear_rows`), one library.
+and the batch-invariant matrix multiply (`torch.ops.shoal.pack_linear` / `linear_rows`, on CPUs with
+AVX2 or more), one library.
 
 It is compiled on first use for the effective instruction set (the machine's own, `-march=native`,
 unless SHOAL_CPU_ISA caps it, see cpu_features) and cached under
@@ -70,6 +71,7 @@ def load_native_kernels() -> ModuleType | None:
             fcntl.flock(turn, fcntl.LOCK_EX)
             if _load_built(build_dir / f"{LIBRARY}.so"):
                 return torch.ops.shoal
+
             from torch.utils import cpp_extension
 
             # Holding the turn, any lock of torch's own here was left by a builder that died.
@@ -87,3 +89,9 @@ def load_native_kernels() -> ModuleType | None:
         log.warning("CPU kernels unavailable (%s); using torch kernels", exc)
         return None
     return torch.ops.shoal
+
+
+def load_native_linear() -> ModuleType | None:
+    """The kernels, if they include the matrix multiply (built for AVX2 or more); else None."""
+    kernels = load_native_kernels()
+    return kernels if kernels is not None and hasattr(kernels, "linear_rows") else None

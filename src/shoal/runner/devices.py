@@ -8,7 +8,7 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.model.cpu_features import effective_cpu_features
 from shoal.model.errors import ModelLoadError
-from shoal.model.native_kernels import load_native_kernels
+from shoal.model.native_kernels import load_native_linear
 from shoal.model.registry import resolve_model
 
 
@@ -25,14 +25,15 @@ def resolve_device(config: EngineConfig, rank: int = 0) -> torch.device:
 
 def keeps_quantized(config: EngineConfig, device: torch.device) -> bool:
     """Whether the model's GGUF-quantized matrices stay quantized: asked for, a GGUF model, a CPU
-    device where the native kernels build, and private packed weights (not share_weights)."""
+    device where the native matrix multiply builds (AVX2 or more), and private packed weights (not
+    share_weights)."""
     if not config.keep_quantized or config.share_weights or device.type != "cpu":
         return False
     try:
         gguf = resolve_model(config.model).kind == "gguf"
     except ModelLoadError:
         return False  # the load reports it
-    return gguf and load_native_kernels() is not None
+    return gguf and load_native_linear() is not None
 
 
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:

@@ -20,9 +20,10 @@
 // odd then the even product of each pair of k (VDPBF16PS's order, emulated with two FMAs where the
 // instruction is missing); quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and
 // scaled into the running sum once per block (q4_1 then adds m * sum(x over the block)).
-// The vector width follows the compiler flags (AVX-512, AVX2, or scalar code for the x86-64
-// baseline); the flags are the effective instruction set's (cpu_features), so forcing a narrower
-// set builds and runs the narrower path. Built with -ffp-contract=off: the only fused operations
+// The vector width follows the compiler flags (AVX-512 or AVX2); the flags are the effective
+// instruction set's (cpu_features), so forcing a narrower set builds and runs the narrower path.
+// AVX2 is the floor: built for less, the library has no matrix-multiply operators and torch's
+// kernels do the work. Built with -ffp-contract=off: the only fused operations
 // are the explicit ones.
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -33,11 +34,15 @@
 #include <torch/library.h>
 
 #include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <string>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)  // else: no operators (see header)
 
 namespace {
 
@@ -47,6 +52,12 @@ namespace {
 #define SHOAL_BF16_DOT 1
 #else
 #define SHOAL_BF16_DOT 0
+#endif
+// Where AMX is present, bf16 weights run on its tiles for every row count (amx_run below).
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define SHOAL_AMX 1
+#else
+#define SHOAL_AMX 0
 #endif
 
 constexpr int64_t kPanel = 16;  // output columns per panel
@@ -58,20 +69,8 @@ constexpr int64_t kQ8PanelBlockBytes = 2 * kPanel + kBlock * kPanel;           /
 constexpr int64_t kQ4PanelBlockBytes = 2 * 2 * kPanel + (kBlock / 2) * kPanel;  // 320
 
 inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
-inline float bf16_to_float(uint16_t bits) {
-  uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float value;
-  std::memcpy(&value, &wide, sizeof(value));
-  return value;
-}
 
-#if !defined(__AVX2__) && defined(__GNUC__) && !defined(__clang__)
-// GCC 12's loop vectorizer, at -O3 for the x86-64 baseline, adds one product of the bf16 path twice
-// (seen with K = 4 and one row); the scalar fallback runs unvectorized instead.
-#pragma GCC optimize("no-tree-vectorize")
-#endif
-
-// Sixteen float lanes: one zmm, two ymm, or an array of floats for the x86-64 baseline.
+// Sixteen float lanes: one zmm or two ymm.
 struct Vec {
 #if defined(__AVX512F__)
   __m512 v;
@@ -97,7 +96,7 @@ struct Vec {
   static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
   static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
-#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#else
   __m256 lo, hi;
   static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
   static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
@@ -131,53 +130,6 @@ struct Vec {
     _mm256_storeu_ps(p, lo);
     _mm256_storeu_ps(p + 8, hi);
   }
-#else
-  float f[kPanel];
-  static Vec zero() { return broadcast(0.f); }
-  static Vec load(const float* p) {
-    Vec r;
-    std::memcpy(r.f, p, sizeof(r.f));
-    return r;
-  }
-  static Vec broadcast(float s) {
-    Vec r;
-    for (int i = 0; i < kPanel; ++i) r.f[i] = s;
-    return r;
-  }
-  static Vec halves(const uint16_t* p) {
-    Vec r;
-    for (int i = 0; i < kPanel; ++i) r.f[i] = half_to_float(p[i]);
-    return r;
-  }
-  static Vec int8s(const int8_t* p) {
-    Vec r;
-    for (int i = 0; i < kPanel; ++i) r.f[i] = static_cast<float>(p[i]);
-    return r;
-  }
-  static void nibbles(const uint8_t* p, Vec& low, Vec& high) {
-    for (int i = 0; i < kPanel; ++i) {
-      low.f[i] = static_cast<float>(p[i] & 15);
-      high.f[i] = static_cast<float>(p[i] >> 4);
-    }
-  }
-  static void bf16_pairs(const uint16_t* p, Vec& even, Vec& odd) {
-    for (int i = 0; i < kPanel; ++i) {
-      even.f[i] = bf16_to_float(p[2 * i]);
-      odd.f[i] = bf16_to_float(p[2 * i + 1]);
-    }
-  }
-  // The baseline has no fused multiply-add instruction: a rounded multiply, then a rounded add.
-  static Vec fma(Vec a, Vec b, Vec c) {
-    Vec r;
-    for (int i = 0; i < kPanel; ++i) r.f[i] = a.f[i] * b.f[i] + c.f[i];
-    return r;
-  }
-  static Vec add(Vec a, Vec b) {
-    Vec r;
-    for (int i = 0; i < kPanel; ++i) r.f[i] = a.f[i] + b.f[i];
-    return r;
-  }
-  void store(float* p) const { std::memcpy(p, f, sizeof(f)); }
 #endif
 };
 
@@ -292,6 +244,28 @@ void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R]
   }
 }
 
+// Writes one row's sums of one panel (plus bias) to the output, in the output's dtype (16-bit
+// results rounded to nearest even); columns past N are dropped.
+inline void store_row(const Problem& pr, int64_t row, int64_t panel, Vec sum) {
+  const int64_t col = panel * kPanel, width = std::min(kPanel, pr.n - col), at = row * pr.n + col;
+  if (pr.bias) sum = Vec::add(sum, Vec::load(pr.bias + col));
+  if (pr.out_type == at::kFloat && width == kPanel) {
+    sum.store(static_cast<float*>(pr.out) + at);
+    return;
+  }
+  float lanes[kPanel];
+  sum.store(lanes);
+  if (pr.out_type == at::kFloat) {
+    std::memcpy(static_cast<float*>(pr.out) + at, lanes, width * sizeof(float));
+  } else if (pr.out_type == at::kBFloat16) {
+    uint16_t* o = static_cast<uint16_t*>(pr.out) + at;
+    for (int64_t c = 0; c < width; ++c) o[c] = c10::BFloat16(lanes[c]).x;
+  } else {
+    uint16_t* o = static_cast<uint16_t*>(pr.out) + at;
+    for (int64_t c = 0; c < width; ++c) o[c] = c10::Half(lanes[c]).x;
+  }
+}
+
 template <int R, int P>
 void tile(const Problem& pr, int64_t row, int64_t panel) {
   Vec acc[R][P];
@@ -303,30 +277,8 @@ void tile(const Problem& pr, int64_t row, int64_t panel) {
     case kBF16: tile_bf16<R, P>(pr, row, panel, acc); break;
     default: tile_quantized<R, P>(pr, row, panel, acc); break;
   }
-  for (int p = 0; p < P; ++p) {
-    const Vec bias = pr.bias ? Vec::load(pr.bias + (panel + p) * kPanel) : Vec::zero();
-    const int64_t col = (panel + p) * kPanel, width = std::min(kPanel, pr.n - col);
-    for (int r = 0; r < R; ++r) {
-      const Vec sum = pr.bias ? Vec::add(acc[r][p], bias) : acc[r][p];
-      const int64_t at = (row + r) * pr.n + col;
-      if (pr.out_type != at::kFloat) {  // rounded to nearest even
-        float lanes[kPanel];
-        sum.store(lanes);
-        uint16_t* o = static_cast<uint16_t*>(pr.out) + at;
-        if (pr.out_type == at::kBFloat16) {
-          for (int64_t c = 0; c < width; ++c) o[c] = c10::BFloat16(lanes[c]).x;
-        } else {
-          for (int64_t c = 0; c < width; ++c) o[c] = c10::Half(lanes[c]).x;
-        }
-      } else if (width == kPanel) {
-        sum.store(static_cast<float*>(pr.out) + at);
-      } else {
-        float lanes[kPanel];
-        sum.store(lanes);
-        std::memcpy(static_cast<float*>(pr.out) + at, lanes, width * sizeof(float));
-      }
-    }
-  }
+  for (int p = 0; p < P; ++p)
+    for (int r = 0; r < R; ++r) store_row(pr, row + r, panel + p, acc[r][p]);
 }
 
 // Register blocking: a thread walks its panels `wide` at a time and, for each group, every row of
@@ -396,11 +348,93 @@ void run(const Problem& pr) {
   });
 }
 
+#if SHOAL_AMX
+// AMX: C[16 rows x 16 columns] += A[16 rows x 32 k] . B[16 pairs of k x 16 columns] per TDPBF16PS.
+// B tiles are 16 consecutive pairs of a bf16 panel (1 KiB, contiguous); A tiles are 16 rows of x,
+// zero-padded to whole tiles. Each element adds its k pairs in order, each as TDPBF16PS defines
+// it, and no element reads another row, so padding rows or columns changes no row's bits.
+// Tiles 0-3 accumulate, 4-5 hold x, 6-7 weights.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+bool amx_permitted() {  // Linux hands out the tile state only on request (ARCH_REQ_XCOMP_PERM, XTILEDATA)
+  static const bool granted = syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+  return granted;
+}
+
+void amx_configure() {
+  TileConfig config;
+  for (int t = 0; t < 8; ++t) config.colsb[t] = 64, config.rows[t] = 16;
+  _tile_loadconfig(&config);
+}
+
+// The sums of rows [row, row + 16 * blocks) and panels [panel, panel + panels), blocks and panels
+// each 1 or 2, written through store_row (rows past M dropped).
+void amx_tiles(const Problem& pr, int64_t row, int blocks, int64_t panel, int panels) {
+  const int64_t steps = pr.panel_bytes / 1024, lda = pr.ldx * 4;
+  const uint8_t* a = reinterpret_cast<const uint8_t*>(pr.xpairs) + row * lda;
+  const uint8_t* b0 = panel_at(pr, panel);
+  const uint8_t* b1 = panel_at(pr, panel + panels - 1);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t step = 0; step < steps; ++step) {
+    for (int line = 0; line < 1024; line += 64) {  // the weights two steps ahead
+      _mm_prefetch(reinterpret_cast<const char*>(b0 + (step + 2) * 1024 + line), _MM_HINT_T0);
+      if (panels == 2) _mm_prefetch(reinterpret_cast<const char*>(b1 + (step + 2) * 1024 + line), _MM_HINT_T0);
+    }
+    _tile_loadd(4, a + step * 64, lda);
+    _tile_loadd(6, b0 + step * 1024, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if (panels == 2) {
+      _tile_loadd(7, b1 + step * 1024, 64);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    if (blocks == 2) {
+      _tile_loadd(5, a + 16 * lda + step * 64, lda);
+      _tile_dpbf16ps(2, 5, 6);
+      if (panels == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  alignas(64) float sums[4][16 * kPanel];
+  _tile_stored(0, sums[0], 64);
+  _tile_stored(1, sums[1], 64);
+  _tile_stored(2, sums[2], 64);
+  _tile_stored(3, sums[3], 64);
+  for (int bl = 0; bl < blocks; ++bl)
+    for (int p = 0; p < panels; ++p)
+      for (int64_t r = 0; r < 16 && row + bl * 16 + r < pr.m; ++r)
+        store_row(pr, row + bl * 16 + r, panel + p, Vec::load(sums[bl * 2 + p] + r * kPanel));
+}
+
+// As run(), on 32-row chunks: each thread configures its own tiles and walks its panels in pairs.
+void amx_run(const Problem& pr) {
+  const int64_t panels = (pr.n + kPanel - 1) / kPanel, blocks = (pr.m + 15) / 16, chunks = (blocks + 1) / 2;
+  at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
+    amx_configure();
+    for (int64_t task = begin; task < end;) {
+      const int64_t chunk = task / panels, panel = task % panels;
+      const int64_t count = std::min(panels - panel, end - task);
+      const int tall = std::min<int64_t>(2, blocks - chunk * 2);
+      for (int64_t p = panel; p < panel + count; p += 2)
+        amx_tiles(pr, chunk * 32, tall, p, std::min<int64_t>(2, panel + count - p));
+      task += count;
+    }
+    _tile_release();
+  });
+}
+#endif
+
 int64_t panel_bytes(Format format, int64_t k) {
   switch (format) {
     case kF32: return k * kPanel * 4;
     case kF16: return k * kPanel * 2;
-    case kBF16: return (k + 1) / 2 * 2 * kPanel * 2;
+    case kBF16: return (k + kBlock - 1) / kBlock * kBlock * kPanel * 2;  // k padded to whole AMX tiles
     case kQ8_0: return k / kBlock * kQ8PanelBlockBytes;
     default: return k / kBlock * kQ4PanelBlockBytes;
   }
@@ -508,18 +542,24 @@ at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int6
   // x as the kernel reads it: bf16 pairs for hardware bf16 dot products, float32 otherwise; a
   // copy only where x is not in that form already (an odd K is padded with one zero).
   at::Tensor xk;
+#if SHOAL_AMX
+  const bool amx = format == kBF16 && x.scalar_type() == at::kBFloat16 && amx_permitted();
+#else
+  const bool amx = false;
+#endif
 #if SHOAL_BF16_DOT
   const bool pairs = format == kBF16 && x.scalar_type() == at::kBFloat16;
 #else
-  const bool pairs = false;
+  const bool pairs = amx;
 #endif
   const at::ScalarType wanted = pairs ? at::kBFloat16 : at::kFloat;
-  const int64_t width = format == kBF16 ? (k + 1) / 2 * 2 : k;
-  if (x.scalar_type() == wanted && width == k && x.is_contiguous()) {
+  const int64_t width = amx ? (k + kBlock - 1) / kBlock * kBlock : format == kBF16 ? (k + 1) / 2 * 2 : k;
+  const int64_t height = amx ? (m + 31) / 32 * 32 : m;  // AMX: whole 32-row chunks
+  if (x.scalar_type() == wanted && width == k && height == m && x.is_contiguous()) {
     xk = x;
   } else {
-    xk = at::zeros({m, width}, x.options().dtype(wanted));
-    xk.narrow(1, 0, k).copy_(x);
+    xk = at::zeros({height, width}, x.options().dtype(wanted));
+    xk.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
   }
   if (pairs) {
     pr.xpairs = reinterpret_cast<const uint32_t*>(xk.data_ptr<at::BFloat16>());
@@ -546,6 +586,12 @@ at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int6
     bias_panels.narrow(0, 0, n).copy_(*bias);
     pr.bias = bias_panels.data_ptr<float>();
   }
+#if SHOAL_AMX
+  if (amx) {
+    amx_run(pr);
+    return out;
+  }
+#endif
   run(pr);
   return out;
 }
@@ -554,3 +600,5 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.def("pack_linear(Tensor weight, str source, int k) -> Tensor", &pack_linear);
   m.def("linear_rows(Tensor x, Tensor packed, str source, int n, Tensor? bias) -> Tensor", &linear_rows);
 }
+
+#endif
