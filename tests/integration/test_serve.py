@@ -26,7 +26,13 @@ def test_one_command_serves_restarts_crashed_workers_and_stops_cleanly(deploy):
     process, url, state_dir, output = deploy(replicas=2)
     assert f"OpenAI endpoint {url}/v1" in output.read_text()
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=60)
-    answer = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}], max_tokens=8)
+    answer = client.chat.completions.create(  # seeded, so the random tiny model's answer is the same every run
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        seed=1,
+        extra_body={"ignore_eos": True},
+    )
     assert answer.choices[0].message.content and answer.usage.completion_tokens == 8
 
     shown = shoal("status", "--state-dir", str(state_dir))

@@ -1,6 +1,7 @@
-"""Tensor parallelism: TP=2 gives the single-process engine's greedy tokens at batch 1 and 8, on
-the tiny model and on SmolLM2 (whose 3 KV heads split 2 + 1); a rank that dies takes its replica
-down as a whole, and the router carries the replica's stream on elsewhere, token for token."""
+"""Tensor parallelism: on SmolLM2 (whose 3 KV heads split 2 + 1 or 1 + 1 + 1) TP=2 and TP=3 give
+the single process's greedy and seeded tokens at batch 8 and 1, on the quantized blocks and in
+bfloat16; a rank that dies takes its replica down as a whole, and the router carries the replica's
+stream on elsewhere, token for token."""
 
 from __future__ import annotations
 
@@ -16,30 +17,33 @@ import pytest
 from shoal.engine.sampling_params import SamplingParams
 from shoal.llm import LLM
 from tests.support.fleet import admin, router_config, start
-from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
+from tests.support.prompts import TEXT_PROMPTS
 from tests.support.routers import stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 
-def greedy_tokens(model: str, prompts: list, cache_dir, max_tokens: int, **options) -> list[list[int]]:
-    llm = LLM(model, dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(cache_dir), **options)
+def generated_tokens(model: str, prompts: list, cache_dir, params: list, **options) -> list[list[int]]:
+    """The tokens of every prompt run together, then of the first alone."""
+    llm = LLM(model, kv_cache_bytes=16 << 20, cache_dir=str(cache_dir), **options)
     try:
-        params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
         batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        alone = llm.generate(prompts[0], params)[0].outputs[0].token_ids
+        alone = llm.generate(prompts[0], params[0])[0].outputs[0].token_ids
         return batched + [alone]
     finally:
         llm.shutdown()
 
 
-@pytest.mark.parametrize("which", ["tiny", "smollm2"])
-def test_two_ranks_give_the_single_process_greedy_tokens_at_batch_8_and_1(which, tiny_model_dir, shoal_cache_dir):
-    model, prompts, max_tokens = (
-        (str(tiny_model_dir), TINY_PROMPTS, 24) if which == "tiny" else ("smollm2-135m-instruct", TEXT_PROMPTS, 16)
-    )
-    expected = greedy_tokens(model, prompts, shoal_cache_dir, max_tokens)
-    assert greedy_tokens(model, prompts, shoal_cache_dir, max_tokens, tensor_parallel_size=2) == expected
+@pytest.mark.parametrize("dtype,size", [("auto", 2), ("bfloat16", 3)])
+def test_every_degree_gives_the_single_process_greedy_and_seeded_tokens_on_smollm2(dtype, size, shoal_cache_dir):
+    """auto: float32 activations on the GGUF's quantized blocks (TP=2 splits the KV heads 2 + 1);
+    bfloat16 on AMX tiles where the CPU has them (TP=3: one KV head each)."""
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True)
+        for i in range(len(TEXT_PROMPTS))
+    ]
+    run = dict(model="smollm2-135m-instruct", prompts=TEXT_PROMPTS, cache_dir=shoal_cache_dir, params=params)
+    assert generated_tokens(**run, dtype=dtype, tensor_parallel_size=size) == generated_tokens(**run, dtype=dtype)
 
 
 def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):

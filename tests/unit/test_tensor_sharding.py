@@ -1,4 +1,5 @@
-"""How tensor parallelism splits a model: contiguous, as even as possible, uneven when it must be."""
+"""How tensor parallelism splits a model: contiguous, as even as possible, uneven when it must be;
+the output projections by their output rows."""
 
 from __future__ import annotations
 
@@ -54,16 +55,17 @@ def test_three_kv_heads_over_two_ranks_shard_into_whole_head_groups_and_reassemb
     for name, dim in [
         ("self_attn.q_proj.weight", 0),
         ("self_attn.k_proj.weight", 0),
-        ("self_attn.o_proj.weight", 1),
+        ("self_attn.o_proj.weight", 0),
+        ("self_attn.o_proj.bias", 0),
         ("mlp.gate_proj.weight", 0),
-        ("mlp.down_proj.weight", 1),
+        ("mlp.down_proj.weight", 0),
     ]:
         assert torch.equal(torch.cat([w[prefix + name] for _, w in shards], dim=dim), weights[prefix + name])
     assert torch.equal(
         torch.cat([w["model.embed_tokens.weight"] for _, w in shards]), weights["model.embed_tokens.weight"]
     )
-    # The o_proj bias is added by one rank only, before the partial sums meet.
-    assert [prefix + "self_attn.o_proj.bias" in w for _, w in shards] == [True, False]
+    # The output projections keep every input column of the rows a rank holds.
+    assert [w[prefix + "mlp.down_proj.weight"].shape for _, w in shards] == [(18, 30), (18, 30)]
     assert all(torch.equal(w["model.norm.weight"], weights["model.norm.weight"]) for _, w in shards)
 
 

@@ -3,7 +3,7 @@
 Weights use Hugging Face names and layout. Unless prepacked for the CPU's GEMM kernels they are
 referenced, not copied, so memory-mapped cache files stay shared between processes. A model object
 may hold a contiguous range of layers (a pipeline stage) and, within it, one rank's shard
-(tensor parallelism); the partial sums of a sharded layer meet in explicit `all_sum` calls. Every matrix
+(tensor parallelism); a sharded layer's pieces meet in explicit gathers (see sharding). Every matrix
 multiply goes through `InvariantLinear` and attention through one of two batch-invariant kernels
 (the C++ row kernel on CPUs, the tiled torch kernel elsewhere), so a token's hidden states never
 depend on its batch.
@@ -42,8 +42,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class DecoderLayer:
     """One attention + SwiGLU MLP block, with q/k/v and gate/up each fused into one projection.
-    `config` has this rank's head and intermediate counts; `all_sum` adds the ranks' partial
-    outputs of the row-parallel projections (the identity without tensor parallelism)."""
+    `config` has this rank's head and intermediate counts, `model_config` the whole model's; with
+    `tensor_parallel`, the inputs and outputs of o_proj and down_proj are gathered from all ranks."""
 
     def __init__(
         self,
@@ -53,11 +53,13 @@ class DecoderLayer:
         tile_rows: int,
         prepack: bool,
         attention: AttentionKernel,
-        all_sum: Callable[[torch.Tensor], torch.Tensor],
+        model_config: LlamaConfig,
+        tensor_parallel: TensorParallel | None,
     ):
         self.config = config
         self.attention = attention
-        self.all_sum = all_sum
+        self.model_config = model_config
+        self.tensor_parallel = tensor_parallel
         attn = prefix + "self_attn."
         self.qkv = InvariantLinear(
             [weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
@@ -93,13 +95,23 @@ class DecoderLayer:
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
-        hidden = hidden + self.all_sum(self.o(self.attention(q, cache, meta, self.scale)))
+        heads = self._gathered(self.attention(q, cache, meta, self.scale), "heads")
+        hidden = hidden + self._gathered(self.o(heads), "hidden")
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
-        return hidden + self.all_sum(self.down(nn.functional.silu(gate) * up))
+        activation = self._gathered(nn.functional.silu(gate) * up, "intermediate")
+        return hidden + self._gathered(self.down(activation), "hidden")
 
-
-def _unsharded(partial: torch.Tensor) -> torch.Tensor:
-    return partial
+    def _gathered(self, part: torch.Tensor, columns: str) -> torch.Tensor:
+        """This rank's columns of an activation joined with every other rank's (itself without TP)."""
+        if self.tensor_parallel is None:
+            return part
+        whole = self.model_config
+        count, unit = {
+            "heads": (whole.num_kv_heads, whole.num_queries_per_kv * whole.head_dim),
+            "intermediate": (whole.intermediate_size, 1),
+            "hidden": (whole.hidden_size, 1),
+        }[columns]
+        return self.tensor_parallel.all_gather_columns(part, count, unit)
 
 
 class LlamaModel:
@@ -130,11 +142,11 @@ class LlamaModel:
             for name, t in weights.items()
             if not name.startswith("model.layers.") or name.startswith(tuple(wanted))
         }
+        model_config = config
         if tensor_parallel is not None:
             config, weights = shard_weights(config, weights, tensor_parallel)
         self.config = config
         self.device = torch.device(device)
-        self.all_sum = tensor_parallel.all_sum if tensor_parallel else _unsharded
         self.vocab_range = tensor_parallel.split(config.vocab_size) if tensor_parallel else (0, config.vocab_size)
         embed = weights["model.embed_tokens.weight"]
         self.dtype = weights["model.norm.weight"].dtype
@@ -146,7 +158,9 @@ class LlamaModel:
         self.attention_uses_tiles = attention is tiled_paged_attention
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
-            DecoderLayer(config, on_device, f"model.layers.{i}.", tile_rows, prepack, attention, self.all_sum)
+            DecoderLayer(
+                config, on_device, f"model.layers.{i}.", tile_rows, prepack, attention, model_config, tensor_parallel
+            )
             for i in self.layer_range
         ]
         self.rope = RotaryEmbedding(config).to(self.device)
@@ -170,7 +184,7 @@ class LlamaModel:
         start, end = self.vocab_range
         mine = (input_ids >= start) & (input_ids < end)
         rows = self._embedding_rows((input_ids - start).clamp(0, end - start - 1)) * mine.unsqueeze(1).to(self.dtype)
-        return self.all_sum(rows)
+        return self.tensor_parallel.all_sum(rows)
 
     def _embedding_rows(self, ids: torch.Tensor) -> torch.Tensor:
         rows = self.embed[ids]

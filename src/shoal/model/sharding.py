@@ -2,14 +2,18 @@
 
 Attention is split by key/value-head groups: each rank holds whole groups (its KV heads and the
 query heads that read them), so attention needs nothing from other ranks. The MLP is split by
-intermediate columns. The output projections (o_proj, down_proj) are row-parallel: each rank
-produces a partial sum, and the layer code adds the partials with an explicit `all_sum`. The
-embedding and the LM head are split by vocabulary. Splits may be uneven (SmolLM2 has 3 KV heads,
-so TP=2 holds 2 + 1), which is why the tensor-parallel size is bounded by the KV-head count.
+intermediate columns. The output projections (o_proj, down_proj) are split by their output
+columns, each rank holding every input column of its rows: the layer code gathers their input
+(the attention output, the MLP activation) from all ranks in rank order, each rank computes its
+output columns, and those are gathered. The embedding and the LM head are split by vocabulary.
+Splits may be uneven (SmolLM2 has 3 KV heads, so TP=2 holds 2 + 1), which is why the
+tensor-parallel size is bounded by the KV-head count.
 
-`all_sum` gathers every rank's partial and adds them in rank order on each rank: the result is
-identical on all ranks and each row depends on that row alone, whatever the batch (a ring
-all-reduce's summation order would follow the tensor's size, breaking batch invariance).
+Invariant: nothing is ever summed across ranks except the embedding lookup, where exactly one
+rank holds each token's row and the others add zeros. Every output element of every projection is
+computed whole, by one kernel call over all of K, exactly as in one process (the native kernel's
+element does not depend on the columns around it), so every TP degree gives the single process's
+bits, and a stream can move between replicas of different degrees token-exact.
 """
 
 from __future__ import annotations
@@ -40,22 +44,22 @@ class TensorParallel:
         return start, start + base + (self.rank < extra)
 
     def all_sum(self, partial: torch.Tensor) -> torch.Tensor:
-        """The sum over ranks of `partial` (same shape on every rank), added in rank order."""
+        """The sum over ranks of `partial` (same shape on every rank), added in rank order: the result
+        is identical on all ranks and each row depends on that row alone."""
         parts = self._all_gather(partial.contiguous())
         total = parts[0]
         for part in parts[1:]:
             total = total + part
         return total
 
-    def all_gather_columns(self, part: torch.Tensor, total_columns: int) -> torch.Tensor:
-        """Concatenates each rank's columns [.., start:end) of a [N, total_columns] tensor."""
-        widest = -(-total_columns // self.size)
-        padded = torch.nn.functional.pad(part, (0, widest - part.shape[1])).contiguous()
-        parts = self._all_gather(padded)
+    def all_gather_columns(self, part: torch.Tensor, count: int, unit: int = 1) -> torch.Tensor:
+        """Concatenates, in rank order, each rank's columns of a [N, count * unit] tensor: rank r holds
+        units split(count) of `unit` columns each (KV-head groups, or single columns)."""
         ranks = [dataclasses.replace(self, rank=r) for r in range(self.size)]
-        return torch.cat(
-            [p[:, : end - start] for p, (start, end) in zip(parts, (r.split(total_columns) for r in ranks))], dim=1
-        )
+        widths = [(end - start) * unit for start, end in (r.split(count) for r in ranks)]
+        padded = torch.nn.functional.pad(part, (0, max(widths) - part.shape[1])).contiguous()
+        parts = self._all_gather(padded)
+        return torch.cat([p[:, :width] for p, width in zip(parts, widths)], dim=1)
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
@@ -81,6 +85,7 @@ def shard_weights(
     q_rows = slice(kv_start * group * dim, kv_end * group * dim)
     kv_rows = slice(kv_start * dim, kv_end * dim)
     mlp_start, mlp_end = tp.split(config.intermediate_size)
+    out_start, out_end = tp.split(config.hidden_size)
     vocab_start, vocab_end = tp.split(config.vocab_size)
     local = {}
     for name, tensor in weights.items():
@@ -88,15 +93,10 @@ def shard_weights(
             local[name] = tensor[q_rows]
         elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
             local[name] = tensor[kv_rows]
-        elif name.endswith("o_proj.weight"):
-            local[name] = tensor[:, q_rows].contiguous()
-        elif name.endswith("o_proj.bias"):
-            if tp.rank == 0:  # added once, before the partial sums meet
-                local[name] = tensor
+        elif name.endswith(("o_proj.weight", "o_proj.bias", "down_proj.weight")):
+            local[name] = tensor[out_start:out_end]  # output rows, every input column
         elif name.endswith(("gate_proj.weight", "up_proj.weight")):
             local[name] = tensor[mlp_start:mlp_end]
-        elif name.endswith("down_proj.weight"):
-            local[name] = tensor[:, mlp_start:mlp_end].contiguous()
         elif name in ("model.embed_tokens.weight", "lm_head.weight"):
             local[name] = tensor[vocab_start:vocab_end]
         else:  # norms: every rank needs them whole
