@@ -1,0 +1,98 @@
+"""The model's matrix multiplies alone, per kernel and weight format, against the weight stream.
+
+SmolLM2-135M's projection shapes (q/k/v fused, o, gate/up fused, down) in 30 layers of distinct
+random weights, so every call streams its weights from memory as a decode step does, at M rows:
+
+- `torch F.linear`: torch's own GEMM (oneDNN, shapes chosen per M; not batch invariant);
+- `oneDNN tiles`: the tiled backend (32-row tiles, the default before the native kernel);
+- `native <format>`: shoal's kernel (csrc/linear_cpu.cpp) on packed f32, bf16 (AMX tiles where the
+  CPU has them), Q8_0 and Q4_1 weights.
+
+`stream` is the time to read each format's packed weights once (a sum over them, per tensor): the
+floor for one row. Best of --repeats. Usage:
+
+    .venv/bin/python benchmarks/linear_kernels.py [--rows 1,8,32,64] [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+
+import gguf
+import numpy as np
+import torch
+
+from shoal.model.invariant_linear import InvariantLinear
+from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
+
+SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K) of one SmolLM2 layer
+LAYERS = 30
+
+
+def quantized(weight: torch.Tensor, kind: str) -> QuantizedWeight:
+    blocks = gguf.quants.quantize(weight.numpy(), GGML_TYPES[kind]).view(np.uint8).reshape(weight.shape[0], -1)
+    return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, weight.shape[1])
+
+
+def best_ms(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,8,32,64")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    torch.manual_seed(0)
+    dense = [torch.randn(n, k) * 0.02 for _ in range(LAYERS) for n, k in SHAPES]
+    kernels = {
+        "torch F.linear bf16": ([w.bfloat16() for w in dense], torch.bfloat16, None),
+        "oneDNN tiles bf16": ([InvariantLinear([w.bfloat16()], None, 32, False) for w in dense], torch.bfloat16, None),
+        "native bf16": ([InvariantLinear([w.bfloat16()], None, 32, True) for w in dense], torch.bfloat16, None),
+        "native f32": ([InvariantLinear([w], None, 16, True) for w in dense], torch.float32, None),
+        **{
+            f"native {kind}": (
+                [InvariantLinear([quantized(w, kind)], None, 16, True) for w in dense],
+                torch.float32,
+                kind,
+            )
+            for kind in ("q8_0", "q4_1")
+        },
+    }
+    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
+    print(f"CPU: {model}; torch threads {torch.get_num_threads()}; {LAYERS} layers of {SHAPES}")
+    print(f"{'kernel':22s} {'MB':>7s} {'stream ms':>9s} " + " ".join(f"{'M=' + str(m):>9s}" for m in rows))
+    for name, (layers, dtype, _) in kernels.items():
+        if name.startswith("torch"):
+            weights = layers
+            packed = weights
+        else:
+            packed = [p for layer in layers for p, *_ in getattr(layer, "parts", [])] or [
+                w for layer in layers for w in layer.weights
+            ]
+        floats = [p.view(-1)[: p.numel() // 4 * 4].view(torch.float32) if p.dtype == torch.uint8 else p for p in packed]
+        megabytes = sum(p.numel() * p.element_size() for p in packed) / 1e6
+        stream = best_ms(lambda: [f.sum() for f in floats], args.repeats)
+        cells = []
+        for m in rows:
+            xs = {k: torch.randn(m, k).to(dtype) for k in (576, 1536)}
+            if name.startswith("torch"):
+                run = lambda: [torch.nn.functional.linear(xs[w.shape[1]], w) for w in layers]  # noqa: E731
+            else:
+                run = lambda: [layer(xs[k]) for layer, (_, k) in zip(layers, SHAPES * LAYERS)]  # noqa: E731
+            cells.append(best_ms(run, args.repeats))
+        print(f"{name:22s} {megabytes:7.1f} {stream:9.2f} " + " ".join(f"{c:9.2f}" for c in cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
