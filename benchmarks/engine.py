@@ -999,7 +999,8 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
         bw = ceil.get("bandwidth", {}).get("gguf_q4_1" if dtype == "q4_1" else dtype, {})
         if 1 in runs and "ceiling_tok_s" in bw:
             vc["c1_gen_over_bandwidth_ceiling"] = runs[1]["gen_tok_s"] / bw["ceiling_tok_s"]
-            vc["c1_gen_over_per_tensor_ceiling"] = runs[1]["gen_tok_s"] / bw["per_tensor_ceiling_tok_s"]
+            if "per_tensor_ceiling_tok_s" in bw:
+                vc["c1_gen_over_per_tensor_ceiling"] = runs[1]["gen_tok_s"] / bw["per_tensor_ceiling_tok_s"]
         gemm = ceil.get("gemm", {}).get("float32" if dtype == "q4_1" else dtype, {})  # q4_1 multiplies in float32
         top = max(runs)
         if "roofline_tok_s" in gemm:
