@@ -13,7 +13,7 @@ One run, one machine, one model (SmolLM2-135M-Instruct from the GGUF bundled in 
    per weight format) and large-GEMM FLOP/s (-> compute roofline tokens/s for large batches).
 
 Usage:
-    .venv/bin/python benchmarks/engine.py                  # default run (bfloat16 shoal, c = 1,8,32,64)
+    .venv/bin/python benchmarks/engine.py                  # default run (shoal bfloat16 and q4_1, c = 1,8,32,64)
     .venv/bin/python benchmarks/engine.py --dtypes bfloat16,float32,q4_1   # q4_1: the GGUF's blocks as they are
     .venv/bin/python benchmarks/engine.py --quick          # c = 1,8 and 32 new tokens, to iterate
 
@@ -1102,7 +1102,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated numbers of concurrent requests")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
-    p.add_argument("--dtypes", default="bfloat16", help="shoal dtypes, comma-separated (bfloat16,float32)")
+    p.add_argument("--dtypes", default="bfloat16,q4_1", help="shoal formats, comma-separated (bfloat16,float32,q4_1)")
     p.add_argument("--hf-dtypes", default="float32,bfloat16", help="transformers dtypes ('' to skip)")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-llama", action="store_true")

@@ -80,7 +80,8 @@ def main() -> None:
             packed = [p for layer in layers for p, *_ in getattr(layer, "parts", [])] or [
                 w for layer in layers for w in layer.weights
             ]
-        floats = [p.view(-1)[: p.numel() // 4 * 4].view(torch.float32) if p.dtype == torch.uint8 else p for p in packed]
+        raw = [p.contiguous().view(-1).view(torch.uint8) for p in packed]  # every format's bytes, summed as floats
+        floats = [r[: r.numel() // 4 * 4].view(torch.float32) for r in raw]
         megabytes = sum(p.numel() * p.element_size() for p in packed) / 1e6
         stream = best_ms(lambda: [f.sum() for f in floats], args.repeats)
         cells = []

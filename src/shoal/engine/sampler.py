@@ -47,7 +47,8 @@ class SamplingRow:
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
     """logits: float32 [len(rows), vocab]. Each row's result depends on that row alone."""
     plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
-    picked = dict(zip(plain, logits[plain].argmax(dim=-1).tolist())) if plain else {}
+    greedy = logits if len(plain) == len(rows) else logits[plain]  # no copy when every row is greedy
+    picked = dict(zip(plain, greedy.argmax(dim=-1).tolist())) if plain else {}
     return [SampledToken(picked[i]) if i in picked else _sample_row(logits[i], row) for i, row in enumerate(rows)]
 
 
