@@ -1163,8 +1163,8 @@ def markdown_report(results: dict[str, Any]) -> str:
     for r in results["table"]:
         cached = r.get("prefix_cached_tokens")
         out.append(
-            f"| {r['engine']} | {r['dtype']} | {r['c']} | {num(r['end_to_end_tok_s'])} | {num(r['gen_tok_s'])} "
-            f"| {num(r['ttft_ms_mean'])} | {num(r.get('itl_ms_mean'), 2)} | {num(r.get('itl_ms_p50'), 2)} "
+            f"| {r['engine']} | {r['dtype']} | {r['c']} | {num(r['end_to_end_tok_s'])} | {num(r.get('gen_tok_s'))} "
+            f"| {num(r.get('ttft_ms_mean'))} | {num(r.get('itl_ms_mean'), 2)} | {num(r.get('itl_ms_p50'), 2)} "
             f"| {num(r.get('itl_ms_p90'), 2)} | {num(r.get('per_token_ms'), 2)} "
             f"| {'-' if cached is None else cached} | {num(r.get('other_cores'), 2)} |"
         )

@@ -18,8 +18,10 @@
 //   q4_0 is packed as q4_1 with m = -8d.
 // Accumulation is float32. Per element: f32 is one fused multiply-add chain over k; bf16 adds the
 // odd then the even product of each pair of k (VDPBF16PS's order, emulated with two FMAs where the
-// instruction is missing); quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and
-// scaled into the running sum once per block (q4_1 then adds m * sum(x over the block)).
+// instruction is not used); quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and
+// scaled into the running sum once per block (q4_1 then adds m * sum(x over the block)). Where the
+// CPU has AMX, bf16 weights run on its tiles instead, for every row count (amx_run): one path per
+// format and machine, never two for one matrix.
 // The vector width follows the compiler flags (AVX-512 or AVX2); the flags are the effective
 // instruction set's (cpu_features), so forcing a narrower set builds and runs the narrower path.
 // AVX2 is the floor: built for less, the library has no matrix-multiply operators and torch's
@@ -149,7 +151,7 @@ struct Problem {
   at::ScalarType out_type;
 };
 
-constexpr int64_t kPrefetchPairs = 128;  // weight pairs ahead (2 KiB of bf16 per panel)
+constexpr int64_t kPrefetchPairs = 32;  // weight pairs ahead (2 KiB of bf16 per panel)
 
 inline const uint8_t* panel_at(const Problem& pr, int64_t panel) { return pr.packed + panel * pr.panel_bytes; }
 
