@@ -1,7 +1,8 @@
 """The engine under SHOAL_CPU_ISA on any machine at or above the level: an AVX2-only CPU and a Zen 4
 (AVX512-BF16, no AMX, no avx512_fp16). Each level runs in its own process, where the cap reaches torch's
 libraries before their first use: ATen and oneDNN report the narrower instruction set, the
-attention kernel is compiled for it, every dtype runs, and runs stay batch invariant."""
+C++ kernels are compiled for it, every dtype runs, runs stay batch invariant, and the native matrix
+multiply's rows are the same bits at every row count."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ import pytest
 from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
 from tests.support.engine_under_isa_cap import REPORT_PREFIX
 from tests.support.kernel_builds import FORCED_LEVELS
-from tests.support.linear_rows_check import REPORT_PREFIX as LINEAR_ROWS_PREFIX
 from tests.support.linear_rows_check import TOLERANCE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -107,28 +107,9 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model
     for dtype, run in report["runs"].items():
         assert (run["backend"], run["shared_backend"]) == expected.backends[dtype], dtype
         assert dtype != "float32" or run["shared_distinct_outputs"] > 1, (dtype, run)
+    if shutil.which("c++"):  # the narrower native paths (AVX2, AVX512-BF16 dot products): same bits at every M
+        formats = report["linear_rows"]
+        assert {name: r["differing"] for name, r in formats.items()} == {name: [] for name in TOLERANCE}
+        assert all(r["relative_error"] < TOLERANCE[name] for name, r in formats.items()), formats
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
-
-
-@pytest.mark.skipif(shutil.which("c++") is None, reason="the native kernels need a C++ compiler")
-@pytest.mark.parametrize("level", FORCED_LEVELS)
-def test_native_matrix_multiply_rows_are_the_same_bits_at_a_forced_level(level, shoal_cache_dir):
-    """The narrower kernel paths (AVX2, AVX512-BF16 dot products) on this machine."""
-    host = effective_cpu_features().host_level.name
-    if LEVEL_NAMES.index(host) < LEVEL_NAMES.index(level):
-        pytest.skip(f"this CPU's level is {host}, below {level}")
-    result = subprocess.run(
-        [sys.executable, "-m", "tests.support.linear_rows_check"],
-        cwd=REPO,
-        env={**os.environ, "SHOAL_CPU_ISA": level, "SHOAL_CACHE_DIR": str(shoal_cache_dir)},
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-4000:]
-    report = json.loads(result.stdout.splitlines()[-1].removeprefix(LINEAR_ROWS_PREFIX))
-    assert report["level"] == level
-    assert {name: r["differing"] for name, r in report["formats"].items()} == {name: [] for name in TOLERANCE}
-    assert all(r["relative_error"] < TOLERANCE[name] for name, r in report["formats"].items()), report

@@ -1,7 +1,6 @@
-"""Tensor parallelism: on SmolLM2 (whose 3 KV heads split 2 + 1 or 1 + 1 + 1) TP=2 and TP=3 give
-the single process's greedy and seeded tokens at batch 8 and 1, on the quantized blocks and in
-bfloat16; a rank that dies takes its replica down as a whole, and the router carries the replica's
-stream on elsewhere, token for token."""
+"""Tensor parallelism: on SmolLM2 (whose 3 KV heads split 2 + 1) TP=2 gives the single process's
+greedy and seeded tokens at batch 8 and 1, on the quantized blocks; a rank that dies takes its
+replica down as a whole, and the router carries the replica's stream on elsewhere, token for token."""
 
 from __future__ import annotations
 
@@ -34,10 +33,10 @@ def generated_tokens(model: str, prompts: list, cache_dir, params: list, **optio
         llm.shutdown()
 
 
-@pytest.mark.parametrize("dtype,size", [("auto", 2), ("bfloat16", 3)])
+@pytest.mark.parametrize("dtype,size", [("auto", 2)])
 def test_every_degree_gives_the_single_process_greedy_and_seeded_tokens_on_smollm2(dtype, size, shoal_cache_dir):
-    """auto: float32 activations on the GGUF's quantized blocks (TP=2 splits the KV heads 2 + 1);
-    bfloat16 on AMX tiles where the CPU has them (TP=3: one KV head each)."""
+    """auto: float32 activations on the GGUF's quantized blocks; TP=2 splits the KV heads 2 + 1.
+    (bfloat16 at TP=3 gives the same tokens as well; it is left out of the suite for its time.)"""
     params = [
         SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True)
         for i in range(len(TEXT_PROMPTS))

@@ -4,8 +4,9 @@
 
 The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
-CPU kernels loaded here, and per dtype the GEMM backend of packed and of shared weights, and
-whether requests run alone and together got the same tokens.
+CPU kernels loaded here, per dtype the GEMM backend of packed and of shared weights and whether
+requests run alone and together got the same tokens, and the native matrix multiply's bitwise row
+check (tests.support.linear_rows_check) on this level's kernel path.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from shoal.engine.sampling_params import SamplingParams
     from shoal.runner.devices import resolve_dtype
     from tests.support.engine_runs import run_to_completion
+    from tests.support.linear_rows_check import check
 
     def engine(dtype: str, share_weights: bool = False) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.
@@ -91,6 +93,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         "auto_dtype": str(resolve_dtype(EngineConfig(model=model_dir, dtype="auto"), torch.device("cpu"))),
         "kernel_cflags": loaded_kernel_build_flags(),
         "runs": runs,
+        "linear_rows": check(),
     }
 
 

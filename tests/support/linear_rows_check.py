@@ -1,17 +1,13 @@
-"""The bitwise row check of the native matrix multiply, for one process's instruction set.
-
-    python -m tests.support.linear_rows_check      (under SHOAL_CPU_ISA to force a narrower path)
+"""The bitwise row check of the native matrix multiply, on this process's instruction set (run in a
+process under SHOAL_CPU_ISA, as tests.support.engine_under_isa_cap does, for a narrower path).
 
 For every weight format, row r of the output is the same bits for M = 1..70, 128 and 512, with r
-first, in the middle and last in the batch. Prints one JSON report line: the level and, per
-format, the rows that differed (none is the pass) and the largest error against float64.
+first, in the middle and last in the batch; the report has, per format, the rows that differed
+(none is the pass) and the largest error against float64.
 """
 
 from __future__ import annotations
 
-import json
-
-REPORT_PREFIX = "LINEAR_ROWS "
 ROW_COUNTS = (*range(1, 71), 128, 512)
 # Relative error of the whole product against float64 over the same (dequantized) weights:
 # float32 accumulation, and 16-bit outputs rounded once.
@@ -64,10 +60,3 @@ def check(in_features: int = 576, out_features: int = 200) -> dict:
         error = ((out.double() - exact).abs().max() / exact.abs().max()).item()
         report[name] = {"differing": differing, "relative_error": error}
     return report
-
-
-if __name__ == "__main__":
-    from shoal.model.cpu_features import apply_cpu_isa_cap
-
-    level = apply_cpu_isa_cap().level.name
-    print(REPORT_PREFIX + json.dumps({"level": level, "formats": check()}), flush=True)
