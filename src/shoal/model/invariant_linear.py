@@ -12,9 +12,10 @@ neighbours. Three backends keep each row's bits its own:
   tiles of exactly `tile_rows` rows (the last zero-padded), so the kernel always sees one shape;
   oneDNN computes every row of a tile alike (checked at every row place, 1 to 16 threads, AVX2 to
   AMX). Used when the weights stay shared (no private copy) and oneDNN has kernels for their dtype.
-- "aten": torch's own kernels on the same tiles: CUDA, and CPUs without oneDNN or its kernels for
-  the dtype. On CPU, MKL's sgemm splits a tile's rows over threads with different kernels at the
-  ends, so there the tiles are invariant only on one thread; CUDA code is what this path is for.
+- "aten": torch's own kernels on the same tiles: CUDA (the path written for it), and shared 16-bit
+  weights on CPUs where oneDNN has no kernels for them (ATen's bfloat16/float16 CPU kernels, which
+  tests/unit/test_invariant_linear.py checks row by row). Shared float32 weights never take it on
+  CPU: MKL's sgemm gives a tile's last rows other kernels on some thread counts.
 """
 
 from __future__ import annotations
