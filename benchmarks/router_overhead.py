@@ -28,10 +28,10 @@ import time
 from pathlib import Path
 
 import httpx
+from peer_venv import peer_python
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
-LITELLM_VENV = ROOT / ".venv-litellm"
 COMPLETION = {
     "id": "chatcmpl-bench",
     "object": "chat.completion",
@@ -52,7 +52,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_tools() -> None:
+def ensure_tools() -> Path:
+    """Installs nginx and wrk from the system packages if missing; returns LiteLLM's proxy binary,
+    from its own venv (peer_venv)."""
     missing = [
         pkg
         for tool, pkg in (("nginx", "nginx-light"), ("wrk", "wrk"))
@@ -60,9 +62,7 @@ def ensure_tools() -> None:
     ]
     if missing:
         subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, stdout=subprocess.DEVNULL)
-    if not (LITELLM_VENV / "bin" / "litellm").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
-        subprocess.run([str(LITELLM_VENV / "bin" / "pip"), "install", "-q", "litellm[proxy]"], check=True)
+    return peer_python("litellm", ["litellm[proxy]"], print).parent / "litellm"
 
 
 def nginx(conf_dir: Path, name: str, server_block: str, cpu: int) -> subprocess.Popen:
@@ -137,7 +137,7 @@ def main() -> int:
         help="shoal's router.tracing.sample_ratio (1.0, the default: every request traced)",
     )
     args = parser.parse_args()
-    ensure_tools()
+    litellm = ensure_tools()
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
     processes = []
     try:
@@ -229,7 +229,7 @@ def main() -> int:
                     "taskset",
                     "-c",
                     "1",
-                    str(LITELLM_VENV / "bin" / "litellm"),
+                    str(litellm),
                     "--config",
                     str(litellm_config),
                     "--port",

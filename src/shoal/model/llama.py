@@ -58,8 +58,13 @@ class DecoderLayer:
     ):
         self.config = config
         self.attention = attention
-        self.model_config = model_config
         self.tensor_parallel = tensor_parallel
+        # (units, columns per unit) of each gathered activation: whole KV-head groups, or columns.
+        self.gather_shapes = {
+            "heads": (model_config.num_kv_heads, model_config.num_queries_per_kv * model_config.head_dim),
+            "intermediate": (model_config.intermediate_size, 1),
+            "hidden": (model_config.hidden_size, 1),
+        }
         attn = prefix + "self_attn."
         self.qkv = InvariantLinear(
             [weights[f"{attn}{p}_proj.weight"] for p in "qkv"],
@@ -105,13 +110,7 @@ class DecoderLayer:
         """This rank's columns of an activation joined with every other rank's (itself without TP)."""
         if self.tensor_parallel is None:
             return part
-        whole = self.model_config
-        count, unit = {
-            "heads": (whole.num_kv_heads, whole.num_queries_per_kv * whole.head_dim),
-            "intermediate": (whole.intermediate_size, 1),
-            "hidden": (whole.hidden_size, 1),
-        }[columns]
-        return self.tensor_parallel.all_gather_columns(part, count, unit)
+        return self.tensor_parallel.all_gather_columns(part, *self.gather_shapes[columns])
 
 
 class LlamaModel:
