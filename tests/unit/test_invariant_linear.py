@@ -40,8 +40,8 @@ def test_native_rows_do_not_depend_on_the_thread_count():
 def test_quantized_weights_stay_quantized_in_the_packed_copy():
     weight = quantized(torch.randn(256, 576), "q4_1")
     linear = InvariantLinear([weight], None, 16, True)
-    ((packed, source, n, _),) = linear.parts
-    assert (source, n) == ("q4_1", 256) and packed.numel() == weight.blocks.numel()
+    assert linear.packed.sources() == ["q4_1"] and linear.packed.out_features() == 256
+    assert linear.packed.packed_bytes() == weight.blocks.numel()
 
 
 def assert_rows_do_not_depend_on_batch(linear: InvariantLinear, in_features: int, dtype: torch.dtype) -> None:

@@ -239,7 +239,8 @@ class LLMEngine:
         prefill_tokens, decode_tokens = _split_work(chunks)
         self.step_expected_s = self.speed.step_seconds(prefill_tokens, decode_tokens)
         try:
-            sampled = self._sample(completing, self.runner.collect(handle)[rows])
+            logits = self.runner.collect(handle)
+            sampled = self._sample(completing, logits if len(rows) == len(sampling) else logits[rows])
             stage_times = self.runner.stage_times(handle)
         except ReplicaFailedError as exc:
             self._replica_failed(exc)

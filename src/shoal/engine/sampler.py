@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.engine.sampling_params import SamplingParams
+from shoal.model.native_kernels import load_native_kernels
 
 _MASK64 = (1 << 64) - 1
 
@@ -48,8 +49,15 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
     """logits: float32 [len(rows), vocab]. Each row's result depends on that row alone."""
     plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
     greedy = logits if len(plain) == len(rows) else logits[plain]  # no copy when every row is greedy
-    picked = dict(zip(plain, greedy.argmax(dim=-1).tolist())) if plain else {}
+    picked = dict(zip(plain, _argmax_rows(greedy).tolist())) if plain else {}
     return [SampledToken(picked[i]) if i in picked else _sample_row(logits[i], row) for i, row in enumerate(rows)]
+
+
+def _argmax_rows(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's first largest logit (the first NaN, if any): the native kernel on CPUs that have
+    it (torch's argmax over a large vocabulary runs on one core), else torch's."""
+    kernels = load_native_kernels() if logits.device.type == "cpu" else None
+    return kernels.argmax_rows(logits) if kernels is not None else logits.argmax(dim=-1)
 
 
 def _is_plain_greedy(row: SamplingRow) -> bool:

@@ -26,7 +26,7 @@ import logging
 import torch
 
 from shoal.model.cpu_features import CpuFeatures, effective_cpu_features
-from shoal.model.native_kernels import load_native_linear
+from shoal.model.native_kernels import load_native_kernels
 from shoal.model.quantized_weight import QuantizedWeight
 
 log = logging.getLogger(__name__)
@@ -69,17 +69,19 @@ class InvariantLinear:
             b.float() if b is not None else torch.zeros(w.shape[0], device=w.device) for w, b in zip(weights, biases)
         ]
         has_bias = any(b is not None for b in biases)
-        kernels = load_native_linear() if prepack and weights[0].device.type == "cpu" else None
+        native = prepack and weights[0].device.type == "cpu" and load_native_kernels() is not None
         quantized = any(isinstance(w, QuantizedWeight) for w in weights)
-        if quantized and kernels is None:
+        if quantized and not native:
             raise ValueError("quantized weights need shoal's CPU matrix multiply (a CPU with AVX2, a C++ compiler)")
-        if kernels is not None and (quantized or weights[0].dtype in NATIVE_FORMATS):
+        if native and (quantized or weights[0].dtype in NATIVE_FORMATS):
             self.backend = "native"
-            self.kernels = kernels
-            self.parts = [
-                (*_pack(kernels, _concatenated(group)), torch.cat(bias) if has_bias else None)
-                for group, bias in _same_format_runs(weights, float_bias)
-            ]
+            runs = _same_format_runs(weights)
+            self.packed = torch.classes.shoal.PackedLinear(
+                [_kernel_input(_concatenated(run)) for run in runs],
+                [_format(run[0]) for run in runs],
+                weights[0].shape[1],
+                torch.cat(float_bias) if has_bias else None,
+            )
             return
         self.weights = weights
         self.bias = torch.cat(float_bias).to(weights[0].dtype) if has_bias else None
@@ -91,7 +93,7 @@ class InvariantLinear:
     def description(self) -> str:
         """The backend and the weight formats it runs, e.g. "native q4_1" or "onednn bfloat16"."""
         if self.backend == "native":
-            return "native " + "+".join(dict.fromkeys(source for _, source, _, _ in self.parts))
+            return "native " + "+".join(dict.fromkeys(self.packed.sources()))
         return f"{self.backend} {str(self.weights[0].dtype).removeprefix('torch.')}"
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -108,8 +110,7 @@ class InvariantLinear:
         return torch.cat([self._tiled(x[start : start + tile]) for start in range(0, padded, tile)])[:rows]
 
     def _native(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [self.kernels.linear_rows(x, packed, source, n, bias) for packed, source, n, bias in self.parts]
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
+        return self.packed.forward(x)
 
     def _tiled(self, x: torch.Tensor) -> torch.Tensor:
         if self.backend == "onednn":
@@ -126,17 +127,14 @@ def _format(weight: Weight) -> str:
     return weight.kind if isinstance(weight, QuantizedWeight) else NATIVE_FORMATS.get(weight.dtype, str(weight.dtype))
 
 
-def _same_format_runs(
-    weights: list[Weight], biases: list[torch.Tensor]
-) -> list[tuple[list[Weight], list[torch.Tensor]]]:
-    """Consecutive weights of one format, which are packed as one matrix, with their biases."""
-    runs: list[tuple[list[Weight], list[torch.Tensor]]] = []
-    for weight, bias in zip(weights, biases):
-        if runs and _format(runs[-1][0][-1]) == _format(weight):
-            runs[-1][0].append(weight)
-            runs[-1][1].append(bias)
+def _same_format_runs(weights: list[Weight]) -> list[list[Weight]]:
+    """Consecutive weights of one format, which are packed as one matrix."""
+    runs: list[list[Weight]] = []
+    for weight in weights:
+        if runs and _format(runs[-1][-1]) == _format(weight):
+            runs[-1].append(weight)
         else:
-            runs.append(([weight], [bias]))
+            runs.append([weight])
     return runs
 
 
@@ -148,12 +146,9 @@ def _concatenated(weights: list[Weight]) -> Weight:
     return torch.cat(weights)
 
 
-def _pack(kernels, weight: Weight) -> tuple[torch.Tensor, str, int]:
-    """(packed weights, kernel source format, output count) of one matrix."""
-    if isinstance(weight, QuantizedWeight):
-        return kernels.pack_linear(weight.blocks, weight.kind, weight.columns), weight.kind, weight.shape[0]
-    source = NATIVE_FORMATS[weight.dtype]
-    return kernels.pack_linear(weight.contiguous(), source, weight.shape[1]), source, weight.shape[0]
+def _kernel_input(weight: Weight) -> torch.Tensor:
+    """What PackedLinear packs: the float matrix, or the rows of GGML blocks."""
+    return weight.blocks.contiguous() if isinstance(weight, QuantizedWeight) else weight.contiguous()
 
 
 @functools.cache

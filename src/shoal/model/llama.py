@@ -3,10 +3,14 @@
 Weights use Hugging Face names and layout. Unless prepacked for the CPU's GEMM kernels they are
 referenced, not copied, so memory-mapped cache files stay shared between processes. A model object
 may hold a contiguous range of layers (a pipeline stage) and, within it, one rank's shard
-(tensor parallelism); a sharded layer's pieces meet in explicit gathers (see sharding). Every matrix
-multiply goes through `InvariantLinear` and attention through one of two batch-invariant kernels
-(the C++ row kernel on CPUs, the tiled torch kernel elsewhere), so a token's hidden states never
-depend on its batch.
+(tensor parallelism); a sharded layer's pieces meet in explicit gathers (see sharding).
+
+Two ways run a layer, each batch invariant. On CPUs with the native kernels and prepacked weights,
+each layer is one C++ object (`torch.classes.shoal.DecoderLayer`, csrc/decoder_layer_cpu.cpp): one
+call per layer, or four with gathers between them under tensor parallelism, which compute the same
+bits. Elsewhere (CUDA, weights shared between processes, no compiler) the layer is the torch code
+below, with every matrix multiply through `InvariantLinear` and attention through the tiled torch
+kernel or the C++ row kernel. Either way a token's hidden states never depend on its batch.
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ class DecoderLayer:
         attention: AttentionKernel,
         model_config: LlamaConfig,
         tensor_parallel: TensorParallel | None,
+        rope: RotaryEmbedding,
+        fuse: bool,
     ):
+        """fuse: run the layer as one native object when its projections are all native."""
         self.config = config
         self.attention = attention
         self.tensor_parallel = tensor_parallel
@@ -84,6 +91,22 @@ class DecoderLayer:
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
+        projections = (self.qkv, self.o, self.gate_up, self.down)
+        self.native = None
+        if fuse and all(p.backend == "native" for p in projections):
+            self.native = torch.classes.shoal.DecoderLayer(
+                *(p.packed for p in projections),
+                self.input_norm,
+                self.post_attention_norm,
+                rope.cos,
+                rope.signed_sin,
+                config.num_heads,
+                config.num_kv_heads,
+                config.head_dim,
+                config.rms_norm_eps,
+            )
+        # This rank's columns of the hidden state (the outputs of its o_proj and down_proj).
+        self.hidden_columns = slice(*tensor_parallel.split(model_config.hidden_size)) if tensor_parallel else None
 
     def forward(
         self,
@@ -92,6 +115,8 @@ class DecoderLayer:
         cache: KVCache,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
+        if self.native is not None:
+            return self._native_forward(hidden, cache, meta)
         cfg = self.config
         tokens = hidden.shape[0]
         qkv = self.qkv(rms_norm(hidden, self.input_norm, cfg.rms_norm_eps))
@@ -105,6 +130,15 @@ class DecoderLayer:
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
         activation = self._gathered(nn.functional.silu(gate) * up, "intermediate")
         return hidden + self._gathered(self.down(activation), "hidden")
+
+    def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+        layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
+        if self.tensor_parallel is None:
+            return self.native.forward(hidden, *layout)
+        heads = self._gathered(self.native.attention(hidden, *layout), "heads")
+        hidden = self._gathered(self.native.output(heads, hidden[:, self.hidden_columns]), "hidden")
+        activation = self._gathered(self.native.mlp(hidden), "intermediate")
+        return self._gathered(self.native.down(activation, hidden[:, self.hidden_columns]), "hidden")
 
     def _gathered(self, part: torch.Tensor, columns: str) -> torch.Tensor:
         """This rank's columns of an activation joined with every other rank's (itself without TP)."""
@@ -155,14 +189,24 @@ class LlamaModel:
         self.lm_head = InvariantLinear([lm_head.to(self.device)], None, tile_rows, prepack) if self.has_head else None
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
+        self.rope = RotaryEmbedding(config).to(self.device)
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
             DecoderLayer(
-                config, on_device, f"model.layers.{i}.", tile_rows, prepack, attention, model_config, tensor_parallel
+                config,
+                on_device,
+                f"model.layers.{i}.",
+                tile_rows,
+                prepack,
+                attention,
+                model_config,
+                tensor_parallel,
+                self.rope,
+                fuse=not self.attention_uses_tiles,
             )
             for i in self.layer_range
         ]
-        self.rope = RotaryEmbedding(config).to(self.device)
+        self.native_norm = self.lm_head is not None and self.lm_head.backend == "native"
 
     def _pick_attention(self, kind: str) -> AttentionKernel:
         """ "rows": the C++ CPU kernel; "tiles": the torch kernel; "auto": rows on CPU when it builds."""
@@ -205,7 +249,13 @@ class LlamaModel:
     @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] from the last layer's hidden states (final norm, then LM head)."""
-        logits = self.lm_head(rms_norm(hidden, self.norm, self.config.rms_norm_eps)).float()
+        eps = self.config.rms_norm_eps
+        normed = (
+            torch.ops.shoal.rms_norm_rows(hidden, self.norm, eps)
+            if self.native_norm
+            else rms_norm(hidden, self.norm, eps)
+        )
+        logits = self.lm_head(normed).float()
         if self.tensor_parallel is None:
             return logits
         return self.tensor_parallel.all_gather_columns(logits, self.config.vocab_size)

@@ -1,12 +1,13 @@
-"""shoal's C++ CPU kernels (csrc/): the row-wise paged attention (`torch.ops.shoal.paged_attention_rows`)
-and the batch-invariant matrix multiply (`torch.ops.shoal.pack_linear` / `linear_rows`, on CPUs with
-AVX2 or more), one library.
+"""shoal's C++ CPU kernels (csrc/), one library: the batch-invariant matrix multiply
+(`torch.classes.shoal.PackedLinear`), the row-wise paged attention (`torch.ops.shoal.paged_attention_rows`),
+the fused decoder layer (`torch.classes.shoal.DecoderLayer`), its RMSNorm (`torch.ops.shoal.rms_norm_rows`)
+and the greedy choice over logits (`torch.ops.shoal.argmax_rows`).
 
-It is compiled on first use for the effective instruction set (the machine's own, `-march=native`,
-unless SHOAL_CPU_ISA caps it, see cpu_features) and cached under
-`<shoal cache>/extensions/<hash of sources, CPU flags, compiler flags and torch version>`, so a
-different CPU, cap or source gets its own build. Where no compiler is available the model uses
-torch kernels instead. Processes building at once take turns on an flock, which the kernel
+They need AVX2, FMA and F16C (x86-64-v3). They are compiled on first use for the effective
+instruction set (the machine's own, `-march=native`, unless SHOAL_CPU_ISA caps it, see cpu_features)
+and cached under `<shoal cache>/extensions/<hash of sources, CPU flags, compiler flags and torch
+version>`, so a different CPU, cap or source gets its own build. Below AVX2, or where no compiler
+is available, the model uses torch kernels instead. Processes building at once take turns on an flock, which the kernel
 releases when its holder dies: a worker killed mid-build leaves no lock that stalls the next one.
 A build directory that already holds the library is loaded without calling the build system (its
 name says what it was built from), which keeps a worker's start short.
@@ -27,7 +28,11 @@ from shoal.model.cpu_features import effective_cpu_features
 from shoal.model.weight_cache import default_cache_dir
 
 log = logging.getLogger(__name__)
-SOURCES = tuple(Path(__file__).parent / "csrc" / name for name in ("paged_attention_cpu.cpp", "linear_cpu.cpp"))
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = tuple(
+    CSRC / name for name in ("paged_attention_cpu.cpp", "linear_cpu.cpp", "decoder_layer_cpu.cpp", "argmax_cpu.cpp")
+)
+HEADERS = tuple(CSRC / name for name in ("vec.h", "linear_cpu.h", "paged_attention_cpu.h"))
 LIBRARY = "shoal_cpu_kernels"
 # No implicit fused multiply-adds: the kernels' rounding is exactly what their source says. OpenMP:
 # ATen's parallel_for runs its loop on torch's thread team only in code compiled with it.
@@ -39,7 +44,7 @@ def kernel_build() -> tuple[Path, list[str]]:
     features = effective_cpu_features()
     cflags = [*_FIXED_CFLAGS, *features.compiler_flags()]
     key = [
-        *(source.read_bytes() for source in SOURCES),
+        *(source.read_bytes() for source in SOURCES + HEADERS),
         " ".join(sorted(features.flags)).encode(),
         " ".join(cflags).encode(),
         torch.__version__.encode(),
@@ -64,6 +69,10 @@ def _load_built(library: Path) -> bool:
 def load_native_kernels() -> ModuleType | None:
     """The operator namespace holding the compiled kernels, or None if they cannot be built here
     (cached per process: an operator library can be loaded into a process only once anyway)."""
+    features = effective_cpu_features()
+    if not features.has("avx2", "fma", "f16c"):
+        log.info("CPU level %s is below AVX2: no native kernels, torch kernels run", features.describe())
+        return None
     build_dir, cflags = kernel_build()
     try:
         build_dir.mkdir(parents=True, exist_ok=True)
@@ -89,9 +98,3 @@ def load_native_kernels() -> ModuleType | None:
         log.warning("CPU kernels unavailable (%s); using torch kernels", exc)
         return None
     return torch.ops.shoal
-
-
-def load_native_linear() -> ModuleType | None:
-    """The kernels, if they include the matrix multiply (built for AVX2 or more); else None."""
-    kernels = load_native_kernels()
-    return kernels if kernels is not None and hasattr(kernels, "linear_rows") else None

@@ -8,7 +8,7 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.model.cpu_features import effective_cpu_features
 from shoal.model.errors import ModelLoadError
-from shoal.model.native_kernels import load_native_linear
+from shoal.model.native_kernels import load_native_kernels
 from shoal.model.registry import resolve_model
 
 
@@ -33,7 +33,7 @@ def keeps_quantized(config: EngineConfig, device: torch.device) -> bool:
         gguf = resolve_model(config.model).kind == "gguf"
     except ModelLoadError:
         return False  # the load reports it
-    return gguf and load_native_linear() is not None
+    return gguf and load_native_kernels() is not None
 
 
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:

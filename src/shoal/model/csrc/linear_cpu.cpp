@@ -7,7 +7,7 @@
 // elements share a loop, not the operations of any element. So row m's bits depend on x[m] and W
 // alone, and no row is ever padded to a tile height.
 //
-// Weights are packed once (pack_linear) into panels of 16 output columns laid out for the vector
+// Weights are packed once (PackedLinear, linear_cpu.h) into panels of 16 output columns laid out for the vector
 // unit; quantized GGUF blocks stay quantized and are widened in registers:
 //   f32   panel [K][16] float
 //   f16   panel [K][16] float16 (widened in registers)
@@ -24,28 +24,27 @@
 // format and machine, never two for one matrix.
 // The vector width follows the compiler flags (AVX-512 or AVX2); the flags are the effective
 // instruction set's (cpu_features), so forcing a narrower set builds and runs the narrower path.
-// AVX2 is the floor: built for less, the library has no matrix-multiply operators and torch's
-// kernels do the work. Built with -ffp-contract=off: the only fused operations
-// are the explicit ones.
+// AVX2 is the floor (vec.h). Built with -ffp-contract=off: the only fused operations are the
+// explicit ones. The output goes to any column range of a wider matrix, optionally plus a residual
+// (forward_into), so the fused decoder layer writes projections where they belong without copies.
+#include "linear_cpu.h"
+
+#include "vec.h"
+
 #include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
-#include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdint>
 #include <cstring>
-#include <string>
 
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)  // else: no operators (see header)
-
+namespace shoal {
 namespace {
 
 // bf16 weights use VDPBF16PS where the CPU has it but no AMX: on a Sapphire Rapids core it ran
@@ -72,69 +71,6 @@ constexpr int64_t kQ4PanelBlockBytes = 2 * 2 * kPanel + (kBlock / 2) * kPanel;  
 
 inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
 
-// Sixteen float lanes: one zmm or two ymm.
-struct Vec {
-#if defined(__AVX512F__)
-  __m512 v;
-  static Vec zero() { return {_mm512_setzero_ps()}; }
-  static Vec load(const float* p) { return {_mm512_loadu_ps(p)}; }
-  static Vec broadcast(float s) { return {_mm512_set1_ps(s)}; }
-  static Vec halves(const uint16_t* p) {
-    return {_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)))};
-  }
-  static Vec int8s(const int8_t* p) {
-    return {_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))))};
-  }
-  static void nibbles(const uint8_t* p, Vec& low, Vec& high) {
-    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-    low.v = _mm512_cvtepi32_ps(_mm512_and_si512(bytes, _mm512_set1_epi32(15)));
-    high.v = _mm512_cvtepi32_ps(_mm512_srli_epi32(bytes, 4));
-  }
-  static void bf16_pairs(const uint16_t* p, Vec& even, Vec& odd) {
-    const __m512i pairs = _mm512_loadu_si512(p);
-    even.v = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-    odd.v = _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(static_cast<int>(0xffff0000u))));
-  }
-  static Vec fma(Vec a, Vec b, Vec c) { return {_mm512_fmadd_ps(a.v, b.v, c.v)}; }
-  static Vec add(Vec a, Vec b) { return {_mm512_add_ps(a.v, b.v)}; }
-  void store(float* p) const { _mm512_storeu_ps(p, v); }
-#else
-  __m256 lo, hi;
-  static Vec zero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
-  static Vec load(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
-  static Vec broadcast(float s) { return {_mm256_set1_ps(s), _mm256_set1_ps(s)}; }
-  static Vec halves(const uint16_t* p) {
-    return {_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))),
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)))};
-  }
-  static Vec int8s(const int8_t* p) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    return {_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes)),
-            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(bytes, 8)))};
-  }
-  static void nibbles(const uint8_t* p, Vec& low, Vec& high) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-    const __m256i a = _mm256_cvtepu8_epi32(bytes), b = _mm256_cvtepu8_epi32(_mm_srli_si128(bytes, 8));
-    const __m256i mask = _mm256_set1_epi32(15);
-    low = {_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), _mm256_cvtepi32_ps(_mm256_and_si256(b, mask))};
-    high = {_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4))};
-  }
-  static void bf16_pairs(const uint16_t* p, Vec& even, Vec& odd) {
-    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16));
-    const __m256i mask = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-    even = {_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))};
-    odd = {_mm256_castsi256_ps(_mm256_and_si256(a, mask)), _mm256_castsi256_ps(_mm256_and_si256(b, mask))};
-  }
-  static Vec fma(Vec a, Vec b, Vec c) { return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)}; }
-  static Vec add(Vec a, Vec b) { return {_mm256_add_ps(a.lo, b.lo), _mm256_add_ps(a.hi, b.hi)}; }
-  void store(float* p) const {
-    _mm256_storeu_ps(p, lo);
-    _mm256_storeu_ps(p + 8, hi);
-  }
-#endif
-};
-
 // What one call multiplies. x rows are float32 (`xf`, row stride ldx) for every format but bf16
 // with hardware dot products, which reads bf16 pairs (`xpairs`, one uint32 per pair of k).
 struct Problem {
@@ -147,7 +83,10 @@ struct Problem {
   int64_t ldx;         // floats (or pairs) per row of x
   const float* xsums;  // q4_1: [m][k / 32] sums of x over each block
   const float* bias;   // [n padded to a panel] or null
-  void* out;           // [m][n] results in x's dtype
+  void* out;           // [m][ldo] results in x's dtype, from column 0 of this pointer
+  int64_t ldo;
+  const void* residual;  // [m][ldr] added to the results (in the output's dtype) or null
+  int64_t ldr;
   at::ScalarType out_type;
 };
 
@@ -247,25 +186,47 @@ void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R]
 }
 
 // Writes one row's sums of one panel (plus bias) to the output, in the output's dtype (16-bit
-// results rounded to nearest even); columns past N are dropped.
+// results rounded to nearest even); columns past N are dropped. With a residual, the rounded result
+// and the residual are added and rounded again: what adding the two tensors would give.
 inline void store_row(const Problem& pr, int64_t row, int64_t panel, Vec sum) {
-  const int64_t col = panel * kPanel, width = std::min(kPanel, pr.n - col), at = row * pr.n + col;
+  const int64_t col = panel * kPanel, width = std::min(kPanel, pr.n - col);
   if (pr.bias) sum = Vec::add(sum, Vec::load(pr.bias + col));
-  if (pr.out_type == at::kFloat && width == kPanel) {
-    sum.store(static_cast<float*>(pr.out) + at);
+  uint16_t halves[kPanel], residual_tail[kPanel];
+  float lanes[kPanel];
+  if (pr.out_type == at::kFloat) {
+    float* o = static_cast<float*>(pr.out) + row * pr.ldo + col;
+    if (pr.residual) {
+      const float* r = static_cast<const float*>(pr.residual) + row * pr.ldr + col;
+      if (width < kPanel) {
+        std::memcpy(lanes, r, width * sizeof(float));
+        r = lanes;
+      }
+      sum = Vec::add(sum, Vec::load(r));
+    }
+    if (width == kPanel) {
+      sum.store(o);
+    } else {
+      sum.store(lanes);
+      std::memcpy(o, lanes, width * sizeof(float));
+    }
     return;
   }
-  float lanes[kPanel];
-  sum.store(lanes);
-  if (pr.out_type == at::kFloat) {
-    std::memcpy(static_cast<float*>(pr.out) + at, lanes, width * sizeof(float));
-  } else if (pr.out_type == at::kBFloat16) {
-    uint16_t* o = static_cast<uint16_t*>(pr.out) + at;
-    for (int64_t c = 0; c < width; ++c) o[c] = c10::BFloat16(lanes[c]).x;
-  } else {
-    uint16_t* o = static_cast<uint16_t*>(pr.out) + at;
-    for (int64_t c = 0; c < width; ++c) o[c] = c10::Half(lanes[c]).x;
+  uint16_t* o = static_cast<uint16_t*>(pr.out) + row * pr.ldo + col;
+  const uint16_t* r = pr.residual ? static_cast<const uint16_t*>(pr.residual) + row * pr.ldr + col : nullptr;
+  if (r && width < kPanel) {
+    std::memcpy(residual_tail, r, width * sizeof(uint16_t));
+    r = residual_tail;
   }
+  uint16_t* target = width == kPanel ? o : halves;
+  if (pr.out_type == at::kBFloat16) {
+    Vec rounded = sum.rounded_to_bfloat16();
+    if (r) rounded = Vec::add(rounded, Vec::bfloats(r)).rounded_to_bfloat16();
+    rounded.store_bfloat16(target);
+  } else {
+    sum.store_half(target);
+    if (r) Vec::add(Vec::halves(target), Vec::halves(r)).store_half(target);
+  }
+  if (target != o) std::memcpy(o, halves, width * sizeof(uint16_t));
 }
 
 template <int R, int P>
@@ -459,41 +420,40 @@ int64_t ggml_block_bytes(const std::string& source) {
 
 uint16_t float_to_half_bits(float value) { return c10::Half(value).x; }
 
-}  // namespace
 
-// Packs W [N, K] for linear_rows. `weight`: float32, bfloat16 or float16 [N, K] for "f32", "bf16"
-// or "f16", or the
-// GGML blocks of each row as uint8 [N, K / 32 * block bytes] for "q8_0"/"q4_0"/"q4_1".
-// Returns uint8 [panels, panel bytes]; columns past N are zero.
-at::Tensor pack_linear(at::Tensor weight, std::string source, int64_t k) {
+// One matrix packed (see the file header): uint8 [panels, panel bytes]; columns past N are zero.
+at::Tensor pack(const at::Tensor& weight, const std::string& source, int64_t k) {
   const Format format = kernel_format(source);
   const int64_t n = weight.size(0), panels = (n + kPanel - 1) / kPanel, bytes = panel_bytes(format, k);
-  TORCH_CHECK(format < kQ8_0 || k % kBlock == 0, "pack_linear: quantized rows need K divisible by 32, got ", k);
+  TORCH_CHECK(format < kQ8_0 || k % kBlock == 0, "PackedLinear: quantized rows need K divisible by 32, got ", k);
   auto w = weight.contiguous();
+  if (format == kF32) TORCH_CHECK(w.scalar_type() == at::kFloat, "PackedLinear f32 needs float32 weights");
+  if (format == kF16) TORCH_CHECK(w.scalar_type() == at::kHalf, "PackedLinear f16 needs float16 weights");
+  if (format == kBF16) TORCH_CHECK(w.scalar_type() == at::kBFloat16, "PackedLinear bf16 needs bfloat16 weights");
+  if (format >= kQ8_0)
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / kBlock * ggml_block_bytes(source), "PackedLinear ",
+                source, " needs uint8 rows of GGML blocks");
+  TORCH_CHECK(format >= kQ8_0 || w.size(1) == k, "PackedLinear: weights have ", w.size(1), " columns, not ", k);
   auto packed = at::zeros({panels, bytes}, w.options().dtype(at::kByte));
   uint8_t* dst = packed.data_ptr<uint8_t>();
+  const uint8_t* src_bytes = static_cast<const uint8_t*>(w.data_ptr());
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t panel = begin; panel < end; ++panel) {
       uint8_t* out = dst + panel * bytes;
       for (int64_t c = 0; c < kPanel && panel * kPanel + c < n; ++c) {
         const int64_t col = panel * kPanel + c;
         if (format == kF32) {
-          TORCH_CHECK(w.scalar_type() == at::kFloat, "pack_linear f32 needs float32 weights");
-          const float* src = w.data_ptr<float>() + col * k;
+          const float* src = reinterpret_cast<const float*>(src_bytes) + col * k;
           for (int64_t i = 0; i < k; ++i) reinterpret_cast<float*>(out)[i * kPanel + c] = src[i];
         } else if (format == kF16) {
-          TORCH_CHECK(w.scalar_type() == at::kHalf, "pack_linear f16 needs float16 weights");
-          const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::Half>()) + col * k;
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes) + col * k;
           for (int64_t i = 0; i < k; ++i) reinterpret_cast<uint16_t*>(out)[i * kPanel + c] = src[i];
         } else if (format == kBF16) {
-          TORCH_CHECK(w.scalar_type() == at::kBFloat16, "pack_linear bf16 needs bfloat16 weights");
-          const uint16_t* src = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>()) + col * k;
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes) + col * k;
           for (int64_t i = 0; i < k; ++i)
             reinterpret_cast<uint16_t*>(out)[(i / 2) * 2 * kPanel + c * 2 + i % 2] = src[i];
         } else {
-          TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / kBlock * ggml_block_bytes(source),
-                      "pack_linear ", source, " needs uint8 rows of GGML blocks");
-          const uint8_t* row = w.data_ptr<uint8_t>() + col * w.size(1);
+          const uint8_t* row = src_bytes + col * w.size(1);
           for (int64_t b = 0; b < k / kBlock; ++b) {
             const uint8_t* block = row + b * ggml_block_bytes(source);
             uint16_t d;
@@ -510,7 +470,8 @@ at::Tensor pack_linear(at::Tensor weight, std::string source, int64_t k) {
               } else {
                 const float min = -8.f * half_to_float(d);
                 m = float_to_half_bits(min);
-                TORCH_CHECK(half_to_float(m) == min, "pack_linear q4_0: scale ", half_to_float(d), " overflows float16 * 8");
+                TORCH_CHECK(half_to_float(m) == min, "PackedLinear q4_0: scale ", half_to_float(d),
+                            " overflows float16 * 8");
               }
               const uint8_t* q = block + (source == "q4_1" ? 4 : 2);
               std::memcpy(o + 2 * c, &d, 2);
@@ -525,25 +486,19 @@ at::Tensor pack_linear(at::Tensor weight, std::string source, int64_t k) {
   return packed;
 }
 
-// y = x @ W.T (+ bias) for x [M, K] float32, bfloat16 or float16 and W packed by
-// pack_linear(source) with N outputs. Returns [M, N] in x's dtype (16-bit results rounded to
-// nearest even from the float32 sums).
-at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int64_t n, c10::optional<at::Tensor> bias) {
-  const Format format = kernel_format(source);
-  TORCH_CHECK(x.dim() == 2, "linear_rows: x must be [M, K]");
-  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
-              "linear_rows: x must be float32, bfloat16 or float16");
-  const int64_t m = x.size(0), k = x.size(1), panels = (n + kPanel - 1) / kPanel;
-  TORCH_CHECK(packed.is_contiguous() && packed.size(0) == panels && packed.size(1) == panel_bytes(format, k),
-              "linear_rows: packed weights do not match K = ", k, ", N = ", n);
-  auto out = at::empty({m, n}, x.options());
-  if (m == 0) return out;
+// out[:, 0 : n] (row stride ldo) = x @ W.T (+ bias) (+ residual) for one packed matrix.
+void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int64_t n, const at::Tensor& bias,
+              void* out, int64_t ldo, const void* residual, int64_t ldr) {
+  const int64_t m = x.size(0), k = x.size(1);
   Problem pr{format, m, n, k, packed.data_ptr<uint8_t>(), panel_bytes(format, k)};
-  pr.out = out.data_ptr();
+  pr.out = out;
+  pr.ldo = ldo;
+  pr.residual = residual;
+  pr.ldr = ldr;
   pr.out_type = x.scalar_type();
+  pr.bias = bias.defined() ? bias.data_ptr<float>() : nullptr;
   // x as the kernel reads it: bf16 pairs for hardware bf16 dot products, float32 otherwise; a
   // copy only where x is not in that form already (an odd K is padded with one zero).
-  at::Tensor xk;
 #if SHOAL_AMX
   const bool amx = format == kBF16 && x.scalar_type() == at::kBFloat16 && amx_permitted();
 #else
@@ -557,7 +512,8 @@ at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int6
   const at::ScalarType wanted = pairs ? at::kBFloat16 : at::kFloat;
   const int64_t width = amx ? (k + kBlock - 1) / kBlock * kBlock : format == kBF16 ? (k + 1) / 2 * 2 : k;
   const int64_t height = amx ? (m + 31) / 32 * 32 : m;  // AMX: whole 32-row chunks
-  if (x.scalar_type() == wanted && width == k && height == m && x.is_contiguous()) {
+  at::Tensor xk;
+  if (x.scalar_type() == wanted && width == k && height == m && x.stride(1) == 1 && x.stride(0) == k) {
     xk = x;
   } else {
     xk = at::zeros({height, width}, x.options().dtype(wanted));
@@ -570,7 +526,7 @@ at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int6
     pr.xf = xk.data_ptr<float>();
     pr.ldx = width;
   }
-  at::Tensor xsums, bias_panels;
+  at::Tensor xsums;
   if (format == kQ4_1) {
     const int64_t blocks = k / kBlock;
     xsums = at::empty({m, blocks}, x.options().dtype(at::kFloat));
@@ -583,24 +539,82 @@ at::Tensor linear_rows(at::Tensor x, at::Tensor packed, std::string source, int6
       }
     pr.xsums = s;
   }
-  if (bias.has_value() && bias->defined()) {
-    bias_panels = at::zeros({panels * kPanel}, x.options().dtype(at::kFloat));
-    bias_panels.narrow(0, 0, n).copy_(*bias);
-    pr.bias = bias_panels.data_ptr<float>();
-  }
 #if SHOAL_AMX
   if (amx) {
     amx_run(pr);
-    return out;
+    return;
   }
 #endif
   run(pr);
+}
+
+}  // namespace
+
+PackedLinear::PackedLinear(std::vector<at::Tensor> weights, std::vector<std::string> sources, int64_t k,
+                           c10::optional<at::Tensor> bias)
+    : sources_(std::move(sources)), k_(k), n_(0) {
+  TORCH_CHECK(!weights.empty() && weights.size() == sources_.size(), "PackedLinear: one source per weight");
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const int64_t width = weights[i].size(0);
+    packed_.push_back(pack(weights[i], sources_[i], k));
+    widths_.push_back(width);
+    at::Tensor panels;
+    if (bias.has_value() && bias->defined()) {
+      TORCH_CHECK(bias->dim() == 1, "PackedLinear: bias must be one-dimensional");
+      panels = at::zeros({(width + kPanel - 1) / kPanel * kPanel}, bias->options().dtype(at::kFloat));
+      panels.narrow(0, 0, width).copy_(bias->narrow(0, n_, width));
+    }
+    bias_panels_.push_back(panels);
+    n_ += width;
+  }
+  TORCH_CHECK(!bias.has_value() || !bias->defined() || bias->size(0) == n_, "PackedLinear: bias must have ", n_,
+              " values");
+}
+
+int64_t PackedLinear::packed_bytes() const {
+  int64_t total = 0;
+  for (const auto& part : packed_) total += part.numel();
+  return total;
+}
+
+at::Tensor PackedLinear::forward(const at::Tensor& x) const {
+  TORCH_CHECK(x.dim() == 2, "PackedLinear: x must be [M, K]");
+  auto out = at::empty({x.size(0), n_}, x.options());
+  forward_into(x, out, 0, at::Tensor());
   return out;
 }
 
-TORCH_LIBRARY_FRAGMENT(shoal, m) {
-  m.def("pack_linear(Tensor weight, str source, int k) -> Tensor", &pack_linear);
-  m.def("linear_rows(Tensor x, Tensor packed, str source, int n, Tensor? bias) -> Tensor", &linear_rows);
+void PackedLinear::forward_into(const at::Tensor& x, const at::Tensor& out, int64_t column,
+                                const at::Tensor& residual) const {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == k_, "PackedLinear: x must be [M, ", k_, "]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              "PackedLinear: x must be float32, bfloat16 or float16");
+  TORCH_CHECK(out.scalar_type() == x.scalar_type() && out.dim() == 2 && out.stride(1) == 1 &&
+                  out.size(0) == x.size(0) && out.size(1) >= column + n_,
+              "PackedLinear: out must be [M, >= ", column + n_, "] in x's dtype with unit column stride");
+  const bool has_residual = residual.defined();
+  TORCH_CHECK(!has_residual || (residual.scalar_type() == x.scalar_type() && residual.dim() == 2 &&
+                                residual.stride(1) == 1 && residual.size(0) == x.size(0) && residual.size(1) == n_),
+              "PackedLinear: residual must be [M, ", n_, "] in x's dtype with unit column stride");
+  if (x.size(0) == 0) return;
+  const int64_t element = out.element_size();
+  int64_t offset = 0;
+  for (size_t i = 0; i < packed_.size(); ++i) {
+    char* target = static_cast<char*>(out.data_ptr()) + (column + offset) * element;
+    const void* added = has_residual ? static_cast<const char*>(residual.data_ptr()) + offset * element : nullptr;
+    multiply(x, packed_[i], kernel_format(sources_[i]), widths_[i], bias_panels_[i], target, out.stride(0), added,
+             has_residual ? residual.stride(0) : 0);
+    offset += widths_[i];
+  }
 }
 
-#endif
+}  // namespace shoal
+
+TORCH_LIBRARY_FRAGMENT(shoal, m) {
+  m.class_<shoal::PackedLinear>("PackedLinear")
+      .def(torch::init<std::vector<at::Tensor>, std::vector<std::string>, int64_t, c10::optional<at::Tensor>>())
+      .def("forward", &shoal::PackedLinear::forward)
+      .def("sources", &shoal::PackedLinear::sources)
+      .def("out_features", &shoal::PackedLinear::out_features)
+      .def("packed_bytes", &shoal::PackedLinear::packed_bytes);
+}

@@ -1,0 +1,329 @@
+// One Llama decoder layer on CPUs, with no Python between its operations:
+//
+//   attention: RMSNorm -> QKV projection -> RoPE on q and k -> K/V written to the paged cache ->
+//              paged attention                                        (this rank's heads)
+//   output:    residual + O projection                                 (fused into its epilogue)
+//   mlp:       RMSNorm -> gate/up projection -> SiLU(gate) * up        (this rank's columns)
+//   down:      residual + down projection
+//
+// forward() runs the four segments in turn; a tensor-parallel layer calls them one by one and
+// gathers between them (model/sharding.py), so both compute the same bits. Every element is a fixed
+// sequence of operations on its own row: RMSNorm sums 16-lane partial squares in Vec::sum's order,
+// the projections are PackedLinear's, attention is paged_attention_cpu's, and activations are
+// rounded to the model's dtype after each operation, as the same operations on tensors would be.
+// Invariant: a token's outputs depend on its own row (and, in attention, its sequence's cache)
+// only, never on the batch.
+#include <ATen/Parallel.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Half.h>
+#include <torch/custom_class.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "linear_cpu.h"
+#include "paged_attention_cpu.h"
+#include "vec.h"
+
+namespace shoal {
+namespace {
+
+// Activations in the model's dtype, read as float32 and written rounded to nearest even, one
+// element or 16 lanes at a time (both round alike).
+template <typename T>
+struct Element;
+template <>
+struct Element<float> {
+  static float read(const float* p) { return *p; }
+  static void write(float* p, float value) { *p = value; }
+  static Vec read16(const float* p) { return Vec::load(p); }
+  static Vec round16(Vec v) { return v; }
+  static void write16(float* p, Vec v) { v.store(p); }
+};
+template <>
+struct Element<c10::BFloat16> {
+  static float read(const c10::BFloat16* p) { return from_bfloat16(p->x); }
+  static void write(c10::BFloat16* p, float value) { p->x = to_bfloat16(value); }
+  static Vec read16(const c10::BFloat16* p) { return Vec::bfloats(reinterpret_cast<const uint16_t*>(p)); }
+  static Vec round16(Vec v) { return v.rounded_to_bfloat16(); }
+  static void write16(c10::BFloat16* p, Vec v) { v.rounded_to_bfloat16().store_bfloat16(reinterpret_cast<uint16_t*>(p)); }
+};
+template <>
+struct Element<c10::Half> {
+  static float read(const c10::Half* p) { return static_cast<float>(*p); }
+  static void write(c10::Half* p, float value) { *p = c10::Half(value); }
+  static Vec read16(const c10::Half* p) { return Vec::halves(reinterpret_cast<const uint16_t*>(p)); }
+  static Vec round16(Vec v) {
+    uint16_t bits[kLanes];
+    v.store_half(bits);
+    return Vec::halves(bits);
+  }
+  static void write16(c10::Half* p, Vec v) { v.store_half(reinterpret_cast<uint16_t*>(p)); }
+};
+
+template <typename F>
+void for_each_dtype(at::ScalarType type, F&& body) {
+  switch (type) {
+    case at::kFloat: body(static_cast<float*>(nullptr)); break;
+    case at::kBFloat16: body(static_cast<c10::BFloat16*>(nullptr)); break;
+    case at::kHalf: body(static_cast<c10::Half*>(nullptr)); break;
+    default: TORCH_CHECK(false, "activations must be float32, bfloat16 or float16");
+  }
+}
+
+// out[t] = weight * round(x[t] / sqrt(mean(x[t]^2) + eps)), both products rounded to the dtype.
+template <typename T>
+void rms_norm(const T* x, int64_t ldx, const T* weight, float eps, T* out, int64_t rows, int64_t width) {
+  using E = Element<T>;
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = x + r * ldx;
+      Vec squares = Vec::zero();
+      int64_t c = 0;
+      for (; c + kLanes <= width; c += kLanes) {
+        const Vec v = E::read16(row + c);
+        squares = Vec::fma(v, v, squares);
+      }
+      float total = squares.sum();
+      for (; c < width; ++c) total += E::read(row + c) * E::read(row + c);
+      const float inverse = 1.f / std::sqrt(total / static_cast<float>(width) + eps);
+      const Vec scale = Vec::broadcast(inverse);
+      T* o = out + r * width;
+      for (c = 0; c + kLanes <= width; c += kLanes)
+        E::write16(o + c, Vec::mul(E::read16(weight + c), E::round16(Vec::mul(E::read16(row + c), scale))));
+      for (; c < width; ++c) {
+        T normed;
+        E::write(&normed, E::read(row + c) * inverse);
+        E::write(o + c, E::read(weight + c) * E::read(&normed));
+      }
+    }
+  });
+}
+
+// RoPE (half-split layout: x * cos + roll(x, D/2) * signed_sin, each product rounded, then the sum)
+// on the q and k heads of qkv [T, (H + 2 Hkv) * D], each rotated head rounded to the dtype; keys and
+// values go to their cache rows (slot_rows[t * Hkv + h] in the caches viewed as rows of D and D + 1),
+// queries to q [T, H, D] as float32.
+template <typename T>
+void rotate_and_store(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
+                      const float* signed_sin, const int64_t* positions, const int64_t* slot_rows, T* k_cache,
+                      T* v_cache, float* q) {
+  using E = Element<T>;
+  const int64_t width = (heads + 2 * kv_heads) * dim, half = dim / 2;
+  const bool whole_lanes = half % kLanes == 0;
+  at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> rotated(dim);
+    for (int64_t t = begin; t < end; ++t) {
+      const T* row = qkv + t * width;
+      const float* c = cos + positions[t] * dim;
+      const float* s = signed_sin + positions[t] * dim;
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        const T* x = row + h * dim;
+        int64_t d = 0;
+        for (; whole_lanes && d < dim; d += kLanes) {
+          const Vec partner = E::read16(x + (d < half ? d + half : d - half));
+          const Vec a = Vec::mul(E::read16(x + d), Vec::load(c + d)), b = Vec::mul(partner, Vec::load(s + d));
+          E::round16(Vec::add(a, b)).store(rotated.data() + d);
+        }
+        for (; d < dim; ++d) {
+          const float a = E::read(x + d) * c[d], b = E::read(x + (d < half ? d + half : d - half)) * s[d];
+          T value;
+          E::write(&value, a + b);
+          rotated[d] = E::read(&value);
+        }
+        if (h < heads) {
+          std::copy(rotated.begin(), rotated.end(), q + (t * heads + h) * dim);
+        } else {
+          T* key = k_cache + slot_rows[t * kv_heads + h - heads] * dim;
+          for (d = 0; d < dim; ++d) E::write(key + d, rotated[d]);  // exact: already rounded
+        }
+      }
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const T* v = row + (heads + kv_heads + h) * dim;
+        std::copy(v, v + dim, v_cache + slot_rows[t * kv_heads + h] * (dim + 1));
+      }
+    }
+  });
+}
+
+// out[t, j] = round(round(silu(gate[t, j])) * up[t, j]) for gate_up [T, 2I] = [gate | up], out [T, I];
+// silu(g) = g / (1 + e^-g), 16 lanes at a time (a row's last lanes through a padded copy).
+template <typename T>
+void silu_and_multiply(const T* gate_up, int64_t tokens, int64_t width, T* out) {
+  using E = Element<T>;
+  auto lanes_of = [](Vec g, Vec up) {
+    const Vec activated = E::round16(Vec::div(g, Vec::add(Vec::broadcast(1.f), exp(Vec::sub(Vec::zero(), g)))));
+    return Vec::mul(activated, up);
+  };
+  at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const T* gate = gate_up + t * 2 * width;
+      const T* up = gate + width;
+      T* o = out + t * width;
+      int64_t j = 0;
+      for (; j + kLanes <= width; j += kLanes) E::write16(o + j, lanes_of(E::read16(gate + j), E::read16(up + j)));
+      if (j < width) {
+        float g[kLanes] = {}, u[kLanes] = {}, r[kLanes];
+        for (int64_t l = 0; j + l < width; ++l) g[l] = E::read(gate + j + l), u[l] = E::read(up + j + l);
+        lanes_of(Vec::load(g), Vec::load(u)).store(r);
+        for (int64_t l = 0; j + l < width; ++l) E::write(o + j + l, r[l]);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// A decoder layer's weights and shape; see the file header. `qkv`, `o`, `gate_up` and `down` hold
+// this rank's output columns (all of them without tensor parallelism), the norms and RoPE tables
+// (cos and signed sin, [positions, D] float32) are whole.
+struct DecoderLayerCpu : torch::CustomClassHolder {
+  DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
+                  c10::intrusive_ptr<PackedLinear> gate_up, c10::intrusive_ptr<PackedLinear> down,
+                  at::Tensor input_norm, at::Tensor post_attention_norm, at::Tensor cos, at::Tensor signed_sin,
+                  int64_t heads, int64_t kv_heads, int64_t head_dim, double eps)
+      : qkv_(std::move(qkv)),
+        o_(std::move(o)),
+        gate_up_(std::move(gate_up)),
+        down_(std::move(down)),
+        input_norm_(input_norm.contiguous()),
+        post_attention_norm_(post_attention_norm.contiguous()),
+        cos_(cos.contiguous()),
+        signed_sin_(signed_sin.contiguous()),
+        heads_(heads),
+        kv_heads_(kv_heads),
+        dim_(head_dim),
+        eps_(static_cast<float>(eps)) {
+    TORCH_CHECK(qkv_->out_features() == (heads + 2 * kv_heads) * head_dim, "DecoderLayer: qkv has ",
+                qkv_->out_features(), " outputs, not (", heads, " + 2 x ", kv_heads, ") x ", head_dim);
+    TORCH_CHECK(gate_up_->out_features() % 2 == 0, "DecoderLayer: gate_up must have an even number of outputs");
+    TORCH_CHECK(cos_.scalar_type() == at::kFloat && signed_sin_.scalar_type() == at::kFloat &&
+                    cos_.size(1) == head_dim && signed_sin_.sizes() == cos_.sizes(),
+                "DecoderLayer: RoPE tables must be float32 [positions, head_dim]");
+  }
+
+  // The attention output [T, heads * D] of this rank's heads for hidden [T, hidden]; writes the
+  // tokens' keys and values into the caches.
+  at::Tensor attention(const at::Tensor& hidden, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                       const at::Tensor& positions, const at::Tensor& slot_rows, const at::Tensor& block_tables,
+                       const at::Tensor& token_sequences) const {
+    const int64_t tokens = hidden.size(0);
+    TORCH_CHECK(k_cache.scalar_type() == hidden.scalar_type() && v_cache.scalar_type() == hidden.scalar_type(),
+                "DecoderLayer: the KV cache must be in the activations' dtype");
+    TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.size(3) == dim_ &&
+                    v_cache.size(3) == dim_ + 1,
+                "DecoderLayer: caches must be contiguous [blocks, kv heads, block size, D (+1)]");
+    TORCH_CHECK(positions.scalar_type() == at::kLong && positions.is_contiguous() && positions.size(0) == tokens &&
+                    slot_rows.scalar_type() == at::kLong && slot_rows.is_contiguous() &&
+                    slot_rows.size(0) == tokens * kv_heads_,
+                "DecoderLayer: positions [T] and slot rows [T x kv heads] must be contiguous int64");
+    const int64_t* p = positions.data_ptr<int64_t>();
+    for (int64_t t = 0; t < tokens; ++t)
+      TORCH_CHECK(p[t] >= 0 && p[t] < cos_.size(0), "DecoderLayer: position ", p[t], " is past the RoPE tables");
+    const int64_t* slots = slot_rows.data_ptr<int64_t>();
+    const int64_t cache_rows = k_cache.numel() / dim_;
+    for (int64_t i = 0; i < tokens * kv_heads_; ++i)
+      TORCH_CHECK(slots[i] >= 0 && slots[i] < cache_rows, "DecoderLayer: slot row ", slots[i], " is outside the cache");
+    const at::Tensor qkv = qkv_->forward(normed(hidden, input_norm_));
+    auto q = at::empty({tokens, heads_, dim_}, hidden.options().dtype(at::kFloat));
+    for_each_dtype(hidden.scalar_type(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      rotate_and_store<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, cos_.data_ptr<float>(),
+                          signed_sin_.data_ptr<float>(), positions.data_ptr<int64_t>(),
+                          slot_rows.data_ptr<int64_t>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+                          q.data_ptr<float>());
+    });
+    auto out = at::empty({tokens, heads_ * dim_}, hidden.options());
+    paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, 1.0 / std::sqrt(dim_), out);
+    return out;
+  }
+
+  // residual + O(heads), for the attention output of every head [T, all heads * D] and residual
+  // [T, O's outputs] (this rank's columns of the hidden state).
+  at::Tensor output(const at::Tensor& heads, const at::Tensor& residual) const {
+    return plus_projection(*o_, heads, residual);
+  }
+
+  // SiLU(gate) * up [T, this rank's intermediate columns] for hidden [T, hidden].
+  at::Tensor mlp(const at::Tensor& hidden) const {
+    const at::Tensor gate_up = gate_up_->forward(normed(hidden, post_attention_norm_));
+    const int64_t width = gate_up_->out_features() / 2;
+    auto out = at::empty({hidden.size(0), width}, hidden.options());
+    for_each_dtype(hidden.scalar_type(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      silu_and_multiply<T>(gate_up.data_ptr<T>(), hidden.size(0), width, out.data_ptr<T>());
+    });
+    return out;
+  }
+
+  // residual + down(activation), for the activation of every intermediate column.
+  at::Tensor down(const at::Tensor& activation, const at::Tensor& residual) const {
+    return plus_projection(*down_, activation, residual);
+  }
+
+  // The whole layer without tensor parallelism: hidden [T, hidden] -> [T, hidden].
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                     const at::Tensor& positions, const at::Tensor& slot_rows, const at::Tensor& block_tables,
+                     const at::Tensor& token_sequences) const {
+    const at::Tensor attended =
+        output(attention(hidden, k_cache, v_cache, positions, slot_rows, block_tables, token_sequences), hidden);
+    return down(mlp(attended), attended);
+  }
+
+ private:
+  at::Tensor normed(const at::Tensor& hidden, const at::Tensor& weight) const {
+    TORCH_CHECK(hidden.dim() == 2 && hidden.stride(1) == 1 && hidden.size(1) == weight.size(0) &&
+                    weight.scalar_type() == hidden.scalar_type(),
+                "DecoderLayer: hidden states must be [T, ", weight.size(0), "] in the norm weights' dtype");
+    auto out = at::empty(hidden.sizes(), hidden.options());
+    for_each_dtype(hidden.scalar_type(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      rms_norm<T>(hidden.data_ptr<T>(), hidden.stride(0), weight.data_ptr<T>(), eps_, out.data_ptr<T>(),
+                  hidden.size(0), hidden.size(1));
+    });
+    return out;
+  }
+
+  static at::Tensor plus_projection(const PackedLinear& projection, const at::Tensor& x, const at::Tensor& residual) {
+    auto out = at::empty({x.size(0), projection.out_features()}, x.options());
+    projection.forward_into(x, out, 0, residual);
+    return out;
+  }
+
+  c10::intrusive_ptr<PackedLinear> qkv_, o_, gate_up_, down_;
+  at::Tensor input_norm_, post_attention_norm_, cos_, signed_sin_;
+  int64_t heads_, kv_heads_, dim_;
+  float eps_;
+};
+
+// RMSNorm alone (the final norm before the LM head): see rms_norm above.
+at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.stride(1) == 1 && hidden.size(1) == weight.size(0) &&
+                  weight.scalar_type() == hidden.scalar_type() && weight.is_contiguous(),
+              "rms_norm_rows: hidden [T, H] and weight [H] must share a dtype");
+  auto out = at::empty(hidden.sizes(), hidden.options());
+  for_each_dtype(hidden.scalar_type(), [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    rms_norm<T>(hidden.data_ptr<T>(), hidden.stride(0), weight.data_ptr<T>(), static_cast<float>(eps),
+                out.data_ptr<T>(), hidden.size(0), hidden.size(1));
+  });
+  return out;
+}
+
+}  // namespace shoal
+
+TORCH_LIBRARY_FRAGMENT(shoal, m) {
+  m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
+      .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
+                       c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>, at::Tensor,
+                       at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double>())
+      .def("attention", &shoal::DecoderLayerCpu::attention)
+      .def("output", &shoal::DecoderLayerCpu::output)
+      .def("mlp", &shoal::DecoderLayerCpu::mlp)
+      .def("down", &shoal::DecoderLayerCpu::down)
+      .def("forward", &shoal::DecoderLayerCpu::forward);
+  m.def("rms_norm_rows", &shoal::rms_norm_rows);
+}

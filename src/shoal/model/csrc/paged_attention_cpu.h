@@ -1,0 +1,15 @@
+// The row-wise paged attention (paged_attention_cpu.cpp), as other kernels call it.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace shoal {
+
+// q: [T, H, D] float32, contiguous. k_cache: [NB, Hkv, bs, D]; v_cache: [NB, Hkv, bs, Dv >= D] (same
+// dtype). block_tables: [S, W] int64; token_sequences, positions: [T] int64. Writes each token's
+// attention output to out [T, H * D] (float32, bfloat16 or float16, any row stride).
+void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                          const at::Tensor& block_tables, const at::Tensor& token_sequences,
+                          const at::Tensor& positions, double scale, const at::Tensor& out);
+
+}  // namespace shoal
