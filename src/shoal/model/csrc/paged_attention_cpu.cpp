@@ -102,15 +102,20 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
             at::ScalarType out_type, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t block_size, int64_t dim,
             int64_t v_stride, int64_t table_width, float scale_factor) {
   const int64_t group = heads / kv_heads, element = c10::elementSize(out_type);
-  at::parallel_for(0, tokens * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(group * dim), running_max(group), total(group);
+  // A task is one token's query heads of one KV head (which share its keys), or a single query head
+  // where that leaves too few tasks for the threads. Either way each head computes the same bits.
+  const int64_t per_task = tokens * kv_heads >= 4 * at::get_num_threads() ? group : 1;
+  const int64_t tasks_per_token = heads / per_task;
+  at::parallel_for(0, tokens * tasks_per_token, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(per_task * dim), running_max(per_task), total(per_task);
     float scores[kLanes], weights[kLanes];
     const cache_t* keys[kLanes];
     const cache_t* values[kLanes];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / kv_heads, kvh = task % kv_heads, visible = positions[t] + 1;
+      const int64_t t = task / tasks_per_token, first_head = task % tasks_per_token * per_task;
+      const int64_t kvh = first_head / group, visible = positions[t] + 1;
       const int64_t* table = block_tables + token_sequences[t] * table_width;
-      const float* rows = q + (t * heads + kvh * group) * dim;
+      const float* rows = q + (t * heads + first_head) * dim;
       std::fill(acc.begin(), acc.end(), 0.f);
       std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<float>::infinity());
       std::fill(total.begin(), total.end(), 0.f);
@@ -122,7 +127,7 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
           keys[i] = k_cache + slot * dim;
           values[i] = v_cache + slot * v_stride;
         }
-        for (int64_t g = 0; g < group; ++g) {
+        for (int64_t g = 0; g < per_task; ++g) {
           scores_of(rows + g * dim, keys, dim, scale_factor, scores);
           for (int64_t i = count; i < kLanes; ++i) scores[i] = -std::numeric_limits<float>::infinity();
           const float new_max = std::max(running_max[g], *std::max_element(scores, scores + count));
@@ -135,10 +140,10 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
           accumulate(acc.data() + g * dim, shrink, weights, values, count, dim);
         }
       }
-      for (int64_t g = 0; g < group; ++g) {
+      for (int64_t g = 0; g < per_task; ++g) {
         float* a = acc.data() + g * dim;
         scale(a, 1.f / total[g], dim);
-        store(a, dim, out_type, out + t * out_row_bytes + (kvh * group + g) * dim * element);
+        store(a, dim, out_type, out + t * out_row_bytes + (first_head + g) * dim * element);
       }
     }
   });
