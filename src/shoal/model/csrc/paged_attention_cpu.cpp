@@ -3,8 +3,8 @@
 // Each output row (token t, query head h) is computed by the same fixed sequence of operations
 // over its keys 0..position[t] and never reads another row's data: keys are taken 16 positions at a
 // time, in order; a tile's scores are dot products of 16-lane partial sums, the running maximum and
-// the softmax sum and numerator are rescaled once per tile (online softmax), and each key's value
-// is added in key order. The tile boundaries are absolute positions, so a row's bits
+// the softmax sum and numerator are rescaled once per tile (online softmax), the tile's weights are
+// added to the sum as one 16-lane sum, and each key's value is added in key order. The tile boundaries are absolute positions, so a row's bits
 // do not depend on the batch, the chunking of the prompt, or how many other tokens the step
 // computes: batch invariance by construction. Registered as torch.ops.shoal.paged_attention_rows;
 // the fused decoder layer calls paged_attention_into.
@@ -31,54 +31,10 @@ inline Vec load_lanes(const float* p) { return Vec::load(p); }
 inline Vec load_lanes(const c10::BFloat16* p) { return Vec::bfloats(reinterpret_cast<const uint16_t*>(p)); }
 inline Vec load_lanes(const c10::Half* p) { return Vec::halves(reinterpret_cast<const uint16_t*>(p)); }
 
-// Scores of query q against 16 keys (absent keys: any readable row), each the 16-lane partial sums
-// of q . k over whole lanes of `dim`, summed by Vec::sums, then the rest of dim in order.
-template <typename cache_t>
-inline void scores_of(const float* q, const cache_t* const (&keys)[kLanes], int64_t dim, float scale, float* out) {
-  Vec partial[kLanes];
-  const int64_t whole = dim / kLanes * kLanes;
-  for (int i = 0; i < kLanes; ++i) {
-    Vec acc = Vec::zero();
-    for (int64_t d = 0; d < whole; d += kLanes) acc = Vec::fma(Vec::load(q + d), load_lanes(keys[i] + d), acc);
-    partial[i] = acc;
-  }
-  Vec::sums(partial).store(out);
-  for (int i = 0; i < kLanes; ++i) {
-    for (int64_t d = whole; d < dim; ++d) out[i] += q[d] * static_cast<float>(keys[i][d]);
-    out[i] *= scale;
-  }
-}
-
-// acc[0, dim) = acc * shrink + sum over i < count, in order, of weights[i] * values[i] (widened to
-// float32); whole lanes keep their 16 sums in registers across the keys.
-template <typename cache_t>
-inline void accumulate(float* acc, float shrink, const float* weights, const cache_t* const (&values)[kLanes],
-                       int64_t count, int64_t dim) {
-  int64_t d = 0;
-  for (; d + kLanes <= dim; d += kLanes) {
-    Vec sum = Vec::load(acc + d);
-    if (shrink != 1.f) sum = Vec::mul(sum, Vec::broadcast(shrink));
-    for (int64_t i = 0; i < count; ++i) sum = Vec::fma(Vec::broadcast(weights[i]), load_lanes(values[i] + d), sum);
-    sum.store(acc + d);
-  }
-  for (; d < dim; ++d) {
-    float sum = shrink != 1.f ? acc[d] * shrink : acc[d];
-    for (int64_t i = 0; i < count; ++i) sum += weights[i] * static_cast<float>(values[i][d]);
-    acc[d] = sum;
-  }
-}
-
-inline void scale(float* acc, float factor, int64_t dim) {
-  const Vec f = Vec::broadcast(factor);
-  int64_t d = 0;
-  for (; d + kLanes <= dim; d += kLanes) Vec::mul(Vec::load(acc + d), f).store(acc + d);
-  for (; d < dim; ++d) acc[d] *= factor;
-}
-
-inline float exp_of(float x) {
-  float lanes[kLanes];
-  exp(Vec::broadcast(x)).store(lanes);
-  return lanes[0];
+// Asks for a cache row in L2 (without waiting for it).
+inline void prefetch_row(const void* row, int64_t bytes) {
+  const char* p = static_cast<const char*>(row);
+  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T1);
 }
 
 // Writes `dim` floats to out, converted to its dtype (16-bit rounded to nearest even).
@@ -92,61 +48,175 @@ inline void store(const float* values, int64_t dim, at::ScalarType type, void* o
   }
 }
 
-// Keys are visited 16 positions at a time (tiles at multiples of 16, whatever the block size).
-// Per tile and query head: the 16 scores, the new running maximum, the old sums rescaled by
-// e^(old max - new max), then e^(score - max) of each present key added to the softmax sum and,
-// times its value, to the numerator, in key order.
-template <typename cache_t>
-void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, const int64_t* block_tables,
-            const int64_t* token_sequences, const int64_t* positions, char* out, int64_t out_row_bytes,
-            at::ScalarType out_type, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t block_size, int64_t dim,
-            int64_t v_stride, int64_t table_width, float scale_factor) {
-  const int64_t group = heads / kv_heads, element = c10::elementSize(out_type);
-  // A task is one token's query heads of one KV head (which share its keys), or a single query head
-  // where that leaves too few tasks for the threads. Either way each head computes the same bits.
-  const int64_t per_task = tokens * kv_heads >= 4 * at::get_num_threads() ? group : 1;
-  const int64_t tasks_per_token = heads / per_task;
-  at::parallel_for(0, tokens * tasks_per_token, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(per_task * dim), running_max(per_task), total(per_task);
-    float scores[kLanes], weights[kLanes];
+// The running softmax of G query heads (consecutive, sharing one KV head) of one token: per head the
+// largest score so far, the sum of e^(score - max) and the numerator sum of e^(score - max) * value.
+// Each key's K and V lanes are widened once and used by all G heads.
+template <int G, typename cache_t>
+struct Heads {
+  const float* q;  // [G, dim]
+  int64_t dim;
+  float scale;
+  float* acc;  // [G, dim]
+  float running_max[G], total[G];
+
+  void reset() {
+    std::fill(acc, acc + G * dim, 0.f);
+    std::fill(running_max, running_max + G, -std::numeric_limits<float>::infinity());
+    std::fill(total, total + G, 0.f);
+  }
+
+  // Adds the keys of one tile: count present keys first, the rest (up to 16) any readable rows.
+  // Per head: each score is the 16-lane partial sums of q . k over whole lanes (Vec::sums), then the
+  // rest of dim in order, times scale; the running max becomes max(old, tile max); the old sums are
+  // multiplied by e^(old max - new max); the tile's e^(score - max) (0 for absent keys) are added to
+  // the softmax sum as one Vec::sum, and each, times its key's value, to the numerator, key after key.
+  void add_tile(const cache_t* const (&keys)[kLanes], const cache_t* const (&values)[kLanes], int64_t count) {
+    const int64_t whole = dim / kLanes * kLanes;
+    Vec partial[G][kLanes];
+    for (int i = 0; i < kLanes; ++i) {
+      Vec sum[G];
+      for (int g = 0; g < G; ++g) sum[g] = Vec::zero();
+      for (int64_t d = 0; d < whole; d += kLanes) {
+        const Vec k = load_lanes(keys[i] + d);
+        for (int g = 0; g < G; ++g) sum[g] = Vec::fma(Vec::load(q + g * dim + d), k, sum[g]);
+      }
+      for (int g = 0; g < G; ++g) partial[g][i] = sum[g];
+    }
+    Vec scores[G];
+    float shifts[kLanes] = {};
+    for (int g = 0; g < G; ++g) {
+      scores[g] = Vec::sums(partial[g]);
+      if (whole < dim) {
+        float lanes[kLanes];
+        scores[g].store(lanes);
+        for (int i = 0; i < kLanes; ++i)
+          for (int64_t d = whole; d < dim; ++d) lanes[i] += q[g * dim + d] * static_cast<float>(keys[i][d]);
+        scores[g] = Vec::load(lanes);
+      }
+      scores[g] = Vec::mul(scores[g], Vec::broadcast(scale)).first_lanes(count, -std::numeric_limits<float>::infinity());
+      const float new_max = std::max(running_max[g], scores[g].max_lane());
+      shifts[g] = running_max[g] - new_max;  // -inf for the first tile: its sums are rescaled by 0
+      running_max[g] = new_max;
+    }
+    float shrink[kLanes], weights[G][kLanes];
+    exp(Vec::load(shifts)).store(shrink);
+    for (int g = 0; g < G; ++g) {
+      const Vec w = exp(Vec::sub(scores[g], Vec::broadcast(running_max[g])));
+      w.store(weights[g]);
+      total[g] = total[g] * shrink[g] + w.sum();
+    }
+    int64_t d = 0;
+    for (; d < whole; d += kLanes) {
+      Vec sum[G];
+      for (int g = 0; g < G; ++g) {
+        sum[g] = Vec::load(acc + g * dim + d);
+        if (shrink[g] != 1.f) sum[g] = Vec::mul(sum[g], Vec::broadcast(shrink[g]));
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        const Vec v = load_lanes(values[i] + d);
+        for (int g = 0; g < G; ++g) sum[g] = Vec::fma(Vec::broadcast(weights[g][i]), v, sum[g]);
+      }
+      for (int g = 0; g < G; ++g) sum[g].store(acc + g * dim + d);
+    }
+    for (; d < dim; ++d)
+      for (int g = 0; g < G; ++g) {
+        float sum = shrink[g] != 1.f ? acc[g * dim + d] * shrink[g] : acc[g * dim + d];
+        for (int64_t i = 0; i < count; ++i) sum += weights[g][i] * static_cast<float>(values[i][d]);
+        acc[g * dim + d] = sum;
+      }
+  }
+
+  // Head g's output, numerator / sum (times 1 / sum), to out in its dtype.
+  void finish(int g, at::ScalarType type, void* out) {
+    float* a = acc + g * dim;
+    const Vec inverse = Vec::broadcast(1.f / total[g]);
+    int64_t d = 0;
+    for (; d + kLanes <= dim; d += kLanes) Vec::mul(Vec::load(a + d), inverse).store(a + d);
+    for (; d < dim; ++d) a[d] *= 1.f / total[g];
+    store(a, dim, type, out);
+  }
+};
+
+struct Layout {
+  const int64_t* block_tables;
+  const int64_t* token_sequences;
+  const int64_t* positions;
+  char* out;
+  int64_t out_row_bytes;
+  at::ScalarType out_type;
+  int64_t tokens, heads, kv_heads, block_size, dim, v_stride, table_width;
+  float scale;
+};
+
+// Tasks of G query heads each (all of one KV head's, or one), keys 16 positions a tile (tiles at
+// multiples of 16, whatever the block size).
+template <int G, typename cache_t>
+void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, const Layout& l) {
+  const int64_t group = l.heads / l.kv_heads, tasks_per_token = l.heads / G;
+  const int64_t element = c10::elementSize(l.out_type);
+  auto token_of = [&](int64_t task) { return task / tasks_per_token; };
+  auto first_head_of = [&](int64_t task) { return task % tasks_per_token * G; };
+  auto visible_of = [&](int64_t task) { return l.positions[token_of(task)] + 1; };
+  auto slot_of = [&](int64_t task, int64_t j) {  // the cache row of key j of the task's sequence and KV head
+    const int64_t* table = l.block_tables + l.token_sequences[token_of(task)] * l.table_width;
+    return (table[j / l.block_size] * l.kv_heads + first_head_of(task) / group) * l.block_size + j % l.block_size;
+  };
+  // The cache rows are read once per step, from memory: the next tile's (the next task's first tile
+  // after a task's last) are fetched into L2 while this one is computed.
+  auto prefetch = [&](int64_t task, int64_t first, int64_t last) {
+    for (int64_t j = first; j < std::min(visible_of(task), last); ++j) {
+      const int64_t slot = slot_of(task, j);
+      prefetch_row(k_cache + slot * l.dim, l.dim * sizeof(cache_t));
+      prefetch_row(v_cache + slot * l.v_stride, l.v_stride * sizeof(cache_t));
+    }
+  };
+  at::parallel_for(0, l.tokens * tasks_per_token, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(G * l.dim);
     const cache_t* keys[kLanes];
     const cache_t* values[kLanes];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / tasks_per_token, first_head = task % tasks_per_token * per_task;
-      const int64_t kvh = first_head / group, visible = positions[t] + 1;
-      const int64_t* table = block_tables + token_sequences[t] * table_width;
-      const float* rows = q + (t * heads + first_head) * dim;
-      std::fill(acc.begin(), acc.end(), 0.f);
-      std::fill(running_max.begin(), running_max.end(), -std::numeric_limits<float>::infinity());
-      std::fill(total.begin(), total.end(), 0.f);
+      const int64_t t = token_of(task), first_head = first_head_of(task), visible = visible_of(task);
+      Heads<G, cache_t> heads{q + (t * l.heads + first_head) * l.dim, l.dim, l.scale, acc.data()};
+      heads.reset();
+      if (task == begin) prefetch(task, 0, kLanes);
       for (int64_t first = 0; first < visible; first += kLanes) {
         const int64_t count = std::min<int64_t>(kLanes, visible - first);
         for (int64_t i = 0; i < kLanes; ++i) {
-          const int64_t j = first + std::min(i, count - 1);  // absent keys repeat the last present one
-          const int64_t slot = (table[j / block_size] * kv_heads + kvh) * block_size + j % block_size;
-          keys[i] = k_cache + slot * dim;
-          values[i] = v_cache + slot * v_stride;
+          const int64_t slot = slot_of(task, first + std::min(i, count - 1));  // absent keys: the last present one
+          keys[i] = k_cache + slot * l.dim;
+          values[i] = v_cache + slot * l.v_stride;
         }
-        for (int64_t g = 0; g < per_task; ++g) {
-          scores_of(rows + g * dim, keys, dim, scale_factor, scores);
-          for (int64_t i = count; i < kLanes; ++i) scores[i] = -std::numeric_limits<float>::infinity();
-          const float new_max = std::max(running_max[g], *std::max_element(scores, scores + count));
-          const float shrink = exp_of(running_max[g] - new_max);  // 0 for the first tile
-          running_max[g] = new_max;
-          exp(Vec::sub(Vec::load(scores), Vec::broadcast(new_max))).store(weights);
-          float sum = total[g] * shrink;
-          for (int64_t i = 0; i < count; ++i) sum += weights[i];
-          total[g] = sum;
-          accumulate(acc.data() + g * dim, shrink, weights, values, count, dim);
+        if (first + kLanes < visible) {
+          prefetch(task, first + kLanes, first + 2 * kLanes);
+        } else if (task + 1 < end) {
+          prefetch(task + 1, 0, kLanes);
         }
+        heads.add_tile(keys, values, count);
       }
-      for (int64_t g = 0; g < per_task; ++g) {
-        float* a = acc.data() + g * dim;
-        scale(a, 1.f / total[g], dim);
-        store(a, dim, out_type, out + t * out_row_bytes + (first_head + g) * dim * element);
-      }
+      for (int g = 0; g < G; ++g)
+        heads.finish(g, l.out_type, l.out + t * l.out_row_bytes + (first_head + g) * l.dim * element);
     }
   });
+}
+
+// One token's query heads of a KV head share a task (and its keys' loads) when the group has at
+// most 8 heads and that leaves enough tasks for the threads; else each head is a task. Every head
+// computes the same bits either way.
+template <typename cache_t>
+void attend_grouped(const float* q, const cache_t* k_cache, const cache_t* v_cache, const Layout& l) {
+  const int64_t group = l.heads / l.kv_heads;
+  if (l.tokens * l.kv_heads < 4 * at::get_num_threads()) return attend<1>(q, k_cache, v_cache, l);
+  switch (group) {
+    case 1: return attend<1>(q, k_cache, v_cache, l);
+    case 2: return attend<2>(q, k_cache, v_cache, l);
+    case 3: return attend<3>(q, k_cache, v_cache, l);
+    case 4: return attend<4>(q, k_cache, v_cache, l);
+    case 5: return attend<5>(q, k_cache, v_cache, l);
+    case 6: return attend<6>(q, k_cache, v_cache, l);
+    case 7: return attend<7>(q, k_cache, v_cache, l);
+    case 8: return attend<8>(q, k_cache, v_cache, l);
+    default: return attend<1>(q, k_cache, v_cache, l);
+  }
 }
 
 }  // namespace
@@ -178,13 +248,13 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
     TORCH_CHECK(entries[i] >= 0 && entries[i] < blocks, "block table entry ", entries[i], " is not a cache block");
   char* target = static_cast<char*>(out.data_ptr());
   const int64_t row_bytes = out.stride(0) * out.element_size();
+  const Layout layout{tables.data_ptr<int64_t>(), sequences.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), target,
+                      row_bytes, out.scalar_type(), tokens, heads, k_cache.size(1), k_cache.size(2), dim,
+                      v_cache.size(3), tables.size(1), static_cast<float>(scale)};
   auto run = [&](auto* cache_type) {
     using cache_t = std::remove_pointer_t<decltype(cache_type)>;
-    attend<cache_t>(q.data_ptr<float>(), static_cast<const cache_t*>(k_cache.data_ptr()),
-                    static_cast<const cache_t*>(v_cache.data_ptr()), tables.data_ptr<int64_t>(),
-                    sequences.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), target, row_bytes, out.scalar_type(),
-                    tokens, heads, k_cache.size(1), k_cache.size(2), dim, v_cache.size(3), tables.size(1),
-                    static_cast<float>(scale));
+    attend_grouped<cache_t>(q.data_ptr<float>(), static_cast<const cache_t*>(k_cache.data_ptr()),
+                            static_cast<const cache_t*>(v_cache.data_ptr()), layout);
   };
   switch (k_cache.scalar_type()) {
     case at::kFloat: run(static_cast<float*>(nullptr)); break;

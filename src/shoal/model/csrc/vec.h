@@ -89,6 +89,14 @@ struct Vec {
     const __m512 r = _mm512_add_ps(_mm512_shuffle_ps(u, w, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(u, w, _MM_SHUFFLE(3, 2, 3, 2)));
     return {_mm512_shuffle_f32x4(r, r, _MM_SHUFFLE(3, 1, 2, 0))};
   }
+  // Lane i + lane i + 8 for i < 8 (and the larger of the two).
+  __m256 eighths() const { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+  __m256 max_eighths() const { return _mm256_max_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+  // The first `count` lanes, the others `fill`.
+  Vec first_lanes(int64_t count, float fill) const {
+    const __mmask16 keep = static_cast<__mmask16>(count >= 16 ? 0xffff : (1u << count) - 1);
+    return {_mm512_mask_mov_ps(_mm512_set1_ps(fill), keep, v)};
+  }
   void store(float* p) const { _mm512_storeu_ps(p, v); }
 #else
   __m256 lo, hi;
@@ -172,19 +180,34 @@ struct Vec {
     for (int i = 0; i < 16; ++i) out[i] = in[i].sum();
     return load(out);
   }
+  __m256 eighths() const { return _mm256_add_ps(lo, hi); }
+  __m256 max_eighths() const { return _mm256_max_ps(lo, hi); }
+  Vec first_lanes(int64_t count, float fill) const {
+    const __m256i low_index = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    const __m256i n = _mm256_set1_epi32(static_cast<int>(count));
+    const __m256 keep_lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(n, low_index));
+    const __m256 keep_hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(n, _mm256_add_epi32(low_index, _mm256_set1_epi32(8))));
+    const __m256 f = _mm256_set1_ps(fill);
+    return {_mm256_blendv_ps(f, lo, keep_lo), _mm256_blendv_ps(f, hi, keep_hi)};
+  }
   void store(float* p) const {
     _mm256_storeu_ps(p, lo);
     _mm256_storeu_ps(p + 8, hi);
   }
 #endif
 
-  // The sum of the lanes, always in the order ((l0 + l8) + (l4 + l12)) + ... (pairwise halving).
+  // The sum of the lanes by pairwise halving: lane i + lane i + 8, then i + 4, i + 2, i + 1 (so
+  // ((l0 + l8) + (l4 + l12)) + ...), always in that order.
   float sum() const {
-    float lanes[kLanes];
-    store(lanes);
-    for (int width = kLanes / 2; width > 0; width /= 2)
-      for (int i = 0; i < width; ++i) lanes[i] += lanes[i + width];
-    return lanes[0];
+    const __m128 quarter = _mm_add_ps(_mm256_castps256_ps128(eighths()), _mm256_extractf128_ps(eighths(), 1));
+    const __m128 pairs = _mm_add_ps(quarter, _mm_movehl_ps(quarter, quarter));
+    return _mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
+  }
+  float max_lane() const {
+    const __m256 half = max_eighths();
+    const __m128 quarter = _mm_max_ps(_mm256_castps256_ps128(half), _mm256_extractf128_ps(half, 1));
+    const __m128 pairs = _mm_max_ps(quarter, _mm_movehl_ps(quarter, quarter));
+    return _mm_cvtss_f32(_mm_max_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1)));
   }
 };
 
