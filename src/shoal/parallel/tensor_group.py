@@ -1,15 +1,16 @@
 """A tensor-parallel replica's processes: rank 0 runs the engine, ranks 1..n-1 follow.
 
-Rank 0 starts the followers as child processes on this host (they die with it), and forms the
-process group with them (gloo on CPU, NCCL on CUDA; collectives time out after
-`COLLECTIVE_TIMEOUT_S`, so a hung rank fails the step rather than the replica hanging forever).
-Each step's batch goes to every follower over its own ZeroMQ socket (typed frames, see
-protocol.tensor_group_frames; CURVE with the cluster secret, see cluster_sockets, so no other
-process can connect to rank 0's sockets, and a secret drawn for the run when none is configured
-reaches the followers in their environment); then all ranks run their shard of the forward
-pass, meeting in the layers' explicit all-sums. Step batches travel by message rather than by
-collective so that an idle replica has no collective waiting to time out. A follower that
-receives a frame it cannot decode exits, which fails the group at once.
+Rank 0 starts the followers as child processes on this host (they die with it). The ranks meet in
+the layers' explicit gathers: on CPUs through a shared-memory file only this user can open
+(shared_memory_group: no socket, nothing deserialized), on CUDA in an NCCL process group whose
+rendezvous is a file store in a private directory (NCCL's own bootstrap connects the ranks over
+loopback). Gathers time out after `COLLECTIVE_TIMEOUT_S`, so a hung rank fails the step rather
+than the replica hanging forever. Each step's batch goes to every follower over its own ZeroMQ
+socket (typed frames, see protocol.tensor_group_frames; CURVE with the cluster secret, see
+cluster_sockets, so no other process can connect to rank 0's sockets, and a secret drawn for the
+run when none is configured reaches the followers in their environment). Step batches travel by
+message rather than by collective so that an idle replica has no collective waiting to time out.
+A follower that receives a frame it cannot decode exits, which fails the group at once.
 
 The group is one failure domain: when any follower exits, the group is failed, the others are
 killed (so no collective waits on them), `on_failure` is called (a worker exits so that its
@@ -22,13 +23,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,8 +41,9 @@ from shoal.errors import ReplicaFailedError
 from shoal.model.loader import load_checkpoint
 from shoal.model.sharding import TensorParallel
 from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.parallel.shared_memory_group import SharedMemoryGroup
 from shoal.parallel.stage_messages import batch_frame, step_batch
-from shoal.processes import die_with_parent, free_port
+from shoal.processes import die_with_parent
 from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
 from shoal.protocol.frames import BadFrame
 from shoal.protocol.tensor_group_frames import Begin, Finish, GroupFrame, RunBatch, decode, encode
@@ -54,23 +57,36 @@ COLLECTIVE_TIMEOUT_S = 60.0
 START_TIMEOUT_S = 300.0
 
 
-def _store(rank: int, size: int, port: int) -> dist.TCPStore:
-    """The group's rendezvous, served by rank 0. A follower announces itself under joined/RANK once
-    its shard is loaded, just before it joins the group."""
-    return dist.TCPStore(
-        "127.0.0.1", port, size, rank == 0, timeout=timedelta(seconds=START_TIMEOUT_S), wait_for_workers=False
-    )
+# Each rank's slot in the shared-memory gathers; larger activations go through in row chunks.
+SLOT_BYTES = 8 << 20
 
 
-def _process_group(rank: int, size: int, store: dist.TCPStore, device: torch.device) -> Any:
-    """This rank's membership of the group: gloo on CPU, NCCL on CUDA (one GPU per rank)."""
-    timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
-    if device.type == "cuda":
+class NcclGroup:
+    """The ranks' gathers on CUDA: an NCCL process group (one GPU per rank), rendezvous through a
+    file store at `store_path` (written for CUDA; no GPU was at hand to run it in the suite)."""
+
+    def __init__(self, rank: int, size: int, store_path: str, device: torch.device):
         torch.cuda.set_device(device)
         options = dist.ProcessGroupNCCL.Options()
-        options._timeout = timeout
-        return dist.ProcessGroupNCCL(store, rank, size, options)
-    return dist.ProcessGroupGloo(store, rank, size, timeout)
+        options._timeout = timedelta(seconds=COLLECTIVE_TIMEOUT_S)
+        self.size = size
+        self.group = dist.ProcessGroupNCCL(dist.FileStore(store_path, size), rank, size, options)
+
+    def all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        self.group.allgather([parts], [tensor.contiguous()]).wait()
+        return parts
+
+    def abort(self, reason: str) -> None:
+        """NCCL's own timeout ends a wait on a lost rank."""
+
+    def close(self) -> None:
+        """The process group ends with the process."""
+
+
+def gathers(rank: int, size: int, links: SharedMemoryGroup, store_path: str, device: torch.device):
+    """The gathers this rank's shard uses: the shared memory on CPUs, NCCL on CUDA."""
+    return links if device.type == "cpu" else NcclGroup(rank, size, store_path, device)
 
 
 def threads_per_rank(config: EngineConfig) -> int:
@@ -93,7 +109,9 @@ class TensorParallelGroup:
         device = resolve_device(config, 0)
         config = dataclasses.replace(config, num_threads=threads_per_rank(config))
         torch.set_num_threads(config.num_threads)
-        port = free_port()
+        self.links = SharedMemoryGroup.create(self.size, SLOT_BYTES, COLLECTIVE_TIMEOUT_S)
+        self._store_directory = tempfile.TemporaryDirectory(prefix="shoal-tensor-parallel-")
+        store_path = os.path.join(self._store_directory.name, "store")
         for rank in range(1, self.size):
             sock, address = self._context.bind_to_random_port(zmq.PUSH, "127.0.0.1")
             self._sockets.append(sock)
@@ -105,8 +123,10 @@ class TensorParallelGroup:
                         "shoal.parallel.tensor_group",
                         "--rank",
                         str(rank),
-                        "--port",
-                        str(port),
+                        "--shared-memory",
+                        self.links.path,
+                        "--store",
+                        store_path,
                         "--steps",
                         address,
                         "--config",
@@ -116,17 +136,16 @@ class TensorParallelGroup:
                     preexec_fn=die_with_parent,
                 )
             )
-        store = _store(0, self.size, port)
-        self._await_followers(store)
-        self.context = TensorParallel(0, self.size, _process_group(0, self.size, store, device))
+        self._await_followers()
+        self.links.unlink()
+        self.context = TensorParallel(0, self.size, gathers(0, self.size, self.links, store_path, device))
         threading.Thread(target=self._watch, name="tensor-parallel-watch", daemon=True).start()
 
-    def _await_followers(self, store: dist.TCPStore) -> None:
+    def _await_followers(self) -> None:
         """Returns once every follower is about to join; a follower that exits first, or none
-        joining within START_TIMEOUT_S, fails the group at once rather than at the store's timeout."""
+        joining within START_TIMEOUT_S, fails the group at once."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        keys = [f"joined/{rank}" for rank in range(1, self.size)]
-        while not store.check(keys):
+        while not self.links.joined():
             exited = [(rank, p.returncode) for rank, p in enumerate(self.followers, 1) if p.poll() is not None]
             if exited or time.monotonic() > deadline:
                 reason = (
@@ -164,6 +183,7 @@ class TensorParallelGroup:
 
     def _fail(self, reason: str) -> None:
         self.failure = reason
+        self.links.abort(reason)
         log.error("%s; the replica fails as a whole", reason)
         for process in self.followers:
             if process.poll() is None:
@@ -183,6 +203,9 @@ class TensorParallelGroup:
                 process.kill()
                 process.wait()
         self._context.close()
+        self.links.unlink()
+        self.links.close()
+        self._store_directory.cleanup()
 
 
 class TensorParallelRunner(ModelRunner):
@@ -204,7 +227,7 @@ class TensorParallelRunner(ModelRunner):
             raise ReplicaFailedError(self.group.failure or f"a tensor-parallel collective failed: {exc}") from exc
 
 
-def follow(rank: int, port: int, steps: str, config: EngineConfig, secret: str) -> None:
+def follow(rank: int, shared_memory: str, store_path: str, steps: str, config: EngineConfig, secret: str) -> None:
     """A follower's life: load its shard, join the group, then run every batch rank 0 sends, until
     it sends Finish. A frame that is not the next message expected ends it (SystemExit)."""
     device = resolve_device(config, rank)
@@ -212,11 +235,10 @@ def follow(rank: int, port: int, steps: str, config: EngineConfig, secret: str) 
     dtype = resolve_dtype(config, device)
     checkpoint = load_checkpoint(config.model, dtype, config.cache_dir, keeps_quantized(config, device))
     sock = ClusterContext(secret).connect(zmq.PULL, steps)
-    store = _store(rank, config.tensor_parallel_size, port)
-    store.set(f"joined/{rank}", "1")
-    tp = TensorParallel(
-        rank, config.tensor_parallel_size, _process_group(rank, config.tensor_parallel_size, store, device)
-    )
+    size = config.tensor_parallel_size
+    links = SharedMemoryGroup(shared_memory, rank, size, SLOT_BYTES, COLLECTIVE_TIMEOUT_S)
+    links.join()
+    tp = TensorParallel(rank, size, gathers(rank, size, links, store_path, device))
     model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
     try:
         begin = _expect(sock, Begin)
@@ -239,13 +261,15 @@ def _expect(sock: zmq.Socket, kind: type) -> GroupFrame:
 def main() -> None:
     parser = argparse.ArgumentParser(description="A tensor-parallel follower rank (started by rank 0).")
     parser.add_argument("--rank", type=int, required=True)
-    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--shared-memory", required=True)
+    parser.add_argument("--store", required=True)
     parser.add_argument("--steps", required=True)
     parser.add_argument("--config", required=True)
     args = parser.parse_args()
     follow(
         args.rank,
-        args.port,
+        args.shared_memory,
+        args.store,
         args.steps,
         EngineConfig.from_json(args.config),
         required_secret("a tensor-parallel follower"),
