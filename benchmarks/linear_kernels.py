@@ -36,6 +36,15 @@ def quantized(weight: torch.Tensor, kind: str) -> QuantizedWeight:
     return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, weight.shape[1])
 
 
+def weight_bytes(layer: torch.Tensor | InvariantLinear) -> int:
+    """The bytes a multiply reads of its weights: packed, or as they lie."""
+    if isinstance(layer, torch.Tensor):
+        return layer.numel() * layer.element_size()
+    if layer.backend == "native":
+        return layer.packed.packed_bytes()
+    return sum(w.numel() * w.element_size() for w in layer.weights)
+
+
 def best_ms(fn, repeats: int) -> float:
     fn()
     best = float("inf")
@@ -73,16 +82,10 @@ def main() -> None:
     print(f"CPU: {model}; torch threads {torch.get_num_threads()}; {LAYERS} layers of {SHAPES}")
     print(f"{'kernel':22s} {'MB':>7s} {'stream ms':>9s} " + " ".join(f"{'M=' + str(m):>9s}" for m in rows))
     for name, (layers, dtype, _) in kernels.items():
-        if name.startswith("torch"):
-            weights = layers
-            packed = weights
-        else:
-            packed = [p for layer in layers for p, *_ in getattr(layer, "parts", [])] or [
-                w for layer in layers for w in layer.weights
-            ]
-        raw = [p.contiguous().view(-1).view(torch.uint8) for p in packed]  # every format's bytes, summed as floats
-        floats = [r[: r.numel() // 4 * 4].view(torch.float32) for r in raw]
-        megabytes = sum(p.numel() * p.element_size() for p in packed) / 1e6
+        sizes = [weight_bytes(layer) for layer in layers]
+        # As many bytes as each layer's weights take, in buffers of their own, summed as floats.
+        floats = [torch.ones(size // 4) for size in sizes]
+        megabytes = sum(sizes) / 1e6
         stream = best_ms(lambda: [f.sum() for f in floats], args.repeats)
         cells = []
         for m in rows:
