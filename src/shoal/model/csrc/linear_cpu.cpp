@@ -300,7 +300,9 @@ void rows_block(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int
   }
 }
 
-constexpr int64_t kRowChunk = 48;  // at most this many rows' x stay in cache while a thread walks its panels
+// At most this many rows' x stay in cache while a thread walks its panels. 64 decoding rows are one
+// chunk, whose panels the threads share out: each weight is read from memory once.
+constexpr int64_t kRowChunk = 64;
 
 // Tasks are (row chunk, panel) pairs, chunk-major; a thread takes a contiguous range of them.
 void run(const Problem& pr) {
