@@ -11,45 +11,70 @@ from __future__ import annotations
 ROW_COUNTS = (*range(1, 71), 128, 512)
 # Relative error of the whole product against float64 over the same (dequantized) weights:
 # float32 accumulation, and 16-bit outputs rounded once.
-TOLERANCE = {"f32": 1e-5, "q8_0": 1e-5, "q4_0": 1e-5, "q4_1": 1e-5, "bf16": 4e-3, "f16": 5e-4}
+TOLERANCE = {
+    "f32": 1e-5,
+    "q8_0": 1e-5,
+    "q4_0": 1e-5,
+    "q4_1": 1e-5,
+    "q4_k": 1e-5,
+    "q6_k": 1e-5,
+    "bf16": 4e-3,
+    "f16": 5e-4,
+}
+K_QUANTS = ("q4_k", "q6_k")  # blocks of 256 columns
 
 
 def quantized(weight, kind):
+    """`weight` quantized to `kind`; for the K-quants, which gguf cannot quantize to, random blocks of
+    its shape instead (any bytes are valid blocks once their fp16 scales are finite)."""
     import gguf
     import numpy as np
     import torch
 
-    from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
+    from shoal.model.quantized_weight import BLOCKS, GGML_TYPES, QuantizedWeight
 
-    blocks = gguf.quants.quantize(weight.numpy(), GGML_TYPES[kind]).view(np.uint8).reshape(weight.shape[0], -1)
-    return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, weight.shape[1])
+    rows, columns = weight.shape
+    if kind not in K_QUANTS:
+        blocks = gguf.quants.quantize(weight.numpy(), GGML_TYPES[kind]).view(np.uint8).reshape(rows, -1)
+        return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, columns)
+    block_columns, block_bytes = BLOCKS[kind]
+    generator = np.random.default_rng(int(weight.abs().sum().item() * 1000) % 2**32)
+    blocks = generator.integers(0, 256, size=(rows, columns // block_columns, block_bytes), dtype=np.uint8)
+    for offset in (0, 2) if kind == "q4_k" else (208,):  # d and dmin, or d
+        scales = generator.uniform(1, 2, size=blocks.shape[:2]) * 2.0**-8
+        blocks[..., offset : offset + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
+    return QuantizedWeight(torch.from_numpy(blocks.reshape(rows, -1)), kind, columns)
 
 
 def check(in_features: int = 576, out_features: int = 200) -> dict:
-    """Per format: rows that depended on the batch, and the relative error of the whole product."""
+    """Per format: rows that depended on the batch, and the relative error of the whole product
+    (K-quants over 512 input features, a whole number of their 256-column blocks)."""
     import torch
 
     from shoal.model.invariant_linear import InvariantLinear
 
     torch.manual_seed(0)
     dense = [torch.randn(out_features, in_features), torch.randn(40, in_features)]
+    wide = [torch.randn(out_features, 512), torch.randn(40, 512)]
     biases = [torch.randn(out_features), None]
     cases = {
         "f32": (dense, torch.float32),
         "bf16": ([w.bfloat16() for w in dense], torch.bfloat16),
         "f16": ([w.half() for w in dense], torch.float16),
         **{kind: ([quantized(w, kind) for w in dense], torch.float32) for kind in ("q8_0", "q4_0", "q4_1")},
+        **{kind: ([quantized(w, kind) for w in wide], torch.float32) for kind in K_QUANTS},
     }
     report = {}
     for name, (weights, dtype) in cases.items():
+        columns = weights[0].shape[1]
         linear = InvariantLinear(weights, [b.to(dtype) if b is not None else None for b in biases], 16, True)
         assert linear.backend == "native", name
         reference = torch.cat([w.dequantize() if hasattr(w, "dequantize") else w.double() for w in weights]).double()
-        rows = torch.randn(3, in_features).to(dtype)
+        rows = torch.randn(3, columns).to(dtype)
         alone = [linear(rows[i : i + 1])[0] for i in range(3)]
         differing = []
         for count in ROW_COUNTS:
-            batch = torch.randn(count, in_features).to(dtype)
+            batch = torch.randn(count, columns).to(dtype)
             placed = {place: i for i, place in enumerate((0, count // 2, count - 1))}  # small batches: fewer
             for place, i in placed.items():
                 batch[place] = rows[i]

@@ -17,6 +17,7 @@ from shoal.model.gguf_loader import (
     gguf_state_dict,
     load_gguf,
     open_gguf,
+    quantized_tensor,
 )
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.registry import resolve_model
@@ -230,18 +231,23 @@ def _q6_k_reference(block: bytes) -> list[float]:
     return out
 
 
-@pytest.mark.parametrize("qtype, reference", [(Q.Q4_K, _q4_k_reference), (Q.Q6_K, _q6_k_reference)])
-def test_dequantize_k_quants_against_ggml_reference(tmp_path: Path, qtype: Q, reference) -> None:
-    # gguf-py cannot quantize K-quants, so write random blocks with finite fp16 scales.
+def random_k_quant_rows(qtype: Q, rows: int, blocks_per_row: int) -> np.ndarray:
+    """Random K-quant blocks with finite fp16 scales (gguf-py cannot quantize to K-quants)."""
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(4)
-    rows, blocks_per_row = 3, 2
     raw = rng.integers(0, 256, (rows, blocks_per_row, block_bytes), dtype=np.uint8)
     scale_at = (0, 2) if qtype == Q.Q4_K else (208,)
     for offset in scale_at:
         scales = rng.uniform(0.01, 0.1, (rows, blocks_per_row, 1)).astype(np.float16)
         raw[:, :, offset : offset + 2] = scales.view(np.uint8)
-    raw = raw.reshape(rows, blocks_per_row * block_bytes)
+    return raw.reshape(rows, blocks_per_row * block_bytes)
+
+
+@pytest.mark.parametrize("qtype, reference", [(Q.Q4_K, _q4_k_reference), (Q.Q6_K, _q6_k_reference)])
+def test_dequantize_k_quants_against_ggml_reference(tmp_path: Path, qtype: Q, reference) -> None:
+    _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rows, blocks_per_row = 3, 2
+    raw = random_k_quant_rows(qtype, rows, blocks_per_row)
     out = dequantize_tensor(_single_tensor_file(tmp_path / "t.gguf", raw, qtype))
     assert out.shape == (rows, 256 * blocks_per_row)
     expected = [
@@ -313,3 +319,13 @@ def test_kept_quantized_matrices_hold_the_same_values_as_dequantized_ones(tmp_pa
             assert torch.equal(kept[name].dequantize(), dequantized[name]), name  # rows un-permuted alike
         else:
             assert torch.equal(kept[name], dequantized[name]), name
+
+
+@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+def test_k_quant_matrices_are_kept_as_their_blocks(tmp_path: Path, qtype: Q) -> None:
+    raw = random_k_quant_rows(qtype, rows=3, blocks_per_row=2)
+    tensor = _single_tensor_file(tmp_path / "t.gguf", raw, qtype)
+    kept = quantized_tensor(tensor)
+    assert kept is not None and kept.kind == qtype.name.lower() and kept.shape == (3, 512)
+    assert torch.equal(kept.blocks, torch.from_numpy(raw))
+    assert torch.equal(kept.dequantize(), torch.from_numpy(dequantize_tensor(tensor)))

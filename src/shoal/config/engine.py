@@ -19,7 +19,7 @@ class EngineConfig:
     kv_cache_bytes, when set, is the KV budget; otherwise kv_cache_fraction of the free memory of
     the device is used. itl_target_ms turns on the adaptive batch size. share_weights keeps the
     memory-mapped weights shared between the host's workers instead of repacking a private copy for
-    faster CPU matrix multiplies. keep_quantized runs a GGUF file's Q8_0/Q4_0/Q4_1 matrices as they
+    faster CPU matrix multiplies. keep_quantized runs a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices as they
     are on CPUs (the native kernels, private packed weights; dtype "auto" is then float32 for the
     activations); False dequantizes them to dtype. attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.

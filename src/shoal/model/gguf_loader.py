@@ -1,7 +1,7 @@
 """Reads a llama.cpp GGUF file into a `LlamaConfig` and a state dict in Hugging Face naming and layout.
 
 Invariants of the produced state dict: tensors are dequantized to the requested dtype (or, when asked,
-matrices in Q8_0/Q4_0/Q4_1 stay QuantizedWeight blocks), shaped in torch order (ggml lists dimensions
+matrices in Q8_0/Q4_0/Q4_1/Q4_K/Q6_K stay QuantizedWeight blocks), shaped in torch order (ggml lists dimensions
 innermost first, torch outermost first), and q_proj/k_proj rows are in the Hugging Face order, i.e.
 llama.cpp's rotary permutation of llama-arch checkpoints is undone.
 """

@@ -53,7 +53,7 @@ def load_checkpoint(
     keep_quantized: bool = False,
 ) -> Checkpoint:
     """Resolves `name_or_path` (see registry), converts it on a cache miss, and returns it memory-mapped.
-    With keep_quantized, a GGUF file's Q8_0/Q4_0/Q4_1 matrices stay QuantizedWeight blocks.
+    With keep_quantized, a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices stay QuantizedWeight blocks.
 
     cache_dir defaults to `$SHOAL_CACHE_DIR` or `~/.cache/shoal`. If the cache cannot be written, the
     converted weights are returned from memory (logged as a warning).

@@ -1,4 +1,5 @@
-"""A matrix kept as the GGUF file stores it: rows of GGML blocks of 32 columns (Q8_0, Q4_0, Q4_1).
+"""A matrix kept as the GGUF file stores it: rows of GGML blocks of 32 columns (Q8_0, Q4_0, Q4_1) or
+256 (the K-quants Q4_K and Q6_K).
 
 The native CPU kernel (invariant_linear, csrc/linear_cpu.cpp) multiplies such matrices without
 dequantizing them in memory; everything else sees float values through `dequantize`.
@@ -12,20 +13,24 @@ import gguf
 import numpy as np
 import torch
 
-BLOCK_COLUMNS = 32
 GGML_TYPES = {
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
     "q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "q4_k": gguf.GGMLQuantizationType.Q4_K,
+    "q6_k": gguf.GGMLQuantizationType.Q6_K,
 }
-BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+# (columns, bytes) of one block.
+BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q6_k": (256, 210)}
 
 
 @dataclass(frozen=True)
 class QuantizedWeight:
-    """A [rows, columns] matrix as uint8 `blocks` [rows, columns / 32 * block bytes] of GGML `kind`.
+    """A [rows, columns] matrix as uint8 `blocks` [rows, columns / block columns * block bytes] of
+    GGML `kind`.
 
-    Invariant: columns is a multiple of 32 and blocks has exactly the bytes of that many columns.
+    Invariant: columns is a multiple of the block's columns and blocks has exactly the bytes of that
+    many columns.
     Indexing takes whole rows (a slice or an index tensor) or, as `[:, a:b]`, whole blocks of columns,
     which is what tensor-parallel sharding and embedding lookups need."""
 
@@ -34,10 +39,10 @@ class QuantizedWeight:
     columns: int
 
     def __post_init__(self) -> None:
-        if self.kind not in BLOCK_BYTES:
+        if self.kind not in BLOCKS:
             raise ValueError(f"unsupported quantized kind {self.kind!r}")
-        row_bytes = self.columns // BLOCK_COLUMNS * BLOCK_BYTES[self.kind]
-        if self.columns % BLOCK_COLUMNS or self.blocks.shape[-1] != row_bytes:
+        block_columns, block_bytes = BLOCKS[self.kind]
+        if self.columns % block_columns or self.blocks.shape[-1] != self.columns // block_columns * block_bytes:
             shape = tuple(self.blocks.shape)
             raise ValueError(f"{self.kind} blocks of shape {shape} do not hold {self.columns} columns")
 
@@ -54,10 +59,10 @@ class QuantizedWeight:
             return QuantizedWeight(self.blocks[index], self.kind, self.columns)
         rows, columns = index
         start, stop, step = columns.indices(self.columns)
-        if rows != slice(None) or step != 1 or start % BLOCK_COLUMNS or stop % BLOCK_COLUMNS:
-            raise ValueError(f"a {self.kind} matrix can be cut only into whole blocks of {BLOCK_COLUMNS} columns")
-        per_block = BLOCK_BYTES[self.kind]
-        cut = self.blocks[:, start // BLOCK_COLUMNS * per_block : stop // BLOCK_COLUMNS * per_block]
+        block_columns, block_bytes = BLOCKS[self.kind]
+        if rows != slice(None) or step != 1 or start % block_columns or stop % block_columns:
+            raise ValueError(f"a {self.kind} matrix can be cut only into whole blocks of {block_columns} columns")
+        cut = self.blocks[:, start // block_columns * block_bytes : stop // block_columns * block_bytes]
         return QuantizedWeight(cut.contiguous(), self.kind, stop - start)
 
     def contiguous(self) -> QuantizedWeight:

@@ -10,12 +10,13 @@
 namespace shoal {
 
 // W [N, K], the row-wise concatenation of one or more matrices ("parts", each in its own format:
-// f32, bf16, f16 weights, or GGUF q8_0 / q4_0 / q4_1 blocks), packed once for linear_cpu.cpp's
+// f32, bf16, f16 weights, or GGUF q8_0 / q4_0 / q4_1 / q4_k / q6_k blocks), packed once for linear_cpu.cpp's
 // kernel, and an optional float32 bias [N]. Invariant: output row m of forward() depends only on
 // x[m] and the weights, never on the other rows or the thread count.
 struct PackedLinear : torch::CustomClassHolder {
   // weights[i]: float32 / bfloat16 / float16 [N_i, K] for sources[i] "f32" / "bf16" / "f16", or
-  // uint8 [N_i, K / 32 * block bytes] of GGML blocks for "q8_0" / "q4_0" / "q4_1".
+  // uint8 [N_i, K / block columns * block bytes] of GGML blocks for "q8_0" / "q4_0" / "q4_1" (32
+  // columns a block) or "q4_k" / "q6_k" (256).
   PackedLinear(std::vector<at::Tensor> weights, std::vector<std::string> sources, int64_t k,
                c10::optional<at::Tensor> bias);
 
