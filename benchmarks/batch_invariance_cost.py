@@ -1,6 +1,10 @@
 """What batch invariance costs: shoal's engine with batch_invariant on (the default) and off.
 
-Same model, prompts and settings for both; greedy, 64 new tokens, all requests submitted at once.
+On: the native kernels (a packed copy of the weights, one C++ call per decoder layer). Off: torch's
+own kernels (one plain multiply per projection over the whole batch, each layer as torch code); the
+attention kernel is the same in both. Both run the GGUF's weights dequantized to --dtype (only the
+invariant kernels run its quantized blocks). Same model, prompts and settings for both; greedy, 64
+new tokens, all requests submitted at once.
 Prints generation-phase tokens/s per concurrency and the on/off ratio; writes JSON next to the
 engine benchmark's results.
 
@@ -57,7 +61,9 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     results: dict[str, dict[int, float]] = {}
     for invariant in (True, False):
-        llm = LLM(dtype=args.dtype, device="cpu", kv_cache_bytes=512 << 20, batch_invariant=invariant)
+        llm = LLM(
+            dtype=args.dtype, device="cpu", kv_cache_bytes=512 << 20, batch_invariant=invariant, keep_quantized=False
+        )
         generation_tokens_per_second(llm, 4, 8)  # warm-up
         results[str(invariant)] = {
             c: max(generation_tokens_per_second(llm, c, args.new_tokens) for _ in range(args.repeats)) for c in levels

@@ -19,9 +19,12 @@ class EngineConfig:
     kv_cache_bytes, when set, is the KV budget; otherwise kv_cache_fraction of the free memory of
     the device is used. itl_target_ms turns on the adaptive batch size. share_weights keeps the
     memory-mapped weights shared between the host's workers instead of repacking a private copy for
-    faster CPU matrix multiplies. keep_quantized runs a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K matrices as they
-    are on CPUs (the native kernels, private packed weights; dtype "auto" is then float32 for the
-    activations); False dequantizes them to dtype. attention_kernel picks
+    faster CPU matrix multiplies. keep_quantized runs a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K
+    matrices as they are on CPUs (the native kernels, private packed weights; dtype "auto" is then
+    float32 for the activations); False dequantizes them to dtype. batch_invariant=False gives up
+    batch invariance for torch's own kernels: one plain multiply per projection over the whole batch,
+    on the weights where they lie (GGUF matrices dequantized), each layer as torch code; it exists
+    to measure what invariance costs (benchmarks/batch_invariance_cost.py). attention_kernel picks
     the C++ CPU kernel ("rows") or the torch kernel ("tiles"); "auto" prefers rows on CPUs.
     step_delay_ms adds that much time to every step, to emulate slower hardware (tests, benchmarks).
     seed draws the sampling seed of each request that names none (None: from the OS, so replicas
@@ -88,6 +91,11 @@ class EngineConfig:
             raise ValueError("spare_stages must not be negative")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
+
+    @property
+    def packs_weights(self) -> bool:
+        """Whether the engine may pack a private copy of the weights for its CPU kernels."""
+        return self.batch_invariant and not self.share_weights
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EngineConfig:

@@ -25,9 +25,9 @@ def resolve_device(config: EngineConfig, rank: int = 0) -> torch.device:
 
 def keeps_quantized(config: EngineConfig, device: torch.device) -> bool:
     """Whether the model's GGUF-quantized matrices stay quantized: asked for, a GGUF model, a CPU
-    device where the native matrix multiply builds (AVX2 or more), and private packed weights (not
-    share_weights)."""
-    if not config.keep_quantized or config.share_weights or device.type != "cpu":
+    device where the native matrix multiply builds (AVX2 or more), and private packed weights
+    (`packs_weights`)."""
+    if not config.keep_quantized or not config.packs_weights or device.type != "cpu":
         return False
     try:
         gguf = resolve_model(config.model).kind == "gguf"

@@ -32,7 +32,7 @@ def build_model(
         weights,
         tile_rows,
         device,
-        not config.share_weights,
+        config.packs_weights,
         config.attention_kernel,
         layers=layers,
         tensor_parallel=tensor_parallel,
