@@ -30,9 +30,16 @@ from shoal.model.weight_cache import default_cache_dir
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(
-    CSRC / name for name in ("paged_attention_cpu.cpp", "linear_cpu.cpp", "decoder_layer_cpu.cpp", "argmax_cpu.cpp")
+    CSRC / name
+    for name in (
+        "paged_attention_cpu.cpp",
+        "linear_cpu.cpp",
+        "linear_packing_cpu.cpp",
+        "decoder_layer_cpu.cpp",
+        "argmax_cpu.cpp",
+    )
 )
-HEADERS = tuple(CSRC / name for name in ("vec.h", "linear_cpu.h", "paged_attention_cpu.h"))
+HEADERS = tuple(CSRC / name for name in ("vec.h", "panel_layout.h", "linear_cpu.h", "paged_attention_cpu.h"))
 LIBRARY = "shoal_cpu_kernels"
 # No implicit fused multiply-adds: the kernels' rounding is exactly what their source says. OpenMP:
 # ATen's parallel_for runs its loop on torch's thread team only in code compiled with it.

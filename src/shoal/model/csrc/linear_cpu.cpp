@@ -7,32 +7,22 @@
 // elements share a loop, not the operations of any element. So row m's bits depend on x[m] and W
 // alone, and no row is ever padded to a tile height.
 //
-// Weights are packed once (PackedLinear, linear_cpu.h) into panels of 16 output columns laid out for the vector
-// unit; quantized GGUF blocks stay quantized and are widened in registers:
-//   f32   panel [K][16] float
-//   f16   panel [K][16] float16 (widened in registers)
-//   bf16  panel [K/2][16][2] bfloat16 (pairs of k, as AVX512-BF16's dot product reads them)
-//   q8_0  panel, per block of 32 k: scale fp16[16], then q int8[32][16]            (value d*q)
-//   q4_1  panel, per block of 32 k: scale fp16[16], min fp16[16], then byte [16][16] whose low
-//         nibble is k = j and high nibble k = j + 16 (GGML's own nibble order)   (value d*q + m)
-//   q4_0 is packed as q4_1 with m = -8d.
-//   q4_k  as q4_1 with float32 d and m: each 32-k sub-block's own scale and minimum, exact
-//   q6_k  panel, per block of 32 k: float32 d of k < 16 [16], of k >= 16 [16], then q - 32 as
-//         int8[32][16] (value d*q); the 6-bit values widened to bytes, the scales exact
-// Accumulation is float32. Per element: f32 is one fused multiply-add chain over k; bf16 adds the
-// odd then the even product of each pair of k (VDPBF16PS's order, emulated with two FMAs where the
-// instruction is not used); quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and
-// scaled into the running sum once per block (q4_1 and q4_k then add m * sum(x over the block);
-// q6_k scales the two chains apart, its halves having scales of their own). Where the
-// CPU has AMX, bf16 weights run on its tiles instead, for every row count (amx_run): one path per
-// format and machine, never two for one matrix.
-// The vector width follows the compiler flags (AVX-512 or AVX2); the flags are the effective
+// Weights are packed once into panels of 16 output columns (panel_layout.h, linear_packing_cpu.cpp);
+// quantized GGUF blocks stay quantized and are widened in registers. Accumulation is float32. Per
+// element: f32 is one fused multiply-add chain over k; bf16 adds the odd then the even product of
+// each pair of k (VDPBF16PS's order, emulated with two FMAs where the instruction is not used);
+// quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and scaled into the running
+// sum once per block (q4_1 and q4_k then add m * sum(x over the block); q6_k scales the two chains
+// apart, its halves having scales of their own). Where the CPU has AMX, bf16 weights run on its
+// tiles instead, for every row count (amx_run): one path per format and machine, never two for one
+// matrix. The vector width follows the compiler flags (AVX-512 or AVX2); the flags are the effective
 // instruction set's (cpu_features), so forcing a narrower set builds and runs the narrower path.
 // AVX2 is the floor (vec.h). Built with -ffp-contract=off: the only fused operations are the
 // explicit ones. The output goes to any column range of a wider matrix, optionally plus a residual
 // (forward_into), so the fused decoder layer writes projections where they belong without copies.
 #include "linear_cpu.h"
 
+#include "panel_layout.h"
 #include "vec.h"
 
 #include <ATen/Parallel.h>
@@ -64,33 +54,6 @@ namespace {
 #else
 #define SHOAL_AMX 0
 #endif
-
-constexpr int64_t kPanel = 16;  // output columns per panel
-constexpr int64_t kBlock = 32;  // k per quantized block
-
-// Quantized formats come after kQ8_0: `format >= kQ8_0` means blocks of 32 k.
-enum Format : int64_t { kF32 = 0, kBF16 = 1, kF16 = 2, kQ8_0 = 3, kQ4_1 = 4, kQ4_K = 5, kQ6_K = 6 };
-
-// What a panel holds per block of 32 k: its scales (16 columns each), then its quantized values.
-struct BlockLayout {
-  int64_t scale_bytes;  // fp16 d (q8_0); fp16 d, m (q4_1); f32 d, m (q4_k); f32 d of k < 16, of k >= 16 (q6_k)
-  bool nibbles;         // 16 bytes a k pair (k = j low, j + 16 high), else 16 int8 a k
-  bool float_scales;    // f32 rather than fp16
-  bool minimum;         // adds m * sum(x over the block)
-  bool two_scales;      // k < 16 and k >= 16 scaled apart
-  int64_t bytes() const { return scale_bytes + (nibbles ? kBlock / 2 : kBlock) * kPanel; }
-};
-
-BlockLayout block_layout(Format format) {
-  switch (format) {
-    case kQ8_0: return {2 * kPanel, false, false, false, false};  // 544 bytes
-    case kQ4_1: return {4 * kPanel, true, false, true, false};    // 320
-    case kQ4_K: return {8 * kPanel, true, true, true, false};     // 384
-    default: return {8 * kPanel, false, true, false, true};       // q6_k: 640
-  }
-}
-
-inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
 
 // What one call multiplies. x rows are float32 (`xf`, row stride ldx) for every format but bf16
 // with hardware dot products, which reads bf16 pairs (`xpairs`, one uint32 per pair of k).
@@ -431,149 +394,6 @@ void amx_run(const Problem& pr) {
 }
 #endif
 
-int64_t panel_bytes(Format format, int64_t k) {
-  switch (format) {
-    case kF32: return k * kPanel * 4;
-    case kF16: return k * kPanel * 2;
-    case kBF16: return (k + kBlock - 1) / kBlock * kBlock * kPanel * 2;  // k padded to whole AMX tiles
-    default: return k / kBlock * block_layout(format).bytes();
-  }
-}
-
-Format kernel_format(const std::string& source) {
-  if (source == "f32") return kF32;
-  if (source == "bf16") return kBF16;
-  if (source == "f16") return kF16;
-  if (source == "q8_0") return kQ8_0;
-  if (source == "q4_0" || source == "q4_1") return kQ4_1;
-  if (source == "q4_k") return kQ4_K;
-  if (source == "q6_k") return kQ6_K;
-  TORCH_CHECK(false, "PackedLinear: unknown weight format ", source);
-}
-
-// A GGML block of a weight row: how many k it holds, in how many bytes.
-struct GgmlBlock {
-  int64_t columns, bytes;
-};
-
-GgmlBlock ggml_block(const std::string& source) {
-  if (source == "q8_0") return {32, 34};
-  if (source == "q4_0") return {32, 18};
-  if (source == "q4_1") return {32, 20};
-  if (source == "q4_k") return {256, 144};
-  return {256, 210};  // q6_k
-}
-
-uint16_t float_to_half_bits(float value) { return c10::Half(value).x; }
-
-// Writes kernel block b (k = 32b .. 32b + 31) of panel column c, at `o`, from a weight row of GGML
-// blocks. K-quant super-blocks (256 k) give eight kernel blocks, their sub-block scales and minimums
-// multiplied out exactly in float32 (an fp16 times a 6- or 8-bit integer).
-void pack_block(const std::string& source, Format format, const uint8_t* row, int64_t b, uint8_t* o, int64_t c) {
-  const BlockLayout layout = block_layout(format);
-  uint8_t* values = o + layout.scale_bytes;
-  auto put_half = [&](int index, uint16_t bits) { std::memcpy(o + (index * kPanel + c) * 2, &bits, 2); };
-  auto put_float = [&](int index, float value) { std::memcpy(o + (index * kPanel + c) * 4, &value, 4); };
-  if (source == "q8_0") {
-    const uint8_t* block = row + b * 34;
-    uint16_t d;
-    std::memcpy(&d, block, 2);
-    put_half(0, d);
-    for (int64_t i = 0; i < kBlock; ++i) values[i * kPanel + c] = block[2 + i];
-  } else if (source == "q4_0" || source == "q4_1") {
-    const bool q4_1 = source == "q4_1";
-    const uint8_t* block = row + b * (q4_1 ? 20 : 18);
-    uint16_t d, m;
-    std::memcpy(&d, block, 2);
-    if (q4_1) {
-      std::memcpy(&m, block + 2, 2);
-    } else {
-      const float min = -8.f * half_to_float(d);
-      m = float_to_half_bits(min);
-      TORCH_CHECK(half_to_float(m) == min, "PackedLinear q4_0: scale ", half_to_float(d), " overflows float16 * 8");
-    }
-    put_half(0, d);
-    put_half(1, m);
-    for (int64_t j = 0; j < kBlock / 2; ++j) values[j * kPanel + c] = block[(q4_1 ? 4 : 2) + j];  // GGML's order
-  } else if (source == "q4_k") {
-    // d, dmin (fp16); 12 bytes of 6-bit sub-block scales and minimums; 128 bytes of nibbles, the low
-    // ones sub-block 2i, the high ones 2i + 1, of bytes 32i .. 32i + 31.
-    const uint8_t* super = row + b / 8 * 144;
-    const int sub = static_cast<int>(b % 8);
-    uint16_t d, dmin;
-    std::memcpy(&d, super, 2);
-    std::memcpy(&dmin, super + 2, 2);
-    const uint8_t* sc = super + 4;
-    const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
-    const int minimum = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
-    put_float(0, half_to_float(d) * static_cast<float>(scale));
-    put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
-    const uint8_t* qs = super + 16 + 32 * (sub / 2);
-    auto q = [&](int64_t i) { return sub % 2 ? qs[i] >> 4 : qs[i] & 0xF; };
-    for (int64_t j = 0; j < kBlock / 2; ++j) values[j * kPanel + c] = static_cast<uint8_t>(q(j) | (q(j + 16) << 4));
-  } else {
-    // q6_k: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 k), d (fp16).
-    // Value i of the super-block: half h = i / 128, j = i % 128; low 4 bits from byte 64h + j % 64
-    // (low nibble for j < 64), high 2 bits from byte 32h + j % 32 at bit 2 (j / 32); minus 32.
-    const uint8_t* super = row + b / 8 * 210;
-    uint16_t d;
-    std::memcpy(&d, super + 208, 2);
-    const int8_t* scales = reinterpret_cast<const int8_t*>(super + 192);
-    const int64_t first = b % 8 * kBlock;
-    put_float(0, half_to_float(d) * static_cast<float>(scales[first / 16]));
-    put_float(1, half_to_float(d) * static_cast<float>(scales[first / 16 + 1]));
-    for (int64_t k = 0; k < kBlock; ++k) {
-      const int64_t i = first + k, h = i / 128, j = i % 128;
-      const uint8_t low = super[64 * h + j % 64], high = super[128 + 32 * h + j % 32];
-      const int q = ((j < 64 ? low & 0xF : low >> 4) | (((high >> (2 * (j / 32))) & 3) << 4)) - 32;
-      values[k * kPanel + c] = static_cast<uint8_t>(static_cast<int8_t>(q));
-    }
-  }
-}
-
-
-// One matrix packed (see the file header): uint8 [panels, panel bytes]; columns past N are zero.
-at::Tensor pack(const at::Tensor& weight, const std::string& source, int64_t k) {
-  const Format format = kernel_format(source);
-  const int64_t n = weight.size(0), panels = (n + kPanel - 1) / kPanel, bytes = panel_bytes(format, k);
-  const GgmlBlock ggml = format >= kQ8_0 ? ggml_block(source) : GgmlBlock{1, 0};
-  TORCH_CHECK(k % ggml.columns == 0, "PackedLinear: ", source, " rows need K divisible by ", ggml.columns, ", got ", k);
-  auto w = weight.contiguous();
-  if (format == kF32) TORCH_CHECK(w.scalar_type() == at::kFloat, "PackedLinear f32 needs float32 weights");
-  if (format == kF16) TORCH_CHECK(w.scalar_type() == at::kHalf, "PackedLinear f16 needs float16 weights");
-  if (format == kBF16) TORCH_CHECK(w.scalar_type() == at::kBFloat16, "PackedLinear bf16 needs bfloat16 weights");
-  if (format >= kQ8_0)
-    TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / ggml.columns * ggml.bytes, "PackedLinear ", source,
-                " needs uint8 rows of GGML blocks");
-  TORCH_CHECK(format >= kQ8_0 || w.size(1) == k, "PackedLinear: weights have ", w.size(1), " columns, not ", k);
-  auto packed = at::zeros({panels, bytes}, w.options().dtype(at::kByte));
-  uint8_t* dst = packed.data_ptr<uint8_t>();
-  const uint8_t* src_bytes = static_cast<const uint8_t*>(w.data_ptr());
-  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t panel = begin; panel < end; ++panel) {
-      uint8_t* out = dst + panel * bytes;
-      for (int64_t c = 0; c < kPanel && panel * kPanel + c < n; ++c) {
-        const int64_t col = panel * kPanel + c;
-        if (format == kF32) {
-          const float* src = reinterpret_cast<const float*>(src_bytes) + col * k;
-          for (int64_t i = 0; i < k; ++i) reinterpret_cast<float*>(out)[i * kPanel + c] = src[i];
-        } else if (format == kF16) {
-          const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes) + col * k;
-          for (int64_t i = 0; i < k; ++i) reinterpret_cast<uint16_t*>(out)[i * kPanel + c] = src[i];
-        } else if (format == kBF16) {
-          const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes) + col * k;
-          for (int64_t i = 0; i < k; ++i)
-            reinterpret_cast<uint16_t*>(out)[(i / 2) * 2 * kPanel + c * 2 + i % 2] = src[i];
-        } else {
-          const uint8_t* row = src_bytes + col * w.size(1);
-          for (int64_t b = 0; b < k / kBlock; ++b) pack_block(source, format, row, b, out + b * block_layout(format).bytes(), c);
-        }
-      }
-    }
-  });
-  return packed;
-}
-
 // out[:, 0 : n] (row stride ldo) = x @ W.T (+ bias) (+ residual) for one packed matrix.
 void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int64_t n, const at::Tensor& bias,
               void* out, int64_t ldo, const void* residual, int64_t ldr) {
@@ -644,7 +464,7 @@ PackedLinear::PackedLinear(std::vector<at::Tensor> weights, std::vector<std::str
   TORCH_CHECK(!weights.empty() && weights.size() == sources_.size(), "PackedLinear: one source per weight");
   for (size_t i = 0; i < weights.size(); ++i) {
     const int64_t width = weights[i].size(0);
-    packed_.push_back(pack(weights[i], sources_[i], k));
+    packed_.push_back(pack_panels(weights[i], sources_[i], k));
     widths_.push_back(width);
     at::Tensor panels;
     if (bias.has_value() && bias->defined()) {

@@ -1,0 +1,140 @@
+// Packing weights into the panels of panel_layout.h, once per matrix: float matrices transposed
+// into panels, GGUF blocks rearranged (and K-quant super-blocks unpacked) without changing a value.
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/Half.h>
+
+#include <cstring>
+
+#include "panel_layout.h"
+
+namespace shoal {
+namespace {
+
+inline float half_to_float(uint16_t bits) { return static_cast<float>(c10::Half(bits, c10::Half::from_bits())); }
+
+// A GGML block of a weight row: how many k it holds, in how many bytes.
+struct GgmlBlock {
+  int64_t columns, bytes;
+};
+
+GgmlBlock ggml_block(const std::string& source) {
+  if (source == "q8_0") return {32, 34};
+  if (source == "q4_0") return {32, 18};
+  if (source == "q4_1") return {32, 20};
+  if (source == "q4_k") return {256, 144};
+  return {256, 210};  // q6_k
+}
+
+uint16_t float_to_half_bits(float value) { return c10::Half(value).x; }
+
+// Writes kernel block b (k = 32b .. 32b + 31) of panel column c, at `o`, from a weight row of GGML
+// blocks. K-quant super-blocks (256 k) give eight kernel blocks, their sub-block scales and minimums
+// multiplied out exactly in float32 (an fp16 times a 6- or 8-bit integer).
+void pack_block(const std::string& source, Format format, const uint8_t* row, int64_t b, uint8_t* o, int64_t c) {
+  const BlockLayout layout = block_layout(format);
+  uint8_t* values = o + layout.scale_bytes;
+  auto put_half = [&](int index, uint16_t bits) { std::memcpy(o + (index * kPanel + c) * 2, &bits, 2); };
+  auto put_float = [&](int index, float value) { std::memcpy(o + (index * kPanel + c) * 4, &value, 4); };
+  if (source == "q8_0") {
+    const uint8_t* block = row + b * 34;
+    uint16_t d;
+    std::memcpy(&d, block, 2);
+    put_half(0, d);
+    for (int64_t i = 0; i < kBlock; ++i) values[i * kPanel + c] = block[2 + i];
+  } else if (source == "q4_0" || source == "q4_1") {
+    const bool q4_1 = source == "q4_1";
+    const uint8_t* block = row + b * (q4_1 ? 20 : 18);
+    uint16_t d, m;
+    std::memcpy(&d, block, 2);
+    if (q4_1) {
+      std::memcpy(&m, block + 2, 2);
+    } else {
+      const float min = -8.f * half_to_float(d);
+      m = float_to_half_bits(min);
+      TORCH_CHECK(half_to_float(m) == min, "PackedLinear q4_0: scale ", half_to_float(d), " overflows float16 * 8");
+    }
+    put_half(0, d);
+    put_half(1, m);
+    for (int64_t j = 0; j < kBlock / 2; ++j) values[j * kPanel + c] = block[(q4_1 ? 4 : 2) + j];  // GGML's order
+  } else if (source == "q4_k") {
+    // d, dmin (fp16); 12 bytes of 6-bit sub-block scales and minimums; 128 bytes of nibbles, the low
+    // ones sub-block 2i, the high ones 2i + 1, of bytes 32i .. 32i + 31.
+    const uint8_t* super = row + b / 8 * 144;
+    const int sub = static_cast<int>(b % 8);
+    uint16_t d, dmin;
+    std::memcpy(&d, super, 2);
+    std::memcpy(&dmin, super + 2, 2);
+    const uint8_t* sc = super + 4;
+    const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+    const int minimum = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+    put_float(0, half_to_float(d) * static_cast<float>(scale));
+    put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
+    const uint8_t* qs = super + 16 + 32 * (sub / 2);
+    auto q = [&](int64_t i) { return sub % 2 ? qs[i] >> 4 : qs[i] & 0xF; };
+    for (int64_t j = 0; j < kBlock / 2; ++j) values[j * kPanel + c] = static_cast<uint8_t>(q(j) | (q(j + 16) << 4));
+  } else {
+    // q6_k: 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales (one per 16 k), d (fp16).
+    // Value i of the super-block: half h = i / 128, j = i % 128; low 4 bits from byte 64h + j % 64
+    // (low nibble for j < 64), high 2 bits from byte 32h + j % 32 at bit 2 (j / 32); minus 32.
+    const uint8_t* super = row + b / 8 * 210;
+    uint16_t d;
+    std::memcpy(&d, super + 208, 2);
+    const int8_t* scales = reinterpret_cast<const int8_t*>(super + 192);
+    const int64_t first = b % 8 * kBlock;
+    put_float(0, half_to_float(d) * static_cast<float>(scales[first / 16]));
+    put_float(1, half_to_float(d) * static_cast<float>(scales[first / 16 + 1]));
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const int64_t i = first + k, h = i / 128, j = i % 128;
+      const uint8_t low = super[64 * h + j % 64], high = super[128 + 32 * h + j % 32];
+      const int q = ((j < 64 ? low & 0xF : low >> 4) | (((high >> (2 * (j / 32))) & 3) << 4)) - 32;
+      values[k * kPanel + c] = static_cast<uint8_t>(static_cast<int8_t>(q));
+    }
+  }
+}
+
+
+}  // namespace
+
+at::Tensor pack_panels(const at::Tensor& weight, const std::string& source, int64_t k) {
+  const Format format = kernel_format(source);
+  const int64_t n = weight.size(0), panels = (n + kPanel - 1) / kPanel, bytes = panel_bytes(format, k);
+  const GgmlBlock ggml = format >= kQ8_0 ? ggml_block(source) : GgmlBlock{1, 0};
+  TORCH_CHECK(k % ggml.columns == 0, "PackedLinear: ", source, " rows need K divisible by ", ggml.columns, ", got ", k);
+  auto w = weight.contiguous();
+  if (format == kF32) TORCH_CHECK(w.scalar_type() == at::kFloat, "PackedLinear f32 needs float32 weights");
+  if (format == kF16) TORCH_CHECK(w.scalar_type() == at::kHalf, "PackedLinear f16 needs float16 weights");
+  if (format == kBF16) TORCH_CHECK(w.scalar_type() == at::kBFloat16, "PackedLinear bf16 needs bfloat16 weights");
+  if (format >= kQ8_0)
+    TORCH_CHECK(w.scalar_type() == at::kByte && w.size(1) == k / ggml.columns * ggml.bytes, "PackedLinear ", source,
+                " needs uint8 rows of GGML blocks");
+  TORCH_CHECK(format >= kQ8_0 || w.size(1) == k, "PackedLinear: weights have ", w.size(1), " columns, not ", k);
+  auto packed = at::zeros({panels, bytes}, w.options().dtype(at::kByte));
+  uint8_t* dst = packed.data_ptr<uint8_t>();
+  const uint8_t* src_bytes = static_cast<const uint8_t*>(w.data_ptr());
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t panel = begin; panel < end; ++panel) {
+      uint8_t* out = dst + panel * bytes;
+      for (int64_t c = 0; c < kPanel && panel * kPanel + c < n; ++c) {
+        const int64_t col = panel * kPanel + c;
+        if (format == kF32) {
+          const float* src = reinterpret_cast<const float*>(src_bytes) + col * k;
+          for (int64_t i = 0; i < k; ++i) reinterpret_cast<float*>(out)[i * kPanel + c] = src[i];
+        } else if (format == kF16) {
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes) + col * k;
+          for (int64_t i = 0; i < k; ++i) reinterpret_cast<uint16_t*>(out)[i * kPanel + c] = src[i];
+        } else if (format == kBF16) {
+          const uint16_t* src = reinterpret_cast<const uint16_t*>(src_bytes) + col * k;
+          for (int64_t i = 0; i < k; ++i)
+            reinterpret_cast<uint16_t*>(out)[(i / 2) * 2 * kPanel + c * 2 + i % 2] = src[i];
+        } else {
+          const uint8_t* row = src_bytes + col * w.size(1);
+          for (int64_t b = 0; b < k / kBlock; ++b) pack_block(source, format, row, b, out + b * block_layout(format).bytes(), c);
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+}  // namespace shoal
