@@ -63,7 +63,8 @@ SLOT_BYTES = 8 << 20
 
 class NcclGroup:
     """The ranks' gathers on CUDA: an NCCL process group (one GPU per rank), rendezvous through a
-    file store at `store_path` (written for CUDA; no GPU was at hand to run it in the suite)."""
+    file store at `store_path`; NCCL's own timeout ends a wait on a lost rank (written for CUDA; no
+    GPU was at hand to run it in the suite)."""
 
     def __init__(self, rank: int, size: int, store_path: str, device: torch.device):
         torch.cuda.set_device(device)
@@ -76,12 +77,6 @@ class NcclGroup:
         parts = [torch.empty_like(tensor) for _ in range(self.size)]
         self.group.allgather([parts], [tensor.contiguous()]).wait()
         return parts
-
-    def abort(self, reason: str) -> None:
-        """NCCL's own timeout ends a wait on a lost rank."""
-
-    def close(self) -> None:
-        """The process group ends with the process."""
 
 
 def gathers(rank: int, size: int, links: SharedMemoryGroup, store_path: str, device: torch.device):

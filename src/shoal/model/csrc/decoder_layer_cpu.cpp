@@ -177,6 +177,20 @@ void silu_and_multiply(const T* gate_up, int64_t tokens, int64_t width, T* out) 
 
 }  // namespace
 
+// RMSNorm of every row (the layers' norms, and the final norm before the LM head): see rms_norm.
+at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(hidden.dim() == 2 && hidden.stride(1) == 1 && hidden.size(1) == weight.size(0) &&
+                  weight.scalar_type() == hidden.scalar_type() && weight.is_contiguous(),
+              "rms_norm_rows: hidden [T, H] and weight [H] must share a dtype");
+  auto out = at::empty(hidden.sizes(), hidden.options());
+  for_each_dtype(hidden.scalar_type(), [&](auto* type) {
+    using T = std::remove_pointer_t<decltype(type)>;
+    rms_norm<T>(hidden.data_ptr<T>(), hidden.stride(0), weight.data_ptr<T>(), static_cast<float>(eps),
+                out.data_ptr<T>(), hidden.size(0), hidden.size(1));
+  });
+  return out;
+}
+
 // A decoder layer's weights and shape; see the file header. `qkv`, `o`, `gate_up` and `down` hold
 // this rank's output columns (all of them without tensor parallelism), the norms and RoPE tables
 // (cos and signed sin, [positions, D] float32) are whole.
@@ -275,16 +289,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
 
  private:
   at::Tensor normed(const at::Tensor& hidden, const at::Tensor& weight) const {
-    TORCH_CHECK(hidden.dim() == 2 && hidden.stride(1) == 1 && hidden.size(1) == weight.size(0) &&
-                    weight.scalar_type() == hidden.scalar_type(),
-                "DecoderLayer: hidden states must be [T, ", weight.size(0), "] in the norm weights' dtype");
-    auto out = at::empty(hidden.sizes(), hidden.options());
-    for_each_dtype(hidden.scalar_type(), [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      rms_norm<T>(hidden.data_ptr<T>(), hidden.stride(0), weight.data_ptr<T>(), eps_, out.data_ptr<T>(),
-                  hidden.size(0), hidden.size(1));
-    });
-    return out;
+    return rms_norm_rows(hidden, weight, eps_);
   }
 
   static at::Tensor plus_projection(const PackedLinear& projection, const at::Tensor& x, const at::Tensor& residual) {
@@ -298,20 +303,6 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   int64_t heads_, kv_heads_, dim_;
   float eps_;
 };
-
-// RMSNorm alone (the final norm before the LM head): see rms_norm above.
-at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, double eps) {
-  TORCH_CHECK(hidden.dim() == 2 && hidden.stride(1) == 1 && hidden.size(1) == weight.size(0) &&
-                  weight.scalar_type() == hidden.scalar_type() && weight.is_contiguous(),
-              "rms_norm_rows: hidden [T, H] and weight [H] must share a dtype");
-  auto out = at::empty(hidden.sizes(), hidden.options());
-  for_each_dtype(hidden.scalar_type(), [&](auto* type) {
-    using T = std::remove_pointer_t<decltype(type)>;
-    rms_norm<T>(hidden.data_ptr<T>(), hidden.stride(0), weight.data_ptr<T>(), static_cast<float>(eps),
-                out.data_ptr<T>(), hidden.size(0), hidden.size(1));
-  });
-  return out;
-}
 
 }  // namespace shoal
 
