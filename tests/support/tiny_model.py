@@ -15,12 +15,14 @@ TINY_CHAT_TEMPLATE = (
 
 
 def write_tiny_tokenizer(directory: Path) -> None:
-    """A character-level BPE tokenizer with 3 special tokens; 99 ids in all."""
-    from tokenizers import Tokenizer, models
+    """A character-level BPE tokenizer with 3 special tokens; 99 ids in all. Its text is its
+    characters side by side (a Fuse decoder), so output text is what the tokens spell."""
+    from tokenizers import Tokenizer, decoders, models
 
     specials = ["<unk>", "<s>", "</s>"]
     vocab = {tok: i for i, tok in enumerate(specials + TINY_CHARS)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.decoder = decoders.Fuse()
     tokenizer.add_special_tokens(specials)
     tokenizer.save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from shoal.engine.engine import EngineStats, LLMEngine
 from shoal.engine.outputs import RequestOutput
 from shoal.engine.sampling_params import SamplingParams
+from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import EngineRequestError
 
 log = logging.getLogger(__name__)
@@ -101,6 +102,12 @@ class AsyncLLMEngine:
         finally:
             if not finished:
                 self._commands.put(("abort", request_id))
+
+    async def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Compiles a request's grammar into the engine's cache in a thread of its own, so a new
+        schema stalls neither the engine thread nor the event loop. Raises InvalidRequestError for
+        a constraint that cannot be used."""
+        await asyncio.to_thread(self.engine.grammars.compile, spec)
 
     def activity(self) -> EngineActivity:
         """From any thread: what the engine thread is doing now."""

@@ -14,6 +14,7 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
+from shoal.engine.grammar import GrammarCompiler
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -114,6 +115,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
+        self.grammars = GrammarCompiler(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
         self.sequences: dict[str, Sequence] = {}
         self.streams: dict[str, OutputStream] = {}
         self.prompts: dict[str, str | None] = {}
@@ -172,7 +174,8 @@ class LLMEngine:
         self._validate_prompt(token_ids, resumed, params)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         seq = Sequence(request_id, token_ids, params, seed, output_token_ids=resumed)
-        stream = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len)
+        matcher = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
+        stream = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len, matcher)
         stream.resume(resumed, resume_text_offset)
         self.sequences[request_id] = seq
         self.streams[request_id] = stream
@@ -269,7 +272,10 @@ class LLMEngine:
             if stream.finish_reason:
                 self.scheduler.finish(seq, stream.finish_reason)
                 seq.stop_reason = stream.stop_reason
-            outputs.append(self._output(seq, [token.token_id], stream.take_new_text()))
+            output = self._output(seq, [token.token_id], stream.take_new_text())
+            if stream.finish_reason == "error":
+                output.error = f"the grammar refused token {token.token_id}: {stream.matcher.get_error()}"
+            outputs.append(output)
         if any(c.length == 1 for c in completing):
             self.batch_controller.observe(elapsed * 1e3, len(chunks), len(self.scheduler.waiting))
         return outputs
@@ -308,7 +314,12 @@ class LLMEngine:
         return self._sample([c for c in chunks if c.completes_sequence], self.runner.run(batch_of(chunks)))
 
     def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[SampledToken]:
-        """Tokens for the chunks that complete their sequence, from their rows of `logits`."""
+        """Tokens for the chunks that complete their sequence, from their rows of `logits`; a
+        sequence with a grammar samples only among the tokens its matcher allows."""
+        streams = [self.streams[c.seq.request_id] for c in completing]
+        constrained = [i for i, stream in enumerate(streams) if stream.matcher is not None]
+        allowed = self.grammars.allowed_tokens([streams[i].matcher for i in constrained]) if constrained else None
+        masks = dict(zip(constrained, allowed.to(logits.device))) if constrained else {}
         rows = [
             SamplingRow(
                 c.seq.params,
@@ -316,9 +327,10 @@ class LLMEngine:
                 c.seq.num_tokens,
                 c.seq.prompt_token_ids,
                 c.seq.output_token_ids,
-                self.streams[c.seq.request_id].banned_token_ids(),
+                stream.banned_token_ids(),
+                masks.get(i),
             )
-            for c in completing
+            for i, (c, stream) in enumerate(zip(completing, streams))
         ]
         return sample(logits, rows)
 

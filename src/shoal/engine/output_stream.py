@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import llguidance
+
 from shoal.engine.sampler import SampledToken
 from shoal.engine.sampling_params import SamplingParams
+from shoal.errors import InvalidRequestError
 from shoal.model.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
 class OutputStream:
-    """Per-request detokenizer and stop checker.
+    """Per-request detokenizer and stop checker, and the request's grammar matcher if it has one.
 
-    Invariants: `text` is the decoded output with the stop string (and everything after it)
+    Invariants: the matcher has consumed exactly the output tokens (a grammar that is complete
+    finishes the request with "stop");  `text` is the decoded output with the stop string (and everything after it)
     removed unless include_stop_str_in_output; the text handed out so far (`emitted`) is always a
     prefix of the final text, because text that might be the start of a stop string is held back.
     """
@@ -22,8 +26,10 @@ class OutputStream:
         prompt_token_ids: list[int],
         eos_token_ids: tuple[int, ...],
         max_model_len: int,
+        matcher: llguidance.LLMatcher | None = None,
     ):
         self.params = params
+        self.matcher = matcher
         self.detokenizer = IncrementalDetokenizer(
             tokenizer, prompt_token_ids, skip_special_tokens=params.skip_special_tokens
         )
@@ -43,6 +49,8 @@ class OutputStream:
         """Takes output tokens generated elsewhere as already produced. `text_offset` is how much of
         their text was already handed out (None: all of it); the rest, held back there for a
         possible stop string or an unfinished character, is handed out from here."""
+        if self.matcher is not None and not self.matcher.consume_tokens(token_ids):
+            raise InvalidRequestError("resume_token_ids do not match the request's grammar", param="resume_token_ids")
         for token in token_ids:
             self.num_tokens += 1
             if self.logprobs is not None:
@@ -68,12 +76,26 @@ class OutputStream:
         self.text += self.detokenizer.add(token)
         if self.params.stop and self._truncate_at_stop_string():
             return
+        if self.matcher is not None and self._grammar_ended(token):
+            return
         if (
             self.num_tokens >= self.params.max_tokens
             or self.num_prompt_tokens + self.num_tokens >= self.max_total_tokens
         ):
             self.finish_reason = "length"
             self.text += self.detokenizer.flush()
+
+    def _grammar_ended(self, token: int) -> bool:
+        """Advances the matcher; the request stops once the grammar is complete. A token the
+        grammar refused (only possible when every token was refused) ends it with an error."""
+        if not self.matcher.consume_token(token):
+            self.finish_reason = "error"
+        elif self.matcher.is_stopped():
+            self.finish_reason = "stop"
+        else:
+            return False
+        self.text += self.detokenizer.flush()
+        return True
 
     def _truncate_at_stop_string(self) -> bool:
         window_start = max(0, self.emitted - self.holdback)

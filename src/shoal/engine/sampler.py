@@ -43,6 +43,8 @@ class SamplingRow:
     prompt_token_ids: list[int]
     output_token_ids: list[int]
     banned_token_ids: tuple[int, ...] = ()
+    # bool [vocab]: the only tokens the request's grammar allows next (None: no grammar).
+    allowed: torch.Tensor | None = None
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
@@ -67,6 +69,7 @@ def _is_plain_greedy(row: SamplingRow) -> bool:
         p.greedy
         and p.logprobs is None
         and not row.banned_token_ids
+        and row.allowed is None
         and p.repetition_penalty == 1.0
         and not p.presence_penalty
         and not p.frequency_penalty
@@ -79,6 +82,8 @@ def _sample_row(logits: torch.Tensor, row: SamplingRow) -> SampledToken:
     logits = _apply_penalties(logits.clone(), row)
     if row.banned_token_ids:
         logits[list(row.banned_token_ids)] = float("-inf")
+    if row.allowed is not None:
+        logits = logits.masked_fill(~row.allowed, float("-inf"))
     if params.greedy:
         token = int(torch.argmax(logits))
     else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import InvalidSamplingParamsError
 
 MAX_LOGPROBS = 20
@@ -33,6 +34,8 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # What the output must match (a JSON schema, regex, choice or grammar); None: free text.
+    structured_outputs: StructuredOutputs | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

@@ -152,6 +152,10 @@ class Tokenizer:
         """The default chat template source, or None when the model has none."""
         return self._templates.get("default")
 
+    def chat_template_for_tools(self) -> str | None:
+        """The template source `apply_chat_template` uses when tools are given."""
+        return self._templates.get("tool_use") or self.chat_template
+
 
 class IncrementalDetokenizer:
     """Streams the text of generated ids one token at a time (vLLM's prefix/read offset technique).

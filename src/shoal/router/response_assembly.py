@@ -16,9 +16,29 @@ def _merge_logprobs(parts: list[dict | None], chat: bool) -> dict | None:
     }
 
 
+def _add_tool_call_deltas(calls: dict[int, dict], deltas: list[dict]) -> None:
+    """A call's first delta brings its id, type and name; later ones fragments of its arguments."""
+    for delta in deltas:
+        function = delta.get("function") or {}
+        call = calls.setdefault(
+            delta.get("index", 0), {"id": None, "type": "function", "function": {"name": None, "arguments": ""}}
+        )
+        call["id"] = delta.get("id") or call["id"]
+        call["function"]["name"] = function.get("name") or call["function"]["name"]
+        call["function"]["arguments"] += function.get("arguments") or ""
+
+
+def _message(part: dict) -> dict:
+    content = "".join(part["text"])
+    if not part["tool_calls"]:
+        return {"role": "assistant", "content": content}
+    calls = [part["tool_calls"][index] for index in sorted(part["tool_calls"])]
+    return {"role": "assistant", "content": content or None, "tool_calls": calls}
+
+
 def assemble(events: list[dict], chat: bool) -> dict:
-    """Invariant: each choice's text, token ids and logprobs are the concatenation of its deltas in
-    order; usage is the stream's final usage."""
+    """Invariant: each choice's text, tool calls, token ids and logprobs are the concatenation of
+    its deltas in order; usage is the stream's final usage."""
     first = events[0]
     parts: dict[int, dict] = {}
     usage = None
@@ -27,8 +47,9 @@ def assemble(events: list[dict], chat: bool) -> dict:
         for choice in event.get("choices") or []:
             part = parts.setdefault(
                 choice.get("index", 0),
-                {"text": [], "token_ids": [], "logprobs": [], "finish_reason": None, "seed": None},
+                {"text": [], "token_ids": [], "logprobs": [], "finish_reason": None, "seed": None, "tool_calls": {}},
             )
+            _add_tool_call_deltas(part["tool_calls"], (choice.get("delta") or {}).get("tool_calls") or [])
             part["token_ids"] += choice.get("token_ids") or []
             part["text"].append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
             part["logprobs"].append(choice.get("logprobs"))
@@ -45,7 +66,7 @@ def assemble(events: list[dict], chat: bool) -> dict:
             "logprobs": _merge_logprobs(part["logprobs"], chat),
         }
         if chat:
-            choice["message"] = {"role": "assistant", "content": "".join(part["text"])}
+            choice["message"] = _message(part)
         else:
             choice["text"] = "".join(part["text"])
         choices.append(choice)

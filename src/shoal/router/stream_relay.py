@@ -39,7 +39,9 @@ class StreamBroken(Exception):
 @dataclass
 class StreamProgress:
     """What the client has received so far. Invariant: token_ids are exactly the tokens relayed;
-    `opened` once an opening (role) chunk was relayed, and only then."""
+    `opened` once an opening (role) chunk was relayed, and only then; text_chars counts the raw
+    output text relayed (a chunk read for tool calls states it in `text_chars`, else it is the
+    chunk's text)."""
 
     token_ids: list[int] = field(default_factory=list)
     opened: bool = False
@@ -139,7 +141,8 @@ async def relay(
         progress.opened = progress.opened or opening
         progress.token_ids += token_ids
         progress.seed = choice.get("seed", progress.seed)
-        progress.text_chars += len(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
+        text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+        progress.text_chars += choice.get("text_chars", len(text))
         if progress.response_id is None:
             progress.response_id = event.get("id")
         if resumed:

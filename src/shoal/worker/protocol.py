@@ -1,21 +1,51 @@
 """Request bodies of the OpenAI-compatible endpoints, validated with pydantic, and their mapping to
-SamplingParams. Unknown fields are ignored (as OpenAI's own server does); wrong types and values
-are 400s."""
+SamplingParams. Every field is either served or refused: an unknown field is a 400 that names it,
+never silently ignored; wrong types and values are 400s too."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from shoal.engine.sampling_params import SamplingParams
+from shoal.engine.structured_outputs import StructuredOutputs
+from shoal.errors import InvalidRequestError
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
+    """A request object whose unknown fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
+    continuous_usage_stats: Literal[False] = False
 
 
-class SamplingFields(BaseModel):
+class StructuredOutputsField(Strict):
+    """vLLM's `structured_outputs`: exactly one of a JSON schema, any JSON object, a regular
+    expression, a list of choices, or a grammar (Lark, or GBNF/EBNF)."""
+
+    json_: dict | bool | str | None = Field(None, alias="json")
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def spec(self) -> StructuredOutputs:
+        param = "structured_outputs"
+        if isinstance(self.json_, str):
+            return StructuredOutputs(json=self.json_, param=param)
+        if self.json_ is not None:
+            return StructuredOutputs.from_schema(self.json_, param)
+        return StructuredOutputs(
+            json_object=bool(self.json_object), regex=self.regex, choice=self.choice, grammar=self.grammar, param=param
+        )
+
+
+class SamplingFields(Strict):
     """Fields shared by completions and chat completions (OpenAI names, vLLM extensions)."""
 
     model: str
@@ -39,8 +69,23 @@ class SamplingFields(BaseModel):
     # text the client already has resume_text_offset characters (default: all).
     resume_token_ids: list[int] | None = None
     resume_text_offset: int | None = Field(None, ge=0)
+    structured_outputs: StructuredOutputsField | None = None
+    # Read by routers (session affinity, admission class); a worker has no use for them.
+    user: str | None = None
+    priority: Literal["critical", "standard", "sheddable"] | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None, seed: int | None) -> SamplingParams:
+    def output_constraint(self) -> StructuredOutputs | None:
+        """What the output must match, from the request's fields (None: free text)."""
+        return self.structured_outputs.spec() if self.structured_outputs else None
+
+    def sampling_params(
+        self,
+        max_tokens: int,
+        logprobs: int | None,
+        seed: int | None,
+        constraint: StructuredOutputs | None = None,
+        skip_special_tokens: bool = True,
+    ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
             max_tokens=max_tokens,
@@ -57,6 +102,8 @@ class SamplingFields(BaseModel):
             logprobs=logprobs,
             ignore_eos=self.ignore_eos,
             min_tokens=self.min_tokens,
+            structured_outputs=constraint,
+            skip_special_tokens=skip_special_tokens,
         )
 
 
@@ -66,15 +113,88 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
 
 
-class ChatMessage(BaseModel):
+class ContentPart(Strict):
+    type: Literal["text", "input_text", "output_text"]
+    text: str
+
+
+class ToolCallFunction(Strict):
+    name: str
+    arguments: str
+
+
+class ToolCall(Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class ChatMessage(Strict):
+    """One message of the history. The fields OpenAI's clients echo back with an assistant message
+    (refusal, annotations, audio, function_call) are accepted when empty."""
+
     role: Literal["system", "user", "assistant", "tool", "developer"]
-    content: str | list[dict] | None = None
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: None = None
+    annotations: list[Any] | None = Field(None, max_length=0)
+    audio: None = None
+    function_call: None = None
+
+    @model_validator(mode="after")
+    def _tool_fields_fit_the_role(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     def text(self) -> str:
         """Content as plain text; list content keeps its text parts."""
         if isinstance(self.content, list):
-            return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+            return "".join(part.text for part in self.content)
         return self.content or ""
+
+
+class FunctionDefinition(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")
+    description: str | None = None
+    parameters: dict | None = None
+    strict: bool | None = None
+
+
+class Tool(Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(Strict):
+    name: str
+
+
+class NamedToolChoice(Strict):
+    type: Literal["function"]
+    function: FunctionName
+
+
+class JsonSchemaFormat(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_\-]{1,64}$")
+    description: str | None = None
+    schema_: dict | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('`json_schema` is required with type "json_schema", and only then')
+        return self
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -83,3 +203,22 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    response_format: ResponseFormat | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool = True
+
+    def output_constraint(self) -> StructuredOutputs | None:
+        """From `response_format` or `structured_outputs` (one of them at most); tool calls add
+        their own constraint (see tool_calling)."""
+        format_ = self.response_format
+        if format_ is None or format_.type == "text":
+            return super().output_constraint()
+        if self.structured_outputs is not None:
+            raise InvalidRequestError(
+                "give either response_format or structured_outputs, not both", param="response_format"
+            )
+        if format_.type == "json_object":
+            return StructuredOutputs(json_object=True, param="response_format")
+        schema = format_.json_schema.schema_
+        return StructuredOutputs.from_schema({} if schema is None else schema, "response_format.json_schema.schema")

@@ -15,12 +15,16 @@ from starlette.background import BackgroundTask
 
 from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
+from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import EngineRequestError, InvalidRequestError, PromptTooLongError
+from shoal.model.tokenizer import IncrementalDetokenizer
 from shoal.protocol.keep_alive import KeepAlive
 from shoal.protocol.sse import DONE, data_event
+from shoal.worker.chat_choice import ChatChoice
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
 from shoal.worker.request_tracing import WorkerRequestSpan
+from shoal.worker.tool_calling import ToolUse
 
 KEEP_ALIVE_S = 0.5
 
@@ -35,13 +39,15 @@ async def respond(
     model_name: str,
     max_model_len: int,
     trace: WorkerRequestSpan,
+    tool_use: ToolUse | None = None,
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
-    response."""
+    response. A chat request with `tool_use` has its tool calls read from its output, and forced
+    by a grammar where tool_choice asks for a call."""
     try:
         response = await _respond(
-            engine, body, prompt_ids, max_tokens, logprobs, chat, model_name, max_model_len, trace
+            engine, body, prompt_ids, max_tokens, logprobs, chat, model_name, max_model_len, trace, tool_use
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -61,6 +67,7 @@ async def _respond(
     model_name: str,
     max_model_len: int,
     trace: WorkerRequestSpan,
+    tool_use: ToolUse | None,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -76,12 +83,18 @@ async def _respond(
         if body.n != 1:
             raise InvalidRequestError("resume_token_ids needs n=1", param="resume_token_ids")
         resume = Resume(body.resume_token_ids, body.resume_text_offset)
+    constraint = _constraint(engine, body, tool_use)
+    if constraint is not None:
+        await engine.compile_grammar(constraint)
+    skip_special_tokens = tool_use is None or tool_use.skip_special_tokens
     for i in range(body.n):
         trace.track(f"{request_id}-{i}")
     streams = [
         engine.generate(
             prompt_ids,
-            body.sampling_params(max_tokens, logprobs, None if body.seed is None else body.seed + i),
+            body.sampling_params(
+                max_tokens, logprobs, None if body.seed is None else body.seed + i, constraint, skip_special_tokens
+            ),
             request_id=f"{request_id}-{i}",
             resume=resume,
         )
@@ -96,15 +109,37 @@ async def _respond(
         raise
     meta = {"id": request_id, "created": int(time.time()), "model": model_name}
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
+    choices = [ChatChoice(tool_use, first.seed, prompt_ids) for first in firsts] if chat else None
     if body.stream:
+        if choices and resume is not None:
+            choices[0].replay(_resumed_text(engine, prompt_ids, resume, skip_special_tokens))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
-            _sse(engine, streams, firsts, meta, chat, len(prompt_ids), include_usage, render, resumed, trace),
+            _sse(engine, streams, firsts, meta, choices, len(prompt_ids), include_usage, render, resumed, trace),
             media_type="text/event-stream",
             background=BackgroundTask(trace.end),
         )
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
-    return _full_response(finals, meta, chat, len(prompt_ids), render)
+    return _full_response(finals, meta, choices, len(prompt_ids), render)
+
+
+def _constraint(engine: AsyncLLMEngine, body: SamplingFields, tool_use: ToolUse | None) -> StructuredOutputs | None:
+    """What the output must match: the request's own constraint, or the grammar of a forced tool
+    call (not both)."""
+    own = body.output_constraint()
+    forced = tool_use.constraint(engine.engine.tokenizer) if tool_use is not None else None
+    if own is not None and forced is not None:
+        raise InvalidRequestError(
+            "a forced tool call cannot also follow response_format or structured_outputs", param="tool_choice"
+        )
+    return own or forced
+
+
+def _resumed_text(engine: AsyncLLMEngine, prompt_ids: list[int], resume: Resume, skip_special_tokens: bool) -> str:
+    """The text of the resumed tokens the client already has (the engine decodes them the same way)."""
+    detokenizer = IncrementalDetokenizer(engine.engine.tokenizer, prompt_ids, skip_special_tokens)
+    text = "".join(detokenizer.add(token) for token in resume.token_ids)
+    return text if resume.text_offset is None else text[: resume.text_offset]
 
 
 async def _first(stream: AsyncIterator[RequestOutput]) -> RequestOutput:
@@ -127,22 +162,28 @@ def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def _full_response(
-    finals: list[RequestOutput], meta: dict, chat: bool, prompt_tokens: int, render: LogprobRenderer
+    finals: list[RequestOutput],
+    meta: dict,
+    chats: list[ChatChoice] | None,
+    prompt_tokens: int,
+    render: LogprobRenderer,
 ) -> dict:
+    """chats: each choice's message shaper for a chat completion; None for a text completion."""
     choices = []
     for index, final in enumerate(finals):
         out = final.outputs[0]
         choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids, "seed": final.seed}
         choice["logprobs"] = render(out.token_ids, out.logprobs)
-        if chat:
-            choice["message"] = {"role": "assistant", "content": out.text}
+        if chats:
+            choice["message"] = chats[index].message(out.text)
+            choice["finish_reason"] = chats[index].finish_reason(out.finish_reason)
         else:
             choice["text"] = out.text
         choices.append(choice)
     completion_tokens = sum(len(f.outputs[0].token_ids) for f in finals)
     return {
         **meta,
-        "object": "chat.completion" if chat else "text_completion",
+        "object": "chat.completion" if chats else "text_completion",
         "choices": choices,
         "usage": _usage(prompt_tokens, completion_tokens),
     }
@@ -153,7 +194,7 @@ async def _sse(
     streams,
     firsts,
     meta: dict,
-    chat: bool,
+    chats: list[ChatChoice] | None,
     prompt_tokens: int,
     include_usage: bool,
     render: LogprobRenderer,
@@ -162,7 +203,10 @@ async def _sse(
 ):
     """Merges the choices' outputs into SSE chunks, with a keep-alive after every KEEP_ALIVE_S
     without one; abandoning it (client gone) aborts every choice. Usage counts the `resumed`
-    tokens too: the client's completion includes them."""
+    tokens too: the client's completion includes them. A chat chunk whose text was read for tool
+    calls says how many characters of raw text it stands for (`text_chars`), which is what a
+    router resumes from."""
+    chat = chats is not None
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(index: int, stream, first: RequestOutput) -> None:
@@ -203,9 +247,10 @@ async def _sse(
                 yield data_event(output.body())
                 continue
             completion_tokens += len(output.new_token_ids)
+            finish_reason = output.outputs[0].finish_reason if output.finished else None
             choice = {
                 "index": index,
-                "finish_reason": output.outputs[0].finish_reason if output.finished else None,
+                "finish_reason": chats[index].finish_reason(finish_reason) if chat else finish_reason,
                 "token_ids": output.new_token_ids,
                 "seed": output.seed,
             }
@@ -213,7 +258,9 @@ async def _sse(
             entries = output.outputs[0].logprobs
             choice["logprobs"] = render(output.new_token_ids, entries[len(entries) - new :] if entries else None)
             if chat:
-                choice["delta"] = {"content": output.new_text} if output.new_text else {}
+                choice["delta"] = chats[index].delta(output.new_text, output.finished)
+                if chats[index].reads_tool_calls:
+                    choice["text_chars"] = len(output.new_text)
             else:
                 choice["text"] = output.new_text
             yield data_event({**meta, "object": kind, "choices": [choice]})

@@ -25,12 +25,14 @@ from shoal.errors import ModelNotFoundError, ShoalError, error_body
 from shoal.observability.tracing import Tracing
 from shoal.protocol.worker_load import CalibrationFigures, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
+from shoal.worker.chat_prompt import chat_prompt
 from shoal.worker.drain import DrainState
 from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.metrics import WorkerMetrics
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from shoal.worker.request_tracing import EngineSpans, WorkerRequestSpan
 from shoal.worker.responses import respond
+from shoal.worker.tool_calling import ToolUse
 
 CANARY_PROMPT = "ping"
 
@@ -123,6 +125,8 @@ def create_app(
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        if first.get("type") == "extra_forbidden":
+            return error_response(400, f"unknown or unsupported parameter `{param}`", param=param)
         return error_response(400, f"invalid request: {first.get('msg', 'malformed body')}", param=param)
 
     @app.exception_handler(StarletteHTTPException)
@@ -210,8 +214,8 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=body.add_generation_prompt)
+        tool_use = ToolUse.of(body, tokenizer)
+        text = chat_prompt(tokenizer, body, tool_use)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return await respond(
@@ -224,6 +228,7 @@ def create_app(
             model_name=model_name,
             max_model_len=max_model_len,
             trace=traced(request),
+            tool_use=tool_use,
         )
 
     return app

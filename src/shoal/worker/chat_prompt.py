@@ -1,0 +1,87 @@
+"""The prompt text of a chat request, rendered by the model's own chat template.
+
+Tools go through the template's tools section where it has one; assistant tool calls reach it with
+their arguments as objects (as Hugging Face templates expect). A template without a tools section
+gets DEFAULT_TOOLS_PROMPT in the system message, assistant tool calls written in the Hermes format
+in the assistant's text, and tool results as user turns wrapped in <tool_response> tags.
+"""
+
+from __future__ import annotations
+
+import json
+
+from shoal.errors import InvalidRequestError
+from shoal.model.tokenizer import Tokenizer
+from shoal.worker.protocol import ChatCompletionRequest, ChatMessage
+from shoal.worker.tool_calling import ToolUse
+
+DEFAULT_TOOLS_PROMPT = """# Tools
+
+You may call one or more functions to assist with the user query.
+
+You are provided with function signatures within <tools></tools> XML tags:
+<tools>
+{tools}
+</tools>
+
+For each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:
+<tool_call>
+{{"name": <function-name>, "arguments": <args-json-object>}}
+</tool_call>"""
+
+
+def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, tool_use: ToolUse | None) -> str:
+    native = tool_use is not None and tool_use.template_renders_tools
+    messages = [_template_message(m, native) for m in body.messages]
+    if tool_use is not None and not native:
+        messages = _with_tools_prompt(messages, tool_use.tools)
+    return tokenizer.apply_chat_template(
+        messages, add_generation_prompt=body.add_generation_prompt, tools=tool_use.tools if native else None
+    )
+
+
+def _template_message(message: ChatMessage, native: bool) -> dict:
+    text = message.text()
+    if not native and message.role == "tool":
+        return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}
+    if not native and message.tool_calls:
+        blocks = [
+            "<tool_call>\n"
+            + json.dumps({"name": call.function.name, "arguments": _arguments(call.function.arguments)})
+            + "\n</tool_call>"
+            for call in message.tool_calls
+        ]
+        return {"role": "assistant", "content": "\n".join([text, *blocks] if text else blocks)}
+    rendered = {"role": message.role, "content": text}
+    if message.name is not None:
+        rendered["name"] = message.name
+    if message.tool_call_id is not None:
+        rendered["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        rendered["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in message.tool_calls
+        ]
+    return rendered
+
+
+def _arguments(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise InvalidRequestError(
+            f"a tool call's arguments must be JSON text, got {text[:80]!r}", param="messages"
+        ) from None
+
+
+def _with_tools_prompt(messages: list[dict], tools: list[dict]) -> list[dict]:
+    """The tools prompt after the system message's own text, or as a system message of its own."""
+    prompt = DEFAULT_TOOLS_PROMPT.format(tools="\n".join(json.dumps(tool) for tool in tools))
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = messages[0]
+        return [{**first, "content": f"{first['content']}\n\n{prompt}" if first["content"] else prompt}, *messages[1:]]
+    return [{"role": "system", "content": prompt}, *messages]
