@@ -59,6 +59,12 @@ def tiny_model_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def long_tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny model with 4096 positions: room for a tools prompt written one character a token."""
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama-long"), max_position_embeddings=4096)
+
+
+@pytest.fixture(scope="session")
 def shoal_cache_dir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("shoal-cache")
 

@@ -9,8 +9,11 @@ import httpx
 
 def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
     """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived.
-    `seeds` are the sampling seeds its chunks name (the one drawn by the worker when none was given)."""
+    `seeds` are the sampling seeds its chunks name (the one drawn by the worker when none was given);
+    `tool_calls` the calls its deltas add up to, and `finish_reason` the last one given."""
     ids, text, response_ids, seeds, usage, roles = [], [], set(), set(), None, 0
+    tool_calls: dict[int, dict] = {}
+    finish_reason = None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
         assert response.status_code == 200
         worker, trace_id = response.headers["x-shoal-worker"], response.headers["x-shoal-trace-id"]
@@ -27,6 +30,12 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
                     seeds.add(choice.get("seed"))
                 roles += "role" in choice.get("delta", {})
                 text.append(choice.get("delta", {}).get("content") or "")
+                finish_reason = choice.get("finish_reason") or finish_reason
+                for delta in choice.get("delta", {}).get("tool_calls") or []:
+                    call = tool_calls.setdefault(delta["index"], {"id": None, "name": None, "arguments": ""})
+                    call["id"] = delta.get("id") or call["id"]
+                    call["name"] = delta.get("function", {}).get("name") or call["name"]
+                    call["arguments"] += delta.get("function", {}).get("arguments") or ""
             if fault and len(ids) >= after_tokens:
                 fault(worker)
                 fault = None
@@ -39,4 +48,6 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
         "roles": roles,
         "worker": worker,
         "trace_id": trace_id,
+        "tool_calls": [tool_calls[index] for index in sorted(tool_calls)],
+        "finish_reason": finish_reason,
     }

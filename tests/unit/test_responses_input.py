@@ -17,6 +17,7 @@ from shoal.router.responses_api.input_items import (
     normalize_input,
 )
 from shoal.router.responses_api.response_object import (
+    assistant_output,
     finished_response,
     response_skeleton,
 )
@@ -66,7 +67,8 @@ def test_message_items_are_normalised_with_text_parts_by_role():
         ({"role": "user", "content": "x"}, "input"),
         (["text"], "input[0]"),
         ([{"role": "user", "content": "ok"}, {"role": "robot", "content": "x"}], "input[1].role"),
-        ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].type"),
+        ([{"type": "function_call", "name": "f", "arguments": "{}"}], "input[0].call_id"),
+        ([{"type": "computer_call"}], "input[0].type"),
         ([{"role": "user"}], "input[0].content"),
         ([{"role": "user", "content": []}], "input[0].content"),
         ([{"role": "user", "content": [{"type": "input_image", "image_url": "http://x"}]}], "input[0].content[0].type"),
@@ -84,7 +86,8 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
     def stored(user: str, reply: str, previous: str | None) -> StoredTurn:
         request = parse(instructions=f"old {user}", previous_response_id=previous)
         skeleton = response_skeleton(f"resp_{user}", request, 0)
-        return StoredTurn(finished_response(skeleton, "msg_x", reply, "stop", None, None), normalize_input(user), "me")
+        output = assistant_output("msg_x", {"content": reply}, "completed")
+        return StoredTurn(finished_response(skeleton, output, "stop", None, None), normalize_input(user), "me")
 
     chain = [stored("one", "1", None), stored("two", "2", "resp_one")]
     messages = conversation_messages("new rules", chain, normalize_input([{"role": "user", "content": "three"}]))
@@ -117,9 +120,17 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": "x", "previous_response_id": 7}, "previous_response_id"),
         ({"model": "m", "input": "x", "metadata": {"k": 1}}, "metadata"),
         ({"model": "m", "input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
-        ({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f"}]}, "tools"),
-        ({"model": "m", "input": "x", "tool_choice": "required"}, "tool_choice"),
-        ({"model": "m", "input": "x", "text": {"format": {"type": "json_object"}}}, "text"),
+        ({"model": "m", "input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"model": "m", "input": "x", "tools": [{"type": "function", "name": "f", "x": 1}]}, "tools[0].x"),
+        ({"model": "m", "input": "x", "tools": [{"type": "function", "name": ""}]}, "tools[0].name"),
+        ({"model": "m", "input": "x", "tool_choice": "sometimes"}, "tool_choice"),
+        ({"model": "m", "input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
+        ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+        ({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format"),
+        ({"model": "m", "input": "x", "text": {"verbosity": "low"}}, "text"),
+        ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
+        ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"model": "m", "input": [{"type": "reasoning"}]}, "input[0].type"),
         ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
         ({"model": "m", "input": "x", "frobnicate": True}, "frobnicate"),
         ({"model": "m"}, "input"),
@@ -165,12 +176,68 @@ def test_response_objects_validate_as_the_official_type():
     request = parse(instructions="sys", metadata={"k": "v"}, max_output_tokens=5)
     skeleton = response_skeleton("resp_1", request, 123)
     Response.model_validate(skeleton)
-    done = finished_response(skeleton, "msg_1", "out", "length", {"prompt_tokens": 7, "completion_tokens": 5}, "tiny")
+    output = assistant_output("msg_1", {"content": "out"}, "incomplete")
+    done = finished_response(skeleton, output, "length", {"prompt_tokens": 7, "completion_tokens": 5}, "tiny")
     parsed = Response.model_validate(done)
     assert parsed.output_text == "out" and parsed.status == "incomplete"
     assert parsed.incomplete_details.reason == "max_output_tokens"
     assert (parsed.usage.input_tokens, parsed.usage.output_tokens, parsed.usage.total_tokens) == (7, 5, 12)
-    assert Response.model_validate(finished_response(skeleton, "m", "", "stop", None, None)).status == "completed"
+    empty = assistant_output("m", {"content": ""}, "completed")
+    assert Response.model_validate(finished_response(skeleton, empty, "stop", None, None)).status == "completed"
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    called = Response.model_validate(
+        finished_response(
+            skeleton,
+            assistant_output("m", {"content": None, "tool_calls": [call]}, "completed"),
+            "tool_calls",
+            None,
+            None,
+        )
+    )
+    [item] = called.output
+    assert item.type == "function_call" and item.call_id == "call_1" and item.arguments == '{"a": 1}'
+
+
+def test_tools_and_text_formats_become_the_chat_request():
+    tool = {"type": "function", "name": "f", "description": "d", "parameters": {"type": "object"}}
+    body = parse(tools=[tool], tool_choice={"type": "function", "name": "f"}, parallel_tool_calls=False).chat_body([])
+    assert body["tools"] == [
+        {"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}
+    ]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert body["parallel_tool_calls"] is False
+    schema = {"type": "json_schema", "name": "n", "schema": {"type": "object"}, "strict": True}
+    assert parse(text={"format": schema}).chat_body([])["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "n", "schema": {"type": "object"}, "strict": True},
+    }
+    assert parse(text={"format": {"type": "json_object"}}).chat_body([])["response_format"] == {"type": "json_object"}
+
+
+def test_function_calls_and_their_outputs_become_tool_messages():
+    items = normalize_input(
+        [
+            {"role": "user", "content": "weather?"},
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call", "call_id": "call_2", "name": "g", "arguments": '{"x": 1}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+            {"type": "function_call_output", "call_id": "call_2", "output": ""},
+        ]
+    )
+    ITEMS.validate_python(items)
+    assert conversation_messages(None, [], items) == [
+        {"role": "user", "content": "weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}},
+                {"id": "call_2", "type": "function", "function": {"name": "g", "arguments": '{"x": 1}'}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "call_2", "content": ""},
+    ]
 
 
 def test_input_item_pages():
@@ -295,6 +362,40 @@ def test_a_cut_stream_is_incomplete_and_an_error_fails_it_unkept():
         assert [e["type"] for e in failed[-2:]] == ["error", "response.failed"]
         assert failed[-1]["response"]["status"] == "failed" and failed[-1]["response"]["error"]["message"]
         assert kept == [] and chat.closed
+
+
+def test_tool_call_deltas_become_function_call_items_with_argument_events():
+    async def keep(response: dict) -> None:
+        pass
+
+    def call_chunk(delta: dict, finish_reason: str | None = None) -> dict:
+        return {"id": "c", "model": "tiny", "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason}]}
+
+    opening = {"index": 0, "id": "call_9", "type": "function", "function": {"name": "f", "arguments": ""}}
+    events = run_events(
+        ChatStream(
+            [
+                call_chunk({"role": "assistant", "content": ""}),
+                call_chunk({"tool_calls": [opening]}),
+                call_chunk({"tool_calls": [{"index": 0, "function": {"arguments": '{"a": '}}]}),
+                call_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}, "tool_calls"),
+                "[DONE]",
+            ]
+        ),
+        keep,
+    )
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    [item] = Response.model_validate(events[-1]["response"]).output
+    assert (item.type, item.call_id, item.name, item.arguments) == ("function_call", "call_9", "f", '{"a": 1}')
 
 
 def test_a_store_failure_fails_the_streamed_response():

@@ -72,7 +72,10 @@ class GrammarCompiler:
                 self._compiled.move_to_end(spec)
                 return
         tokenizer = self._ll()
-        matcher = llguidance.LLMatcher(tokenizer, _grammar_source(spec), log_level=0)
+        try:
+            matcher = llguidance.LLMatcher(tokenizer, _grammar_source(spec), log_level=0)
+        except ValueError as exc:  # a schema that is not JSON, or not an object
+            raise InvalidRequestError(f"the {_described(spec)} cannot be used: {_short(str(exc))}", spec.param) from exc
         if matcher.is_error():
             problem = _short(matcher.get_error())
             raise InvalidRequestError(f"the {_described(spec)} cannot be used: {problem}", spec.param)

@@ -46,8 +46,10 @@ class StructuredOutputs:
     @classmethod
     def from_schema(cls, schema: object, param: str) -> StructuredOutputs:
         """A JSON-schema constraint from a parsed schema (an object, or `true` for any JSON value)."""
-        if not isinstance(schema, dict | bool):
-            raise InvalidRequestError("a JSON schema must be an object", param=param)
+        if schema is True:
+            schema = {}
+        if not isinstance(schema, dict):
+            raise InvalidRequestError("a JSON schema must be an object (or `true`)", param=param)
         return cls(json=json.dumps(schema, separators=(",", ":")), param=param)
 
     @property

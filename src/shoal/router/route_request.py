@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_blocks
 from shoal.router.views import RouteRequest
 
@@ -30,7 +32,10 @@ def route_request(
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError("`messages` must be a non-empty list", "messages")
-        text = chat_prompt_text(messages)
+        # Tools reach the prompt ahead of the conversation (in the system message or the template's
+        # tools section): they count, and requests with the same tools share that prefix.
+        tools = body.get("tools")
+        text = (json.dumps(tools) if tools and body.get("tool_choice") != "none" else "") + chat_prompt_text(messages)
         prompt_tokens = int(len(text) / chars_per_token) + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
     else:
         prompt = body.get("prompt")

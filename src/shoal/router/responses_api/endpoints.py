@@ -26,7 +26,12 @@ from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
 from shoal.router.responses_api.input_items import conversation_messages, input_items_page
 from shoal.router.responses_api.open_store import open_store
-from shoal.router.responses_api.response_object import finished_response, response_skeleton
+from shoal.router.responses_api.response_object import (
+    assistant_output,
+    finished_response,
+    output_status,
+    response_skeleton,
+)
 from shoal.router.responses_api.responses_request import ResponsesRequest
 from shoal.router.responses_api.store import ResponseStore, StoredTurn, StoreUnavailable
 from shoal.router.route_request import RequestError
@@ -116,13 +121,9 @@ class ResponsesApi:
             )
         completion = json.loads(answer.body)
         choice = completion["choices"][0]
+        output = assistant_output(message_id, choice["message"], output_status(choice["finish_reason"]))
         response = finished_response(
-            skeleton,
-            message_id,
-            choice["message"]["content"],
-            choice["finish_reason"],
-            completion.get("usage"),
-            completion.get("model"),
+            skeleton, output, choice["finish_reason"], completion.get("usage"), completion.get("model")
         )
         try:
             await keep(response)

@@ -6,20 +6,111 @@ import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from shoal.protocol.sse import json_events, named_event
-from shoal.router.responses_api.message_items import output_message, output_text_part
-from shoal.router.responses_api.response_object import failed_response, finished_response
+from shoal.router.responses_api.ids import new_function_call_id
+from shoal.router.responses_api.message_items import function_call_item, output_message, output_text_part
+from shoal.router.responses_api.response_object import failed_response, finished_response, output_status
 from shoal.router.responses_api.store import StoreUnavailable
+
+
+class _OutputItems:
+    """The response's output items as the chat stream brings them: the assistant message, opened at
+    its first text, and one function_call item per tool call, opened at the call's first delta
+    (which names it). Output indexes follow the order in which items opened."""
+
+    def __init__(self, message_id: str, event: Callable[..., bytes]):
+        self.message_id = message_id
+        self.event = event
+        self.order: list[dict] = []  # {"kind": "message" | "call", "output_index", ...}
+        self.message: dict | None = None
+        self.calls: dict[int, dict] = {}
+
+    def text(self, delta: str) -> list[bytes]:
+        events = [] if self.message is not None else self._open_message()
+        self.message["text"].append(delta)
+        return [*events, self.event("response.output_text.delta", **self._position(), delta=delta, logprobs=[])]
+
+    def call(self, delta: dict) -> list[bytes]:
+        events = []
+        item = self.calls.get(delta.get("index", 0))
+        if item is None:
+            function = delta.get("function") or {}
+            item = {
+                "kind": "call",
+                "output_index": len(self.order),
+                "item_id": new_function_call_id(),
+                "call_id": delta.get("id") or new_function_call_id("call_"),
+                "name": function.get("name") or "",
+                "arguments": [],
+            }
+            self.calls[delta.get("index", 0)] = item
+            self.order.append(item)
+            added = function_call_item(item["item_id"], item["call_id"], item["name"], "", "in_progress")
+            events.append(self.event("response.output_item.added", output_index=item["output_index"], item=added))
+        fragment = (delta.get("function") or {}).get("arguments")
+        if fragment:
+            item["arguments"].append(fragment)
+            events.append(
+                self.event(
+                    "response.function_call_arguments.delta",
+                    item_id=item["item_id"],
+                    output_index=item["output_index"],
+                    delta=fragment,
+                )
+            )
+        return events
+
+    def close(self, status: str) -> tuple[list[dict], list[bytes]]:
+        """The finished output items, and the events that close them (a response with no items
+        gets an empty message)."""
+        events = self._open_message() if not self.order else []
+        output = []
+        for item in self.order:
+            if item["kind"] == "message":
+                text = "".join(item["text"])
+                part = output_text_part(text)
+                done = output_message(self.message_id, status, [part])
+                events += [
+                    self.event("response.output_text.done", **self._position(), text=text, logprobs=[]),
+                    self.event("response.content_part.done", **self._position(), part=part),
+                ]
+            else:
+                arguments = "".join(item["arguments"])
+                done = function_call_item(item["item_id"], item["call_id"], item["name"], arguments)
+                events.append(
+                    self.event(
+                        "response.function_call_arguments.done",
+                        item_id=item["item_id"],
+                        output_index=item["output_index"],
+                        arguments=arguments,
+                    )
+                )
+            events.append(self.event("response.output_item.done", output_index=item["output_index"], item=done))
+            output.append(done)
+        return output, events
+
+    def _open_message(self) -> list[bytes]:
+        self.message = {"kind": "message", "output_index": len(self.order), "text": []}
+        self.order.append(self.message)
+        opened = output_message(self.message_id, "in_progress", [])
+        return [
+            self.event("response.output_item.added", output_index=self.message["output_index"], item=opened),
+            self.event("response.content_part.added", **self._position(), part=output_text_part("")),
+        ]
+
+    def _position(self) -> dict:
+        return {"item_id": self.message_id, "output_index": self.message["output_index"], "content_index": 0}
 
 
 async def response_events(
     chat_chunks: AsyncGenerator[bytes, None], skeleton: dict, message_id: str, keep: Callable[[dict], Awaitable[None]]
 ) -> AsyncIterator[bytes]:
     """Invariants: sequence numbers count from 0 without gaps; the concatenated output_text.delta
-    texts are the final text; the last event is exactly one of response.completed,
-    response.incomplete (cut by max_output_tokens) or response.failed (after an `error` event), and
-    `keep(response)` (storing it) has returned before completed or incomplete is sent, while a
-    failed response is never kept. The chat stream is closed however this ends (client gone
-    included), which releases its worker."""
+    texts are the final text, and each call's function_call_arguments.delta fragments its final
+    arguments; the last event is exactly one of response.completed, response.incomplete (cut by
+    max_output_tokens) or response.failed (after an `error` event), and `keep(response)` (storing
+    it) has returned before completed or incomplete is sent, while a failed response is never
+    kept. The chat stream is closed however this ends (client gone included), which releases its
+    worker."""
     sequence = itertools.count()
 
     def event(kind: str, **fields) -> bytes:
@@ -31,16 +122,11 @@ async def response_events(
             event("response.failed", response=failed_response(skeleton, message)),
         ]
 
-    position = {"item_id": message_id, "output_index": 0, "content_index": 0}
     # Sent once the chat stream has started: closing a chat stream that never started would not
     # run its clean-up, and its worker would stay taken.
-    opening = [
-        event("response.created", response=skeleton),
-        event("response.in_progress", response=skeleton),
-        event("response.output_item.added", output_index=0, item=output_message(message_id, "in_progress", [])),
-        event("response.content_part.added", **position, part=output_text_part("")),
-    ]
-    pieces, finish_reason, usage, model, error = [], None, None, None, None
+    opening = [event("response.created", response=skeleton), event("response.in_progress", response=skeleton)]
+    items = _OutputItems(message_id, event)
+    finish_reason, usage, model, error = None, None, None, None
     try:
         async for chat_event in json_events(chat_chunks):
             for opened in opening:
@@ -52,10 +138,12 @@ async def response_events(
             usage = chat_event.get("usage") or usage
             model = chat_event.get("model") or model
             for choice in chat_event.get("choices") or []:
-                delta = (choice.get("delta") or {}).get("content")
-                if delta:
-                    pieces.append(delta)
-                    yield event("response.output_text.delta", **position, delta=delta, logprobs=[])
+                delta = choice.get("delta") or {}
+                for produced in items.text(delta["content"]) if delta.get("content") else []:
+                    yield produced
+                for call in delta.get("tool_calls") or []:
+                    for produced in items.call(call):
+                        yield produced
                 finish_reason = choice.get("finish_reason") or finish_reason
     finally:
         await chat_chunks.aclose()
@@ -63,11 +151,10 @@ async def response_events(
         for failed in opening + failure(error or "the stream ended before the response was finished"):
             yield failed
         return
-    response = finished_response(skeleton, message_id, "".join(pieces), finish_reason, usage, model)
-    item = response["output"][0]
-    yield event("response.output_text.done", **position, text=item["content"][0]["text"], logprobs=[])
-    yield event("response.content_part.done", **position, part=item["content"][0])
-    yield event("response.output_item.done", output_index=0, item=item)
+    output, closing = items.close(output_status(finish_reason))
+    for closed in closing:
+        yield closed
+    response = finished_response(skeleton, output, finish_reason, usage, model)
     try:
         await keep(response)
     except StoreUnavailable as exc:

@@ -1,4 +1,4 @@
-"""Ids of responses and of their items, shaped as OpenAI's ("resp_..." and "msg_...")."""
+"""Ids of responses and of their items, shaped as OpenAI's ("resp_...", "msg_...", "fc_...")."""
 
 from __future__ import annotations
 
@@ -11,3 +11,7 @@ def new_response_id() -> str:
 
 def new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex
+
+
+def new_function_call_id(prefix: str = "fc_") -> str:
+    return prefix + uuid.uuid4().hex

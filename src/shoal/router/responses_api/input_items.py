@@ -1,10 +1,14 @@
 """Input items of /v1/responses: validated and normalised (as OpenAI lists them), paged for
-`GET /v1/responses/{id}/input_items`, and turned into the chat messages a worker is sent."""
+`GET /v1/responses/{id}/input_items`, and turned into the chat messages a worker is sent.
+
+Items are messages, the model's function calls (`function_call`, as a response's output lists
+them) and their results (`function_call_output`); a tool loop sends the calls back with the
+results, or continues from a stored response that holds the calls."""
 
 from __future__ import annotations
 
-from shoal.router.responses_api.ids import new_message_id
-from shoal.router.responses_api.message_items import output_message, output_text_part
+from shoal.router.responses_api.ids import new_function_call_id, new_message_id
+from shoal.router.responses_api.message_items import function_call_item, output_message, output_text_part
 from shoal.router.responses_api.store import StoredTurn
 from shoal.router.route_request import RequestError
 
@@ -30,8 +34,15 @@ def _normalize_item(item: object, where: str) -> dict:
     if not isinstance(item, dict):
         raise RequestError(f"`{where}` must be a message object with `role` and `content`", where)
     kind = item.get("type", "message")
+    if kind == "function_call":
+        return _function_call(item, where)
+    if kind == "function_call_output":
+        return _function_call_output(item, where)
     if kind != "message":
-        raise RequestError(f'`{where}.type` {kind!r} is not supported; only "message" items are', f"{where}.type")
+        raise RequestError(
+            f'`{where}.type` {kind!r} is not supported; items are "message", "function_call" or "function_call_output"',
+            f"{where}.type",
+        )
     role = item.get("role")
     if role not in ROLES:
         raise RequestError(f"`{where}.role` must be one of {', '.join(ROLES)}", f"{where}.role")
@@ -41,6 +52,34 @@ def _normalize_item(item: object, where: str) -> dict:
     if not isinstance(content, list) or not content:
         raise RequestError(f"`{where}.content` must be a string or a non-empty list of text parts", f"{where}.content")
     return _message(role, [_part_text(part, f"{where}.content[{index}]") for index, part in enumerate(content)])
+
+
+def _string(item: dict, key: str, where: str) -> str:
+    value = item.get(key)
+    if not isinstance(value, str) or (not value and key != "output"):
+        raise RequestError(
+            f"`{where}.{key}` must be a {'' if key == 'output' else 'non-empty '}string", f"{where}.{key}"
+        )
+    return value
+
+
+def _function_call(item: dict, where: str) -> dict:
+    return function_call_item(
+        item.get("id") if isinstance(item.get("id"), str) else new_function_call_id(),
+        _string(item, "call_id", where),
+        _string(item, "name", where),
+        _string(item, "arguments", where),
+    )
+
+
+def _function_call_output(item: dict, where: str) -> dict:
+    return {
+        "type": "function_call_output",
+        "id": item.get("id") if isinstance(item.get("id"), str) else new_function_call_id("fco_"),
+        "call_id": _string(item, "call_id", where),
+        "output": _string(item, "output", where),
+        "status": "completed",
+    }
 
 
 def _part_text(part: object, where: str) -> str:
@@ -68,9 +107,27 @@ def _message(role: str, texts: list[str]) -> dict:
 
 
 def item_messages(items: list[dict]) -> list[dict]:
-    """Chat messages for message items (input items or a response's output): a message's text
-    parts are joined, as the workers join text parts of chat content."""
-    return [{"role": item["role"], "content": "".join(part["text"] for part in item["content"])} for item in items]
+    """Chat messages for items (input items or a response's output): a message's text parts are
+    joined, as the workers join text parts of chat content; function calls join the assistant
+    message before them (or make one), and each call's output is a tool message."""
+    messages: list[dict] = []
+    for item in items:
+        if item["type"] == "function_call":
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif item["type"] == "function_call_output":
+            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        else:
+            messages.append({"role": item["role"], "content": "".join(part["text"] for part in item["content"])})
+    return messages
 
 
 def conversation_messages(instructions: str | None, chain: list[StoredTurn], new_items: list[dict]) -> list[dict]:

@@ -1,5 +1,6 @@
-"""The parts of an assistant message as the Responses API shows them: in a response's output, and
-among the input items of a conversation (which also parse them from clients)."""
+"""The items of the model's output as the Responses API shows them (assistant messages and their
+parts, function calls): in a response's output, and among the input items of a conversation
+(which also parse them from clients)."""
 
 from __future__ import annotations
 
@@ -10,3 +11,14 @@ def output_text_part(text: str) -> dict:
 
 def output_message(message_id: str, status: str, content: list[dict]) -> dict:
     return {"type": "message", "id": message_id, "status": status, "role": "assistant", "content": content}
+
+
+def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:
+    return {
+        "type": "function_call",
+        "id": item_id,
+        "call_id": call_id,
+        "name": name,
+        "arguments": arguments,
+        "status": status,
+    }

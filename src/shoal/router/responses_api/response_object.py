@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shoal.router.responses_api.message_items import output_message, output_text_part
+from shoal.router.responses_api.ids import new_function_call_id
+from shoal.router.responses_api.message_items import function_call_item, output_message, output_text_part
 
 if TYPE_CHECKING:
     from shoal.router.responses_api.responses_request import ResponsesRequest
@@ -33,8 +34,8 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
         "max_output_tokens": request.max_output_tokens,
         "parallel_tool_calls": request.parallel_tool_calls,
         "tool_choice": request.tool_choice,
-        "tools": [],
-        "text": {"format": {"type": "text"}},
+        "tools": request.tools,
+        "text": {"format": request.text_format},
         "truncation": "disabled",
         "background": False,
     }
@@ -55,19 +56,36 @@ def responses_usage(chat_usage: dict | None) -> dict:
     }
 
 
+def output_status(finish_reason: str | None) -> str:
+    """ "incomplete" exactly when the output was cut by its token limit (finish_reason "length")."""
+    return "incomplete" if finish_reason == "length" else "completed"
+
+
+def assistant_output(message_id: str, message: dict, status: str) -> list[dict]:
+    """A chat completion's message as output items: the message (when it has text, or nothing
+    else), then one function_call item per tool call."""
+    calls = message.get("tool_calls") or []
+    items = [output_message(message_id, status, [output_text_part(message.get("content") or "")])]
+    if calls and not message.get("content"):
+        items = []
+    return items + [
+        function_call_item(new_function_call_id(), call["id"], call["function"]["name"], call["function"]["arguments"])
+        for call in calls
+    ]
+
+
 def finished_response(
-    skeleton: dict, message_id: str, text: str, finish_reason: str | None, chat_usage: dict | None, model: str | None
+    skeleton: dict, output: list[dict], finish_reason: str | None, chat_usage: dict | None, model: str | None
 ) -> dict:
     """Invariant: status is "incomplete" (reason max_output_tokens) exactly when the output was cut
     by its token limit (finish_reason "length"), else "completed"."""
-    cut = finish_reason == "length"
-    status = "incomplete" if cut else "completed"
+    status = output_status(finish_reason)
     return {
         **skeleton,
         "status": status,
         "model": model or skeleton["model"],
-        "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
-        "output": [output_message(message_id, status, [output_text_part(text)])],
+        "incomplete_details": {"reason": "max_output_tokens"} if status == "incomplete" else None,
+        "output": output,
         "usage": responses_usage(chat_usage),
     }
 

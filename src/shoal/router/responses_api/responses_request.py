@@ -28,6 +28,7 @@ RESPONSES_FIELDS = (
     "text",
 )
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+TEXT_FORMATS = ("text", "json_object", "json_schema")
 
 
 def _field(body: dict, name: str, kind: type | tuple[type, ...], description: str, default=None):
@@ -61,15 +62,57 @@ def _metadata(body: dict) -> dict[str, str]:
     return metadata
 
 
-def _check_text_only(body: dict) -> None:
-    """Tools and structured output are not served: accepted only at their plain-text defaults."""
-    if _field(body, "tools", list, "a list", []):
-        raise RequestError("`tools` are not supported by this server", "tools")
+def _text_format(body: dict) -> dict:
+    """`text.format`: {"type": "text"} (the default), {"type": "json_object"}, or {"type":
+    "json_schema", "name", "schema", "strict", "description"}."""
     text = _field(body, "text", dict, "an object", {})
-    if set(text) - {"format"} or text.get("format", {"type": "text"}) != {"type": "text"}:
-        raise RequestError(
-            'only plain text output is supported: `text` may only be {"format": {"type": "text"}}', "text"
-        )
+    if set(text) - {"format"}:
+        raise RequestError(f"`text.{sorted(set(text) - {'format'})[0]}` is not supported", "text")
+    text_format = text.get("format", {"type": "text"})
+    if not isinstance(text_format, dict) or text_format.get("type") not in TEXT_FORMATS:
+        raise RequestError(f"`text.format.type` must be one of {', '.join(TEXT_FORMATS)}", "text.format.type")
+    allowed = {"type"} | (
+        {"name", "schema", "strict", "description"} if text_format["type"] == "json_schema" else set()
+    )
+    unknown = sorted(set(text_format) - allowed)
+    if unknown:
+        raise RequestError(f"`text.format.{unknown[0]}` is not supported here", f"text.format.{unknown[0]}")
+    if text_format["type"] == "json_schema" and not (
+        isinstance(text_format.get("name"), str) and isinstance(text_format.get("schema"), dict)
+    ):
+        raise RequestError("a json_schema format needs a `name` and a `schema` object", "text.format")
+    return text_format
+
+
+def _function_tools(body: dict) -> list[dict]:
+    """Function tools, in the Responses shape ({"type": "function", "name", "parameters", ...})."""
+    tools = _field(body, "tools", list, "a list", [])
+    for index, tool in enumerate(tools):
+        where = f"tools[{index}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else None
+            raise RequestError(f"`{where}.type` {kind!r} is not supported; only function tools are", f"{where}.type")
+        unknown = sorted(set(tool) - {"type", "name", "description", "parameters", "strict"})
+        if unknown:
+            raise RequestError(f"`{where}.{unknown[0]}` is not supported", f"{where}.{unknown[0]}")
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise RequestError(f"`{where}.name` must be a non-empty string", f"{where}.name")
+    return tools
+
+
+def _tool_choice(body: dict, tools: list[dict]) -> str | dict:
+    choice = body.get("tool_choice")
+    if choice is None:
+        return "auto"
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and set(choice) == {"type", "name"}:
+        if choice["name"] not in [tool["name"] for tool in tools]:
+            raise RequestError(f"`tool_choice` names {choice['name']!r}, which is not in `tools`", "tool_choice")
+        return choice
+    raise RequestError(
+        '`tool_choice` must be "auto", "none", "required" or {"type": "function", "name": ...}', "tool_choice"
+    )
 
 
 @dataclass(frozen=True)
@@ -88,8 +131,10 @@ class ResponsesRequest:
     top_p: float | None
     metadata: dict[str, str]
     user: str | None
-    tool_choice: str
+    tools: list[dict]
+    tool_choice: str | dict
     parallel_tool_calls: bool
+    text_format: dict
     extensions: dict
 
     @classmethod
@@ -106,10 +151,7 @@ class ResponsesRequest:
         max_output_tokens = _field(body, "max_output_tokens", int, "a positive integer")
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
-        tool_choice = _field(body, "tool_choice", str, '"auto" or "none"', "auto")
-        if tool_choice not in ("auto", "none"):
-            raise RequestError('`tool_choice` must be "auto" or "none" (tools are not supported)', "tool_choice")
-        _check_text_only(body)
+        tools = _function_tools(body)
         return cls(
             model=model,
             input_items=normalize_input(body.get("input")),
@@ -122,8 +164,10 @@ class ResponsesRequest:
             top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
             metadata=_metadata(body),
             user=_field(body, "user", str, "a string"),
-            tool_choice=tool_choice,
+            tools=tools,
+            tool_choice=_tool_choice(body, tools),
             parallel_tool_calls=_field(body, "parallel_tool_calls", bool, "a boolean", True),
+            text_format=_text_format(body),
             extensions={name: body[name] for name in SHOAL_EXTENSIONS if name in body},
         )
 
@@ -144,4 +188,21 @@ class ResponsesRequest:
         }
         if self.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.tools:
+            body["tools"] = [
+                {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in self.tools
+            ]
+            body["parallel_tool_calls"] = self.parallel_tool_calls
+        if self.tools or self.tool_choice != "auto":
+            choice = self.tool_choice
+            body["tool_choice"] = (
+                {"type": "function", "function": {"name": choice["name"]}} if isinstance(choice, dict) else choice
+            )
+        if self.text_format["type"] == "json_object":
+            body["response_format"] = {"type": "json_object"}
+        elif self.text_format["type"] == "json_schema":
+            body["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {k: v for k, v in self.text_format.items() if k != "type"},
+            }
         return body

@@ -1,0 +1,384 @@
+"""Structured output and tool calls with the official openai client, through a real router in front
+of two real workers: outputs match their schemas at temperature 1, tools are called as asked
+(required, named, auto, none), streamed calls add up to the non-streamed ones, tool results feed the
+next turn, constrained sampling is batch-invariant, and bad constraints are 400s that leave the
+workers serving."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import jsonschema
+import openai
+import pytest
+import yaml
+from pydantic import BaseModel
+
+from tests.support.routers import start_router, stop
+from tests.support.workers import MODEL, start_worker, tiny_worker_args
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 130},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 10},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["city", "zip"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "age", "tags", "address"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "minLength": 1, "maxLength": 10},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "parameters": {
+            "type": "object",
+            "properties": {"zone": {"enum": ["UTC", "CET"]}},
+            "required": ["zone"],
+            "additionalProperties": False,
+        },
+    },
+}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+class Person(BaseModel):
+    name: str
+    age: int
+    member: bool
+
+
+@pytest.fixture(scope="module")
+def fleet(long_tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    """(router url, worker urls): two workers of the tiny model with a long context behind a router."""
+    workers = [start_worker(tiny_worker_args(long_tiny_model_dir, MODEL), shoal_cache_dir) for _ in range(2)]
+    config = tmp_path_factory.mktemp("structured") / "router.yaml"
+    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers]}))
+    router, url = start_router(["--config", str(config)])
+    yield url, [worker_url for _, worker_url in workers]
+    stop(router)
+    for process, _ in workers:
+        stop(process)
+
+
+def client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_json_schema_output_validates_for_seeded_samples_at_temperature_one(fleet):
+    url, _ = fleet
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+
+    def sample(seed: int) -> str:
+        reply = client(url).chat.completions.create(
+            model=MODEL, messages=ASK, response_format=response_format, temperature=1.0, seed=seed, max_tokens=400
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        return reply.choices[0].message.content
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        outputs = list(pool.map(sample, range(20)))
+    for output in outputs:
+        jsonschema.validate(json.loads(output), PERSON)
+    assert len(set(outputs)) > 10  # sampled, not one greedy answer
+
+
+def test_parse_with_a_pydantic_model_and_json_object(fleet):
+    url, _ = fleet
+    parsed = client(url).chat.completions.parse(
+        model=MODEL, messages=ASK, response_format=Person, seed=3, max_tokens=1500
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Person)
+    free = client(url).chat.completions.create(
+        model=MODEL, messages=ASK, response_format={"type": "json_object"}, seed=4, max_tokens=1500
+    )
+    assert free.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(free.choices[0].message.content), dict)
+
+
+@pytest.mark.parametrize(
+    ("constraint", "check"),
+    [
+        ({"regex": r"[A-Z][a-z]{2,5}-[0-9]{3}"}, lambda text: len(text.split("-")[1]) == 3 and text[0].isupper()),
+        ({"choice": ["sunny", "rainy", "foggy and cold"]}, lambda text: text in ("sunny", "rainy", "foggy and cold")),
+        ({"grammar": 'root ::= "(" [0-9]+ ("+" [0-9]+)* ")"'}, lambda text: text[0] == "(" and text[-1] == ")"),
+        ({"grammar": 'start: "yes" | "no"'}, lambda text: text in ("yes", "no")),
+    ],
+)
+def test_regex_choice_and_grammars(fleet, constraint, check):
+    url, _ = fleet
+    for seed in range(3):
+        reply = client(url).chat.completions.create(
+            model=MODEL, messages=ASK, seed=seed, max_tokens=60, extra_body={"structured_outputs": constraint}
+        )
+        text = reply.choices[0].message.content
+        assert reply.choices[0].finish_reason == "stop" and check(text), text
+
+
+def test_required_and_named_tool_calls_match_their_schemas(fleet):
+    url, _ = fleet
+    for seed in range(4):
+        reply = client(url).chat.completions.create(
+            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", seed=seed, max_tokens=400
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        for call in choice.message.tool_calls:
+            schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+            assert call.id.startswith("call_") and call.type == "function"
+    named = client(url).chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER, TIME],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        seed=5,
+        max_tokens=400,
+    )
+    [call] = named.choices[0].message.tool_calls
+    assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
+
+
+def test_auto_reads_calls_the_model_writes_and_none_leaves_tools_out(fleet):
+    url, _ = fleet
+    written = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    # The output is pinned to a call written out in full: `auto` must read it as a tool call.
+    pinned = {"structured_outputs": {"choice": [f"Checking.\n{written}"]}}
+    reply = client(url).chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="auto", max_tokens=200, extra_body=pinned
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content == "Checking."
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris", "days": 2}
+    untouched = client(url).chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=200, extra_body=pinned
+    )
+    assert untouched.choices[0].message.tool_calls is None
+    assert untouched.choices[0].message.content == f"Checking.\n{written}"
+    # Auto with plain prose is content.
+    prose = client(url).chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        max_tokens=20,
+        extra_body={"structured_outputs": {"regex": "[a-z ]{5,20}"}},
+    )
+    assert prose.choices[0].message.tool_calls is None and prose.choices[0].finish_reason == "stop"
+
+
+def test_streamed_tool_calls_add_up_to_the_non_streamed_ones(fleet):
+    url, _ = fleet
+    # Parallel calls: after each call the model may start another or stop; the room is ample.
+    request = {"model": MODEL, "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 2000}
+    for seed in (11, 12):
+        whole = client(url).chat.completions.create(**request, seed=seed)
+        calls: dict[int, dict] = {}
+        finish, names_first = None, True
+        for chunk in client(url).chat.completions.create(**request, seed=seed, stream=True):
+            for choice in chunk.choices:
+                finish = choice.finish_reason or finish
+                for delta in choice.delta.tool_calls or []:
+                    call = calls.setdefault(delta.index, {"id": None, "name": None, "arguments": ""})
+                    if delta.id:
+                        assert call["id"] is None  # one id per call, sent once
+                        call["id"], call["name"] = delta.id, delta.function.name
+                    names_first = names_first and call["name"] is not None
+                    call["arguments"] += delta.function.arguments or ""
+        expected = [
+            {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+            for c in whole.choices[0].message.tool_calls
+        ]
+        assert [calls[i] for i in sorted(calls)] == expected and names_first
+        assert finish == whole.choices[0].finish_reason == "tool_calls"
+
+
+def test_a_tool_result_turn_continues_the_conversation(fleet):
+    url, _ = fleet
+    first = client(url).chat.completions.create(
+        model=MODEL, messages=ASK, tools=[WEATHER], tool_choice="required", seed=2, max_tokens=300
+    )
+    message = first.choices[0].message
+    history = [
+        *ASK,
+        message.model_dump(exclude_none=True),
+        *[
+            {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"forecast": "sun", "celsius": 21})}
+            for call in message.tool_calls
+        ],
+    ]
+    answer = client(url).chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], seed=2, max_tokens=12)
+    assert answer.choices[0].finish_reason == "length"
+    # The whole history reached the prompt: the tool result and the call are in it.
+    assert answer.usage.prompt_tokens > first.usage.prompt_tokens + len(message.tool_calls[0].function.arguments)
+
+
+def test_constrained_sampling_is_the_same_alone_and_in_a_mixed_batch(fleet):
+    _, workers = fleet
+    worker = workers[0]
+    constrained = {
+        "model": MODEL,
+        "messages": ASK,
+        "temperature": 1.0,
+        "seed": 99,
+        "max_tokens": 300,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}},
+    }
+    alone = httpx.post(worker + "/v1/chat/completions", json=constrained, timeout=120).json()
+
+    def mixed(i: int) -> dict:
+        if i % 3 == 0:
+            return {**constrained, "seed": i}
+        if i % 3 == 1:
+            return {"model": MODEL, "messages": ASK, "seed": i, "max_tokens": 40 + i, "ignore_eos": True}
+        return {
+            "model": MODEL,
+            "messages": ASK,
+            "seed": i,
+            "max_tokens": 300,
+            "tools": [WEATHER],
+            "tool_choice": "required",
+        }
+
+    others = [mixed(i) for i in range(15)]
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(httpx.post, worker + "/v1/chat/completions", json=body, timeout=120) for body in others]
+        batched = pool.submit(httpx.post, worker + "/v1/chat/completions", json=constrained, timeout=120).result()
+        assert all(f.result().status_code == 200 for f in futures)
+    assert batched.json()["choices"][0]["token_ids"] == alone["choices"][0]["token_ids"]
+    jsonschema.validate(json.loads(alone["choices"][0]["message"]["content"]), PERSON)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
+                }
+            },
+            "uniqueItems",
+        ),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strnig"}}}},
+            "strnig",
+        ),
+        ({"structured_outputs": {"regex": "([a-z"}}, "unclosed"),
+        ({"structured_outputs": {"grammar": "root ::= ("}}, "grammar"),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
+        ({"tool_choice": "required"}, "tools"),
+        ({"logit_bias": {"5": 1}}, "logit_bias"),
+    ],
+)
+def test_bad_constraints_are_400s_naming_the_problem(fleet, extra, named):
+    url, workers = fleet
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 4, **extra}
+    refused = httpx.post(url + "/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400 and named in refused.json()["error"]["message"], refused.text
+    for worker in workers:
+        served = httpx.post(worker + "/v1/chat/completions", json={"model": MODEL, "messages": ASK, "max_tokens": 2})
+        assert served.status_code == 200
+
+
+@pytest.fixture(scope="module")
+def two_routers(fleet, redis_url, tmp_path_factory):
+    """Two more routers in front of the same workers, sharing stored responses through Redis."""
+    _, workers = fleet
+    started = []
+    for index in range(2):
+        config = tmp_path_factory.mktemp(f"responses-{index}") / "router.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {"workers": [{"url": url} for url in workers], "responses": {"store": "redis", "redis_url": redis_url}}
+            )
+        )
+        started.append(start_router(["--config", str(config)]))
+    yield [url for _, url in started]
+    for process, _ in started:
+        stop(process)
+
+
+FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
+
+
+def test_responses_text_format_follows_its_schema(two_routers):
+    url = two_routers[0]
+    reply = client(url).responses.create(
+        model=MODEL,
+        input="Describe a person.",
+        text={"format": {"type": "json_schema", "name": "person", "schema": PERSON, "strict": True}},
+        max_output_tokens=400,
+        temperature=1.0,
+        extra_body={"seed": 8},
+    )
+    assert reply.status == "completed"
+    jsonschema.validate(json.loads(reply.output_text), PERSON)
+    parsed = client(url).responses.parse(
+        model=MODEL, input="A member?", text_format=Person, max_output_tokens=1500, extra_body={"seed": 9}
+    )
+    assert isinstance(parsed.output_parsed, Person)
+
+
+def test_a_function_tool_loop_runs_over_two_turns_across_routers(two_routers):
+    first_router, second_router = two_routers
+    streamed = client(first_router).responses.create(
+        model=MODEL,
+        input="What is the weather in Paris?",
+        tools=[FLAT_WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        max_output_tokens=300,
+        stream=True,
+        extra_body={"seed": 3},
+    )
+    events = list(streamed)
+    kinds = [event.type for event in events]
+    assert "response.function_call_arguments.delta" in kinds and kinds[-1] == "response.completed"
+    first = events[-1].response
+    [call] = first.output
+    fragments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert call.type == "function_call" and call.name == "get_weather" and fragments == call.arguments
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    # The result goes back to the other router, which continues the stored chain.
+    second = client(second_router).responses.create(
+        model=MODEL,
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": '{"forecast": "sun"}'}],
+        tools=[FLAT_WEATHER],
+        max_output_tokens=8,
+        extra_body={"seed": 3},
+    )
+    assert second.status == "incomplete" and second.output[0].type == "message"
+    # The whole loop reached the model: the first prompt, the call and its output.
+    assert second.usage.input_tokens > first.usage.input_tokens + len(call.arguments) + len('{"forecast": "sun"}')

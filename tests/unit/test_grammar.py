@@ -1,0 +1,109 @@
+"""The grammar compiler on the bundled model's tokenizer: masks allow exactly what the grammar
+allows, a matcher depends only on its own tokens, compiled grammars are cached, and what cannot be
+enforced is refused with the problem named."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+from shoal.engine.grammar import GrammarCompiler
+from shoal.engine.structured_outputs import StructuredOutputs
+from shoal.errors import InvalidRequestError
+from shoal.model.loader import load_checkpoint
+from shoal.worker.tool_call_format import HERMES
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}, "s": {"type": "string"}}, "required": ["n", "s"]}
+
+
+@pytest.fixture(scope="module")
+def compiler(tiny_model_dir, shoal_cache_dir):
+    tokenizer = load_checkpoint(str(tiny_model_dir), torch.float32, str(shoal_cache_dir)).tokenizer
+    return GrammarCompiler(tokenizer, 128, tokenizer.eos_token_ids), tokenizer
+
+
+def walk(compiler: GrammarCompiler, spec: StructuredOutputs, text: str) -> list[torch.Tensor]:
+    """The masks along `text`, token by token; each token must be allowed by the mask before it."""
+    grammar, tokenizer = compiler
+    matcher = grammar.matcher(spec)
+    masks = []
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        mask = grammar.allowed_tokens([matcher])[0]
+        assert mask[token], (text, token)
+        masks.append(mask)
+        assert matcher.consume_token(token)
+    assert matcher.is_accepting()
+    return masks
+
+
+def test_masks_follow_the_grammar(compiler):
+    grammar, tokenizer = compiler
+    masks = walk(compiler, StructuredOutputs.from_schema(SCHEMA, "x"), '{"n": 12, "s": "ok"}')
+    assert masks[0].sum() == 1  # only "{" may open the object
+    walk(compiler, StructuredOutputs(regex="[ab]+c"), "abbac")
+    walk(compiler, StructuredOutputs(choice=("yes", "no way")), "no way")
+    walk(compiler, StructuredOutputs(grammar='root ::= "x" [0-9]+'), "x42")
+    forced = HERMES.forced_grammar([{"name": "f", "parameters": SCHEMA}], True, lambda _: None)
+    walk(
+        compiler,
+        StructuredOutputs(grammar=forced),
+        '<tool_call>\n{"name": "f", "arguments": {"n": 1, "s": ""}}\n</tool_call>',
+    )
+    with pytest.raises(AssertionError):
+        walk(compiler, StructuredOutputs.from_schema(SCHEMA, "x"), '{"s": "ok", "n": 1}')  # property order holds
+
+
+def test_a_mask_depends_only_on_its_own_matcher(compiler):
+    grammar, tokenizer = compiler
+    spec = StructuredOutputs.from_schema(SCHEMA, "x")
+    lone = grammar.matcher(spec)
+    lone.consume_tokens(tokenizer.encode('{"n": 4', add_special_tokens=False))
+    expected = grammar.allowed_tokens([lone])[0]
+    crowd = [grammar.matcher(StructuredOutputs(regex=f"[a-{c}]+")) for c in "bcdefg"]
+    batched = grammar.allowed_tokens([*crowd[:3], lone, *crowd[3:]])
+    assert torch.equal(batched[3], expected)
+
+
+def test_compiled_grammars_are_cached_and_compile_from_many_threads(compiler):
+    grammar, _ = compiler
+    specs = [StructuredOutputs.from_schema({**SCHEMA, "title": str(i)}, "x") for i in range(8)]
+    threads = [threading.Thread(target=grammar.compile, args=(spec,)) for spec in specs * 3]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(spec in grammar._compiled for spec in specs)
+    # Equal schemas are one cache entry, whatever field they came from.
+    assert StructuredOutputs.from_schema(SCHEMA, "a") == StructuredOutputs(
+        json=json.dumps(SCHEMA, separators=(",", ":"))
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "named"),
+    [
+        (StructuredOutputs.from_schema({"type": "array", "uniqueItems": True}, "response_format"), "uniqueItems"),
+        (StructuredOutputs.from_schema({"type": "object", "if": {}, "then": {}}, "response_format"), "if"),
+        (StructuredOutputs.from_schema({"type": "string", "format": "no-such-format"}, "response_format"), "format"),
+        (StructuredOutputs.from_schema({"type": 7}, "response_format"), "type"),
+        (StructuredOutputs(regex="(unclosed"), "regex"),
+        (StructuredOutputs(grammar="root ::= ("), "grammar"),
+    ],
+)
+def test_what_cannot_be_enforced_is_refused_by_name(compiler, spec, named):
+    grammar, _ = compiler
+    with pytest.raises(InvalidRequestError) as refused:
+        grammar.compile(spec)
+    assert named in refused.value.message and refused.value.param == spec.param
+
+
+def test_a_spec_holds_exactly_one_constraint():
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        StructuredOutputs(regex="a", choice=("b",))
+    with pytest.raises(InvalidRequestError, match="exactly one"):
+        StructuredOutputs()
+    with pytest.raises(InvalidRequestError, match="choice"):
+        StructuredOutputs(choice=("",))
