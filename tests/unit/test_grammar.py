@@ -31,8 +31,9 @@ def walk(compiler: GrammarCompiler, spec: StructuredOutputs, text: str) -> list[
     matcher = grammar.matcher(spec)
     masks = []
     for token in tokenizer.encode(text, add_special_tokens=False):
-        mask = grammar.allowed_tokens([matcher])[0]
+        [mask], [only] = grammar.allowed_tokens([matcher])
         assert mask[token], (text, token)
+        assert only == (token if mask.sum() == 1 else None)
         masks.append(mask)
         assert matcher.consume_token(token)
     assert matcher.is_accepting()
@@ -61,9 +62,9 @@ def test_a_mask_depends_only_on_its_own_matcher(compiler):
     spec = StructuredOutputs.from_schema(SCHEMA, "x")
     lone = grammar.matcher(spec)
     lone.consume_tokens(tokenizer.encode('{"n": 4', add_special_tokens=False))
-    expected = grammar.allowed_tokens([lone])[0]
+    [expected], _ = grammar.allowed_tokens([lone])
     crowd = [grammar.matcher(StructuredOutputs(regex=f"[a-{c}]+")) for c in "bcdefg"]
-    batched = grammar.allowed_tokens([*crowd[:3], lone, *crowd[3:]])
+    batched, _ = grammar.allowed_tokens([*crowd[:3], lone, *crowd[3:]])
     assert torch.equal(batched[3], expected)
 
 

@@ -318,8 +318,10 @@ class LLMEngine:
         sequence with a grammar samples only among the tokens its matcher allows."""
         streams = [self.streams[c.seq.request_id] for c in completing]
         constrained = [i for i, stream in enumerate(streams) if stream.matcher is not None]
-        allowed = self.grammars.allowed_tokens([streams[i].matcher for i in constrained]) if constrained else None
-        masks = dict(zip(constrained, allowed.to(logits.device))) if constrained else {}
+        masks, only = {}, {}
+        if constrained:
+            allowed, single = self.grammars.allowed_tokens([streams[i].matcher for i in constrained])
+            masks, only = dict(zip(constrained, allowed.to(logits.device))), dict(zip(constrained, single))
         rows = [
             SamplingRow(
                 c.seq.params,
@@ -329,6 +331,7 @@ class LLMEngine:
                 c.seq.output_token_ids,
                 stream.banned_token_ids(),
                 masks.get(i),
+                only.get(i),
             )
             for i, (c, stream) in enumerate(zip(completing, streams))
         ]

@@ -19,6 +19,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import llguidance
+import numpy
 import torch
 from llguidance.gbnf_to_lark import any_to_lark
 
@@ -31,7 +32,6 @@ from shoal.model.tokenizer import Tokenizer
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 CACHE_SIZE = 256
 MAX_ERROR_CHARS = 600
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
 
 
 class GrammarCompiler:
@@ -90,17 +90,22 @@ class GrammarCompiler:
         with self._lock:
             return self._compiled[spec].deep_copy()
 
-    def allowed_tokens(self, matchers: Sequence[llguidance.LLMatcher]) -> torch.Tensor:
-        """bool [len(matchers), vocab_size]: the tokens each matcher accepts next (EOS where the
-        grammar is complete). Masks are computed in parallel, each from its own matcher only."""
+    def allowed_tokens(self, matchers: Sequence[llguidance.LLMatcher]) -> tuple[torch.Tensor, list[int | None]]:
+        """(bool [len(matchers), vocab_size]: the tokens each matcher accepts next, EOS where the
+        grammar is complete; for each matcher, its one allowed token where it allows just one).
+        Masks are computed in parallel, each from its own matcher only."""
         self._ll()
         words = (self.vocab_size + 31) // 32
         bitmask = torch.zeros(len(matchers), words, dtype=torch.int32)
         self._executor.unsafe_compute_mask_ptr(
             [(m, i) for i, m in enumerate(matchers)], bitmask.data_ptr(), words * 4, len(matchers)
         )
-        bits = (bitmask.unsqueeze(-1) >> _BIT_SHIFTS) & 1
-        return bits.reshape(len(matchers), words * 32)[:, : self.vocab_size].bool()
+        # Bit j of word i is token 32 i + j: little-endian words, least significant bit first.
+        bits = numpy.unpackbits(bitmask.numpy().view(numpy.uint8), axis=1, bitorder="little")[:, : self.vocab_size]
+        bits = numpy.ascontiguousarray(bits)
+        counts = numpy.count_nonzero(bits, axis=1)
+        only = [int(bits[i].argmax()) if count == 1 else None for i, count in enumerate(counts)]
+        return torch.from_numpy(bits).view(torch.bool), only
 
 
 class _TokenTable:

@@ -45,6 +45,9 @@ class SamplingRow:
     banned_token_ids: tuple[int, ...] = ()
     # bool [vocab]: the only tokens the request's grammar allows next (None: no grammar).
     allowed: torch.Tensor | None = None
+    # The one token the grammar allows, where it allows just one: whatever the sampling settings,
+    # it is the token drawn.
+    only_token: int | None = None
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
@@ -52,7 +55,13 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
     plain = [i for i, row in enumerate(rows) if _is_plain_greedy(row)]
     greedy = logits if len(plain) == len(rows) else logits[plain]  # no copy when every row is greedy
     picked = dict(zip(plain, _argmax_rows(greedy).tolist())) if plain else {}
+    picked.update((i, row.only_token) for i, row in enumerate(rows) if _is_forced(row))
     return [SampledToken(picked[i]) if i in picked else _sample_row(logits[i], row) for i, row in enumerate(rows)]
+
+
+def _is_forced(row: SamplingRow) -> bool:
+    """The grammar leaves one token (and no logprobs are asked for): no need to look at the logits."""
+    return row.only_token is not None and row.params.logprobs is None
 
 
 def _argmax_rows(logits: torch.Tensor) -> torch.Tensor:
@@ -83,9 +92,9 @@ def _sample_row(logits: torch.Tensor, row: SamplingRow) -> SampledToken:
     if row.banned_token_ids:
         logits[list(row.banned_token_ids)] = float("-inf")
     if row.allowed is not None:
-        logits = logits.masked_fill(~row.allowed, float("-inf"))
+        logits = torch.where(row.allowed, logits, float("-inf"))
     if params.greedy:
-        token = int(torch.argmax(logits))
+        token = int(_argmax_rows(logits.unsqueeze(0))[0])
     else:
         token = _draw(_filtered_probs(logits, params), row.seed, row.position)
     if raw_logprobs is None:
