@@ -3,14 +3,14 @@ free and constrained by a JSON schema, and the grammar engines compared on the m
 
 Reported:
 - generated tokens/s at concurrency 1 and 32, free (EOS ignored) against json_schema (an array of
-  bounded records, long enough to run to max_tokens), and their ratio (target: constrained at
-  most 10% slower at c=32);
+  bounded records, long enough to run to max_tokens), the median of --repeats interleaved runs of
+  each, and their ratio (target: constrained at most 10% slower at c=32);
 - first-token latency with a schema the worker has not seen against the same schema again (cached);
 - grammar compile time of a typical tool schema, and the time to compute one token mask, for
   llguidance (what shoal uses) and xgrammar (installed with --no-deps into benchmarks/.peers, run
   on this venv's torch), on the bundled tokenizer.
 
-    .venv/bin/python benchmarks/structured.py [--requests 64] [--max-tokens 96] [--skip-engines]
+    .venv/bin/python benchmarks/structured.py [--requests 64] [--max-tokens 96] [--repeats 3] [--skip-engines]
 """
 
 from __future__ import annotations
@@ -147,13 +147,17 @@ def measure_serving(args: argparse.Namespace) -> dict:
     try:
         figures: dict = {}
         for concurrency in (1, 32):
-            requests = max(concurrency * 2, 4) if concurrency > 1 else 4
-            requests = min(requests, args.requests)
-            for label, schema in (("free", None), ("json_schema", RECORDS)):
-                asyncio.run(throughput(url, min(concurrency, 4), concurrency, 8, schema))  # warm-up
-                summary = asyncio.run(throughput(url, requests, concurrency, args.max_tokens, schema))
-                figures[f"c{concurrency}_{label}"] = summary
-                log(f"  c={concurrency} {label}: {summary['tokens_per_s']:.1f} tokens/s")
+            requests = min(max(concurrency * 2, 4), args.requests)
+            runs: dict[str, list[dict]] = {"free": [], "json_schema": []}
+            for _ in range(args.repeats):  # interleaved, so that drifts of the machine hit both alike
+                for label, schema in (("free", None), ("json_schema", RECORDS)):
+                    asyncio.run(throughput(url, min(concurrency, 4), concurrency, 8, schema))  # warm-up
+                    runs[label].append(asyncio.run(throughput(url, requests, concurrency, args.max_tokens, schema)))
+                    log(f"  c={concurrency} {label}: {runs[label][-1]['tokens_per_s']:.1f} tokens/s")
+            for label, summaries in runs.items():
+                figures[f"c{concurrency}_{label}"] = sorted(summaries, key=lambda s: s["tokens_per_s"])[
+                    len(summaries) // 2
+                ]
             figures[f"c{concurrency}_ratio"] = (
                 figures[f"c{concurrency}_json_schema"]["tokens_per_s"] / figures[f"c{concurrency}_free"]["tokens_per_s"]
             )
@@ -271,6 +275,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=96)
+    parser.add_argument("--repeats", type=int, default=3, help="runs of each side; the median is reported")
     parser.add_argument("--skip-engines", action="store_true")
     parser.add_argument("--engines-child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
