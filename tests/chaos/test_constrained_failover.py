@@ -47,12 +47,13 @@ TOOL = {
 }
 
 
-@pytest.fixture
-def pair(long_tiny_model_dir, shoal_cache_dir, tmp_path):
-    """Two workers at 10 ms a step behind a router with a 1 s token deadline."""
+@pytest.fixture(scope="module")
+def trio(long_tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    """Three workers at 10 ms a step behind a router with a 1 s token deadline: each test kills one,
+    and the rest carry its stream on."""
     common = tiny_worker_args(long_tiny_model_dir, MODEL, step_delay_ms=10)
-    workers = [wait_ready(*w) for w in [spawn_worker(common + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2)]]
-    config = tmp_path / "router.yaml"
+    workers = [wait_ready(*w) for w in [spawn_worker(common + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2, 3)]]
+    config = tmp_path_factory.mktemp("constrained-failover") / "router.yaml"
     config.write_text(
         yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "failover": {"token_deadline_min_s": 1.0}})
     )
@@ -69,8 +70,8 @@ def kill(processes):
     return lambda worker: os.kill(processes[worker].pid, signal.SIGKILL)
 
 
-def test_a_json_schema_stream_survives_its_worker_killed(pair):
-    url, processes = pair
+def test_a_json_schema_stream_survives_its_worker_killed(trio):
+    url, processes = trio
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "numbers please"}],
@@ -88,8 +89,8 @@ def test_a_json_schema_stream_survives_its_worker_killed(pair):
     assert faulty["finish_reason"] == clean["finish_reason"] == "stop"
 
 
-def test_a_forced_tool_call_stream_survives_its_worker_killed_mid_arguments(pair):
-    url, processes = pair
+def test_a_forced_tool_call_stream_survives_its_worker_killed_mid_arguments(trio):
+    url, processes = trio
     body = {
         "model": MODEL,
         "messages": [{"role": "user", "content": "write it down"}],

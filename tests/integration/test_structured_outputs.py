@@ -75,17 +75,26 @@ class Person(BaseModel):
     member: bool
 
 
+def router_config(directory, workers: list[str], redis_url: str):
+    """A router over `workers` that keeps stored responses in Redis (shared by every such router)."""
+    config = directory / "router.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {"workers": [{"url": url} for url in workers], "responses": {"store": "redis", "redis_url": redis_url}}
+        )
+    )
+    return ["--config", str(config)]
+
+
 @pytest.fixture(scope="module")
-def fleet(long_tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+def fleet(long_tiny_model_dir, shoal_cache_dir, redis_url, tmp_path_factory):
     """(router url, worker urls): two workers of the tiny model with a long context behind a router."""
     spawned = [spawn_worker(tiny_worker_args(long_tiny_model_dir, MODEL), shoal_cache_dir) for _ in range(2)]
-    workers = [wait_ready(*worker) for worker in spawned]
-    config = tmp_path_factory.mktemp("structured") / "router.yaml"
-    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in workers]}))
-    router, url = start_router(["--config", str(config)])
-    yield url, [worker_url for _, worker_url in workers]
+    workers = [worker_url for _, worker_url in (wait_ready(*worker) for worker in spawned)]
+    router, url = start_router(router_config(tmp_path_factory.mktemp("structured"), workers, redis_url))
+    yield url, workers
     stop(router)
-    for process, _ in workers:
+    for process, _ in spawned:
         stop(process)
 
 
@@ -314,20 +323,11 @@ def test_bad_constraints_are_400s_naming_the_problem(fleet, extra, named):
 
 @pytest.fixture(scope="module")
 def two_routers(fleet, redis_url, tmp_path_factory):
-    """Two more routers in front of the same workers, sharing stored responses through Redis."""
-    _, workers = fleet
-    started = []
-    for index in range(2):
-        config = tmp_path_factory.mktemp(f"responses-{index}") / "router.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {"workers": [{"url": url} for url in workers], "responses": {"store": "redis", "redis_url": redis_url}}
-            )
-        )
-        started.append(start_router(["--config", str(config)]))
-    yield [url for _, url in started]
-    for process, _ in started:
-        stop(process)
+    """The fleet's router and a second one in front of the same workers, sharing stored responses."""
+    url, workers = fleet
+    process, second = start_router(router_config(tmp_path_factory.mktemp("second-router"), workers, redis_url))
+    yield [url, second]
+    stop(process)
 
 
 FLAT_WEATHER = {"type": "function", **WEATHER["function"]}
@@ -409,3 +409,16 @@ def test_completions_and_several_choices_are_constrained_too(fleet):
     assert len({call.id for call in calls}) == 3  # each choice its own call ids
     for call in calls:
         jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+
+
+def test_a_grammar_no_token_can_follow_is_a_400_not_a_failure_of_the_worker(fleet):
+    """The tiny model's tokens spell printable characters only: this choice dead-ends after "a"."""
+    url, workers = fleet
+    body = {"model": MODEL, "messages": ASK, "max_tokens": 8, "structured_outputs": {"choice": ["a\x1f"]}}
+    refused = httpx.post(workers[0] + "/v1/chat/completions", json=body, timeout=60)
+    assert refused.status_code == 400 and "allows no token" in refused.json()["error"]["message"]
+    assert refused.json()["error"]["param"] == "structured_outputs"
+    streamed = httpx.post(url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert "allows no token" in streamed.text  # an error event ends the stream
+    assert httpx.post(url + "/v1/chat/completions", json=body, timeout=60).status_code == 400  # not retried
+    assert httpx.post(workers[0] + "/v1/chat/completions", json={**body, "structured_outputs": None}).status_code == 200

@@ -21,7 +21,6 @@ from shoal.engine.engine import EngineStats, LLMEngine
 from shoal.engine.outputs import RequestOutput
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.structured_outputs import StructuredOutputs
-from shoal.errors import EngineRequestError
 
 log = logging.getLogger(__name__)
 
@@ -81,8 +80,9 @@ class AsyncLLMEngine:
         resume: Resume | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step that produced tokens for this request. Raises the
-        request's InvalidRequestError before the first output, or EngineRequestError if the engine
-        failed this request."""
+        request's InvalidRequestError before the first output, or the error that ended it
+        (EngineRequestError if the engine failed it; InvalidRequestError if its grammar ran into
+        a dead end)."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         accepted = loop.create_future()
@@ -97,7 +97,7 @@ class AsyncLLMEngine:
                     raise item
                 finished = item.finished
                 if item.error:
-                    raise EngineRequestError(item.error)
+                    raise item.error
                 yield item
         finally:
             if not finished:

@@ -27,6 +27,7 @@ from shoal.engine.speed import SpeedEstimator
 from shoal.errors import (
     DuplicateRequestError,
     EmptyPromptError,
+    EngineRequestError,
     InvalidRequestError,
     PromptTooLongError,
     ReplicaFailedError,
@@ -274,7 +275,11 @@ class LLMEngine:
                 seq.stop_reason = stream.stop_reason
             output = self._output(seq, [token.token_id], stream.take_new_text())
             if stream.finish_reason == "error":
-                output.error = f"the grammar refused token {token.token_id}: {stream.matcher.get_error()}"
+                output.error = InvalidRequestError(
+                    f"the output's grammar allows no token of this model's vocabulary after "
+                    f"{len(seq.output_token_ids) - 1} tokens ({stream.matcher.get_error().splitlines()[0]})",
+                    param=seq.params.structured_outputs.param,
+                )
             outputs.append(output)
         if any(c.length == 1 for c in completing):
             self.batch_controller.observe(elapsed * 1e3, len(chunks), len(self.scheduler.waiting))
@@ -355,7 +360,7 @@ class LLMEngine:
             log.error("request %s failed in the engine: %s: %s", seq.request_id, type(error).__name__, error)
             self.scheduler.finish(seq, "error")
             output = self._output(seq, [], "")
-            output.error = f"{type(error).__name__}: {error}"
+            output.error = EngineRequestError(f"{type(error).__name__}: {error}")
             outputs.append(output)
         return outputs
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shoal.errors import ShoalError
+
 
 @dataclass
 class CompletionOutput:
@@ -25,7 +27,9 @@ class RequestOutput:
 
     `seed` is the seed actually used (drawn by the engine if the request had none); resubmitting
     prompt + token_ids with that seed continues the stream exactly. `error` is set (and
-    finish_reason is "error") when the engine failed this request and only this one.
+    finish_reason is "error") when this request, and only this one, ended in error: an
+    EngineRequestError when the engine failed it, an InvalidRequestError when its grammar left no
+    token of the model's vocabulary to go on with.
     """
 
     request_id: str
@@ -37,4 +41,4 @@ class RequestOutput:
     num_cached_tokens: int = 0
     new_token_ids: list[int] = field(default_factory=list)
     new_text: str = ""
-    error: str | None = None
+    error: ShoalError | None = None

@@ -14,7 +14,8 @@ the same tokens as a run without the failure. Migrations are bounded per request
 for looking hung may take the stream again once it answers (tried_workers.py); while no worker can
 take it, the stream waits up to unavailable_wait_s for one, with keep-alives to the client.
 Non-streaming clients get the same protection: the router streams from the worker and assembles
-the response.
+the response. An error event with a 4xx code is the request's own fault (its grammar allows no
+token of the model's vocabulary, say): no worker would do better, so it reaches the client as it is.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from shoal.router.membership import Membership
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
-from shoal.router.stream_relay import StreamBroken, StreamProgress, relay
+from shoal.router.stream_relay import StreamBroken, StreamProgress, is_client_error, relay
 from shoal.router.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest
 
@@ -266,6 +267,9 @@ class StreamFailover:
         finally:
             finish()
         errors = [e["error"] for e in collected if "error" in e]
+        refusal = next((e for e in collected if is_client_error(e)), None)
+        if refusal is not None:
+            return JSONResponse(refusal, status_code=refusal["error"]["code"], headers=reply_headers)
         if errors or not collected:
             message = errors[0]["message"] if errors else "the worker sent no events"
             return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **reply_headers})

@@ -59,6 +59,13 @@ class StreamProgress:
         }
 
 
+def is_client_error(event: dict) -> bool:
+    """An error event whose code is a 4xx status: the request is wrong (say, its grammar allows no
+    token of the model's vocabulary), not the worker."""
+    code = (event.get("error") or {}).get("code")
+    return isinstance(code, int) and 400 <= code < 500
+
+
 def token_deadline(settings: FailoverSettings, expected_s: float | None) -> float:
     """Seconds of silence after which a worker is taken as hung."""
     if expected_s is None:
@@ -126,6 +133,9 @@ async def relay(
         except ValueError:
             raise StreamBroken("the worker sent an event that is not a JSON object") from None
         if "error" in event:
+            if is_client_error(event):  # the request's own fault: any worker would say the same
+                yield data_event(payload)
+                continue
             raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
         choice = (event.get("choices") or [{}])[0]
         token_ids = choice.get("token_ids") or []

@@ -16,7 +16,7 @@ from starlette.background import BackgroundTask
 from shoal.engine.async_engine import AsyncLLMEngine, Resume
 from shoal.engine.outputs import RequestOutput
 from shoal.engine.structured_outputs import StructuredOutputs
-from shoal.errors import EngineRequestError, InvalidRequestError, PromptTooLongError
+from shoal.errors import InvalidRequestError, PromptTooLongError, ShoalError
 from shoal.model.tokenizer import IncrementalDetokenizer
 from shoal.protocol.keep_alive import KeepAlive
 from shoal.protocol.sse import DONE, data_event
@@ -214,7 +214,7 @@ async def _sse(
         try:
             async for output in stream:
                 await queue.put((index, output))
-        except EngineRequestError as exc:
+        except ShoalError as exc:  # the engine failed it, or its grammar ran into a dead end
             await queue.put((index, exc))
         await queue.put((index, None))
 
@@ -243,7 +243,7 @@ async def _sse(
             if output is None:
                 remaining -= 1
                 continue
-            if isinstance(output, EngineRequestError):
+            if isinstance(output, ShoalError):
                 yield data_event(output.body())
                 continue
             completion_tokens += len(output.new_token_ids)
