@@ -21,7 +21,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.fleet import router_config, start
 from tests.support.routers import router_log, stop
-from tests.support.tiny_model import write_tiny_model
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, wait_ready
 
@@ -31,16 +30,11 @@ LIVE_TOKENS = 120
 LONG_PROMPT_CHARS = 3500  # the tiny tokenizer has one token per character
 
 
-@pytest.fixture(scope="module")
-def long_context_model(tmp_path_factory):
-    return write_tiny_model(tmp_path_factory.mktemp("tiny-4k"), max_position_embeddings=4096)
-
-
 @pytest.fixture
-def workers(long_context_model, shoal_cache_dir, tmp_path):
+def workers(long_tiny_model_dir, shoal_cache_dir, tmp_path):
     args = [
         "--model",
-        str(long_context_model),
+        str(long_tiny_model_dir),
         "--dtype",
         "float32",
         "--served-model-name",
