@@ -27,10 +27,14 @@ serve: $(STAMP)
 	$(BIN)/shoal serve
 
 # The suite starts hundreds of processes; each loads shoal compiled (compileall writes bytecode
-# even where PYTHONDONTWRITEBYTECODE is set).
+# even where PYTHONDONTWRITEBYTECODE is set). Its tests mostly wait on the processes they start
+# (one core busy on average), so two pytest workers share the machine, each taking whole files
+# (module fixtures stay shared within a file); the kernels are built once for both.
+TEST_WORKERS ?= 2
+
 test: lint
 	$(BIN)/python -m compileall -q src tests
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The import contracts of pyproject.toml (layers, light processes, leaves, no cycles), then ruff.
 lint: $(STAMP)

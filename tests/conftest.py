@@ -66,6 +66,12 @@ def long_tiny_model_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def shoal_cache_dir(tmp_path_factory) -> Path:
+    """One cache for the whole run: under pytest-xdist its worker processes share it (kernel builds
+    take turns on a file lock), so the kernels are built once."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = tmp_path_factory.getbasetemp().parent / "shoal-cache"
+        shared.mkdir(exist_ok=True)
+        return shared
     return tmp_path_factory.mktemp("shoal-cache")
 
 
