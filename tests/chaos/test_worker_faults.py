@@ -120,3 +120,21 @@ def test_all_workers_down_answers_503_quickly_and_a_returning_worker_serves_the_
             assert [len(f.result(timeout=120)["ids"]) for f in waiting] == [MAX_TOKENS, MAX_TOKENS]
     finally:
         stop(router)
+
+
+def test_a_stream_waits_for_its_only_worker_to_come_back_and_goes_on_there(fleet, tmp_path):
+    """A killed worker is not the request's fault: once restarted, it takes the stream again."""
+    router, url = start(router_config(tmp_path, fleet.urls[:1], admission={"unavailable_wait_s": 60}))
+    try:
+        reference = complete(url, 5, stream=True)
+
+        def crash_and_restart(worker: str) -> None:
+            fleet.kill(worker)
+            fleet.restart(worker)
+
+        faulty = complete(url, 5, stream=True, fault=crash_and_restart)
+        assert faulty["ids"] == reference["ids"] and faulty["text"] == reference["text"]
+        assert faulty["completion_tokens"] == MAX_TOKENS
+        assert "migrating a stream" in router_log(router)
+    finally:
+        stop(router)

@@ -154,12 +154,13 @@ class StreamFailover:
     def _abandon(
         self, attempt: Attempt, tried: TriedWorkers, reason: str, connection_lost: bool, timed_out: bool = False
     ) -> None:
-        """Gives up the current worker for this request: for good if it failed it, until it answers
-        again if it looked hung or the health monitor took it out (severing the stream). Counts the
-        failure unless the health monitor took it out."""
+        """Gives up the current worker for this request: for good if it failed it (a 5xx, an error
+        event), until it answers again if it looked hung, lost the connection (its process or host
+        is gone; restarted, it may take the request again) or the health monitor took it out
+        (severing the stream). Counts the failure unless the health monitor took it out."""
         worker = attempt.placement.worker
         taken_out = worker.down or worker.ejected_until is not None
-        if timed_out or taken_out:
+        if timed_out or taken_out or connection_lost:
             tried.leave(worker.worker_id, time.monotonic())
         else:
             tried.fail(worker.worker_id)

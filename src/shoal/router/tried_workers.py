@@ -9,10 +9,11 @@ from shoal.router.membership import WorkerState
 
 class TriedWorkers:
     """Invariant: a worker is in at most one of `failed` and `left`. A worker that failed the
-    request (refused or lost the connection, answered 5xx, sent an error event) is excluded for
-    the rest of the request. One left for looking hung (its token deadline), or whose stream the
-    health monitor cut (down, ejected), is excluded only until the router hears from it again (a
-    poll or heartbeat after it was left); whether it may then get work is the balancer's to say."""
+    request (answered 5xx, sent an error event) is excluded for the rest of the request. One left
+    for looking hung (its token deadline), for a lost connection (its process died: a restarted one
+    comes back at the same address), or whose stream the health monitor cut (down, ejected), is
+    excluded only until the router hears from it again (a poll or heartbeat after it was left);
+    whether it may then get work is the balancer's to say."""
 
     def __init__(self) -> None:
         self.failed: set[str] = set()
