@@ -100,7 +100,7 @@ def test_a_stopped_worker_is_detected_within_two_heartbeats_and_rejoins_when_con
 
 
 def test_all_workers_down_answers_503_quickly_and_a_returning_worker_serves_the_waiting_requests(fleet, tmp_path):
-    config = router_config(tmp_path, fleet.urls[:1], admission={"unavailable_wait_s": 120})
+    config = router_config(tmp_path, fleet.urls[:1], failover={"wait_for_capacity_s": 120})
     router, url = start(config)
     worker = fleet.urls[0]
     try:
@@ -124,7 +124,7 @@ def test_all_workers_down_answers_503_quickly_and_a_returning_worker_serves_the_
 
 def test_a_stream_waits_for_its_only_worker_to_come_back_and_goes_on_there(fleet, tmp_path):
     """A killed worker is not the request's fault: once restarted, it takes the stream again."""
-    router, url = start(router_config(tmp_path, fleet.urls[:1], admission={"unavailable_wait_s": 60}))
+    router, url = start(router_config(tmp_path, fleet.urls[:1], failover={"wait_for_capacity_s": 60}))
     try:
         reference = complete(url, 5, stream=True)
 
@@ -136,5 +136,26 @@ def test_a_stream_waits_for_its_only_worker_to_come_back_and_goes_on_there(fleet
         assert faulty["ids"] == reference["ids"] and faulty["text"] == reference["text"]
         assert faulty["completion_tokens"] == MAX_TOKENS
         assert "migrating a stream" in router_log(router)
+    finally:
+        stop(router)
+
+
+def test_a_streams_deadline_bounds_its_wait_for_a_worker(fleet, tmp_path):
+    """Its only worker gone for good, a stream waits no longer than its x-shoal-deadline-s (a router
+    ignoring it would hold the stream for the configured 120 s, past the client's own timeout)."""
+    router, url = start(router_config(tmp_path, fleet.urls[:1], failover={"wait_for_capacity_s": 120}))
+    try:
+        killed = []
+        events = []
+        with httpx.stream(
+            "POST", url + "/v1/chat/completions", json=body(3, True), headers={"x-shoal-deadline-s": "1"}, timeout=30
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    events.append(line)
+                    if len(events) == 10 and not killed:
+                        fleet.kill(fleet.urls[0])
+                        killed.append(True)
+        assert killed and "no worker left to continue this stream" in events[-1]
     finally:
         stop(router)

@@ -46,7 +46,7 @@ def test_a_load_ramp_scales_up_after_the_delay_and_quiet_scales_down_without_fai
 def test_a_model_scales_to_zero_when_idle_and_a_request_brings_it_back(deploy):
     idle = {**RAMP, "min_replicas": 0, "downscale_delay_s": 2}
     # The first request waits for the cold start: allow it more than a loaded machine may need.
-    _, url, state_dir, _ = deploy(replicas=1, autoscaling=idle, router={"admission": {"unavailable_wait_s": 60}})
+    _, url, state_dir, _ = deploy(replicas=1, autoscaling=idle, router={"failover": {"wait_for_capacity_s": 60}})
     wait_for(lambda: not supervised(state_dir), timeout_s=60)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
     cold = client.completions.create(model="tiny", prompt="x", max_tokens=4)  # waits for a cold start

@@ -33,7 +33,7 @@ class Autoscaling(Frozen):
     """Replicas between min and max, from the model's load against targets. Pressure (any signal
     over its target) for upscale_delay_s adds a replica; quiet (every signal under half its target)
     for downscale_delay_s removes one, drained first. With min_replicas 0 the model scales to zero
-    when it gets no requests, and the first request waits (admission.unavailable_wait_s) while a
+    when it gets no requests, and the first request waits (failover.wait_for_capacity_s) while a
     replica starts. A target left out (None) is not watched."""
 
     min_replicas: int = Field(1, ge=0)

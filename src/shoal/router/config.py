@@ -61,14 +61,12 @@ def per_priority(name: str, values: dict[str, int], minimum: int) -> dict[str, i
 
 class AdmissionSettings(Frozen):
     """Requests in flight per healthy worker before the rest queue; queue bound per priority class;
-    how long a request may wait (its x-shoal-deadline-s header may shorten it); how long it waits
-    when no healthy worker serves its model at all (then it falls back along the model's chain, or
-    gets 503); the max_tokens a degraded sheddable request is cut to."""
+    how long a request may wait (its x-shoal-deadline-s header may shorten it); the max_tokens a
+    degraded sheddable request is cut to."""
 
     max_in_flight_per_worker: int = Field(64, ge=1)
     queue_limits: dict[str, int] = {"critical": 256, "standard": 128, "sheddable": 32}
     queue_timeout_s: float = Field(30.0, gt=0)
-    unavailable_wait_s: float = Field(10.0, ge=0)
     retry_after_s: int = Field(2, ge=1)
     degrade_max_tokens: int | None = Field(64, ge=1)
 
@@ -87,12 +85,15 @@ class FailoverSettings(Frozen):
     of the worker's expected inter-token latency and the step time it last stated in a keep-alive
     (before its first token: token_deadline_max_s); so is one whose keep-alive says its engine has
     been on a step for longer than token_deadline_factor × the step's stated time (at least the min;
-    not capped by the max, which only bounds a step of unknown length)."""
+    not capped by the max, which only bounds a step of unknown length). While no worker of its model
+    can take it, a new request (which then falls back along the model's chain, or gets 503) or a
+    stream to continue waits up to wait_for_capacity_s, never longer than its x-shoal-deadline-s."""
 
     attempts: dict[str, int] = {"critical": 5, "standard": 3, "sheddable": 2}
     backoff_base_s: float = Field(0.05, ge=0)
     backoff_max_s: float = Field(1.0, ge=0)
     max_migrations: int = Field(3, ge=0)
+    wait_for_capacity_s: float = Field(10.0, ge=0)
     token_deadline_factor: float = Field(20.0, gt=0)
     token_deadline_min_s: float = Field(2.0, gt=0)
     token_deadline_max_s: float = Field(30.0, gt=0)

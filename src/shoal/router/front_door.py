@@ -70,7 +70,6 @@ class FrontDoor:
             self.monitor,
             self.config.failover,
             self.fallbacks,
-            self.config.admission.unavailable_wait_s,
         )
 
     def capacity(self, model: str) -> int:
@@ -166,7 +165,7 @@ class FrontDoor:
         if self.capacity(routed.model) == 0 and routed.model in self.membership.known_models:
             # Its workers are gone: wait a little for one to return. A model whose first workers
             # are still starting waits for them as long as the request's deadline allows.
-            deadline_s = min(deadline_s, self.config.admission.unavailable_wait_s)
+            deadline_s = min(deadline_s, self.config.failover.wait_for_capacity_s)
         try:
             if not self.admission.try_admit(routed.model, routed.priority):
                 await self._wait_for_admission(routed, deadline_s, telemetry)
@@ -208,7 +207,10 @@ class FrontDoor:
         def release_slot() -> None:
             self.admission.release(model)
 
-        return await self.failover.serve(routed, body, path, headers, placement, release_slot, extra, chat, telemetry)
+        wait_s = min(_deadline(headers, math.inf), self.config.failover.wait_for_capacity_s)
+        return await self.failover.serve(
+            routed, body, path, headers, placement, release_slot, extra, chat, telemetry, wait_s
+        )
 
     async def _wait_for_admission(self, routed: RouteRequest, deadline_s: float, telemetry: RequestTelemetry) -> None:
         """Queues for a slot, as a `router.admission` span (a request admitted at once has none)."""

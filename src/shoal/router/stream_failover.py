@@ -12,7 +12,8 @@ the same seed (shoal's `resume_token_ids` / `resume_text_offset` extension). The
 stream: the same response id, no repeated role chunk, no missing or repeated tokens; with a seed,
 the same tokens as a run without the failure. Migrations are bounded per request. A worker left
 for looking hung may take the stream again once it answers (tried_workers.py); while no worker can
-take it, the stream waits up to unavailable_wait_s for one, with keep-alives to the client.
+take it, the stream waits for one (up to failover.wait_for_capacity_s, never past the request's
+x-shoal-deadline-s), with keep-alives to the client.
 Non-streaming clients get the same protection: the router streams from the worker and assembles
 the response. An error event with a 4xx code is the request's own fault (its grammar allows no
 token of the model's vocabulary, say): no worker would do better, so it reaches the client as it is.
@@ -79,7 +80,6 @@ class StreamFailover:
         monitor: HealthMonitor,
         settings: FailoverSettings,
         fallbacks: Callable[[str], list[str]],
-        unavailable_wait_s: float,
     ):
         self.session = session
         self.balancer = balancer
@@ -87,7 +87,6 @@ class StreamFailover:
         self.monitor = monitor
         self.settings = settings
         self.fallbacks = fallbacks
-        self.unavailable_wait_s = unavailable_wait_s
 
     async def open(
         self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, resuming: bool
@@ -214,10 +213,12 @@ class StreamFailover:
         extra_headers: dict[str, str],
         chat: bool,
         telemetry: RequestTelemetry,
+        wait_s: float,
     ) -> Response:
         """Serves a completion, streamed or not, with any number of choices; `done` runs once when
         it is over (also when the client leaves before the stream is read). A stream's end also
-        finishes its telemetry (any other response's status is the caller's to record)."""
+        finishes its telemetry (any other response's status is the caller's to record). A stream
+        with no worker to continue on waits up to `wait_s` for one."""
         streaming = body.get("stream") is True
         bodies = choice_bodies(body, force_stream=not streaming)
         attempts = [
@@ -252,7 +253,7 @@ class StreamFailover:
         reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **extra_headers}
         if attempts[0].routed.model != routed.model:
             reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
-        streams = [self._events(a, path, headers, t) for a, t in zip(attempts, tried_per_choice)]
+        streams = [self._events(a, path, headers, t, wait_s) for a, t in zip(attempts, tried_per_choice)]
         events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
         if streaming:
             return StreamingResponse(
@@ -277,7 +278,7 @@ class StreamFailover:
         return JSONResponse(assemble(collected, chat), headers=reply_headers)
 
     async def _events(
-        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers
+        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, wait_s: float
     ) -> AsyncIterator[bytes]:
         progress = StreamProgress(seed=attempt.body.get("seed"))
         original_body = attempt.body
@@ -313,7 +314,7 @@ class StreamFailover:
                     attempt.telemetry.migrated(worker_id, len(progress.token_ids), str(broken))
                     resuming = bool(progress.token_ids)
                     attempt.body = progress.resume_body(original_body) if resuming else original_body
-                    async for keep_alive in self._reopen(attempt, path, headers, tried, resuming):
+                    async for keep_alive in self._reopen(attempt, path, headers, tried, resuming, wait_s):
                         yield keep_alive
                     if attempt.upstream is None or attempt.upstream.status != 200:
                         yield _gave_up(attempt, "no worker left to continue this stream")
@@ -323,13 +324,19 @@ class StreamFailover:
             self._finish(attempt)
 
     async def _reopen(
-        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, resuming: bool
+        self,
+        attempt: Attempt,
+        path: str,
+        headers: Mapping[str, str],
+        tried: TriedWorkers,
+        resuming: bool,
+        wait_s: float,
     ) -> AsyncIterator[bytes]:
-        """Opens the stream on another worker (attempt.upstream), waiting up to unavailable_wait_s
+        """Opens the stream on another worker (attempt.upstream), waiting up to wait_s
         while none can take it (every one tried, down or busy); yields keep-alives for the client
         meanwhile. attempt.upstream stays None if no worker took it by then."""
         now = time.monotonic()
-        deadline, keep_alive_at = now + self.unavailable_wait_s, now + CLIENT_KEEP_ALIVE_S
+        deadline, keep_alive_at = now + wait_s, now + CLIENT_KEEP_ALIVE_S
         while True:
             attempt.placement = self._place(attempt, tried, resuming)
             if attempt.placement is not None and await self.open(attempt, path, headers, tried, resuming):
