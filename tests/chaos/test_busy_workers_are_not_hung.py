@@ -58,15 +58,14 @@ def workers(long_tiny_model_dir, shoal_cache_dir, tmp_path):
 
 
 def stream_through(url: str, body: dict, on_token=None) -> dict:
-    """One streamed chat completion through the router: its token ids, the error events and
-    keep-alive comments it carried, whether it ended with [DONE]."""
-    ids, errors, keep_alives, done = [], [], 0, False
+    """One streamed chat completion through the router: its token ids, the error events it
+    carried, whether it ended with [DONE]. Keep-alive comments are skipped: whether a step is long
+    enough to need one depends on the machine's speed at that moment."""
+    ids, errors, done = [], [], False
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=300) as response:
         assert response.status_code == 200, response.read()
         for line in response.iter_lines():
-            if line.startswith(":"):
-                keep_alives += 1
-            elif line == "data: [DONE]":
+            if line == "data: [DONE]":
                 done = True
             elif line.startswith("data: "):
                 event = json.loads(line[6:])
@@ -75,7 +74,7 @@ def stream_through(url: str, body: dict, on_token=None) -> dict:
                     ids += choice.get("token_ids") or []
                 if on_token and ids:
                     on_token(len(ids))
-    return {"ids": ids, "errors": errors, "keep_alives": keep_alives, "done": done}
+    return {"ids": ids, "errors": errors, "done": done}
 
 
 def chat(content: str, max_tokens: int, seed: int) -> dict:
@@ -137,8 +136,6 @@ def test_long_prefills_beside_live_streams_cause_no_migration_and_no_failure(wor
         assert [len(r["ids"]) for r in results] == [LIVE_TOKENS] * LIVE_STREAMS + [4] * LONG_PROMPTS
         assert counter(url, "shoal_router_migrations_total") == 0, log[-3000:]
         assert "migrating" not in log
-        # The live streams did sit through long steps: the worker kept them alive, the router relayed it.
-        assert sum(r["keep_alives"] for r in results[:LIVE_STREAMS]) > 0
         assert sum(len(c.choices[0].model_extra.get("token_ids") or []) for c in chunks) == LIVE_TOKENS
         assert chunks[-1].choices[0].finish_reason == "length"
     finally:
