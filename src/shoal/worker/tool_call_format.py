@@ -21,8 +21,8 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 
 @dataclass(frozen=True)
 class ToolCallFormat:
-    """Invariant: `start` opens every call block (or the array of calls); `end` closes one block
-    where the format has one; a call body is a JSON object with the name under "name" and the
+    """Invariant: `start` opens every call block (or the array of calls), and where it is None a
+    bare JSON object opening the reply is a call; `end` closes one block where the format has one; a call body is a JSON object with the name under "name" and the
     arguments under `arguments_key`."""
 
     name: str
@@ -30,7 +30,6 @@ class ToolCallFormat:
     end: str | None
     arguments_key: str
     calls_in_array: bool = False
-    bare_json_opens: bool = False
     start_is_special_token: bool = False
 
     def forced_grammar(
@@ -78,7 +77,7 @@ class ToolCallFormat:
 
 
 HERMES = ToolCallFormat("hermes", "<tool_call>", "</tool_call>", "arguments")
-LLAMA3_JSON = ToolCallFormat("llama3_json", None, None, "parameters", bare_json_opens=True)
+LLAMA3_JSON = ToolCallFormat("llama3_json", None, None, "parameters")  # no start: a bare JSON object opens
 MISTRAL = ToolCallFormat("mistral", "[TOOL_CALLS]", None, "arguments", calls_in_array=True, start_is_special_token=True)
 
 
