@@ -22,8 +22,9 @@ JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separat
 @dataclass(frozen=True)
 class ToolCallFormat:
     """Invariant: `start` opens every call block (or the array of calls), and where it is None a
-    bare JSON object opening the reply is a call; `end` closes one block where the format has one; a call body is a JSON object with the name under "name" and the
-    arguments under `arguments_key`."""
+    bare JSON object opening the reply is a call; `end` closes one block where the format has one;
+    a call body is a JSON object with the name under "name" and the arguments under
+    `arguments_key`."""
 
     name: str
     start: str | None
