@@ -39,7 +39,12 @@ def test_a_load_ramp_scales_up_after_the_delay_and_quiet_scales_down_without_fai
     two = {s["pid"] for s in serving(state_dir)}
     wait_for(lambda: len(supervised(state_dir)) == 1, timeout_s=60)
     assert answers and set(answers) == {120}, [a for a in answers if a != 120][:3]
-    assert client.completions.create(model="tiny", prompt="x", max_tokens=4).usage.completion_tokens == 4
+    assert (
+        client.completions.create(
+            model="tiny", prompt="x", max_tokens=4, extra_body={"ignore_eos": True}
+        ).usage.completion_tokens
+        == 4
+    )
     assert len({s["pid"] for s in serving(state_dir)} & two) == 1
 
 
@@ -49,5 +54,7 @@ def test_a_model_scales_to_zero_when_idle_and_a_request_brings_it_back(deploy):
     _, url, state_dir, _ = deploy(replicas=1, autoscaling=idle, router={"failover": {"wait_for_capacity_s": 60}})
     wait_for(lambda: not supervised(state_dir), timeout_s=60)
     client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0, timeout=120)
-    cold = client.completions.create(model="tiny", prompt="x", max_tokens=4)  # waits for a cold start
+    cold = client.completions.create(
+        model="tiny", prompt="x", max_tokens=4, extra_body={"ignore_eos": True}
+    )  # waits for a cold start
     assert cold.usage.completion_tokens == 4 and len(serving(state_dir)) == 1

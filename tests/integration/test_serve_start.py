@@ -95,4 +95,9 @@ def test_a_prompt_longer_than_every_context_window_is_a_400_context_length_excee
         response = client.completions.create(model="tiny", prompt="abc " * 600, max_tokens=4, stream=stream)
         list(response) if stream else None
     assert refused.value.status_code == 400 and refused.value.code == "context_length_exceeded"
-    assert client.completions.create(model="tiny", prompt="abc", max_tokens=2).usage.completion_tokens == 2
+    assert (
+        client.completions.create(
+            model="tiny", prompt="abc", max_tokens=2, extra_body={"ignore_eos": True}
+        ).usage.completion_tokens
+        == 2
+    )
