@@ -9,6 +9,10 @@ at --concurrency for --duration-s; then the same requests run again at the same 
 --faults faults hit workers that are serving (at most one faulted at a time, the next only once the
 router takes the last one back). Every faulted stream is compared token for token with its reference.
 
+--scenario harsh runs the fleet under `shoal serve` (its supervisor restarts whatever exits) and,
+every --fault-interval-s, kills, stops or restarts a random live worker whatever the others' state,
+so that at times no worker is up; streams then wait for capacity (--wait-for-capacity-s).
+
 Reported: requests sent / completed / failed (an HTTP error, an error event or a stream without
 [DONE]); requests whose tokens differ from the reference, tokens lost and repeated (extra), usage
 that disagrees with the tokens received; migrations (the router's "migrating a stream" log lines)
@@ -19,6 +23,7 @@ of kills and stops within 2 heartbeat periods, TTFT p99 under faults <= 3x fault
 
     .venv/bin/python benchmarks/chaos.py --tiny --duration-s 30        # tiny random Llama, fast
     .venv/bin/python benchmarks/chaos.py                               # SmolLM2-135M-Instruct
+    .venv/bin/python benchmarks/chaos.py --scenario harsh --requests 60  # everything down at times
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from pathlib import Path
 
 import httpx
 import yaml
+from chaos_harsh import HarshInjector, ServedFleet
 from routing_quality import free_port, wait_for
 
 from shoal.percentile import percentile
@@ -144,7 +150,10 @@ class Fleet:
             "workers": [{"url": url} for url in self.urls],
             "load_poll_interval_s": self.args.heartbeat_interval_s,  # polls are the static workers' heartbeats
             "health": {"heartbeat_interval_s": self.args.heartbeat_interval_s},
-            "failover": {"token_deadline_min_s": self.args.token_deadline_min_s},
+            "failover": {
+                "token_deadline_min_s": self.args.token_deadline_min_s,
+                "wait_for_capacity_s": self.args.wait_for_capacity_s,
+            },
         }
         config_path = self.log_dir / "router.yaml"
         config_path.write_text(yaml.safe_dump(config))
@@ -196,6 +205,10 @@ class AdminWatch:
         now, body = time.time(), response.json()
         for event in body["events"]:
             self.events[(event["time"], event["worker_id"], event["change"])] = event
+        listed = {worker["worker_id"] for worker in body["workers"]}
+        for gone in [w for w in self.workers if w not in listed]:  # left the router (a supervised worker that exited)
+            if self.workers.pop(gone)["healthy"]:
+                self.rotation_changes.append((now, gone, False))
         for worker in body["workers"]:
             previous = self.workers.get(worker["worker_id"])
             if previous is None or previous["healthy"] != worker["healthy"]:
@@ -318,11 +331,12 @@ class Injector:
     """Injects the planned faults during the faulted phase, one at a time, each on a worker the
     router calls healthy (one with streams in flight when there is one within 3 s)."""
 
-    def __init__(self, fleet: Fleet, watch: AdminWatch, args, open_streams: dict):
+    def __init__(self, fleet: Fleet, watch: AdminWatch, args, open_streams: dict, seconds: float):
         self.fleet, self.watch, self.args, self.open_streams = fleet, watch, args, open_streams
         self.phase_started_wall = time.time()
         self.rng = random.Random(args.seed)
         self.faults: list[dict] = []
+        self.planned = self.plan(seconds)
 
     def plan(self, seconds: float) -> list[tuple[float, str]]:
         """(offset into the phase, kind) per fault: evenly spread with jitter, kinds shuffled."""
@@ -406,9 +420,9 @@ class Injector:
         fault["back_in_rotation_at"] = await self.wait_back(url)
         return fault
 
-    async def run(self, plan: list[tuple[float, str]], finished: asyncio.Event) -> None:
+    async def run(self, finished: asyncio.Event) -> None:
         started = time.monotonic()
-        for offset, kind in plan:
+        for offset, kind in self.planned:
             while time.monotonic() - started < offset and not finished.is_set():
                 await asyncio.sleep(0.05)
             k = await self.pick_target(finished)
@@ -551,9 +565,15 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
             None,
         )
         fault["out_of_rotation_after_s"] = None if out is None else out - fault["injected_at"]
+        if fault["detected"] is None and out is not None and "slot" in fault:  # the supervisor saw it exit first
+            fault["detected"] = {"change": "left", "reason": "exited", "after_s": out - fault["injected_at"]}
         fault["migrations_logged"] = len(migrations(log_dir / "router.log", fault["injected_at"], until))
         fault["events"] = [e for e in events if fault["injected_at"] <= e["time"] <= until]
-    detect = [f["detected"]["after_s"] if f["detected"] else None for f in faults if f["kind"] in ("kill", "stop")]
+    detect = [
+        f["detected"]["after_s"] if f["detected"] else None
+        for f in faults
+        if f["kind"] in ("kill", "stop") and f.get("healthy_there_before", True)  # else nothing left to detect
+    ]
     finite = [d for d in detect if d is not None]
     bound = 2 * args.heartbeat_interval_s
     result["detection"] = {
@@ -579,7 +599,26 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
         "TTFT p99 under faults <= 3x fault-free": ttft_ratio is not None and ttft_ratio <= 3,
     }
     result["faults"] = faults
+    stretches = stretches_without_a_worker(watch, fault_window)
+    result["no_healthy_worker_s"] = sum(stretches)
+    result["longest_without_a_worker_s"] = max(stretches, default=0.0)
     return result
+
+
+def stretches_without_a_worker(watch: AdminWatch, window: tuple[float, float]) -> list[float]:
+    """Lengths of the stretches of `window` in which the router called no worker healthy."""
+    healthy: dict[str, bool] = {}
+    stretches, empty_since = [], None
+    for at, worker, is_healthy in [*watch.rotation_changes, (window[1], None, None)]:
+        if worker is not None:
+            healthy[worker] = is_healthy
+        none_now = not any(healthy.values())
+        if empty_since is not None and (not none_now or worker is None):
+            stretches.append(min(at, window[1]) - max(empty_since, window[0]))
+            empty_since = None
+        if none_now and empty_since is None and worker is not None:
+            empty_since = at
+    return [s for s in stretches if s > 0]
 
 
 def report(result: dict) -> None:
@@ -589,10 +628,10 @@ def report(result: dict) -> None:
     print("\nfaults:")
     for i, f in enumerate(result["faults"], 1):
         detected = f["detected"]
-        back = f["back_in_rotation_at"] and f["back_in_rotation_at"] - f["injected_at"]
+        back = f.get("back_in_rotation_at") and f["back_in_rotation_at"] - f["injected_at"]
         drained = (
             f" (exited {f['exited_at'] - f['injected_at']:.1f} s after SIGTERM; not a detection)"
-            if f["kind"] == "restart"
+            if "exited_at" in f
             else ""
         )
         found = f"{detected['change']} after {ms(detected['after_s'])} ({detected['reason']})" if detected else "never"
@@ -602,9 +641,12 @@ def report(result: dict) -> None:
             + f"{drained}, out of rotation after {ms(f['out_of_rotation_after_s'])}, back after {ms(back)}"
         )
     hit = sum(f["router_in_flight"] > 0 for f in result["faults"])
+    planned = "unplanned" if result["faults_planned"] is None else f"of {result['faults_planned']} planned"
     print(
-        f"{len(result['faults'])} of {result['faults_planned']} planned faults injected, {hit} with streams "
-        f"in flight on the worker ({sum(f['router_in_flight'] for f in result['faults'])} streams in all)"
+        f"{len(result['faults'])} {planned} faults injected, {hit} with streams "
+        f"in flight on the worker ({sum(f['router_in_flight'] for f in result['faults'])} streams in all); "
+        f"no worker healthy for {result['no_healthy_worker_s']:.1f} s of the faulted phase "
+        f"(longest stretch {result['longest_without_a_worker_s']:.1f} s)"
     )
     for name in ("reference", "faulted"):
         p = result[name]
@@ -631,7 +673,7 @@ def report(result: dict) -> None:
         print(f"  {'PASS' if ok else 'MISS'}  {name}")
 
 
-async def scenario(fleet: Fleet, args) -> dict:
+async def scenario(fleet, args) -> dict:
     watch = AdminWatch(fleet.router_url, fleet.admin_token)
     stop_watch = asyncio.Event()
     watcher = asyncio.create_task(watch.run(stop_watch))
@@ -640,20 +682,29 @@ async def scenario(fleet: Fleet, args) -> dict:
     await run_phase(
         fleet.router_url, lambda i: make_spec(1_000_000 + i, args), args.concurrency, open_streams, count=warm
     )
-    print(f"reference phase: {args.duration_s:g} s at concurrency {args.concurrency}", flush=True)
+    length = f"{args.requests} requests" if args.requests else f"{args.duration_s:g} s"
+    print(f"reference phase: {length} at concurrency {args.concurrency}", flush=True)
     since = time.time()
     reference = await run_phase(
-        fleet.router_url, lambda i: make_spec(i, args), args.concurrency, open_streams, deadline_s=args.duration_s
+        fleet.router_url,
+        lambda i: make_spec(i, args),
+        args.concurrency,
+        open_streams,
+        deadline_s=None if args.requests else args.duration_s,
+        count=args.requests,
     )
     reference_window = (since, time.time())
     await asyncio.sleep(2 * args.heartbeat_interval_s)
     sent = len(reference[0])
-    injector = Injector(fleet, watch, args, open_streams)
-    plan = injector.plan(reference[1])
-    print(f"faulted phase: the same {sent} requests, {len(plan)} faults", flush=True)
+    if args.scenario == "harsh":
+        injector = HarshInjector(fleet, watch, args, open_streams)
+        print(f"faulted phase: the same {sent} requests, a fault every {args.fault_interval_s:g} s", flush=True)
+    else:
+        injector = Injector(fleet, watch, args, open_streams, reference[1])
+        print(f"faulted phase: the same {sent} requests, {len(injector.planned)} faults", flush=True)
     finished = asyncio.Event()
     since = injector.phase_started_wall = time.time()
-    injection = asyncio.create_task(injector.run(plan, finished))
+    injection = asyncio.create_task(injector.run(finished))
     faulted = await run_phase(
         fleet.router_url, lambda i: make_spec(i, args), args.concurrency, open_streams, count=sent
     )
@@ -665,17 +716,27 @@ async def scenario(fleet: Fleet, args) -> dict:
     await watcher
     phases = {"reference": (*reference, reference_window), "faulted": (*faulted, faulted_window)}
     result = analyse(args, phases, injector.faults, watch, fleet.log_dir)
-    result["faults_planned"] = len(plan)
+    result["faults_planned"] = None if injector.planned is None else len(injector.planned)
     return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--scenario",
+        choices=("one-at-a-time", "harsh"),
+        default="one-at-a-time",
+        help="harsh: `shoal serve` supervises the workers; a random one is killed, stopped or restarted every "
+        "--fault-interval-s, whatever the others' state",
+    )
     parser.add_argument("--model", default="smollm2-135m-instruct", help="registry name, .gguf file or HF directory")
     parser.add_argument("--tiny", action="store_true", help="a tiny random Llama built on the fly (fast)")
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--duration-s", type=float, default=60, help="length of each phase")
+    parser.add_argument("--requests", type=int, default=None, help="requests per phase (default: --duration-s decides)")
+    parser.add_argument("--fault-interval-s", type=float, default=4.0, help="harsh: seconds between faults")
+    parser.add_argument("--wait-for-capacity-s", type=float, default=10.0, help="the router's failover setting")
     parser.add_argument("--faults", type=int, default=None, help="default: one per 8 s of --duration-s")
     parser.add_argument("--heartbeat-interval-s", type=float, default=0.5)
     parser.add_argument("--token-deadline-min-s", type=float, default=2.0)
@@ -708,7 +769,10 @@ def main() -> int:
     shoal_from = subprocess.run(
         [sys.executable, "-c", "import shoal; print(shoal.__file__)"], capture_output=True, text=True
     ).stdout.strip()  # what the workers and the router will run
-    fleet = Fleet(args, model, log_dir, secrets.token_hex(16))
+    if args.scenario == "harsh":
+        fleet = ServedFleet(args, model, MODEL_NAME, log_dir)
+    else:
+        fleet = Fleet(args, model, log_dir, secrets.token_hex(16))
     print(f"logs: {log_dir}", flush=True)
     try:
         fleet.start()

@@ -1,56 +1,67 @@
 """A real redis-server for tests: installed if missing (scripts/ensure_redis_server.sh), started
-on a free loopback port without persistence, stopped by the caller."""
+without persistence on a free loopback port or a test bed host, stopped by the caller."""
 
 from __future__ import annotations
 
+import secrets
 import socket
 import subprocess
 import time
 from pathlib import Path
 
+from tests.support.testbed import Host
 from tests.support.workers import free_port
 
 ENSURE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure_redis_server.sh"
 
 
-def _answers_ping(port: int) -> bool:
+def _answers_ping(address: str, port: int, password: str | None) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as connection:
-            connection.sendall(b"PING\r\n")
-            return connection.recv(16).startswith(b"+PONG")
+        with socket.create_connection((address, port), timeout=1) as connection:
+            connection.sendall((f"AUTH {password}\r\n" if password else "").encode() + b"PING\r\n")
+            answer = b""
+            while b"PONG" not in answer and b"-" not in answer:
+                chunk = connection.recv(64)
+                if not chunk:
+                    return False
+                answer += chunk
+            return b"+PONG" in answer
     except OSError:
         return False
 
 
-def start_redis_server(directory: Path) -> tuple[subprocess.Popen, str]:
-    """Returns (process, redis:// URL) once the server answers PING."""
+def start_redis_server(directory: Path, host: Host | None = None) -> tuple[subprocess.Popen, str]:
+    """Returns (process, redis:// URL) once the server answers PING; on `host` of a network test bed
+    (port 6379 of its address, with a password in the URL, as anything reachable from other hosts
+    must have) when given, else on a free loopback port."""
     binary = (
         subprocess.run([str(ENSURE_SCRIPT)], check=True, capture_output=True, text=True, timeout=600)
         .stdout.strip()
         .splitlines()[-1]
     )
-    port = free_port()
+    address, port = (host.address, 6379) if host else ("127.0.0.1", free_port())
+    password = secrets.token_hex(16) if host else None
+    command = [
+        binary,
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--port",
+        str(port),
+        "--bind",
+        address,
+        "--dir",
+        str(directory),
+        *(["--requirepass", password] if password else []),
+    ]
     process = subprocess.Popen(
-        [
-            binary,
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(directory),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        host.command(command) if host else command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and process.poll() is None:
-        if _answers_ping(port):
-            return process, f"redis://127.0.0.1:{port}/0"
+        if _answers_ping(address, port, password):
+            return process, f"redis://{f':{password}@' if password else ''}{address}:{port}/0"
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"redis-server did not start: {process.stderr.read().decode()[-2000:]}")

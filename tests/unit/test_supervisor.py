@@ -58,3 +58,19 @@ def test_a_spare_lost_with_the_replica_it_would_replace_is_restarted_not_half_pr
         assert joined == [] and supervisor.replicas("m") == 1
 
     asyncio.run(scenario())
+
+
+def test_crashes_in_a_row_back_off_but_a_clean_exit_restarts_at_the_base_backoff(tmp_path):
+    async def scenario():
+        supervisor, _, _ = serving_fleet(tmp_path, replicas=1, spares=0)
+        [slot] = supervisor.slots
+        waits = []
+        for code in (-9, -9, 0, -9):
+            slot.worker = LaunchedWorker(StandInProcess(), "http://w0", tmp_path / "log")
+            slot.state, slot.started_at = SlotState.SERVING, 10.0
+            slot.worker.process.returncode = code
+            supervisor.check(now=11.0)
+            waits.append(slot.next_start - 11.0)
+        assert waits == [5, 10, 5, 5]  # doubled after a crash; a clean exit resets and does not double
+
+    asyncio.run(scenario())

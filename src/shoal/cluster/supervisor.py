@@ -178,10 +178,13 @@ class Supervisor:
         await self._when_ready(slot, worker)
 
     def _exited(self, slot: Slot, now: float) -> None:
+        """A clean exit (0: drained on SIGTERM) restarts after the base backoff and does not count
+        as a crash; a crash doubles the next backoff unless the worker had run healthy_after_s."""
         code, ran = slot.worker.process.returncode, now - slot.started_at
+        crashed = code != 0
         if slot.state is SlotState.SERVING:
             self.router.leave(slot.worker.url)
-        if ran >= self.settings.healthy_after_s:
+        if ran >= self.settings.healthy_after_s or not crashed:
             slot.backoff_s = self.settings.restart_backoff_s
         log.warning(
             "%s %d (pid %d) exited with %s after %.1f s; restarting in %.1f s",
@@ -204,11 +207,14 @@ class Supervisor:
         if slot.state is SlotState.SERVING:
             self._promote_spare(slot)
         slot.worker, slot.last_exit, slot.restarts = None, code, slot.restarts + 1
-        self._retry_later(slot, now)
+        self._retry_later(slot, now, escalate=crashed)
 
-    def _retry_later(self, slot: Slot, now: float) -> None:
-        """The slot starts again after its backoff, which doubles for the next time (capped)."""
+    def _retry_later(self, slot: Slot, now: float, escalate: bool = True) -> None:
+        """The slot starts again after its backoff, which doubles for the next time (capped) when
+        `escalate`."""
         slot.state, slot.next_start = SlotState.WAITING, now + slot.backoff_s
+        if not escalate:
+            return
         slot.backoff_s = min(
             max(slot.backoff_s * 2, self.settings.restart_backoff_s), self.settings.max_restart_backoff_s
         )

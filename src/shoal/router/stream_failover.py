@@ -114,13 +114,13 @@ class StreamFailover:
                     worker.streams.add(upstream)
                     return True
                 upstream.release()
-                reason, lost = f"answered {upstream.status}", False
+                reason, lost, refused_for_now = f"answered {upstream.status}", False, upstream.status == 503
             except (aiohttp.ClientError, TimeoutError) as exc:
-                reason, lost = type(exc).__name__, isinstance(exc, CONNECTION_LOST)
+                reason, lost, refused_for_now = type(exc).__name__, isinstance(exc, CONNECTION_LOST), False
             attempt.telemetry.end_attempt("failed", reason)
             attempt.telemetry.retried(worker.worker_id, reason)
             log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
-            self._abandon(attempt, tried, reason, lost)
+            self._abandon(attempt, tried, reason, lost, may_retake=refused_for_now)
             attempt.placement = self._place(attempt, tried, resuming)
         return False
 
@@ -151,15 +151,16 @@ class StreamFailover:
         return placement
 
     def _abandon(
-        self, attempt: Attempt, tried: TriedWorkers, reason: str, connection_lost: bool, timed_out: bool = False
+        self, attempt: Attempt, tried: TriedWorkers, reason: str, connection_lost: bool, may_retake: bool = False
     ) -> None:
-        """Gives up the current worker for this request: for good if it failed it (a 5xx, an error
-        event), until it answers again if it looked hung, lost the connection (its process or host
-        is gone; restarted, it may take the request again) or the health monitor took it out
-        (severing the stream). Counts the failure unless the health monitor took it out."""
+        """Gives up the current worker for this request: for good if it failed it (a 5xx other than
+        503, an error event), until it answers again if it looked hung or refused the request for now
+        (`may_retake`: a 503 from a draining or overloaded worker), lost the connection (its process
+        or host is gone; restarted, it may take the request again) or the health monitor took it
+        out (severing the stream). Counts the failure unless the health monitor took it out."""
         worker = attempt.placement.worker
         taken_out = worker.down or worker.ejected_until is not None
-        if timed_out or taken_out or connection_lost:
+        if may_retake or taken_out or connection_lost:
             tried.leave(worker.worker_id, time.monotonic())
         else:
             tried.fail(worker.worker_id)
@@ -182,11 +183,17 @@ class StreamFailover:
             attempt.placement = None
 
     async def _start(
-        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers
+        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, wait_s: float
     ) -> Response | None:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
-        worker's refusal, or 503)."""
-        if not await self.open(attempt, path, headers, tried, resuming=False):
+        worker's refusal, or 503). While no worker can take it the request waits up to `wait_s`,
+        unless every worker of its model has failed it."""
+        if not await self.open(attempt, path, headers, tried, resuming=False) and not tried.failed_by_all(
+            self.membership.workers, attempt.routed.model
+        ):
+            async for _ in self._reopen(attempt, path, headers, tried, False, wait_s):
+                pass  # nothing is sent before the first byte: the client just waits
+        if attempt.upstream is None:
             return error_response(
                 503, "no worker could take this request", "service_unavailable", headers={"retry-after": "1"}
             )
@@ -242,7 +249,7 @@ class StreamFailover:
         tried_per_choice = [TriedWorkers() for _ in attempts]
         try:
             for attempt, tried in zip(attempts, tried_per_choice):
-                refusal = await self._start(attempt, path, headers, tried)
+                refusal = await self._start(attempt, path, headers, tried, wait_s)
                 if refusal is not None:
                     finish()
                     refusal.headers.update(extra_headers)
@@ -293,7 +300,7 @@ class StreamFailover:
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
                     attempt.telemetry.end_attempt("broken", str(broken))
-                    self._abandon(attempt, tried, str(broken), broken.connection_lost, broken.timed_out)
+                    self._abandon(attempt, tried, str(broken), broken.connection_lost, may_retake=broken.timed_out)
                     if progress.migrations >= self.settings.max_migrations:
                         yield _gave_up(attempt, "the request failed on every worker tried")
                         yield DONE

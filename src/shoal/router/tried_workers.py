@@ -9,9 +9,10 @@ from shoal.router.membership import WorkerState
 
 class TriedWorkers:
     """Invariant: a worker is in at most one of `failed` and `left`. A worker that failed the
-    request (answered 5xx, sent an error event) is excluded for the rest of the request. One left
-    for looking hung (its token deadline), for a lost connection (its process died: a restarted one
-    comes back at the same address), or whose stream the health monitor cut (down, ejected), is
+    request (answered 5xx other than 503, sent an error event) is excluded for the rest of the
+    request. One left for looking hung (its token deadline), for refusing the request for now (503:
+    draining or overloaded), for a lost connection (its process died: a restarted one comes back at
+    the same address), or whose stream the health monitor cut (down, ejected), is
     excluded only until the router hears from it again (a poll or heartbeat after it was left);
     whether it may then get work is the balancer's to say."""
 
@@ -26,6 +27,11 @@ class TriedWorkers:
     def leave(self, worker_id: str, now: float) -> None:
         if worker_id not in self.failed:
             self.left[worker_id] = now
+
+    def failed_by_all(self, workers: Mapping[str, WorkerState], model: str) -> bool:
+        """Every worker serving `model` (at least one) has failed the request: no use waiting."""
+        serving = [worker_id for worker_id, worker in workers.items() if model in worker.models]
+        return bool(serving) and all(worker_id in self.failed for worker_id in serving)
 
     def excluded(self, workers: Mapping[str, WorkerState]) -> frozenset[str]:
         """Worker ids that may not take the request now."""
