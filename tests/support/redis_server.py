@@ -30,23 +30,29 @@ def _answers_ping(address: str, port: int, password: str | None) -> bool:
         return False
 
 
-def start_redis_server(directory: Path, host: Host | None = None) -> tuple[subprocess.Popen, str]:
+def start_redis_server(
+    directory: Path, host: Host | None = None, port: int | None = None, appendonly: bool = False
+) -> tuple[subprocess.Popen, str]:
     """Returns (process, redis:// URL) once the server answers PING; on `host` of a network test bed
     (port 6379 of its address, with a password in the URL, as anything reachable from other hosts
-    must have) when given, else on a free loopback port."""
+    must have) when given, else on loopback at `port` (a free one if None). With `appendonly`, every
+    write goes to the AOF in `directory` (fsync each second) and a server started again on the same
+    directory has it."""
     binary = (
         subprocess.run([str(ENSURE_SCRIPT)], check=True, capture_output=True, text=True, timeout=600)
         .stdout.strip()
         .splitlines()[-1]
     )
-    address, port = (host.address, 6379) if host else ("127.0.0.1", free_port())
+    address, port = (host.address, 6379) if host else ("127.0.0.1", port or free_port())
     password = secrets.token_hex(16) if host else None
     command = [
         binary,
         "--save",
         "",
         "--appendonly",
-        "no",
+        "yes" if appendonly else "no",
+        "--appendfsync",
+        "everysec",
         "--port",
         str(port),
         "--bind",

@@ -87,6 +87,33 @@ def test_sqlite_survives_a_reopen_and_runs_in_wal_mode(tmp_path):
         assert connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+@pytest.mark.parametrize("policy,pragma", [("full", 2), ("normal", 1)])
+def test_sqlite_syncs_each_stored_response_to_disk_unless_told_normal(tmp_path, policy, pragma):
+    async def scenario() -> int:
+        store = await open_store(
+            ResponsesSettings(sqlite_path=str(tmp_path / "responses.sqlite3"), sqlite_synchronous=policy)
+        )
+        try:
+            return await store._run(lambda: store._connection.execute("PRAGMA synchronous").fetchone()[0])
+        finally:
+            await store.close()
+
+    assert asyncio.run(scenario()) == pragma
+    assert ResponsesSettings().sqlite_synchronous == "full"
+
+
+def test_a_redis_server_without_aof_is_named_in_a_warning_once(redis_url, caplog):
+    async def scenario():
+        store = await open_store(ResponsesSettings(store="redis", redis_url=redis_url))
+        for _ in range(2):
+            await store.put(turn())
+        await store.close()
+
+    asyncio.run(scenario())  # the tests' redis-server runs without persistence
+    warnings = [r.getMessage() for r in caplog.records if "appendonly" in r.getMessage()]
+    assert len(warnings) == 1 and "appendonly no" in warnings[0]
+
+
 def test_sqlite_expands_home_and_creates_the_directory(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
 

@@ -29,7 +29,6 @@ from shoal.cluster.config import DeploymentConfig
 from shoal.cluster.launcher_local import LocalLauncher
 from shoal.cluster.supervisor import Launcher, RouterLink, Supervisor
 from shoal.router.app import create_router_app
-from shoal.router.config import ResponsesSettings
 from shoal.router.front_door import FrontDoor
 from shoal.router.membership import normalize_url
 from shoal.router.proxy import error_response
@@ -57,7 +56,8 @@ def serve(config: DeploymentConfig) -> int:
     router_config = config.router_config()
     if "responses" not in config.router.model_fields_set:  # conversations live with the deployment's state
         sqlite_path = str(Path(config.state_dir).expanduser() / "responses.sqlite3")
-        router_config = router_config.model_copy(update={"responses": ResponsesSettings(sqlite_path=sqlite_path)})
+        responses = router_config.responses.model_copy(update={"sqlite_path": sqlite_path})
+        router_config = router_config.model_copy(update={"responses": responses})
     admin_token = os.environ.get(router_config.admin_token_env) or secrets.token_hex(16)
     os.environ[router_config.admin_token_env] = admin_token
     app = create_router_app(router_config)

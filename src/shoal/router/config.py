@@ -144,10 +144,14 @@ class HealthSettings(Frozen):
 class ResponsesSettings(Frozen):
     """Where /v1/responses keeps stored responses: `sqlite` (one file on this host, survives a
     restart; `~` is expanded and the directory created), `redis` (shared by every router pointing at
-    it) or `none` (nothing is stored, so nothing can be continued or retrieved)."""
+    it) or `none` (nothing is stored, so nothing can be continued or retrieved). A response is stored
+    before the client gets its end. `sqlite_synchronous`: `full` syncs the file to disk with each
+    stored response (it survives a power cut), `normal` only at checkpoints (it survives the router
+    being killed, not a power cut; about 2 ms less per stored response)."""
 
     store: Literal["sqlite", "redis", "none"] = "sqlite"
     sqlite_path: str = "~/.local/state/shoal/responses.sqlite3"
+    sqlite_synchronous: Literal["full", "normal"] = "full"
     redis_url: str = "redis://127.0.0.1:6379/0"
 
 

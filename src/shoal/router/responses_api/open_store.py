@@ -12,7 +12,7 @@ async def open_store(settings: ResponsesSettings) -> ResponseStore:
     if settings.store == "sqlite":
         from shoal.router.responses_api.sqlite_store import SQLiteStore
 
-        return await SQLiteStore.open(settings.sqlite_path)
+        return await SQLiteStore.open(settings.sqlite_path, settings.sqlite_synchronous)
     if settings.store == "redis":
         from shoal.router.responses_api.redis_store import RedisStore
 

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Iterator
 
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
+
+log = logging.getLogger(__name__)
 
 KEY_PREFIX = "shoal:response:"
 
@@ -25,10 +28,13 @@ class RedisStore:
     """Invariants: one key per stored turn (KEY_PREFIX + response id, the turn's JSON as value),
     written with one SET, so every router sees a turn whole or not at all; the connection pool
     reconnects by itself once the server is back, and a server that does not answer within the
-    socket timeouts fails the call instead of hanging it."""
+    socket timeouts fails the call instead of hanging it. Durability is the server's: with AOF on
+    (`appendonly yes`) a stored turn survives a Redis restart; the first stored turn checks, and a
+    server without it is named in a warning."""
 
     def __init__(self, client: redis.Redis):
         self._client = client
+        self._persistence_checked = False
 
     @classmethod
     def open(cls, url: str) -> RedisStore:
@@ -38,6 +44,21 @@ class RedisStore:
     async def put(self, turn: StoredTurn) -> None:
         with _unavailable_on_failure():
             await self._client.set(KEY_PREFIX + turn.response_id, turn.to_json())
+        if not self._persistence_checked:
+            self._persistence_checked = True
+            await self._warn_if_volatile()
+
+    async def _warn_if_volatile(self) -> None:
+        try:
+            appendonly = (await self._client.config_get("appendonly")).get("appendonly")
+        except RedisError:  # CONFIG is often disabled on managed servers: they state their own policy
+            return
+        if appendonly != "yes":
+            log.warning(
+                "the Redis response store runs with appendonly %s: stored responses since its last "
+                "snapshot are lost when Redis restarts (run it with appendonly yes)",
+                appendonly,
+            )
 
     async def get(self, response_id: str) -> StoredTurn | None:
         with _unavailable_on_failure():

@@ -13,14 +13,15 @@ from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
 
 T = TypeVar("T")
 
+SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}  # ResponsesSettings.sqlite_synchronous -> the pragma
 SCHEMA = "CREATE TABLE IF NOT EXISTS responses (id TEXT PRIMARY KEY, turn TEXT NOT NULL) WITHOUT ROWID"
 
 
-def _connect(path: Path) -> sqlite3.Connection:
+def _connect(path: Path, synchronous: str) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     connection = sqlite3.connect(path, isolation_level=None, timeout=5.0)
     connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute(f"PRAGMA synchronous={SYNCHRONOUS[synchronous]}")
     connection.execute(SCHEMA)
     return connection
 
@@ -29,17 +30,19 @@ class SQLiteStore:
     """Invariants: the connection is only touched by the store's one thread, so the event loop never
     blocks on the file; each call is one autocommitted statement, so a turn is stored whole or not at
     all and outlives the process (WAL mode: readers do not wait for the writer, and routers on one
-    host may share the file)."""
+    host may share the file); with synchronous `full` it is on disk before `put` returns."""
 
     def __init__(self, executor: ThreadPoolExecutor, connection: sqlite3.Connection):
         self._executor = executor
         self._connection = connection
 
     @classmethod
-    async def open(cls, path: str | Path) -> SQLiteStore:
+    async def open(cls, path: str | Path, synchronous: str = "full") -> SQLiteStore:
         """Opens (creating the file and its directory if needed) the store at `path` (`~` expanded)."""
         executor = ThreadPoolExecutor(1, thread_name_prefix="shoal-responses-sqlite")
-        connection = await asyncio.get_running_loop().run_in_executor(executor, _connect, Path(path).expanduser())
+        connection = await asyncio.get_running_loop().run_in_executor(
+            executor, _connect, Path(path).expanduser(), synchronous
+        )
         return cls(executor, connection)
 
     async def _run(self, call: Callable[[], T]) -> T:
