@@ -102,6 +102,8 @@ class ModelDeployment(Frozen):
     stage_servers: list[str] = []
     spare_stage_servers: list[str] = []
     spare_stages: int = Field(0, ge=0)
+    pipeline_step_deadline_s: float = Field(30.0, gt=0)
+    pipeline_ping_timeout_s: float = Field(10.0, gt=0)
 
     @model_validator(mode="after")
     def replicas_within_bounds(self) -> ModelDeployment:

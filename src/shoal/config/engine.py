@@ -34,7 +34,10 @@ class EngineConfig:
     messages (layers_per_stage overrides the planned split); pipeline_wire_dtype is the dtype of the
     activations between stages ("auto": the model's, lossless; "bfloat16" halves float32 traffic);
     stage_servers are `shoal stage` addresses for the stages after the first, spare_stage_servers
-    wait to replace a lost one, spare_stages local processes do the same.
+    wait to replace a lost one, spare_stages local processes do the same. A micro-batch that takes
+    longer than pipeline_step_deadline_s makes the head ping its stages; one that does not answer
+    within pipeline_ping_timeout_s (a stage answers between steps, so this must exceed its longest
+    step) is replaced.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -68,6 +71,8 @@ class EngineConfig:
     stage_servers: tuple[str, ...] = ()
     spare_stage_servers: tuple[str, ...] = ()
     spare_stages: int = 0
+    pipeline_step_deadline_s: float = 30.0
+    pipeline_ping_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -89,6 +94,8 @@ class EngineConfig:
             raise ValueError("kv_cache_bytes must be positive")
         if self.spare_stages < 0:
             raise ValueError("spare_stages must not be negative")
+        if self.pipeline_step_deadline_s <= 0 or self.pipeline_ping_timeout_s <= 0:
+            raise ValueError("pipeline_step_deadline_s and pipeline_ping_timeout_s must be positive")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
 

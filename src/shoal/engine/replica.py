@@ -90,6 +90,8 @@ def build_replica(
                 wire_dtype=config.pipeline_wire_dtype,
                 spare_addresses=tuple(config.spare_stage_servers),
                 local_spares=config.spare_stages,
+                step_deadline_s=config.pipeline_step_deadline_s,
+                ping_timeout_s=config.pipeline_ping_timeout_s,
             ),
         )
     else:
