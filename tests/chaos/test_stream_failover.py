@@ -175,3 +175,31 @@ def test_several_choices_fail_over_each_on_its_own_and_match_a_workers_own_answe
     assert killed and done == 1
     assert [ids[i] for i in range(3)] == [c["token_ids"] for c in direct["choices"]]
     assert usage == direct["usage"]
+
+
+def test_requests_waiting_for_their_first_byte_on_a_hung_worker_move_once_it_is_found_down(pair):
+    """Worker A hangs (SIGSTOP) before the requests arrive: its kernel still accepts their
+    connections, so they wait for response headers that never come (the read timeout is minutes).
+    Once the router finds A down, those waits are cut short and the requests go to B."""
+    url, processes = pair
+    hung = next(iter(processes))
+    retried_before = retries(url)
+    os.kill(processes[hung].pid, signal.SIGSTOP)
+    try:
+        results = []
+        threads = [
+            threading.Thread(target=lambda i=i: results.append(read_stream(url, chat(seed=40 + i)))) for i in range(4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert len(results) == 4 and all(len(r["ids"]) == MAX_TOKENS for r in results)
+        assert {r["worker"] for r in results} == {w for w in processes if w != hung}
+        assert retries(url) > retried_before  # some were sent to A first
+    finally:
+        os.kill(processes[hung].pid, signal.SIGCONT)
+
+
+def retries(url: str) -> float:
+    return sum(v for k, v in scrape(url).items() if k.startswith("shoal_router_retries_total"))

@@ -59,6 +59,7 @@ class WorkerState:
     latency: LatencyStats = field(default_factory=LatencyStats)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     streams: set[aiohttp.ClientResponse] = field(default_factory=set)
+    opening: set[asyncio.Future] = field(default_factory=set)  # requests sent, no response headers yet
     _tickets: itertools.count = field(default_factory=itertools.count)
 
     @property
@@ -80,9 +81,12 @@ class WorkerState:
         self.in_flight.pop(ticket, None)
 
     def sever(self) -> None:
-        """Closes the connections of every stream open on this worker, so each fails over now."""
+        """Closes the connections of every stream open on this worker and cancels the requests still
+        waiting for its first byte, so each fails over now."""
         for upstream in list(self.streams):
             upstream.close()
+        for waiting in list(self.opening):
+            waiting.cancel()
 
     def expected_itl_s(self) -> float | None:
         """The gap between tokens a stream on this worker should see: measured, else reported."""

@@ -39,7 +39,7 @@ from shoal.router.balancer import Balancer, Placement
 from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
 from shoal.router.health_monitor import HealthMonitor
-from shoal.router.membership import Membership
+from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
@@ -49,8 +49,13 @@ from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
 
+
+class Severed(Exception):
+    """The health monitor took the worker out while the request waited for its first byte."""
+
+
 # Errors that mean the worker's process or host is gone, not merely slow or failing requests.
-CONNECTION_LOST = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError)
+CONNECTION_LOST = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, Severed)
 # How often a stream waiting for a worker to continue on sends the client a keep-alive.
 CLIENT_KEEP_ALIVE_S = 1.0
 
@@ -104,7 +109,7 @@ class StreamFailover:
             attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
             sent = time.monotonic()
             try:
-                upstream = await self.session.post(worker.url + path, json=attempt.body, headers=outgoing)
+                upstream = await self._post(worker, path, attempt.body, outgoing)
                 if upstream.status < 500:
                     if upstream.status == 200 and not resuming:  # shoal workers answer at the first token
                         worker.latency.observe_ttft(time.monotonic() - sent)
@@ -115,7 +120,7 @@ class StreamFailover:
                     return True
                 upstream.release()
                 reason, lost, refused_for_now = f"answered {upstream.status}", False, upstream.status == 503
-            except (aiohttp.ClientError, TimeoutError) as exc:
+            except (aiohttp.ClientError, TimeoutError, Severed) as exc:
                 reason, lost, refused_for_now = type(exc).__name__, isinstance(exc, CONNECTION_LOST), False
             attempt.telemetry.end_attempt("failed", reason)
             attempt.telemetry.retried(worker.worker_id, reason)
@@ -123,6 +128,22 @@ class StreamFailover:
             self._abandon(attempt, tried, reason, lost, may_retake=refused_for_now)
             attempt.placement = self._place(attempt, tried, resuming)
         return False
+
+    async def _post(
+        self, worker: WorkerState, path: str, body: dict, headers: Mapping[str, str]
+    ) -> aiohttp.ClientResponse:
+        """POSTs the request; until the response headers arrive (a shoal worker sends them with the
+        first token) the health monitor may cut the wait short (WorkerState.sever): Severed then."""
+        post = asyncio.ensure_future(self.session.post(worker.url + path, json=body, headers=headers))
+        worker.opening.add(post)
+        try:
+            return await post
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # this request itself is being cancelled
+                raise
+            raise Severed() from None
+        finally:
+            worker.opening.discard(post)
 
     def _backoff(self, try_number: int) -> float:
         """Exponential, capped, half of it jittered."""
