@@ -1,4 +1,4 @@
-"""A real redis-server for tests: installed if missing (scripts/ensure_redis_server.sh), started
+"""A real redis-server for tests: installed if missing (scripts/ensure_command.sh), started
 without persistence on a free loopback port or a test bed host, stopped by the caller."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.support.system_commands import ensure_command
 from tests.support.testbed import Host
 from tests.support.workers import free_port
-
-ENSURE_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "ensure_redis_server.sh"
 
 
 def _answers_ping(address: str, port: int, password: str | None) -> bool:
@@ -38,11 +37,7 @@ def start_redis_server(
     must have) when given, else on loopback at `port` (a free one if None). With `appendonly`, every
     write goes to the AOF in `directory` (fsync each second) and a server started again on the same
     directory has it."""
-    binary = (
-        subprocess.run([str(ENSURE_SCRIPT)], check=True, capture_output=True, text=True, timeout=600)
-        .stdout.strip()
-        .splitlines()[-1]
-    )
+    binary = ensure_command("redis-server")
     address, port = (host.address, 6379) if host else ("127.0.0.1", port or free_port())
     password = secrets.token_hex(16) if host else None
     command = [

@@ -10,7 +10,7 @@ dropped), a slow link (tc tbf on both directions of the host's link). `heal` und
     .venv/bin/python -m tests.support.testbed up router w1 w2 redis   # prints the hosts
     .venv/bin/python -m tests.support.testbed down                     # every test bed on the machine
 
-Needs root, `ip` (iproute2), `nft` (scripts/ensure_nftables.sh) and `tc`; `check_capabilities`
+Needs root, `ip` (iproute2), `nft` (installed if missing) and `tc`; `check_capabilities`
 names what is missing. A bed's state file under /run/shoal-testbed lets `down` (and the next `up`)
 remove beds whose owner died without tearing down.
 """
@@ -30,8 +30,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.support.system_commands import ensure_command
+
 STATE_DIR = Path("/run/shoal-testbed")
-ENSURE_NFTABLES = Path(__file__).resolve().parents[2] / "scripts" / "ensure_nftables.sh"
 PREFIX = "sb"  # every namespace and interface of a bed starts with sb<id>
 TBF_PROBE = ["rate", "1mbit", "burst", "32kb", "latency", "50ms"]
 
@@ -52,8 +53,10 @@ def check_capabilities() -> None:
     namespaces, veth pairs, bridges, nftables, tc tbf."""
     if os.geteuid() != 0:
         raise BedUnavailable("the test bed needs root (network namespaces, veth pairs, nftables)")
-    if shutil.which("nft") is None:
-        subprocess.run(["sh", str(ENSURE_NFTABLES)], capture_output=True, timeout=600)
+    try:
+        ensure_command("nft", "nftables")
+    except (subprocess.SubprocessError, OSError):
+        pass  # named below
     for tool in ("ip", "tc", "nft"):
         if shutil.which(tool) is None:
             raise BedUnavailable(f"`{tool}` is not installed")

@@ -103,6 +103,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             task.cancel()
         await monitor.close()
         await responses_api.close()
+        await front_door.close()
         await session.close()
         tracing.shutdown()
 

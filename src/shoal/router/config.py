@@ -155,6 +155,18 @@ class ResponsesSettings(Frozen):
     redis_url: str = "redis://127.0.0.1:6379/0"
 
 
+class ResumableStreamsSettings(Frozen):
+    """With `store: redis`, every single-choice stream gets event ids and a journal in Redis
+    (shoal.router.stream_journal), and a client that reconnects with `Last-Event-ID` to any router
+    sharing `redis_url` gets the rest of the stream. Token ids are written every `flush_tokens`
+    tokens (one Redis round trip each); a journal expires `ttl_s` after its last write."""
+
+    store: Literal["none", "redis"] = "none"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    flush_tokens: int = Field(16, ge=1)
+    ttl_s: float = Field(600.0, ge=1)
+
+
 class TracingSettings(Frozen):
     """Spans go to `otlp_endpoint` (OTLP over HTTP, e.g. http://collector:4318/v1/traces) when set,
     else to the one OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT names, if any; the latest `keep_traces`
@@ -187,6 +199,7 @@ class RouterConfig(Frozen):
     admission: AdmissionSettings = AdmissionSettings()
     failover: FailoverSettings = FailoverSettings()
     responses: ResponsesSettings = ResponsesSettings()
+    resumable_streams: ResumableStreamsSettings = ResumableStreamsSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_header_bytes: int = Field(16 << 10, ge=1024)
     tracing: TracingSettings = TracingSettings()

@@ -28,6 +28,8 @@ from shoal.router.rate_limit import RateLimiter
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.route_request import RequestError, route_request
 from shoal.router.stream_failover import StreamFailover
+from shoal.router.stream_journal import EventId, Journaled, ResumeRefused, StreamJournal
+from shoal.router.stream_relay import StreamBroken, StreamProgress
 from shoal.router.views import RouteRequest
 
 
@@ -53,6 +55,7 @@ class FrontDoor:
         self.monitor = monitor
         self.session: aiohttp.ClientSession | None = None
         self.failover: StreamFailover | None = None
+        self.journal: StreamJournal | None = None  # with resumable_streams.store: redis
         self.api_keys = ApiKeys(config)
         self.rate_limiter = RateLimiter()
         settings = config.admission
@@ -63,6 +66,8 @@ class FrontDoor:
     def open(self, session: aiohttp.ClientSession) -> None:
         """Called by the app's lifespan, inside the event loop, with the upstream session."""
         self.session = session
+        if self.config.resumable_streams.store == "redis":
+            self.journal = StreamJournal.open(self.config.resumable_streams)
         self.failover = StreamFailover(
             session,
             self.balancer,
@@ -71,6 +76,10 @@ class FrontDoor:
             self.config.failover,
             self.fallbacks,
         )
+
+    async def close(self) -> None:
+        if self.journal is not None:
+            await self.journal.close()
 
     def capacity(self, model: str) -> int:
         """Slots for a model: max_in_flight_per_worker for each available worker serving it, and one
@@ -92,7 +101,7 @@ class FrontDoor:
             RequestTelemetry(self.tracing, self.metrics, request.headers, path, self.events).finish(read.status_code)
             return read
         client, body = read
-        return await self.dispatch(body, request.headers, path, chat, client)
+        return await self.dispatch(body, request.headers, path, chat, client, resumable=True)
 
     async def read(self, request: Request) -> Response | tuple[Client, object]:
         """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
@@ -113,13 +122,29 @@ class FrontDoor:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error")
 
     async def dispatch(
-        self, body: object, headers: Mapping[str, str], path: str, chat: bool, client: Client
+        self,
+        body: object,
+        headers: Mapping[str, str],
+        path: str,
+        chat: bool,
+        client: Client,
+        resumable: bool = False,
     ) -> Response:
         """Routes one parsed OpenAI request body from an authenticated client (also the entry point
         of APIs built on completions, such as /v1/responses), traced and counted: a streamed
-        response's telemetry ends with its stream, any other's here."""
+        response's telemetry ends with its stream, any other's here. A `resumable` request (a
+        client's own completion) is journaled when the router keeps a stream journal, and one that
+        names a `Last-Event-ID` continues that stream instead of starting one."""
         telemetry = RequestTelemetry(self.tracing, self.metrics, headers, path, self.events)
-        response = await self._dispatch(body, headers, path, chat, client, telemetry)
+        resume = None
+        if resumable and "last-event-id" in headers:
+            try:
+                body, resume = await self._resumed(headers["last-event-id"], path, client)
+            except ResumeRefused as refused:
+                response = error_response(refused.status, str(refused), _ERROR_TYPES[refused.status], "Last-Event-ID")
+                telemetry.finish(response.status_code)
+                return response
+        response = await self._dispatch(body, headers, path, chat, client, telemetry, resumable, resume)
         if not isinstance(response, StreamingResponse):
             telemetry.finish(response.status_code)
         return response
@@ -132,6 +157,8 @@ class FrontDoor:
         chat: bool,
         client: Client,
         telemetry: RequestTelemetry,
+        resumable: bool = False,
+        resume: tuple[EventId, Journaled] | None = None,
     ) -> Response:
         try:
             if not isinstance(body, dict):
@@ -199,6 +226,7 @@ class FrontDoor:
             )
         model = routed.model
         extra = {
+            "x-shoal-router": f"{self.config.host}:{self.config.port}",
             "x-shoal-trace-id": telemetry.trace_id,
             "x-request-id": telemetry.request_id,
             **({"x-shoal-degraded": degraded} if degraded else {}),
@@ -208,9 +236,57 @@ class FrontDoor:
             self.admission.release(model)
 
         wait_s = min(_deadline(headers, math.inf), self.config.failover.wait_for_capacity_s)
+        journal = None
+        if self.journal is not None and resumable and body.get("stream") is True and body.get("n", 1) == 1:
+            journal = self.journal.writer(path, body, client.name)
+        progress = None
+        if resume is not None:
+            try:
+                progress = await self._resume_progress(routed, body, path, headers, *resume, telemetry)
+            except StreamBroken as broken:
+                self.balancer.release(placement)
+                release_slot()
+                return error_response(503, f"the stream cannot be resumed now: {broken}", "service_unavailable")
+            if journal is not None:
+                journal.resumed_at(len(resume[1].token_ids))
         return await self.failover.serve(
-            routed, body, path, headers, placement, release_slot, extra, chat, telemetry, wait_s
+            routed, body, path, headers, placement, release_slot, extra, chat, telemetry, wait_s, journal, progress
         )
+
+    async def _resumed(self, last_event_id: str, path: str, client: Client) -> tuple[dict, tuple[EventId, Journaled]]:
+        """The journaled request a Last-Event-ID names, and where its client stands; ResumeRefused
+        when there is none to resume here."""
+        if self.journal is None:
+            raise ResumeRefused(400, "this router keeps no stream journal (resumable_streams.store is none)")
+        position = EventId.parse(last_event_id)
+        journaled = await self.journal.read(position.response_id, client.name)
+        if journaled.path != path:
+            raise ResumeRefused(400, f"stream {position.response_id!r} was a request to {journaled.path}")
+        return journaled.body, (position, journaled)
+
+    async def _resume_progress(
+        self,
+        routed: RouteRequest,
+        body: dict,
+        path: str,
+        headers: Mapping[str, str],
+        position: EventId,
+        journaled: Journaled,
+        telemetry: RequestTelemetry,
+    ) -> StreamProgress:
+        """The progress of a resumed stream: exactly what its client had been sent (the journal may
+        hold less: the rest is regenerated first)."""
+        progress = StreamProgress(
+            token_ids=journaled.token_ids[: position.tokens],
+            opened=True,
+            text_chars=journaled.text_chars,
+            seed=journaled.seed,
+            response_id=position.response_id,
+        )
+        if position.tokens > len(journaled.token_ids):
+            await self.failover.catch_up(routed, body, path, headers, progress, position.tokens, telemetry)
+        progress.text_chars = position.chars
+        return progress
 
     async def _wait_for_admission(self, routed: RouteRequest, deadline_s: float, telemetry: RequestTelemetry) -> None:
         """Queues for a slot, as a `router.admission` span (a request admitted at once has none)."""
@@ -238,6 +314,9 @@ class FrontDoor:
 
     def _too_large(self) -> Response:
         return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes", "invalid_request_error")
+
+
+_ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}
 
 
 def _deadline(headers: Mapping[str, str], default_s: float) -> float:

@@ -43,6 +43,7 @@ from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
+from shoal.router.stream_journal import JournalWriter
 from shoal.router.stream_relay import StreamBroken, StreamProgress, is_client_error, relay
 from shoal.router.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest
@@ -204,15 +205,24 @@ class StreamFailover:
             attempt.placement = None
 
     async def _start(
-        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, wait_s: float
+        self,
+        attempt: Attempt,
+        path: str,
+        headers: Mapping[str, str],
+        tried: TriedWorkers,
+        wait_s: float,
+        resuming: bool = False,
     ) -> Response | None:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
         worker's refusal, or 503). While no worker can take it the request waits up to `wait_s`,
         unless every worker of its model has failed it."""
-        if not await self.open(attempt, path, headers, tried, resuming=False) and not tried.failed_by_all(
+        if resuming and attempt.placement is not None and attempt.placement.worker.load_source != "shoal":
+            self.balancer.release(attempt.placement)
+            attempt.placement = self._place(attempt, tried, resuming)
+        if not await self.open(attempt, path, headers, tried, resuming) and not tried.failed_by_all(
             self.membership.workers, attempt.routed.model
         ):
-            async for _ in self._reopen(attempt, path, headers, tried, False, wait_s):
+            async for _ in self._reopen(attempt, path, headers, tried, resuming, wait_s):
                 pass  # nothing is sent before the first byte: the client just waits
         if attempt.upstream is None:
             return error_response(
@@ -242,17 +252,26 @@ class StreamFailover:
         chat: bool,
         telemetry: RequestTelemetry,
         wait_s: float,
+        journal: JournalWriter | None = None,
+        resume: StreamProgress | None = None,
     ) -> Response:
         """Serves a completion, streamed or not, with any number of choices; `done` runs once when
         it is over (also when the client leaves before the stream is read). A stream's end also
         finishes its telemetry (any other response's status is the caller's to record). A stream
-        with no worker to continue on waits up to `wait_s` for one."""
+        with no worker to continue on waits up to `wait_s` for one. With a `journal` (a
+        single-choice stream) every event gets an id and the journal follows the stream; `resume`
+        continues a journaled stream from where its client stands (what it was sent is not sent
+        again)."""
         streaming = body.get("stream") is True
         bodies = choice_bodies(body, force_stream=not streaming)
         attempts = [
             Attempt(routed, b, telemetry, placement if i == 0 else self.balancer.place(routed))
             for i, b in enumerate(bodies)
         ]
+        progresses = [StreamProgress(seed=b.get("seed")) for b in bodies]
+        if resume is not None:
+            progresses[0] = resume
+            attempts[0].body = resume.resume_body(bodies[0])
         finished = False
 
         def finish() -> None:
@@ -270,7 +289,7 @@ class StreamFailover:
         tried_per_choice = [TriedWorkers() for _ in attempts]
         try:
             for attempt, tried in zip(attempts, tried_per_choice):
-                refusal = await self._start(attempt, path, headers, tried, wait_s)
+                refusal = await self._start(attempt, path, headers, tried, wait_s, resuming=resume is not None)
                 if refusal is not None:
                     finish()
                     refusal.headers.update(extra_headers)
@@ -281,7 +300,10 @@ class StreamFailover:
         reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **extra_headers}
         if attempts[0].routed.model != routed.model:
             reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
-        streams = [self._events(a, path, headers, t, wait_s) for a, t in zip(attempts, tried_per_choice)]
+        streams = [
+            self._events(a, path, headers, t, wait_s, p, b, journal)
+            for a, t, p, b in zip(attempts, tried_per_choice, progresses, bodies)
+        ]
         events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
         if streaming:
             return StreamingResponse(
@@ -306,17 +328,32 @@ class StreamFailover:
         return JSONResponse(assemble(collected, chat), headers=reply_headers)
 
     async def _events(
-        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, wait_s: float
+        self,
+        attempt: Attempt,
+        path: str,
+        headers: Mapping[str, str],
+        tried: TriedWorkers,
+        wait_s: float,
+        progress: StreamProgress,
+        original_body: dict,
+        journal: JournalWriter | None,
     ) -> AsyncIterator[bytes]:
-        progress = StreamProgress(seed=attempt.body.get("seed"))
-        original_body = attempt.body
         try:
             while True:
                 try:
                     async for event in relay(
-                        attempt.upstream, attempt.placement.worker, progress, attempt.telemetry, self.settings
+                        attempt.upstream,
+                        attempt.placement.worker,
+                        progress,
+                        attempt.telemetry,
+                        self.settings,
+                        event_ids=journal is not None,
                     ):
                         yield event
+                        if journal is not None:
+                            journal.advance(progress)
+                    if journal is not None:
+                        await journal.finish(progress)
                     return
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
@@ -350,6 +387,35 @@ class StreamFailover:
                         return
         finally:
             self._finish(attempt)
+
+    async def catch_up(
+        self,
+        routed: RouteRequest,
+        body: dict,
+        path: str,
+        headers: Mapping[str, str],
+        progress: StreamProgress,
+        tokens: int,
+        telemetry: RequestTelemetry,
+    ) -> None:
+        """Regenerates, without relaying them, the tokens of a journaled stream from its journal's
+        mark up to `tokens` (what its client had been sent): the same seed gives the same tokens at
+        the same positions. progress.token_ids then holds exactly `tokens` ids. Raises
+        StreamBroken when no worker could do it."""
+        scratch = StreamProgress(progress.token_ids[:], True, progress.text_chars, progress.seed, progress.response_id)
+        attempt = Attempt(routed, scratch.resume_body(body), telemetry, self.balancer.place(routed))
+        if not await self.open(attempt, path, headers, TriedWorkers(), resuming=True):
+            raise StreamBroken("no worker could regenerate the stream up to where its client stood")
+        try:
+            async for _ in relay(attempt.upstream, attempt.placement.worker, scratch, telemetry, self.settings):
+                if len(scratch.token_ids) >= tokens:
+                    break
+        finally:
+            self._finish(attempt)
+        if len(scratch.token_ids) < tokens:
+            raise StreamBroken("the stream ended before reaching where its client stood")
+        progress.token_ids = scratch.token_ids[:tokens]
+        progress.seed = scratch.seed
 
     async def _reopen(
         self,

@@ -50,6 +50,10 @@ class StreamProgress:
     response_id: str | None = None
     migrations: int = 0
 
+    def event_id(self) -> str:
+        """Where the client stands after the event just relayed (shoal.router.stream_journal)."""
+        return f"{self.response_id}:{len(self.token_ids)}:{self.text_chars}"
+
     def resume_body(self, body: dict) -> dict:
         return {
             **body,
@@ -90,10 +94,12 @@ async def relay(
     progress: StreamProgress,
     telemetry: RequestTelemetry,
     settings: FailoverSettings,
+    event_ids: bool = False,
 ) -> AsyncIterator[bytes]:
     """Yields the worker's events (one SSE event a chunk), updating progress and the worker's
-    latency figures; raises StreamBroken if it stops short."""
-    resumed = progress.migrations > 0
+    latency figures; raises StreamBroken if it stops short. With `event_ids` each event gets an SSE
+    `id:` and the same id as `event_id` in its JSON (for clients that do not show SSE ids)."""
+    resumed = progress.response_id is not None  # a migration or a resumed stream: one response id
     last = time.monotonic()
     first = True
     stated_step_s: float | None = None  # the step time the worker last stated, since its last token
@@ -157,5 +163,10 @@ async def relay(
             progress.response_id = event.get("id")
         if resumed:
             event["id"] = progress.response_id
+        if event_ids:
+            event["event_id"] = progress.event_id()
+            yield b"id: " + event["event_id"].encode() + b"\n" + data_event(event)
+            continue
+        if resumed:
             payload = json.dumps(event).encode()
         yield data_event(payload)
