@@ -19,11 +19,12 @@ import yaml
 
 from tests.support.redis_server import start_redis_server
 from tests.support.routers import ADMIN_TOKEN, SECRET
-from tests.support.streams import read_stream
-from tests.support.testbed import BedUnavailable, Host, NetworkBed
-from tests.support.waiting import wait_for
+from tests.support.streams import read_stream, story_request
+from tests.support.testbed import Host, NetworkBed
+from tests.support.waiting import answers, wait_for
 from tests.support.workers import MODEL, tiny_worker_args
 
+HOSTS = ["router", "w1", "w2", "redis"]  # the network_bed fixture builds them
 ROUTER_PORT, WORKER_PORT = 8000, 8001
 HEARTBEAT_S = 0.5
 TOKEN_DEADLINE_S = 1.0
@@ -51,57 +52,42 @@ class Cluster:
 
 
 @pytest.fixture(scope="module")
-def cluster(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
-    try:
-        bed = NetworkBed(["router", "w1", "w2", "redis"]).up()
-    except BedUnavailable as exc:
-        pytest.fail(f"the network test bed cannot be built here: {exc}")
+def cluster(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    bed = network_bed
     logs = tmp_path_factory.mktemp("network-faults")
-    try:
-        _, redis_url = start_redis_server(logs, host=bed["redis"])
-        router_host = bed["router"]
-        config = logs / "router.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "host": router_host.address,
-                    "port": ROUTER_PORT,
-                    "health": {"heartbeat_interval_s": HEARTBEAT_S},
-                    "failover": {"token_deadline_min_s": TOKEN_DEADLINE_S},
-                    "responses": {"store": "redis", "redis_url": redis_url},
-                }
-            )
+    _, redis_url = start_redis_server(logs, host=bed["redis"])
+    router_host = bed["router"]
+    config = logs / "router.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "host": router_host.address,
+                "port": ROUTER_PORT,
+                "health": {"heartbeat_interval_s": HEARTBEAT_S},
+                "failover": {"token_deadline_min_s": TOKEN_DEADLINE_S},
+                "responses": {"store": "redis", "redis_url": redis_url},
+            }
         )
-        env = {**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_ADMIN_TOKEN": ADMIN_TOKEN}
-        with open(logs / "router.log", "ab") as log:
-            router_host.popen(
-                [sys.executable, "-m", "shoal.cli", "router", "--config", str(config)], env=env, stderr=log
+    )
+    env = {**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, "SHOAL_ADMIN_TOKEN": ADMIN_TOKEN}
+    with open(logs / "router.log", "ab") as log:
+        router_host.popen([sys.executable, "-m", "shoal.cli", "router", "--config", str(config)], env=env, stderr=log)
+    router_url = router_host.url(ROUTER_PORT)
+    workers = {}
+    for name in ("w1", "w2"):
+        host = bed[name]
+        args = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20)
+        args += ["--host", host.address, "--port", str(WORKER_PORT), "--router", router_url]
+        with open(logs / f"{name}.log", "ab") as log:
+            host.popen(
+                [sys.executable, "-m", "shoal.cli", "worker", *args],
+                env={**env, "SHOAL_CACHE_DIR": str(shoal_cache_dir)},
+                stderr=log,
             )
-        router_url = router_host.url(ROUTER_PORT)
-        workers = {}
-        for name in ("w1", "w2"):
-            host = bed[name]
-            args = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20)
-            args += ["--host", host.address, "--port", str(WORKER_PORT), "--router", router_url]
-            with open(logs / f"{name}.log", "ab") as log:
-                host.popen(
-                    [sys.executable, "-m", "shoal.cli", "worker", *args],
-                    env={**env, "SHOAL_CACHE_DIR": str(shoal_cache_dir)},
-                    stderr=log,
-                )
-            workers[host.url(WORKER_PORT)] = host
-        running = Cluster(bed, router_url, workers, redis_url)
-        wait_for(lambda: _answers(running) and running.healthy() == set(workers), timeout_s=180)
-        yield running
-    finally:
-        bed.down()
-
-
-def _answers(cluster: Cluster) -> bool:
-    try:
-        return httpx.get(cluster.router_url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+        workers[host.url(WORKER_PORT)] = host
+    running = Cluster(bed, router_url, workers, redis_url)
+    wait_for(lambda: answers(running.router_url + "/health") and running.healthy() == set(workers), timeout_s=180)
+    yield running
 
 
 @pytest.fixture
@@ -114,16 +100,7 @@ def network(cluster):
 
 
 def story(seed: int) -> dict:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.8,
-        "seed": seed,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    return story_request(seed, MAX_TOKENS)
 
 
 def stream_through(network: Cluster, seed: int, fault: Callable[[Host], None]) -> tuple[dict, dict, dict]:
@@ -152,6 +129,14 @@ def first_event(network: Cluster, worker: str, since: float, changes: tuple[str,
         lambda: next((e for e in network.events(since) if e["worker_id"] == worker and e["change"] in changes), None),
         timeout_s=30,
     )
+
+
+def migrated_after(network: Cluster, stream: dict, since: float) -> float:
+    """Seconds from `since` (wall clock) to the stream's one migration, from its trace."""
+    spans = httpx.get(f"{network.router_url}/debug/traces/{stream['trace_id']}", headers=ADMIN, timeout=10).json()
+    [root] = [s for s in spans["spans"] if s["name"] == "router.request"]
+    [migration] = [e for e in root["events"] if e["name"] == "migration"]
+    return migration["time_ns"] / 1e9 - since
 
 
 def test_every_component_binds_and_advertises_its_own_hosts_address(network):
@@ -183,6 +168,7 @@ def test_a_one_way_partition_moves_the_stream_and_the_requests_after_it(network)
         network, 12, lambda host: host.block(WORKER_PORT, network.bed["router"])
     )
     assert_identical(reference, faulted)
+    assert migrated_after(network, faulted, applied["at"]) <= DETECTION_BOUND_S
     assert applied["worker"] in network.healthy()  # its heartbeats still arrive
     client = openai.OpenAI(base_url=network.router_url + "/v1", api_key="unused", max_retries=0, timeout=60)
     for i in range(4):

@@ -9,16 +9,15 @@ import os
 import sys
 import time
 
-import httpx
 import pytest
 import yaml
 
 from tests.support.routers import ADMIN_TOKEN, SECRET
-from tests.support.streams import read_stream
-from tests.support.testbed import BedUnavailable, NetworkBed
-from tests.support.waiting import wait_for
+from tests.support.streams import read_stream, story_request
+from tests.support.waiting import answers, wait_for
 from tests.support.workers import MODEL, tiny_worker_args
 
+HOSTS = ["router", "head", "stage", "spare"]  # the network_bed fixture builds them
 ROUTER_PORT, WORKER_PORT, STAGE_PORT = 8000, 8001, 7100
 STEP_DEADLINE_S, PING_TIMEOUT_S = 1.0, 2.0
 MAX_TOKENS = 120
@@ -28,11 +27,8 @@ RECOVERY_BOUND_S = STEP_DEADLINE_S + PING_TIMEOUT_S + 8.0
 
 
 @pytest.fixture(scope="module")
-def pipeline(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
-    try:
-        bed = NetworkBed(["router", "head", "stage", "spare"]).up()
-    except BedUnavailable as exc:
-        pytest.fail(f"the network test bed cannot be built here: {exc}")
+def pipeline(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    bed = network_bed
     logs = tmp_path_factory.mktemp("network-pipeline")
     env = {
         **os.environ,
@@ -45,51 +41,32 @@ def pipeline(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
         with open(logs / f"{host}.log", "ab") as log:
             bed[host].popen([sys.executable, "-m", "shoal.cli", *argv], env=env, stderr=log)
 
-    try:
-        config = logs / "router.yaml"
-        config.write_text(
-            yaml.safe_dump({"host": bed["router"].address, "port": ROUTER_PORT, "responses": {"store": "none"}})
-        )
-        start("router", ["router", "--config", str(config)])
-        stage, spare = (f"tcp://{bed[name].address}:{STAGE_PORT}" for name in ("stage", "spare"))
-        start("stage", ["stage", "--bind", stage])
-        start("spare", ["stage", "--bind", spare])
-        router_url = bed["router"].url(ROUTER_PORT)
-        args = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20, kv_cache="16MiB")
-        args += ["--pipeline-parallel-size", "2", "--stage-servers", stage, "--spare-stage-servers", spare]
-        args += ["--pipeline-step-deadline-s", str(STEP_DEADLINE_S), "--pipeline-ping-timeout-s", str(PING_TIMEOUT_S)]
-        args += ["--host", bed["head"].address, "--port", str(WORKER_PORT), "--router", router_url]
-        start("head", ["worker", *args])
-        head = bed["head"].url(WORKER_PORT)
-        wait_for(lambda: _ready(head), timeout_s=180)
-        yield bed, router_url, logs
-    finally:
-        bed.down()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(url + "/ready", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
+    config = logs / "router.yaml"
+    config.write_text(
+        yaml.safe_dump({"host": bed["router"].address, "port": ROUTER_PORT, "responses": {"store": "none"}})
+    )
+    start("router", ["router", "--config", str(config)])
+    stage, spare = (f"tcp://{bed[name].address}:{STAGE_PORT}" for name in ("stage", "spare"))
+    start("stage", ["stage", "--bind", stage])
+    start("spare", ["stage", "--bind", spare])
+    router_url = bed["router"].url(ROUTER_PORT)
+    args = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20, kv_cache="16MiB")
+    args += ["--pipeline-parallel-size", "2", "--stage-servers", stage, "--spare-stage-servers", spare]
+    args += ["--pipeline-step-deadline-s", str(STEP_DEADLINE_S), "--pipeline-ping-timeout-s", str(PING_TIMEOUT_S)]
+    args += ["--host", bed["head"].address, "--port", str(WORKER_PORT), "--router", router_url]
+    start("head", ["worker", *args])
+    head = bed["head"].url(WORKER_PORT)
+    wait_for(lambda: answers(head + "/ready"), timeout_s=180)
+    yield bed, router_url, logs
 
 
 def story(seed: int) -> dict:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.8,
-        "seed": seed,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    return story_request(seed, MAX_TOKENS)
 
 
 def test_a_stream_survives_the_link_between_its_head_and_a_stage_being_cut(pipeline):
     bed, router_url, logs = pipeline
-    wait_for(lambda: _ready(router_url), timeout_s=60)  # the head registered with the router
+    wait_for(lambda: answers(router_url + "/ready"), timeout_s=60)  # the head registered with the router
     started = time.monotonic()
     reference = read_stream(router_url, story(31))
     fault_free_s = time.monotonic() - started

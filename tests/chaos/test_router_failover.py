@@ -17,8 +17,9 @@ import yaml
 
 from tests.support.redis_server import start_redis_server
 from tests.support.routers import ADMIN_TOKEN, start_router, stop
+from tests.support.streams import story_request
 from tests.support.system_commands import ensure_command
-from tests.support.waiting import wait_for
+from tests.support.waiting import answers, wait_for
 from tests.support.workers import MODEL, free_port, start_worker, tiny_worker_args
 
 MAX_TOKENS = 160
@@ -79,7 +80,7 @@ backend routers
         stderr=subprocess.DEVNULL,
     )
     url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: _answers(url), timeout_s=30)
+    wait_for(lambda: answers(url + "/health"), timeout_s=30)
     yield url, routers
     haproxy.kill()
     haproxy.wait(timeout=30)
@@ -90,24 +91,8 @@ backend routers
     redis.wait(timeout=30)
 
 
-def _answers(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
 def story(seed: int) -> dict:
-    return {
-        "model": MODEL,
-        "messages": [{"role": "user", "content": "tell me a long story"}],
-        "max_tokens": MAX_TOKENS,
-        "temperature": 0.8,
-        "seed": seed,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    return story_request(seed, MAX_TOKENS)
 
 
 def sse_events(url: str, body: dict, last_event_id: str | None = None) -> Iterator[tuple[str | None, dict, str]]:

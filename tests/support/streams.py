@@ -6,6 +6,8 @@ import json
 
 import httpx
 
+from tests.support.workers import MODEL
+
 
 def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
     """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived.
@@ -50,4 +52,18 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
         "trace_id": trace_id,
         "tool_calls": [tool_calls[index] for index in sorted(tool_calls)],
         "finish_reason": finish_reason,
+    }
+
+
+def story_request(seed: int, max_tokens: int) -> dict:
+    """A seeded, streamed chat request for `max_tokens` tokens (EOS ignored), with usage."""
+    return {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "tell me a long story"}],
+        "max_tokens": max_tokens,
+        "temperature": 0.8,
+        "seed": seed,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
     }
