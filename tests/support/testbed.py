@@ -129,6 +129,11 @@ class Host:
         """The link goes down at the switch: the host's carrier drops, nothing is sent or answered."""
         _run("ip", "-n", self.switch_namespace, "link", "set", self.switch_port, "down")
 
+    def vanish(self) -> None:
+        """The host is gone: every process in it killed, its link cut (until `heal`)."""
+        _kill_in(self.namespace)
+        self.cut()
+
     def blackhole(self) -> None:
         """Every packet in or out of eth0 is dropped; the link stays up, connections hang."""
         self._nft_drop("")
@@ -225,11 +230,7 @@ class NetworkBed:
     def down(self) -> None:
         """Kills every process in the bed's hosts, then removes its namespaces (and with them its links)."""
         for host in self.hosts.values():
-            for pid in host.pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            _kill_in(host.namespace)
         _remove_bed(self.id, [h.namespace for h in self.hosts.values()], self.switch)
 
     def describe(self) -> dict:
