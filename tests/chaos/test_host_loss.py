@@ -7,6 +7,7 @@ node dead and the supervisor's replica starts again on the host left free."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -46,8 +47,8 @@ def ray_environment(cache_dir) -> dict:
 
 
 @pytest.fixture(scope="module")
-def served(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
-    """(bed, router URL, state directory) once both replicas serve."""
+def ray_cluster(network_bed, shoal_cache_dir, tmp_path_factory):
+    """(bed, Ray address, environment, log directory) once the head and the three nodes are up."""
     bed, logs = network_bed, tmp_path_factory.mktemp("host-loss")
     env = ray_environment(shoal_cache_dir)
     control = bed["control"]
@@ -73,36 +74,54 @@ def served(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
                 stderr=log,
             )
         wait_for(lambda count=joined: _ray_nodes(control, ray_address) == count, timeout_s=120)
-    config = logs / "shoal.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "host": control.address,
-                "port": SERVE_PORT,
-                "launcher": "ray",
-                "ray_address": ray_address,
-                "state_dir": str(logs / "state"),
-                "models": [
-                    {
-                        "name": MODEL,
-                        "model": str(tiny_model_dir),
-                        "replicas": 2,
-                        "dtype": "float32",
-                        "kv_cache": "8MiB",
-                        "step_delay_ms": 20,
-                        "resources": {"cpus": 1, "custom": {"accel": 1}},
-                    }
-                ],
-                "supervisor": {"restart_backoff_s": 0.5},
-                "router": {"health": {"heartbeat_interval_s": 0.5}, "failover": {"token_deadline_min_s": 1.0}},
-            }
+    return bed, ray_address, env, logs
+
+
+@pytest.fixture
+def serve(ray_cluster, tiny_model_dir, tmp_path):
+    """Factory: `shoal serve` of the tiny model on the control host with the Ray launcher and these
+    model options; returns (router URL, state directory) once it is ready. Stopped (drained) after
+    the test, which frees the nodes' resources for the next."""
+    bed, ray_address, env, _ = ray_cluster
+    control, started = bed["control"], []
+
+    def start(**model: object) -> tuple[str, Path]:
+        config = tmp_path / "shoal.yaml"
+        config.write_text(
+            yaml.safe_dump(
+                {
+                    "host": control.address,
+                    "port": SERVE_PORT,
+                    "launcher": "ray",
+                    "ray_address": ray_address,
+                    "state_dir": str(tmp_path / "state"),
+                    "models": [
+                        {
+                            "name": MODEL,
+                            "model": str(tiny_model_dir),
+                            "dtype": "float32",
+                            "kv_cache": "8MiB",
+                            "step_delay_ms": 20,
+                            "resources": {"cpus": 1, "custom": {"accel": 1}},
+                            **model,
+                        }
+                    ],
+                    "supervisor": {"restart_backoff_s": 0.5},
+                    "router": {"health": {"heartbeat_interval_s": 0.5}, "failover": {"token_deadline_min_s": 1.0}},
+                }
+            )
         )
-    )
-    with open(logs / "serve.log", "ab") as log:
-        control.popen([sys.executable, "-m", "shoal.cli", "serve", "--config", str(config)], env=env, stderr=log)
-    router = control.url(SERVE_PORT)
-    wait_for(lambda: answers(router + "/ready"), timeout_s=240)
-    yield bed, router, logs / "state"
+        command = [sys.executable, "-m", "shoal.cli", "serve", "--config", str(config)]
+        with open(tmp_path / "serve.log", "ab") as log:
+            started.append(control.popen(command, env=env, stderr=log))
+        router = control.url(SERVE_PORT)
+        wait_for(lambda: answers(router + "/ready"), timeout_s=240)
+        return router, tmp_path / "state"
+
+    yield start
+    for process in started:
+        process.send_signal(signal.SIGINT)
+        process.wait(timeout=90)
 
 
 def _ray_status(control: Host, address: str) -> str:
@@ -126,8 +145,9 @@ def host_of(bed, url: str) -> Host:
     return next(host for host in bed.hosts.values() if f"//{host.address}:" in url)
 
 
-def test_a_vanished_hosts_streams_go_on_and_its_replica_starts_again_on_a_host_left(served):
-    bed, router, state_dir = served
+def test_a_vanished_hosts_streams_go_on_and_its_replica_starts_again_on_a_host_left(ray_cluster, serve):
+    bed = ray_cluster[0]
+    router, state_dir = serve(replicas=2)
     serving = {s["url"] for s in supervised(state_dir)}
     [free] = [bed[name] for name in NODES if not any(f"//{bed[name].address}:" in url for url in serving)]
     reference = read_stream(router, story_request(21, MAX_TOKENS))
@@ -152,3 +172,38 @@ def test_a_vanished_hosts_streams_go_on_and_its_replica_starts_again_on_a_host_l
     assert time.monotonic() - lost["at"] <= REPLACED_WITHIN_S
     again = read_stream(router, story_request(21, MAX_TOKENS))
     assert again["ids"] == reference["ids"]
+
+
+def stage_host(bed) -> Host:
+    """The node whose namespace runs a pipeline stage server."""
+
+    def runs_a_stage(host: Host) -> bool:
+        for pid in host.pids():
+            try:
+                if b"shoal.parallel.pipeline_stage" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return True
+            except OSError:
+                pass
+        return False
+
+    [host] = [bed[name] for name in NODES if bed[name].pids() and runs_a_stage(bed[name])]
+    return host
+
+
+def test_a_pipeline_stage_on_a_vanished_host_is_replaced_and_its_stream_goes_on(ray_cluster, serve):
+    """One replica of two stages, each process on a node of its own. The stage's host vanishes in
+    the middle of a stream: the head finds the stage silent (step deadline 1 s, ping 2 s), starts a
+    replacement on its own node, rebuilds its KV cache from the boundary log, and goes on."""
+    bed = ray_cluster[0]
+    router, state_dir = serve(
+        replicas=1, pipeline_parallel_size=2, pipeline_step_deadline_s=1.0, pipeline_ping_timeout_s=2.0
+    )
+    lost = stage_host(bed)
+    reference = read_stream(router, story_request(22, MAX_TOKENS))
+    faulted = read_stream(router, story_request(22, MAX_TOKENS), fault=lambda _: lost.vanish(), after_tokens=30)
+    assert faulted["ids"] == reference["ids"] and faulted["text"] == reference["text"]
+    assert faulted["usage"]["completion_tokens"] == MAX_TOKENS and len(faulted["response_ids"]) == 1
+    [replica] = supervised(state_dir)
+    assert replica["restarts"] == 0  # the replica itself never stopped
+    log = Path(replica["log"]).read_text()
+    assert "pipeline stage 1 replaced: KV cache rebuilt from the boundary log" in log, log[-3000:]
