@@ -27,7 +27,7 @@ from tests.support.workers import MODEL
 HOSTS = ["control", "n1", "n2", "n3"]  # the network_bed fixture builds them
 NODES = ("n1", "n2", "n3")
 SERVE_PORT, RAY_PORT = 8080, 6379
-MAX_TOKENS = 150
+MAX_TOKENS = 100
 # Ray calls a node dead after 3 missed health checks of 1 s (set below), then the supervisor
 # starts the replica again on a free node: a worker process start, on a loaded machine.
 REPLACED_WITHIN_S = 120
@@ -170,8 +170,6 @@ def test_a_vanished_hosts_streams_go_on_and_its_replica_starts_again_on_a_host_l
     [replacement] = wait_for(replaced, timeout_s=REPLACED_WITHIN_S)
     assert replacement["restarts"] == 1 and replacement["last_exit"] == -9
     assert time.monotonic() - lost["at"] <= REPLACED_WITHIN_S
-    again = read_stream(router, story_request(21, MAX_TOKENS))
-    assert again["ids"] == reference["ids"]
 
 
 def stage_host(bed) -> Host:

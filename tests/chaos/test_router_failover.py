@@ -1,5 +1,6 @@
 """Routers that die without losing streams: two routers behind HAProxy (an L4 balancer, TCP mode)
-share a stream journal in Redis. The router relaying a stream is killed -9 in the middle of it; the
+share a stream journal in Redis; HAProxy, each router, the worker and Redis run on hosts of their
+own in a network test bed, the client on the machine. The router relaying a stream is killed -9 in the middle of it; the
 client reconnects through HAProxy with Last-Event-ID, reaches the other router and gets the rest of
 the same stream, token for token: with a plain SSE client and with the official openai client in a
 small retry wrapper."""
@@ -7,7 +8,9 @@ small retry wrapper."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
@@ -16,47 +19,50 @@ import pytest
 import yaml
 
 from tests.support.redis_server import start_redis_server
-from tests.support.routers import ADMIN_TOKEN, start_router, stop
+from tests.support.routers import ADMIN_TOKEN
 from tests.support.streams import story_request
 from tests.support.system_commands import ensure_command
 from tests.support.waiting import answers, wait_for
-from tests.support.workers import MODEL, free_port, start_worker, tiny_worker_args
+from tests.support.workers import MODEL, tiny_worker_args
 
 MAX_TOKENS = 160
 ADMIN = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
+HOSTS = ["lb", "router-a", "router-b", "worker", "redis"]  # the network_bed fixture builds them
+ROUTER_PORT, WORKER_PORT, LB_PORT = 8000, 8001, 8080
+
+
 @pytest.fixture(scope="module")
-def worker(tiny_model_dir, shoal_cache_dir):
-    process, url = start_worker(tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20), shoal_cache_dir)
-    yield url
-    stop(process)
-
-
-@pytest.fixture
-def balanced(worker, tmp_path):
-    """(HAProxy's URL, {router URL: process}) for two routers sharing a Redis stream journal."""
-    redis, redis_url = start_redis_server(tmp_path)
-    config = tmp_path / "router.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "workers": [{"url": worker}],
-                "resumable_streams": {"store": "redis", "redis_url": redis_url, "flush_tokens": 16},
-                "responses": {"store": "none"},
-            }
+def cluster(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    """Redis, a worker and HAProxy (TCP mode, health-checking both routers) on hosts of their own;
+    returns (bed, HAProxy's URL, {router host name: its config file}, environment, {})."""
+    bed, logs = network_bed, tmp_path_factory.mktemp("router-failover")
+    _, redis_url = start_redis_server(logs, host=bed["redis"])
+    worker = bed["worker"]
+    args = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=20)
+    env = {**os.environ, "SHOAL_CACHE_DIR": str(shoal_cache_dir), "SHOAL_ADMIN_TOKEN": ADMIN_TOKEN}
+    with open(logs / "worker.log", "ab") as log:
+        command = ["worker", *args, "--host", worker.address, "--port", str(WORKER_PORT)]
+        worker.popen([sys.executable, "-m", "shoal.cli", *command], env=env, stderr=log)
+    configs = {}
+    for name in ("router-a", "router-b"):
+        configs[name] = logs / f"{name}.yaml"
+        configs[name].write_text(
+            yaml.safe_dump(
+                {
+                    "host": bed[name].address,
+                    "port": ROUTER_PORT,
+                    "workers": [{"url": worker.url(WORKER_PORT)}],
+                    "resumable_streams": {"store": "redis", "redis_url": redis_url, "flush_tokens": 16},
+                    "responses": {"store": "none"},
+                }
+            )
         )
-    )
-    routers = dict(
-        (url, process)
-        for process, url in (start_router(["--config", str(config)], {"SHOAL_ADMIN_TOKEN": ADMIN_TOKEN}) for _ in "ab")
-    )
-    port = free_port()
     servers = "\n".join(
-        f"    server r{i} {url.removeprefix('http://')} check inter 200ms fall 2 rise 2"
-        for i, url in enumerate(routers)
+        f"    server {name} {bed[name].address}:{ROUTER_PORT} check inter 200ms fall 2 rise 2" for name in configs
     )
-    (tmp_path / "haproxy.cfg").write_text(
+    (logs / "haproxy.cfg").write_text(
         f"""global
     maxconn 256
 defaults
@@ -67,28 +73,33 @@ defaults
     retries 3
     option redispatch
 frontend shoal
-    bind 127.0.0.1:{port}
+    bind {bed["lb"].address}:{LB_PORT}
     default_backend routers
 backend routers
     balance roundrobin
 {servers}
 """
     )
-    haproxy = subprocess.Popen(
-        [ensure_command("haproxy"), "-db", "-f", str(tmp_path / "haproxy.cfg")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    url = f"http://127.0.0.1:{port}"
+    haproxy = [ensure_command("haproxy"), "-db", "-f", str(logs / "haproxy.cfg")]
+    bed["lb"].popen(haproxy, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: answers(worker.url(WORKER_PORT) + "/ready"), timeout_s=180)
+    return bed, bed["lb"].url(LB_PORT), configs, env, {}  # the routers' processes, by host: see balanced
+
+
+@pytest.fixture
+def balanced(cluster):
+    """(HAProxy's URL, {router URL: its process}) with both routers up: a router an earlier test
+    killed is started again on its host. Both share the Redis stream journal."""
+    bed, url, configs, env, processes = cluster
+    for name, config in configs.items():
+        if name not in processes or processes[name].poll() is not None:
+            with open(config.with_suffix(".log"), "ab") as log:
+                command = [sys.executable, "-m", "shoal.cli", "router", "--config", str(config)]
+                processes[name] = bed[name].popen(command, env=env, stderr=log)
+    for name in configs:
+        wait_for(lambda host=bed[name]: answers(host.url(ROUTER_PORT) + "/health"), timeout_s=60)
     wait_for(lambda: answers(url + "/health"), timeout_s=30)
-    yield url, routers
-    haproxy.kill()
-    haproxy.wait(timeout=30)
-    for process in routers.values():
-        if process.poll() is None:
-            stop(process)
-    redis.kill()
-    redis.wait(timeout=30)
+    return url, {bed[name].url(ROUTER_PORT): process for name, process in processes.items()}
 
 
 def story(seed: int) -> dict:

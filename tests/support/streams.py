@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 
@@ -12,8 +13,10 @@ from tests.support.workers import MODEL
 def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
     """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived.
     `seeds` are the sampling seeds its chunks name (the one drawn by the worker when none was given);
-    `tool_calls` the calls its deltas add up to, and `finish_reason` the last one given."""
+    `tool_calls` the calls its deltas add up to, and `finish_reason` the last one given; `longest_gap_s`
+    the longest wait between two chunks with tokens."""
     ids, text, response_ids, seeds, usage, roles = [], [], set(), set(), None, 0
+    last_token_at, longest_gap_s = None, 0.0
     tool_calls: dict[int, dict] = {}
     finish_reason = None
     with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
@@ -28,6 +31,10 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
             usage = event.get("usage") or usage
             for choice in event["choices"]:
                 ids += choice.get("token_ids") or []
+                if choice.get("token_ids"):
+                    now = time.monotonic()
+                    longest_gap_s = max(longest_gap_s, now - (last_token_at or now))
+                    last_token_at = now
                 if choice.get("token_ids"):
                     seeds.add(choice.get("seed"))
                 roles += "role" in choice.get("delta", {})
@@ -52,6 +59,7 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
         "trace_id": trace_id,
         "tool_calls": [tool_calls[index] for index in sorted(tool_calls)],
         "finish_reason": finish_reason,
+        "longest_gap_s": longest_gap_s,
     }
 
 
