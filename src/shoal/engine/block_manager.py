@@ -129,6 +129,29 @@ class BlockManager:
         for block in self.free_queue:
             self._forget_hash(block)
 
+    def reserve_free(self, count: int) -> list[int]:
+        """Takes `count` blocks out of the free queue (least recently freed first, dropping what
+        they cached) for an import to fill; ValueError if fewer are free. They belong to no
+        sequence and must be handed back with release_reserved before the next step."""
+        if count > len(self.free_queue):
+            raise ValueError(f"{count} KV blocks to import, {len(self.free_queue)} free")
+        reserved = []
+        for _ in range(count):
+            block, _ = self.free_queue.popitem(last=False)
+            self._forget_hash(block)
+            reserved.append(block)
+        return reserved
+
+    def release_reserved(self, reserved: list[int], hashes: list[bytes]) -> None:
+        """Hands reserved blocks back as free; block i caches hashes[i] when given (an import cut
+        short gives none). Tail first, as `free` does, so a prefix's head is evicted last."""
+        for i in reversed(range(len(reserved))):
+            block = reserved[i]
+            if i < len(hashes) and hashes[i] not in self.hash_index:
+                self.hash_index[hashes[i]] = block
+                self.block_hashes[block] = hashes[i]
+            self.free_queue[block] = None
+
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:
             del self.free_queue[block]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import time
@@ -15,6 +16,14 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.grammar import GrammarCompiler
+from shoal.engine.kv_transfer import (
+    KVBlocks,
+    KVLayout,
+    KVLayoutMismatch,
+    export_prefix,
+    import_blocks,
+    model_fingerprint,
+)
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -432,6 +441,34 @@ class LLMEngine:
             decode_tokens_per_s=self.speed.decode_tokens_per_s,
             decode_step_s=self.speed.decode_step_s,
         )
+
+    @functools.cached_property
+    def kv_layout(self) -> KVLayout:
+        """What another engine's KV blocks must match to be imported here."""
+        cfg = self.model.config
+        return KVLayout(
+            model_fingerprint(cfg, self.model),
+            str(self.dtype).removeprefix("torch."),
+            self.block_manager.block_size,
+            len(self.model.layers),
+            cfg.num_kv_heads,
+            cfg.head_dim,
+        )
+
+    def export_kv(self, token_ids: list[int]) -> KVBlocks:
+        """The KV of the longest cached prefix of `token_ids` (whole blocks), for another engine.
+        Call between steps (the engine's own thread)."""
+        return export_prefix(self.kv_layout, self.block_manager, self._one_process_caches(), token_ids)
+
+    def import_kv(self, incoming: KVBlocks) -> int:
+        """Adds another engine's KV blocks to this one's prefix cache; returns the blocks imported
+        (those not cached here already). Call between steps (the engine's own thread)."""
+        return import_blocks(self.kv_layout, self.block_manager, self._one_process_caches(), incoming)
+
+    def _one_process_caches(self) -> list:
+        if self.config.tensor_parallel_size > 1 or self.config.pipeline_parallel_size > 1:
+            raise KVLayoutMismatch("KV blocks move only to and from a one-process replica")
+        return self.runner.kv_caches
 
     def check_integrity(self) -> None:
         """Asserts the block manager's and scheduler's invariants (used by tests)."""

@@ -1,0 +1,127 @@
+"""KV blocks that move between engines: export a prefix's full blocks (their chained hashes, tokens
+and per-layer keys and values) from one engine and import them into free blocks of another, whose
+prefix cache then knows them, so a request for that prefix there computes none of it again.
+
+Only compatible layouts move: same model (its shapes and a fingerprint of its weights), dtype, block
+size, layers, KV heads and head size; `KVLayout.check_compatible` refuses the rest, naming what
+differs. Only a one-process replica's cache moves (a tensor-parallel or pipeline replica's cache
+is spread over processes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+import torch
+
+from shoal.engine.block_manager import BlockManager, chain_hash
+
+
+class KVLayoutMismatch(ValueError):
+    """The blocks' layout differs from the receiving engine's (the message names the fields)."""
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What must match for KV blocks to be reusable by another engine."""
+
+    model: str  # fingerprint of the model's config and weights (model_fingerprint)
+    dtype: str
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+
+    def check_compatible(self, other: KVLayout) -> None:
+        differing = [
+            f"{field.name} {getattr(other, field.name)!r} (here {getattr(self, field.name)!r})"
+            for field in dataclasses.fields(self)
+            if getattr(self, field.name) != getattr(other, field.name)
+        ]
+        if differing:
+            raise KVLayoutMismatch("KV blocks of another layout: " + ", ".join(differing))
+
+
+def model_fingerprint(config: object, model: torch.nn.Module) -> str:
+    """The model's shapes (its config) and a sample of its weights (the final norm): two checkpoints
+    with the same architecture and other weights differ here."""
+    digest = hashlib.blake2b(digest_size=12)
+    digest.update(json.dumps(dataclasses.asdict(config), sort_keys=True, default=str).encode())
+    digest.update(model.norm.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+@dataclass
+class KVBlocks:
+    """The KV of a prefix's first len(hashes) full blocks. Invariants: hashes[i] is the chained hash
+    of token_ids up to the end of block i; keys[l] and values[l] are [len(hashes), num_kv_heads,
+    block_size, head_dim] for layer l."""
+
+    layout: KVLayout
+    hashes: list[bytes]
+    token_ids: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.hashes) * self.layout.block_size
+
+
+def export_prefix(
+    layout: KVLayout, blocks: BlockManager, caches: list[tuple[torch.Tensor, torch.Tensor]], token_ids: list[int]
+) -> KVBlocks:
+    """The cached full blocks of the longest prefix of `token_ids` this engine holds (possibly none)."""
+    size = layout.block_size
+    hashes, ids, parent = [], [], None
+    for start in range(0, len(token_ids) - size + 1, size):
+        parent = chain_hash(parent, token_ids[start : start + size])
+        block = blocks.hash_index.get(parent)
+        if block is None:
+            break
+        hashes.append(parent)
+        ids.append(block)
+    index = torch.tensor(ids, dtype=torch.long, device=caches[0][0].device)
+    head_dim = layout.head_dim
+    return KVBlocks(
+        layout,
+        hashes,
+        list(token_ids[: len(hashes) * size]),
+        [k.index_select(0, index).cpu() for k, _ in caches],
+        [v.index_select(0, index)[..., :head_dim].cpu() for _, v in caches],
+    )
+
+
+def import_blocks(
+    layout: KVLayout, blocks: BlockManager, caches: list[tuple[torch.Tensor, torch.Tensor]], incoming: KVBlocks
+) -> int:
+    """Copies the blocks this engine does not hold yet into free blocks and adds them to its prefix
+    cache (free, so they are evicted like any cached block). Returns how many were imported.
+    Raises KVLayoutMismatch (before touching anything) if the layouts differ, ValueError if the
+    hashes do not chain over the tokens."""
+    layout.check_compatible(incoming.layout)
+    size = layout.block_size
+    parent = None
+    for i, digest in enumerate(incoming.hashes):
+        parent = chain_hash(parent, incoming.token_ids[i * size : (i + 1) * size])
+        if parent != digest:
+            raise ValueError(f"block {i}'s hash does not match its tokens")
+    wanted = [i for i, digest in enumerate(incoming.hashes) if digest not in blocks.hash_index]
+    targets = blocks.reserve_free(len(wanted))
+    try:
+        device = caches[0][0].device
+        source = torch.tensor(wanted, dtype=torch.long)
+        target = torch.tensor(targets, dtype=torch.long, device=device)
+        for (k_cache, v_cache), keys, values in zip(caches, incoming.keys, incoming.values, strict=True):
+            k_cache.index_copy_(0, target, keys.index_select(0, source).to(device, k_cache.dtype))
+            v_cache[..., : layout.head_dim].index_copy_(
+                0, target, values.index_select(0, source).to(device, v_cache.dtype)
+            )
+    except BaseException:
+        blocks.release_reserved(targets, [])
+        raise
+    blocks.release_reserved(targets, [incoming.hashes[i] for i in wanted])
+    return len(wanted)

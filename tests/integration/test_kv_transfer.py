@@ -1,0 +1,59 @@
+"""KV blocks moved between two engines of the tiny model (issue 19's first piece): the receiver's
+prefix cache knows the imported blocks, computes none of their tokens again, and answers token for
+token as the sender; a block layout that does not match is refused before anything changes, and an
+import cut short leaves no block owned by nobody."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.engine.kv_transfer import KVLayoutMismatch
+from shoal.engine.sampling_params import SamplingParams
+from tests.support.engine_runs import run_to_completion
+
+PROMPT = list(range(5, 5 + 41))  # 10 full blocks of 4, and one token more
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.9, top_p=0.95, seed=77, max_tokens=12, ignore_eos=True)
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_imported_blocks_spare_the_prompt_and_change_no_token(make_tiny_engine, params):
+    sender, receiver = make_tiny_engine(), make_tiny_engine()
+    expected = run_to_completion(sender, {"a": (PROMPT, params)})["a"]
+    exported = sender.export_kv(PROMPT + expected)
+    assert exported.num_tokens == 52 and len(exported.keys) == len(sender.model.layers)  # 52 of 53 cached
+    assert receiver.import_kv(exported) == 13
+    receiver.check_integrity()
+    receiver.reset_counters()
+    assert run_to_completion(receiver, {"b": (PROMPT, params)})["b"] == expected
+    assert receiver.prompt_tokens_computed == 1  # the prompt's last token: its logits are needed
+    assert receiver.import_kv(exported) == 0  # all cached already
+
+
+def test_a_layout_that_does_not_match_is_refused_and_changes_nothing(make_tiny_engine):
+    sender = make_tiny_engine()
+    run_to_completion(sender, {"a": (PROMPT, GREEDY)})
+    exported = sender.export_kv(PROMPT)
+    for other in (make_tiny_engine(block_size=8), make_tiny_engine(dtype="bfloat16")):
+        free = other.block_manager.num_free_blocks
+        with pytest.raises(KVLayoutMismatch) as refused:
+            other.import_kv(exported)
+        assert ("block_size" in str(refused.value)) or ("dtype" in str(refused.value))
+        assert other.block_manager.num_free_blocks == free and not other.block_manager.hash_index
+        other.check_integrity()
+
+
+def test_an_import_cut_short_leaves_every_block_free_and_uncached(make_tiny_engine):
+    sender, receiver = make_tiny_engine(), make_tiny_engine()
+    run_to_completion(sender, {"a": (PROMPT, GREEDY)})
+    exported = sender.export_kv(PROMPT)
+    exported.values = exported.values[:-1]  # the last layer's values never arrived
+    free = receiver.block_manager.num_free_blocks
+    with pytest.raises(ValueError):
+        receiver.import_kv(exported)
+    assert receiver.block_manager.num_free_blocks == free and not receiver.block_manager.hash_index
+    receiver.check_integrity()
+    tampered = sender.export_kv(PROMPT)
+    tampered.token_ids[0] += 1  # hashes that do not chain over the tokens
+    with pytest.raises(ValueError, match="does not match its tokens"):
+        receiver.import_kv(tampered)
