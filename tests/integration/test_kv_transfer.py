@@ -1,14 +1,19 @@
 """KV blocks moved between two engines of the tiny model (issue 19's first piece): the receiver's
 prefix cache knows the imported blocks, computes none of their tokens again, and answers token for
-token as the sender; a block layout that does not match is refused before anything changes, and an
-import cut short leaves no block owned by nobody."""
+token as the sender, also when the blocks cross the wire as frames; a block layout that does not
+match, and frames that are not what their header says, are refused before anything changes, and
+an import cut short leaves no block owned by nobody."""
 
 from __future__ import annotations
 
+import pickle
+
+import msgspec
 import pytest
 
-from shoal.engine.kv_transfer import KVLayoutMismatch
+from shoal.engine.kv_transfer import KVLayoutMismatch, from_frames, to_frames
 from shoal.engine.sampling_params import SamplingParams
+from shoal.protocol.frames import BadFrame
 from tests.support.engine_runs import run_to_completion
 
 PROMPT = list(range(5, 5 + 41))  # 10 full blocks of 4, and one token more
@@ -57,3 +62,38 @@ def test_an_import_cut_short_leaves_every_block_free_and_uncached(make_tiny_engi
     tampered.token_ids[0] += 1  # hashes that do not chain over the tokens
     with pytest.raises(ValueError, match="does not match its tokens"):
         receiver.import_kv(tampered)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_blocks_cross_the_wire_as_frames_and_still_spare_the_prompt(make_tiny_engine, dtype):
+    sender, receiver = make_tiny_engine(dtype=dtype), make_tiny_engine(dtype=dtype)
+    expected = run_to_completion(sender, {"a": (PROMPT, SEEDED)})["a"]
+    frames = [bytes(frame) for frame in to_frames(sender.export_kv(PROMPT))]  # as a socket delivers them
+    assert len(frames) == 1 + 2 * len(sender.model.layers)
+    assert receiver.import_kv(from_frames(frames)) == 10
+    receiver.reset_counters()
+    assert run_to_completion(receiver, {"b": (PROMPT, SEEDED)})["b"] == expected
+    assert receiver.prompt_tokens_computed == 1
+
+
+def test_frames_that_are_not_what_their_header_says_are_refused(make_tiny_engine):
+    sender = make_tiny_engine()
+    run_to_completion(sender, {"a": (PROMPT, GREEDY)})
+    frames = [bytes(frame) for frame in to_frames(sender.export_kv(PROMPT))]
+    header = msgspec.msgpack.decode(frames[0])
+    wrong_shape = {**header, "tensors": [{**header["tensors"][0], "shape": [1, 1, 1, 1]}, *header["tensors"][1:]]}
+    cases = {
+        "a frame missing": frames[:-1],
+        "a buffer cut short": [*frames[:-1], frames[-1][:-4]],
+        "a shape the layout does not give": [msgspec.msgpack.encode(wrong_shape), *frames[1:]],
+        "an unknown field": [msgspec.msgpack.encode({**header, "extra": 1}), *frames[1:]],
+        "a pickle": [pickle.dumps(header), *frames[1:]],
+        "a dtype not on the wire": [
+            msgspec.msgpack.encode({**header, "layout": {**header["layout"], "dtype": "float64"}}),
+            *frames[1:],
+        ],
+    }
+    for case, message in cases.items():
+        with pytest.raises(BadFrame):
+            from_frames(message)
+            pytest.fail(f"{case} was accepted")

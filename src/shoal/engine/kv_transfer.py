@@ -15,9 +15,12 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
 from shoal.engine.block_manager import BlockManager, chain_hash
+from shoal.protocol import kv_frames
+from shoal.protocol.frames import TensorSpec
 
 
 class KVLayoutMismatch(ValueError):
@@ -125,3 +128,29 @@ def import_blocks(
         raise
     blocks.release_reserved(targets, [incoming.hashes[i] for i in wanted])
     return len(wanted)
+
+
+def to_frames(blocks: KVBlocks) -> list[bytes | memoryview]:
+    """The blocks as a multipart message (shoal.protocol.kv_frames): header, then each layer's keys
+    and values as raw buffers."""
+    tensors = [t.contiguous() for pair in zip(blocks.keys, blocks.values, strict=True) for t in pair]
+    header = kv_frames.KVBlocksHeader(
+        kv_frames.KVLayoutFrame(**dataclasses.asdict(blocks.layout)),
+        list(blocks.hashes),
+        list(blocks.token_ids),
+        [TensorSpec(tuple(t.shape), blocks.layout.dtype) for t in tensors],
+    )
+    return [kv_frames.encode(header), *(memoryview(t.view(torch.uint8).numpy()).cast("B") for t in tensors)]
+
+
+def from_frames(frames: list[bytes | memoryview]) -> KVBlocks:
+    """The blocks of a multipart message; BadFrame (before any buffer is read) unless every frame is
+    what the header says."""
+    header = kv_frames.decode(frames)
+    layout = KVLayout(**msgspec.structs.asdict(header.layout))
+    dtype = getattr(torch, layout.dtype)
+    tensors = [
+        torch.frombuffer(bytearray(frame), dtype=dtype).view(tuple(spec.shape))
+        for spec, frame in zip(header.tensors, frames[1:], strict=True)
+    ]
+    return KVBlocks(layout, list(header.hashes), list(header.token_ids), tensors[0::2], tensors[1::2])

@@ -1,0 +1,64 @@
+"""KV blocks on the wire: one header frame (KVBlocksHeader: the layout, the blocks' chained hashes
+and tokens, the spec of each tensor), then per layer a keys frame and a values frame of raw buffers,
+[blocks, kv heads, block size, head size] each. decode checks that the frames are exactly what the
+header says (count, shapes, dtype, sizes) before anyone reads a buffer; anything else is BadFrame.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+
+from shoal.protocol.frames import WIRE_DTYPES, BadFrame, TensorSpec, decode_header
+
+HASH_BYTES = 16
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class KVLayoutFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """shoal.engine.kv_transfer.KVLayout, field for field."""
+
+    model: Annotated[str, msgspec.Meta(max_length=64)]
+    dtype: str
+    block_size: Positive
+    num_layers: Positive
+    num_kv_heads: Positive
+    head_dim: Positive
+
+
+class KVBlocksHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    layout: KVLayoutFrame
+    hashes: list[Annotated[bytes, msgspec.Meta(min_length=HASH_BYTES, max_length=HASH_BYTES)]]
+    token_ids: list[Annotated[int, msgspec.Meta(ge=0)]]
+    tensors: list[TensorSpec]  # keys of layer 0, values of layer 0, keys of layer 1, ...
+
+
+DECODER = msgspec.msgpack.Decoder(KVBlocksHeader)
+ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode(header: KVBlocksHeader) -> bytes:
+    return ENCODER.encode(header)
+
+
+def decode(frames: list[bytes | memoryview]) -> KVBlocksHeader:
+    """The header of a multipart KV message whose tensor frames (frames[1:]) are checked against it."""
+    if not frames:
+        raise BadFrame("empty message")
+    header = decode_header(DECODER, frames[0])
+    layout = header.layout
+    if layout.dtype not in WIRE_DTYPES:
+        raise BadFrame(f"KV dtype {layout.dtype!r} is not one of {sorted(WIRE_DTYPES)}")
+    blocks = len(header.hashes)
+    if len(header.token_ids) != blocks * layout.block_size:
+        raise BadFrame(f"{len(header.token_ids)} tokens for {blocks} blocks of {layout.block_size}")
+    expected = 2 * layout.num_layers
+    if len(header.tensors) != expected or len(frames) != 1 + expected:
+        raise BadFrame(f"{len(header.tensors)} tensor specs and {len(frames) - 1} tensor frames, not {expected}")
+    shape = (blocks, layout.num_kv_heads, layout.block_size, layout.head_dim)
+    for spec, frame in zip(header.tensors, frames[1:], strict=True):
+        if tuple(spec.shape) != shape or spec.dtype != layout.dtype:
+            raise BadFrame(f"a KV tensor of shape {list(spec.shape)} {spec.dtype}, not {list(shape)} {layout.dtype}")
+        spec.check(len(frame))
+    return header
