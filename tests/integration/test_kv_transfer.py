@@ -6,14 +6,17 @@ an import cut short leaves no block owned by nobody."""
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 
 import msgspec
 import pytest
 
+from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.kv_transfer import KVLayoutMismatch, from_frames, to_frames
 from shoal.engine.sampling_params import SamplingParams
 from shoal.protocol.frames import BadFrame
+from shoal.worker.metrics import WorkerMetrics
 from tests.support.engine_runs import run_to_completion
 
 PROMPT = list(range(5, 5 + 41))  # 10 full blocks of 4, and one token more
@@ -97,3 +100,26 @@ def test_frames_that_are_not_what_their_header_says_are_refused(make_tiny_engine
         with pytest.raises(BadFrame):
             from_frames(message)
             pytest.fail(f"{case} was accepted")
+
+
+def test_serving_engines_move_blocks_between_steps_and_count_them_in_their_metrics(make_tiny_engine):
+    async def scenario() -> tuple[bytes, bytes]:
+        sender, receiver = AsyncLLMEngine(make_tiny_engine()), AsyncLLMEngine(make_tiny_engine(block_size=4))
+        mismatched = AsyncLLMEngine(make_tiny_engine(block_size=8))
+        try:
+            [*_, sent] = [out async for out in sender.generate(PROMPT, GREEDY)]
+            exported = await sender.export_kv(PROMPT)
+            assert await receiver.import_kv(exported) == 10
+            with pytest.raises(KVLayoutMismatch, match="block_size"):  # the caller gets the engine's refusal
+                await mismatched.import_kv(exported)
+            [*_, received] = [out async for out in receiver.generate(PROMPT, GREEDY)]
+            assert received.outputs[0].token_ids == sent.outputs[0].token_ids
+            await asyncio.sleep(0.6)  # the stats snapshot follows the engine thread's next turn
+            return WorkerMetrics(sender, "m").render(), WorkerMetrics(receiver, "m").render()
+        finally:
+            for engine in (sender, receiver, mismatched):
+                engine.shutdown()
+
+    out, into = asyncio.run(scenario())
+    assert b'shoal:kv_transfer_blocks_total{direction="out",model_name="m"} 10.0' in out
+    assert b'shoal:kv_transfer_blocks_total{direction="in",model_name="m"} 10.0' in into

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from shoal.engine.engine import EngineStats, LLMEngine
+from shoal.engine.kv_transfer import KVBlocks
 from shoal.engine.outputs import RequestOutput
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.structured_outputs import StructuredOutputs
@@ -109,6 +110,20 @@ class AsyncLLMEngine:
         a constraint that cannot be used."""
         await asyncio.to_thread(self.engine.grammars.compile, spec)
 
+    async def export_kv(self, token_ids: list[int]) -> KVBlocks:
+        """LLMEngine.export_kv, run on the engine thread between steps."""
+        return await self._call(lambda engine: engine.export_kv(token_ids))
+
+    async def import_kv(self, incoming: KVBlocks) -> int:
+        """LLMEngine.import_kv, run on the engine thread between steps."""
+        return await self._call(lambda engine: engine.import_kv(incoming))
+
+    async def _call(self, function):
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        self._commands.put(("call", function, loop, done))
+        return await done
+
     def activity(self) -> EngineActivity:
         """From any thread: what the engine thread is doing now."""
         since, stepping = self._working
@@ -167,10 +182,18 @@ class AsyncLLMEngine:
                     resume_text_offset=resume.text_offset if resume else None,
                 )
             except Exception as exc:  # bad input: reported to this caller only
-                subscriber.loop.call_soon_threadsafe(_settle, accepted, exc)
+                subscriber.loop.call_soon_threadsafe(_resolve, accepted, None, exc)
                 return
             self._subscribers[request_id] = subscriber
-            subscriber.loop.call_soon_threadsafe(_settle, accepted, None)
+            subscriber.loop.call_soon_threadsafe(_resolve, accepted, None, None)
+        elif kind == "call":
+            _, function, loop, done = command
+            try:
+                result = function(self.engine)
+            except Exception as exc:  # the caller's to handle
+                loop.call_soon_threadsafe(_resolve, done, None, exc)
+                return
+            loop.call_soon_threadsafe(_resolve, done, result, None)
         elif kind == "abort":
             _, request_id = command
             subscriber = self._subscribers.pop(request_id, None)
@@ -197,10 +220,10 @@ class AsyncLLMEngine:
                     del self._subscribers[output.request_id]
 
 
-def _settle(future: asyncio.Future, error: BaseException | None) -> None:
+def _resolve(future: asyncio.Future, result: object, error: BaseException | None) -> None:
     if future.done():
         return
     if error is None:
-        future.set_result(None)
+        future.set_result(result)
     else:
         future.set_exception(error)

@@ -55,6 +55,7 @@ class EngineStats:
     of requests that reached their first token (vLLM's meaning), prompt_tokens_computed the tokens
     actually run through prefill (recomputation included). Outstanding prefill tokens are prompt
     tokens not yet in the KV cache; outstanding decode tokens are what max_tokens still allows.
+    kv_blocks_exported and kv_blocks_imported count KV blocks sent to and taken from other engines.
     """
 
     num_running: int
@@ -76,6 +77,8 @@ class EngineStats:
     prefill_tokens_per_s: float | None
     decode_tokens_per_s: float | None
     decode_step_s: float | None
+    kv_blocks_exported: int = 0
+    kv_blocks_imported: int = 0
 
 
 class LLMEngine:
@@ -152,6 +155,7 @@ class LLMEngine:
         self.prompt_tokens = 0
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
+        self.kv_blocks_exported = self.kv_blocks_imported = 0
         self.block_manager.prefix_queries = self.block_manager.prefix_hits = 0
         self.scheduler.num_preemptions = 0
 
@@ -440,6 +444,8 @@ class LLMEngine:
             prefill_tokens_per_s=self.speed.prefill_tokens_per_s,
             decode_tokens_per_s=self.speed.decode_tokens_per_s,
             decode_step_s=self.speed.decode_step_s,
+            kv_blocks_exported=self.kv_blocks_exported,
+            kv_blocks_imported=self.kv_blocks_imported,
         )
 
     @functools.cached_property
@@ -458,12 +464,16 @@ class LLMEngine:
     def export_kv(self, token_ids: list[int]) -> KVBlocks:
         """The KV of the longest cached prefix of `token_ids` (whole blocks), for another engine.
         Call between steps (the engine's own thread)."""
-        return export_prefix(self.kv_layout, self.block_manager, self._one_process_caches(), token_ids)
+        exported = export_prefix(self.kv_layout, self.block_manager, self._one_process_caches(), token_ids)
+        self.kv_blocks_exported += len(exported.hashes)
+        return exported
 
     def import_kv(self, incoming: KVBlocks) -> int:
         """Adds another engine's KV blocks to this one's prefix cache; returns the blocks imported
         (those not cached here already). Call between steps (the engine's own thread)."""
-        return import_blocks(self.kv_layout, self.block_manager, self._one_process_caches(), incoming)
+        imported = import_blocks(self.kv_layout, self.block_manager, self._one_process_caches(), incoming)
+        self.kv_blocks_imported += imported
+        return imported
 
     def _one_process_caches(self) -> list:
         if self.config.tensor_parallel_size > 1 or self.config.pipeline_parallel_size > 1:

@@ -50,6 +50,14 @@ class EngineCollector(Collector):
             family = kind(f"shoal:{name}", documentation, labels=["model_name"])
             family.add_metric([self.model_name], getattr(stats, field))
             yield family
+        moved = CounterMetricFamily(
+            "shoal:kv_transfer_blocks",
+            "KV blocks sent to or taken from other workers.",
+            labels=["model_name", "direction"],
+        )
+        moved.add_metric([self.model_name, "out"], stats.kv_blocks_exported)
+        moved.add_metric([self.model_name, "in"], stats.kv_blocks_imported)
+        yield moved
 
 
 class WorkerMetrics:
