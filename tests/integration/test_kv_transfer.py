@@ -11,11 +11,14 @@ import pickle
 
 import msgspec
 import pytest
+import zmq
 
 from shoal.engine.async_engine import AsyncLLMEngine
-from shoal.engine.kv_transfer import KVLayoutMismatch, from_frames, to_frames
+from shoal.engine.kv_transfer import KVLayoutMismatch, KVRefusedError, from_frames, to_frames
 from shoal.engine.sampling_params import SamplingParams
+from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.protocol.frames import BadFrame
+from shoal.worker.kv_peer import KVPeer, fetch_kv
 from shoal.worker.metrics import WorkerMetrics
 from tests.support.engine_runs import run_to_completion
 
@@ -123,3 +126,35 @@ def test_serving_engines_move_blocks_between_steps_and_count_them_in_their_metri
     out, into = asyncio.run(scenario())
     assert b'shoal:kv_transfer_blocks_total{direction="out",model_name="m"} 10.0' in out
     assert b'shoal:kv_transfer_blocks_total{direction="in",model_name="m"} 10.0' in into
+
+
+def test_workers_fetch_blocks_from_each_others_kv_peer_only_with_the_cluster_secret(make_tiny_engine):
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        sender, receiver = AsyncLLMEngine(make_tiny_engine()), AsyncLLMEngine(make_tiny_engine())
+        members, stranger = ClusterContext("kv-secret"), ClusterContext("another-secret")
+        peer = KVPeer(sender, members, "127.0.0.1", loop)
+        try:
+            [*_, sent] = [out async for out in sender.generate(PROMPT, GREEDY)]
+            fetched = await asyncio.to_thread(fetch_kv, members, peer.address, PROMPT, 30)
+            assert await receiver.import_kv(fetched) == 10
+            receiver.engine.reset_counters()
+            [*_, received] = [out async for out in receiver.generate(PROMPT, GREEDY)]
+            assert received.outputs[0].token_ids == sent.outputs[0].token_ids
+            assert receiver.engine.prompt_tokens_computed == 1
+            with pytest.raises(TimeoutError):  # its handshake never completes
+                await asyncio.to_thread(fetch_kv, stranger, peer.address, PROMPT, 2)
+            garbage = members.connect(zmq.DEALER, peer.address)
+            garbage.send(pickle.dumps({"token_ids": PROMPT}))
+            assert garbage.poll(30_000)
+            with pytest.raises(KVRefusedError, match="bad request"):
+                from_frames(garbage.recv_multipart())
+            garbage.close(linger=0)
+            unknown = await asyncio.to_thread(fetch_kv, members, peer.address, [9] * 20, 30)
+            assert unknown.hashes == [] and unknown.keys[0].shape[0] == 0  # nothing cached: no block
+        finally:
+            peer.close()
+            for engine in (sender, receiver):
+                engine.shutdown()
+
+    asyncio.run(scenario())

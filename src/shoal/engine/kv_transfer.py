@@ -27,6 +27,10 @@ class KVLayoutMismatch(ValueError):
     """The blocks' layout differs from the receiving engine's (the message names the fields)."""
 
 
+class KVRefusedError(Exception):
+    """The peer asked for blocks answered that it could not give them (the message says why)."""
+
+
 @dataclass(frozen=True)
 class KVLayout:
     """What must match for KV blocks to be reusable by another engine."""
@@ -140,17 +144,26 @@ def to_frames(blocks: KVBlocks) -> list[bytes | memoryview]:
         list(blocks.token_ids),
         [TensorSpec(tuple(t.shape), blocks.layout.dtype) for t in tensors],
     )
-    return [kv_frames.encode(header), *(memoryview(t.view(torch.uint8).numpy()).cast("B") for t in tensors)]
+    return [kv_frames.encode(header), *(_raw(t) for t in tensors)]
+
+
+def _raw(tensor: torch.Tensor) -> bytes | memoryview:
+    """A contiguous tensor's bytes, without a copy (an empty one: no bytes)."""
+    return memoryview(tensor.view(torch.uint8).numpy()).cast("B") if tensor.numel() else b""
 
 
 def from_frames(frames: list[bytes | memoryview]) -> KVBlocks:
     """The blocks of a multipart message; BadFrame (before any buffer is read) unless every frame is
-    what the header says."""
+    what the header says; KVRefusedError for the peer's refusal."""
     header = kv_frames.decode(frames)
+    if isinstance(header, kv_frames.KVRefused):
+        raise KVRefusedError(header.reason)
     layout = KVLayout(**msgspec.structs.asdict(header.layout))
     dtype = getattr(torch, layout.dtype)
     tensors = [
         torch.frombuffer(bytearray(frame), dtype=dtype).view(tuple(spec.shape))
+        if len(frame)
+        else torch.empty(tuple(spec.shape), dtype=dtype)  # no block: torch reads no empty buffer
         for spec, frame in zip(header.tensors, frames[1:], strict=True)
     ]
     return KVBlocks(layout, list(header.hashes), list(header.token_ids), tensors[0::2], tensors[1::2])

@@ -2,6 +2,9 @@
 and tokens, the spec of each tensor), then per layer a keys frame and a values frame of raw buffers,
 [blocks, kv heads, block size, head size] each. decode checks that the frames are exactly what the
 header says (count, shapes, dtype, sizes) before anyone reads a buffer; anything else is BadFrame.
+
+Between workers (shoal.worker.kv_peer) a request is one KVWanted frame; the answer is the blocks,
+or one KVRefused frame saying why not.
 """
 
 from __future__ import annotations
@@ -27,26 +30,50 @@ class KVLayoutFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     head_dim: Positive
 
 
-class KVBlocksHeader(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class KVBlocksHeader(msgspec.Struct, frozen=True, tag=True, forbid_unknown_fields=True):
     layout: KVLayoutFrame
     hashes: list[Annotated[bytes, msgspec.Meta(min_length=HASH_BYTES, max_length=HASH_BYTES)]]
     token_ids: list[Annotated[int, msgspec.Meta(ge=0)]]
     tensors: list[TensorSpec]  # keys of layer 0, values of layer 0, keys of layer 1, ...
 
 
-DECODER = msgspec.msgpack.Decoder(KVBlocksHeader)
+class KVRefused(msgspec.Struct, frozen=True, tag=True, forbid_unknown_fields=True):
+    """The answer to a request the peer could not serve."""
+
+    reason: Annotated[str, msgspec.Meta(max_length=1000)]
+
+
+class KVWanted(msgspec.Struct, frozen=True, tag=True, forbid_unknown_fields=True):
+    """A request for the KV of the longest cached prefix of these tokens."""
+
+    token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=1 << 20)]
+
+
+DECODER = msgspec.msgpack.Decoder(KVBlocksHeader | KVRefused)
+REQUEST_DECODER = msgspec.msgpack.Decoder(KVWanted)
 ENCODER = msgspec.msgpack.Encoder()
 
 
-def encode(header: KVBlocksHeader) -> bytes:
+def encode(header: KVBlocksHeader | KVRefused | KVWanted) -> bytes:
     return ENCODER.encode(header)
 
 
-def decode(frames: list[bytes | memoryview]) -> KVBlocksHeader:
-    """The header of a multipart KV message whose tensor frames (frames[1:]) are checked against it."""
+def decode_request(frames: list[bytes | memoryview]) -> KVWanted:
+    if len(frames) != 1:
+        raise BadFrame(f"a KV request came in {len(frames)} frames, not 1")
+    return decode_header(REQUEST_DECODER, frames[0])
+
+
+def decode(frames: list[bytes | memoryview]) -> KVBlocksHeader | KVRefused:
+    """The header of a multipart KV message whose tensor frames (frames[1:]) are checked against it,
+    or the peer's refusal."""
     if not frames:
         raise BadFrame("empty message")
     header = decode_header(DECODER, frames[0])
+    if isinstance(header, KVRefused):
+        if len(frames) != 1:
+            raise BadFrame("a refusal carries no tensor")
+        return header
     layout = header.layout
     if layout.dtype not in WIRE_DTYPES:
         raise BadFrame(f"KV dtype {layout.dtype!r} is not one of {sorted(WIRE_DTYPES)}")
