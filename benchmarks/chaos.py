@@ -571,9 +571,8 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
         fault["out_of_rotation_after_s"] = None if out is None else out - fault["injected_at"]
         if fault["detected"] is None and out is not None and "slot" in fault:  # the supervisor saw it exit first
             fault["detected"] = {"change": "left", "reason": "exited", "after_s": out - fault["injected_at"]}
-        moved = [
-            m for m in migrations(log_dir / "router.log", fault["injected_at"], until) if m["worker"] == fault["worker"]
-        ]
+        logged = migrations(log_dir / "router.log", fault["injected_at"], until)
+        moved = [m for m in logged if m["worker"] == fault["worker"]]
         if moved and (
             fault["detected"] is None or moved[0]["at"] - fault["injected_at"] < fault["detected"]["after_s"]
         ):
@@ -584,7 +583,7 @@ def analyse(args, phases: dict, faults: list[dict], watch: AdminWatch, log_dir: 
             }
         if fault.get("first_503_after_s") is not None:
             fault["detected"] = {"change": "503", "reason": "store unreachable", "after_s": fault["first_503_after_s"]}
-        fault["migrations_logged"] = len(migrations(log_dir / "router.log", fault["injected_at"], until))
+        fault["migrations_logged"] = len(logged)
         fault["events"] = [e for e in events if fault["injected_at"] <= e["time"] <= until]
     detect = [
         f["detected"]["after_s"] if f["detected"] else None

@@ -56,6 +56,7 @@ class FrontDoor:
         self.session: aiohttp.ClientSession | None = None
         self.failover: StreamFailover | None = None
         self.journal: StreamJournal | None = None  # with resumable_streams.store: redis
+        self.router_id = f"{config.host}:{config.port}"  # named in every response (x-shoal-router)
         self.api_keys = ApiKeys(config)
         self.rate_limiter = RateLimiter()
         settings = config.admission
@@ -139,7 +140,8 @@ class FrontDoor:
         resume = None
         if resumable and "last-event-id" in headers:
             try:
-                body, resume = await self._resumed(headers["last-event-id"], path, client)
+                resume = await self._resumed(headers["last-event-id"], path, client)
+                body = resume[1].body  # the request as first sent, whatever this one says
             except ResumeRefused as refused:
                 response = error_response(refused.status, str(refused), _ERROR_TYPES[refused.status], "Last-Event-ID")
                 telemetry.finish(response.status_code)
@@ -226,7 +228,7 @@ class FrontDoor:
             )
         model = routed.model
         extra = {
-            "x-shoal-router": f"{self.config.host}:{self.config.port}",
+            "x-shoal-router": self.router_id,
             "x-shoal-trace-id": telemetry.trace_id,
             "x-request-id": telemetry.request_id,
             **({"x-shoal-degraded": degraded} if degraded else {}),
@@ -253,8 +255,8 @@ class FrontDoor:
             routed, body, path, headers, placement, release_slot, extra, chat, telemetry, wait_s, journal, progress
         )
 
-    async def _resumed(self, last_event_id: str, path: str, client: Client) -> tuple[dict, tuple[EventId, Journaled]]:
-        """The journaled request a Last-Event-ID names, and where its client stands; ResumeRefused
+    async def _resumed(self, last_event_id: str, path: str, client: Client) -> tuple[EventId, Journaled]:
+        """Where the client of a Last-Event-ID stands, and its journaled request; ResumeRefused
         when there is none to resume here."""
         if self.journal is None:
             raise ResumeRefused(400, "this router keeps no stream journal (resumable_streams.store is none)")
@@ -262,7 +264,7 @@ class FrontDoor:
         journaled = await self.journal.read(position.response_id, client.name)
         if journaled.path != path:
             raise ResumeRefused(400, f"stream {position.response_id!r} was a request to {journaled.path}")
-        return journaled.body, (position, journaled)
+        return position, journaled
 
     async def _resume_progress(
         self,

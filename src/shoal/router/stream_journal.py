@@ -62,7 +62,6 @@ class Journaled:
 
     path: str
     body: dict
-    owner: str
     seed: int | None
     token_ids: list[int]
     text_chars: int
@@ -98,7 +97,6 @@ class StreamJournal:
         return Journaled(
             path=stored[b"path"].decode(),
             body=json.loads(stored[b"body"]),
-            owner=owner,
             seed=int(seed) if seed else None,
             token_ids=[int(t) for t in token_ids[:marked]],
             text_chars=chars,
