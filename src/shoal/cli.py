@@ -8,6 +8,8 @@ import argparse
 import logging
 import os
 import sys
+import typing
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +18,7 @@ from shoal.bench.options import add_bench_arguments
 from shoal.config.engine_arguments import add_engine_config_arguments, engine_config_from_arguments
 from shoal.model.cpu_features import apply_cpu_isa_cap
 from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
+from shoal.protocol.worker_load import Role
 from shoal.simulate.options import add_simulate_arguments
 
 if TYPE_CHECKING:  # the engine (and torch) load only for the commands that run one
@@ -141,7 +144,18 @@ def worker(args: argparse.Namespace) -> int:
         routers = [RouterLink(url, advertised, secret) for url in args.router]
     async_engine = AsyncLLMEngine(engine)
     tracing = Tracing("shoal-worker", args.otlp_endpoint, instance=advertised)
-    app = create_app(async_engine, args.served_model_name or config.model, drain, calibration, limits, routers, tracing)
+    app = create_app(
+        async_engine,
+        args.served_model_name or config.model,
+        drain,
+        calibration,
+        limits,
+        routers,
+        tracing,
+        role=args.role,
+        kv_peer_host=args.host,
+        advertise_host=urllib.parse.urlparse(advertised).hostname,
+    )
     # Past the drain's grace, responses still open are cut (a router continues them elsewhere).
     config = uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     DrainingServer(config, drain, args.drain_grace_s).run()
@@ -291,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     worker_parser.add_argument(
         "--advertise-url", default=None, help="the URL the router should use for this worker (default http://HOST:PORT)"
+    )
+    worker_parser.add_argument(
+        "--role",
+        choices=typing.get_args(Role),
+        default="colocated",
+        help="prefill: hand each stream to a decode worker after its first token, with its KV",
     )
     worker_parser.set_defaults(run=worker)
     router_parser = commands.add_parser("router", help="one OpenAI endpoint in front of many workers")

@@ -475,8 +475,14 @@ class LLMEngine:
         self.kv_blocks_imported += imported
         return imported
 
+    @property
+    def moves_kv(self) -> bool:
+        """Whether KV blocks can be exported from and imported into this engine (a one-process
+        replica: a parallel replica's cache is spread over its processes)."""
+        return self.config.tensor_parallel_size == 1 and self.config.pipeline_parallel_size == 1
+
     def _one_process_caches(self) -> list:
-        if self.config.tensor_parallel_size > 1 or self.config.pipeline_parallel_size > 1:
+        if not self.moves_kv:
             raise KVLayoutMismatch("KV blocks move only to and from a one-process replica")
         return self.runner.kv_caches
 

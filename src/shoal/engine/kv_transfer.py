@@ -77,6 +77,11 @@ class KVBlocks:
     def num_tokens(self) -> int:
         return len(self.hashes) * self.layout.block_size
 
+    @property
+    def nbytes(self) -> int:
+        """The size of the keys and values."""
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
 
 def export_prefix(
     layout: KVLayout, blocks: BlockManager, caches: list[tuple[torch.Tensor, torch.Tensor]], token_ids: list[int]

@@ -9,13 +9,16 @@ with msgspec's reason), never half-read.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Rate = Annotated[float, msgspec.Meta(ge=0)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+# colocated: prefill and decode; prefill: hands each stream off after its first token; decode: takes
+# the continuations (shoal.worker.kv_mobility).
+Role = Literal["colocated", "prefill", "decode"]
 
 
 class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
@@ -55,6 +58,8 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     capability: Rate | None = None
     calibration: CalibrationFigures | None = None
     generated_tokens: Count | None = None  # since start; 0: the speeds above are still the calibration's
+    role: Role = "colocated"
+    kv_peer: str | None = None  # the ZeroMQ address other workers fetch this worker's KV blocks from
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):

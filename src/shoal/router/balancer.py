@@ -11,6 +11,7 @@ from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import Policy, eligible
 from shoal.router.prefix_index import PrefixIndex
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
+from shoal.router.worker_roles import Phase, decode_tokens_on, for_phase
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,13 @@ class Balancer:
         self.rng = random.Random(seed)
         self.decisions = 0
 
-    def place(self, request: RouteRequest, exclude: frozenset[str] = frozenset()) -> Placement | None:
-        """None when no worker can take the request (unknown model, all unhealthy, too long)."""
+    def place(
+        self, request: RouteRequest, exclude: frozenset[str] = frozenset(), phase: Phase = "prefill"
+    ) -> Placement | None:
+        """None when no worker can take the request (unknown model, all unhealthy, too long).
+        A continuation is placed in the decode phase (shoal.router.worker_roles)."""
         views = [w for w in self.membership.views() if w.worker_id not in exclude]
-        candidates = eligible(request, views)
+        candidates = eligible(request, for_phase(views, request.model, phase))
         if not candidates:
             return None
         matched = self.prefix_index.matched_blocks(request.prefix_blocks, [w.worker_id for w in candidates])
@@ -54,7 +58,7 @@ class Balancer:
         )
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
-        ticket = state.start(request.prompt_tokens - cached, request.expected_decode_tokens)
+        ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))
         return Placement(state, ticket, cached, tuple(candidates), context)
 
     def release(self, placement: Placement) -> None:

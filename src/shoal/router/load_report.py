@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.protocol.worker_load import WorkerLoad
+from shoal.protocol.worker_load import Role, WorkerLoad
 
 # Per server family: (running requests, waiting requests, KV usage fraction) metric names.
 PROMETHEUS_NAMES = (
@@ -39,6 +39,8 @@ class LoadReport:
     capability: float | None = None
     unmeasured: bool = False
     draining: bool = False
+    role: Role = "colocated"
+    kv_peer: str | None = None
 
     @classmethod
     def from_shoal(cls, report: WorkerLoad) -> LoadReport:
@@ -62,6 +64,8 @@ class LoadReport:
             capability=report.capability,
             unmeasured=report.generated_tokens == 0,
             draining=report.draining,
+            role=report.role,
+            kv_peer=report.kv_peer,
         )
 
     @classmethod

@@ -117,6 +117,7 @@ class WorkerState:
             single_step_s=report.single_step_s,
             capability=report.capability,
             unmeasured=report.unmeasured,
+            role=report.role,
         )
 
 

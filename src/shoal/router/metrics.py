@@ -40,6 +40,12 @@ class RouterMetrics:
         self.migrations = Counter(
             "shoal_router_migrations", "Streams moved to another worker mid-generation.", ["model"], registry=registry
         )
+        self.handoffs = Counter(
+            "shoal_router_handoffs",
+            "Streams a worker handed off to another, with their KV (reason: prefill, drain).",
+            ["model", "reason"],
+            registry=registry,
+        )
         self.ttft = Histogram(
             "shoal_router_time_to_first_token_seconds",
             "Arrival at the router to the first token relayed.",

@@ -162,6 +162,12 @@ class RequestTelemetry:
                 trace_id=self.trace_id,
             )
 
+    def handed_off(self, worker_id: str, tokens: int, reason: str) -> None:
+        self.metrics.handoffs.labels(self.model, reason).inc()
+        self.root.add_event(
+            "handoff", {"shoal.worker": worker_id, "shoal.tokens_so_far": tokens, "shoal.reason": reason}
+        )
+
     def tokens(self, count: int) -> None:
         """`count` tokens relayed to the client now."""
         now = time.monotonic()

@@ -9,6 +9,7 @@ from shoal.router.views import RouteRequest
 
 SESSION_HEADERS = ("x-session-id", "x-shoal-session")
 PRIORITIES = ("critical", "standard", "sheddable")
+ROUTER_ONLY_FIELDS = ("kv_source",)  # a worker imports KV from the peer it names
 # Chat templates add a few tokens per message (role markers, separators).
 TEMPLATE_TOKENS_PER_MESSAGE = 4
 
@@ -24,7 +25,11 @@ class RequestError(ValueError):
 def route_request(
     body: dict, headers: dict[str, str], chat: bool, chars_per_token: float, default_decode_tokens: int
 ) -> RouteRequest:
-    """Raises RequestError for what the router itself needs and cannot find (model, prompt)."""
+    """Raises RequestError for what the router itself needs and cannot find (model, prompt), and
+    for a field only routers set."""
+    for field in ROUTER_ONLY_FIELDS:
+        if field in body:
+            raise RequestError(f"`{field}` is set by shoal's routers, not by clients", field)
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise RequestError("`model` is required and must be a string", "model")

@@ -14,6 +14,11 @@ the same tokens as a run without the failure. Migrations are bounded per request
 for looking hung may take the stream again once it answers (tried_workers.py); while no worker can
 take it, the stream waits for one (up to failover.wait_for_capacity_s, never past the request's
 x-shoal-deadline-s), with keep-alives to the client.
+A planned move is a handoff (shoal.protocol.kv_handoff): a prefill worker after the first token,
+a draining worker at its next one. The stream continues in the decode phase (worker_roles), and
+the next worker imports the KV from the one that handed it off (`kv_source`) instead of computing
+it; so does the next worker of a stream moved off a worker the health monitor ejected while it still
+answers. A crash still costs a recompute.
 Non-streaming clients get the same protection: the router streams from the worker and assembles
 the response. An error event with a 4xx code is the request's own fault (its grammar allows no
 token of the model's vocabulary, say): no worker would do better, so it reaches the client as it is.
@@ -34,6 +39,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.errors import error_body
 from shoal.protocol.keep_alive import BARE
+from shoal.protocol.kv_handoff import ACCEPTS_KV_HANDOFF, HANDOFF_HEADER, MAX_HANDOFFS, Handoff
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.choice_fanout import choice_bodies, merged
@@ -44,7 +50,7 @@ from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
 from shoal.router.stream_journal import JournalWriter
-from shoal.router.stream_relay import StreamBroken, StreamProgress, is_client_error, relay
+from shoal.router.stream_relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
 from shoal.router.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest
 
@@ -71,6 +77,7 @@ class Attempt:
     telemetry: RequestTelemetry
     placement: Placement | None = None
     upstream: aiohttp.ClientResponse | None = None
+    accepts_handoff: bool = True  # its worker may hand the stream off (shoal.protocol.kv_handoff)
 
 
 class StreamFailover:
@@ -107,6 +114,8 @@ class StreamFailover:
                 await asyncio.sleep(self._backoff(try_number))
             worker = attempt.placement.worker
             outgoing = dict(forwarded)
+            if attempt.accepts_handoff and worker.load_source == "shoal":
+                outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF
             attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
             sent = time.monotonic()
             try:
@@ -160,7 +169,9 @@ class StreamFailover:
         if resuming:
             exclude |= {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
         started_ns = time.time_ns()
-        placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude))
+        placement = self.balancer.place(
+            attempt.routed, exclude=frozenset(exclude), phase="decode" if resuming else "prefill"
+        )
         attempt.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
         if placement is None and not resuming and attempt.routed.priority == "critical":
             for model in self.fallbacks(attempt.routed.model):
@@ -194,6 +205,20 @@ class StreamFailover:
         attempt.placement = None
         if not taken_out:
             self.monitor.request_failed(worker, reason, connection_lost)
+
+    def _hand_over(self, attempt: Attempt, progress: StreamProgress, handoff: Handoff) -> None:
+        """Lets the worker that handed the stream off go (it did nothing wrong): not counted as a
+        failure nor a migration; past MAX_HANDOFFS the next worker may not hand it off again."""
+        worker = attempt.placement.worker
+        attempt.telemetry.end_attempt("handed_off", None)
+        attempt.telemetry.handed_off(worker.worker_id, len(progress.token_ids), handoff.reason)
+        progress.handoffs += 1
+        attempt.accepts_handoff = progress.handoffs < MAX_HANDOFFS
+        worker.streams.discard(attempt.upstream)
+        attempt.upstream.release()
+        attempt.upstream = None
+        self.balancer.release(attempt.placement)
+        attempt.placement = None
 
     def _finish(self, attempt: Attempt) -> None:
         if attempt.upstream is not None:
@@ -355,6 +380,17 @@ class StreamFailover:
                     if journal is not None:
                         await journal.finish(progress)
                     return
+                except HandedOff as moved:
+                    self._hand_over(attempt, progress, moved.handoff)
+                    attempt.body = progress.resume_body(original_body)
+                    if moved.handoff.kv_peer:
+                        attempt.body["kv_source"] = moved.handoff.kv_peer
+                    async for keep_alive in self._reopen(attempt, path, headers, tried, True, wait_s):
+                        yield keep_alive
+                    if attempt.upstream is None or attempt.upstream.status != 200:
+                        yield _gave_up(attempt, "no worker left to continue this stream")
+                        yield DONE
+                        return
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
                     attempt.telemetry.end_attempt("broken", str(broken))
@@ -379,6 +415,8 @@ class StreamFailover:
                     attempt.telemetry.migrated(worker_id, len(progress.token_ids), str(broken))
                     resuming = bool(progress.token_ids)
                     attempt.body = progress.resume_body(original_body) if resuming else original_body
+                    if resuming and (source := _ejected_kv_peer(self.membership, worker_id)):
+                        attempt.body["kv_source"] = source
                     async for keep_alive in self._reopen(attempt, path, headers, tried, resuming, wait_s):
                         yield keep_alive
                     if attempt.upstream is None or attempt.upstream.status != 200:
@@ -403,7 +441,8 @@ class StreamFailover:
         the same positions. progress.token_ids then holds exactly `tokens` ids. Raises
         StreamBroken when no worker could do it."""
         scratch = StreamProgress(progress.token_ids[:], True, progress.text_chars, progress.seed, progress.response_id)
-        attempt = Attempt(routed, scratch.resume_body(body), telemetry, self.balancer.place(routed))
+        placement = self.balancer.place(routed, phase="decode")
+        attempt = Attempt(routed, scratch.resume_body(body), telemetry, placement, accepts_handoff=False)
         if not await self.open(attempt, path, headers, TriedWorkers(), resuming=True):
             raise StreamBroken("no worker could regenerate the stream up to where its client stood")
         try:
@@ -450,6 +489,14 @@ async def _finally(events: AsyncIterator[bytes], finish: Callable[[], None]) -> 
             yield event
     finally:
         finish()
+
+
+def _ejected_kv_peer(membership: Membership, worker_id: str) -> str | None:
+    """The KV peer of a worker ejected while it still answers (its blocks are likely still there)."""
+    worker = membership.workers.get(worker_id)
+    if worker is None or worker.down or worker.ejected_until is None or worker.report is None:
+        return None
+    return worker.report.kv_peer
 
 
 def _wants_usage(body: dict) -> bool:

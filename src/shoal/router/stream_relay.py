@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from shoal.protocol.keep_alive import BARE, parse_keep_alive
+from shoal.protocol.kv_handoff import Handoff, handoff_of
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.config import FailoverSettings
 from shoal.router.membership import WorkerState
@@ -36,6 +37,14 @@ class StreamBroken(Exception):
         self.timed_out = timed_out
 
 
+class HandedOff(Exception):
+    """The worker handed the stream off (shoal.protocol.kv_handoff): it goes on elsewhere."""
+
+    def __init__(self, handoff: Handoff):
+        super().__init__(f"handed off ({handoff.reason})")
+        self.handoff = handoff
+
+
 @dataclass
 class StreamProgress:
     """What the client has received so far. Invariant: token_ids are exactly the tokens relayed;
@@ -49,6 +58,7 @@ class StreamProgress:
     seed: int | None = None
     response_id: str | None = None
     migrations: int = 0
+    handoffs: int = 0
 
     def event_id(self) -> str:
         """Where the client stands after the event just relayed (shoal.router.stream_journal)."""
@@ -97,8 +107,9 @@ async def relay(
     event_ids: bool = False,
 ) -> AsyncIterator[bytes]:
     """Yields the worker's events (one SSE event a chunk), updating progress and the worker's
-    latency figures; raises StreamBroken if it stops short. With `event_ids` each event gets an SSE
-    `id:` and the same id as `event_id` in its JSON (for clients that do not show SSE ids)."""
+    latency figures; raises StreamBroken if it stops short, HandedOff at a handoff event. With
+    `event_ids` each event gets an SSE `id:` and the same id as `event_id` in its JSON (for clients
+    that do not show SSE ids)."""
     resumed = progress.response_id is not None  # a migration or a resumed stream: one response id
     last = time.monotonic()
     first = True
@@ -143,6 +154,12 @@ async def relay(
                 yield data_event(payload)
                 continue
             raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
+        try:
+            handoff = handoff_of(event)
+        except ValueError as exc:
+            raise StreamBroken(str(exc)) from None
+        if handoff is not None:
+            raise HandedOff(handoff)
         choice = (event.get("choices") or [{}])[0]
         token_ids = choice.get("token_ids") or []
         if token_ids:

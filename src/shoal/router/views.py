@@ -58,6 +58,7 @@ class WorkerView:
     single_step_s: float | None = None
     capability: float | None = None
     unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's
+    role: str = "colocated"  # colocated, prefill or decode (shoal.router.worker_roles)
 
     @property
     def outstanding_tokens(self) -> int:

@@ -5,6 +5,11 @@ only (shoal.parallel.cluster_sockets), and answers each KVWanted with the KV of 
 of its tokens that the worker's cache holds (shoal.protocol.kv_frames; possibly no block), exported
 by the engine thread between steps, or with a KVRefused saying why not. A bad request never stops
 it. `fetch_kv` asks a peer, from a thread of its own.
+
+The peer binds on the worker's host and is known by `address`, with the host the worker advertises
+(a worker bound to every interface is reached at the one it names). `on_request` runs, on the
+peer's thread, for every request it takes (a draining worker stays up while peers still fetch);
+`on_exported` for every export sent, with the blocks and the seconds from request to answer.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
+from collections.abc import Callable
 
 import zmq
 
@@ -29,9 +36,21 @@ EXPORT_TIMEOUT_S = 30.0
 class KVPeer:
     """Invariant: every request gets exactly one answer, in the order received."""
 
-    def __init__(self, engine: AsyncLLMEngine, context: ClusterContext, host: str, loop: asyncio.AbstractEventLoop):
+    def __init__(
+        self,
+        engine: AsyncLLMEngine,
+        context: ClusterContext,
+        host: str,
+        loop: asyncio.AbstractEventLoop,
+        advertise_host: str | None = None,
+        on_request: Callable[[], None] = lambda: None,
+        on_exported: Callable[[KVBlocks, float], None] = lambda blocks, seconds: None,
+    ):
         self.engine, self.loop = engine, loop
-        self.socket, self.address = context.bind_to_random_port(zmq.ROUTER, host)
+        self.on_request, self.on_exported = on_request, on_exported
+        self.socket, bound = context.bind_to_random_port(zmq.ROUTER, host)
+        port = bound.rsplit(":", 1)[1]
+        self.address = f"tcp://{advertise_host}:{port}" if advertise_host else bound
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="shoal-kv-peer", daemon=True)
         self._thread.start()
@@ -41,18 +60,25 @@ class KVPeer:
             if not self.socket.poll(100):
                 continue
             identity, *message = self.socket.recv_multipart(copy=False)
-            self.socket.send_multipart([identity, *self._answer([frame.buffer for frame in message])], copy=False)
+            self.on_request()
+            started = time.monotonic()
+            answer, exported = self._answer([frame.buffer for frame in message])
+            self.socket.send_multipart([identity, *answer], copy=False)
+            if exported is not None:
+                self.on_exported(exported, time.monotonic() - started)
 
-    def _answer(self, message: list[memoryview]) -> list[bytes | memoryview]:
+    def _answer(self, message: list[memoryview]) -> tuple[list[bytes | memoryview], KVBlocks | None]:
+        """The answer's frames, and the blocks it carries (None for a refusal)."""
         try:
             wanted = kv_frames.decode_request(message)
-            exported = asyncio.run_coroutine_threadsafe(self.engine.export_kv(wanted.token_ids), self.loop)
-            return to_frames(exported.result(EXPORT_TIMEOUT_S))
+            exporting = asyncio.run_coroutine_threadsafe(self.engine.export_kv(wanted.token_ids), self.loop)
+            exported = exporting.result(EXPORT_TIMEOUT_S)
+            return to_frames(exported), exported
         except BadFrame as exc:
             log.warning("KV peer: refused a request: %s", exc)
-            return [kv_frames.encode(kv_frames.KVRefused(f"bad request: {exc}"))]
+            return [kv_frames.encode(kv_frames.KVRefused(f"bad request: {exc}"))], None
         except Exception as exc:  # the engine could not export (a parallel replica, shutting down)
-            return [kv_frames.encode(kv_frames.KVRefused(f"{type(exc).__name__}: {exc}"))]
+            return [kv_frames.encode(kv_frames.KVRefused(f"{type(exc).__name__}: {exc}"))], None
 
     def close(self) -> None:
         self._stopped.set()

@@ -12,11 +12,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shoal.engine.async_engine import AsyncLLMEngine
+from shoal.engine.kv_transfer import KVBlocks
 from shoal.engine.sequence import Sequence
 from shoal.observability.latency_buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from shoal.worker.device_metrics import DeviceCollector
 
 disable_created_metrics()  # no *_created series, as in vLLM
+
+KV_TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 
 
 # (kind, name under shoal:, help, EngineStats field); counters get "_total" appended on exposition.
@@ -96,7 +99,37 @@ class WorkerMetrics:
             ["model_name", "finished_reason"],
             registry=self.registry,
         )
+        self.kv_bytes = Counter(
+            "shoal:kv_transfer_bytes",
+            "Bytes of KV blocks sent to or taken from other workers.",
+            ["model_name", "direction"],
+            registry=self.registry,
+        )
+        self.kv_seconds = Histogram(
+            "shoal:kv_transfer_seconds",
+            "Time to move one request's KV blocks (fetch and import, or export and send).",
+            ["model_name", "direction"],
+            buckets=KV_TRANSFER_BUCKETS,
+            registry=self.registry,
+        )
+        self.kv_import_failures = Counter(
+            "shoal:kv_import_failures",
+            "KV imports that failed (the KV was computed instead).",
+            labels,
+            registry=self.registry,
+        )
+        self.handoffs = Counter(
+            "shoal:kv_handoffs",
+            "Streams handed off to another worker, by reason (prefill, drain).",
+            ["model_name", "reason"],
+            registry=self.registry,
+        )
         self.model_name = model_name
+
+    def kv_moved(self, direction: str, blocks: KVBlocks, seconds: float) -> None:
+        """One transfer's bytes and time (its blocks are counted by the engine)."""
+        self.kv_bytes.labels(self.model_name, direction).inc(blocks.nbytes)
+        self.kv_seconds.labels(self.model_name, direction).observe(seconds)
 
     def first_token(self, seq: Sequence, time_to_first_token_s: float) -> None:
         self.ttft.observe(time_to_first_token_s)

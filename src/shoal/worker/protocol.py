@@ -69,6 +69,9 @@ class SamplingFields(Strict):
     # text the client already has resume_text_offset characters (default: all).
     resume_token_ids: list[int] | None = None
     resume_text_offset: int | None = Field(None, ge=0)
+    # shoal extension, set by routers: the KV peer (ZeroMQ address) of a worker that holds the KV of
+    # the prompt and resumed tokens; this worker imports it instead of computing it.
+    kv_source: str | None = Field(None, min_length=1, max_length=512)
     structured_outputs: StructuredOutputsField | None = None
     # Read by routers (session affinity, admission class); a worker has no use for them.
     user: str | None = None

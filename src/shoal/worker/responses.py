@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
@@ -19,8 +19,10 @@ from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import InvalidRequestError, PromptTooLongError, ShoalError
 from shoal.model.tokenizer import IncrementalDetokenizer
 from shoal.protocol.keep_alive import KeepAlive
+from shoal.protocol.kv_handoff import Handoff, handoff_event
 from shoal.protocol.sse import DONE, data_event
 from shoal.worker.chat_choice import ChatChoice
+from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
 from shoal.worker.request_tracing import WorkerRequestSpan
@@ -40,14 +42,28 @@ async def respond(
     max_model_len: int,
     trace: WorkerRequestSpan,
     tool_use: ToolUse | None = None,
+    kv: KVMobility | None = None,
+    may_hand_off: bool = False,
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
     response. A chat request with `tool_use` has its tool calls read from its output, and forced
-    by a grammar where tool_choice asks for a call."""
+    by a grammar where tool_choice asks for a call. With `kv`, the KV named by `kv_source` is
+    imported first, and a stream that `may_hand_off` is handed off when `kv` says."""
     try:
         response = await _respond(
-            engine, body, prompt_ids, max_tokens, logprobs, chat, model_name, max_model_len, trace, tool_use
+            engine,
+            body,
+            prompt_ids,
+            max_tokens,
+            logprobs,
+            chat,
+            model_name,
+            max_model_len,
+            trace,
+            tool_use,
+            kv,
+            may_hand_off and body.stream and kv is not None,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -68,6 +84,8 @@ async def _respond(
     max_model_len: int,
     trace: WorkerRequestSpan,
     tool_use: ToolUse | None,
+    kv: KVMobility | None,
+    may_hand_off: bool,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -86,6 +104,8 @@ async def _respond(
     constraint = _constraint(engine, body, tool_use)
     if constraint is not None:
         await engine.compile_grammar(constraint)
+    if body.kv_source and kv is not None:
+        await kv.import_prefix(engine, body.kv_source, prompt_ids + list(body.resume_token_ids or ()), trace)
     skip_special_tokens = tool_use is None or tool_use.skip_special_tokens
     for i in range(body.n):
         trace.track(f"{request_id}-{i}")
@@ -114,8 +134,11 @@ async def _respond(
         if choices and resume is not None:
             choices[0].replay(_resumed_text(engine, prompt_ids, resume, skip_special_tokens))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        handoff = kv.handoff if may_hand_off else None
         return StreamingResponse(
-            _sse(engine, streams, firsts, meta, choices, len(prompt_ids), include_usage, render, resumed, trace),
+            _sse(
+                engine, streams, firsts, meta, choices, len(prompt_ids), include_usage, render, resumed, trace, handoff
+            ),
             media_type="text/event-stream",
             background=BackgroundTask(trace.end),
         )
@@ -200,12 +223,15 @@ async def _sse(
     render: LogprobRenderer,
     resumed: int,
     trace: WorkerRequestSpan,
+    handoff: Callable[[int], Handoff | None] | None = None,
 ):
     """Merges the choices' outputs into SSE chunks, with a keep-alive after every KEEP_ALIVE_S
     without one; abandoning it (client gone) aborts every choice. Usage counts the `resumed`
     tokens too: the client's completion includes them. A chat chunk whose text was read for tool
     calls says how many characters of raw text it stands for (`text_chars`), which is what a
-    router resumes from."""
+    router resumes from. A one-choice stream with `handoff` asks it, after each chunk and
+    keep-alive, whether to end with a handoff event instead (given the tokens sent so far); its
+    engine request is then aborted."""
     chat = chats is not None
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -239,6 +265,9 @@ async def _sse(
                 index, output = await asyncio.wait_for(queue.get(), KEEP_ALIVE_S)
             except TimeoutError:
                 yield _keep_alive(engine)
+                if handoff and (moved := handoff(completion_tokens - resumed)):
+                    yield handoff_event(moved)
+                    return
                 continue
             if output is None:
                 remaining -= 1
@@ -264,6 +293,9 @@ async def _sse(
             else:
                 choice["text"] = output.new_text
             yield data_event({**meta, "object": kind, "choices": [choice]})
+            if handoff and not output.finished and (moved := handoff(completion_tokens - resumed)):
+                yield handoff_event(moved)
+                return
         if include_usage:
             yield data_event({**meta, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
         yield DONE

@@ -23,11 +23,12 @@ from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import ModelNotFoundError, ShoalError, error_body
 from shoal.observability.tracing import Tracing
-from shoal.protocol.worker_load import CalibrationFigures, WorkerLoad, encode
+from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
 from shoal.worker.drain import DrainState
 from shoal.worker.heartbeat import RouterHeartbeat
+from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.metrics import WorkerMetrics
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from shoal.worker.request_tracing import EngineSpans, WorkerRequestSpan
@@ -60,11 +61,15 @@ def create_app(
     limits: AdmissionLimits | None = None,
     routers: Sequence[RouterLink] = (),
     tracing: Tracing | None = None,
+    role: Role = "colocated",
+    kv_peer_host: str | None = None,
+    advertise_host: str | None = None,
 ) -> FastAPI:
     """The worker's ASGI app. Invariants: a client's mistake is a 4xx for that request only; an
     engine failure is a 500 for the requests it hit only. The worker registers with each of
     `routers` (redundant routers serve the same workers) and heartbeats its load report to each.
-    Requests are traced with `tracing` (in memory only, if not given)."""
+    Requests are traced with `tracing` (in memory only, if not given). It serves in `role`, with a
+    KV peer on `kv_peer_host` (reached at `advertise_host`) where it can have one (kv_mobility)."""
     drain = drain or DrainState()
     tracing = tracing or Tracing("shoal-worker")
 
@@ -94,10 +99,14 @@ def create_app(
             capability=calibration.capability if calibration else None,
             calibration=figures,
             generated_tokens=stats.generation_tokens,
+            role=role,
+            kv_peer=kv.kv_peer,
         )
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        if kv_peer_host is not None:
+            kv.open_peer(engine, kv_peer_host, advertise_host)
         tasks = [
             asyncio.create_task(RouterHeartbeat(r.url, r.advertise_url, model_name, r.secret, load_report).run())
             for r in routers
@@ -105,6 +114,7 @@ def create_app(
         yield
         for task in tasks:
             task.cancel()
+        kv.close()
         tracing.shutdown()
 
     app = FastAPI(title="shoal worker", lifespan=lifespan)
@@ -115,6 +125,7 @@ def create_app(
         waiting_requests=lambda: engine.stats.num_waiting,
     )
     metrics = WorkerMetrics(engine, model_name)
+    kv = KVMobility(role, drain, metrics, tracing)
     engine_spans = EngineSpans(tracing)
     engine.engine.observer = ObserverGroup(metrics, engine_spans)
     tokenizer = engine.engine.tokenizer
@@ -209,6 +220,8 @@ def create_app(
             model_name=model_name,
             max_model_len=max_model_len,
             trace=traced(request),
+            kv=kv,
+            may_hand_off=kv.may_hand_off(request.headers, body.n),
         )
 
     @app.post("/v1/chat/completions")
@@ -229,6 +242,8 @@ def create_app(
             max_model_len=max_model_len,
             trace=traced(request),
             tool_use=tool_use,
+            kv=kv,
+            may_hand_off=kv.may_hand_off(request.headers, body.n),
         )
 
     return app

@@ -33,7 +33,8 @@ trade conversations on noise and every trade re-computes a whole history.
 Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
-taken as the fleet's median, so unknown workers are treated as typical rather than as free.
+taken as the fleet's median, so unknown workers are treated as typical rather than as free. A
+prefill worker generates only the first token (it hands the rest off), so only that counts there.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
+from shoal.router.worker_roles import decode_tokens_on
 
 DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
 DEFAULT_DECODE_TOKENS_PER_S = 100.0
@@ -115,7 +117,8 @@ def estimated_seconds(
     if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
         ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
     uncached = request.prompt_tokens - context.cached_tokens(request, worker)
-    return ahead + uncached / speed.prefill_tokens_per_s + request.expected_decode_tokens * per_token
+    decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
+    return ahead + uncached / speed.prefill_tokens_per_s + decode_tokens * per_token
 
 
 @dataclass(frozen=True)
