@@ -54,7 +54,14 @@ BROKEN = [
         "models.0.max_num_seqs: Input should be greater than or equal to 1",
     ),
     ({"models": [{"name": "a", "pipeline_wire_dtype": "int8"}]}, "models.0.pipeline_wire_dtype: Input should be"),
-    ({"models": [{"name": "a"}, {"name": "a"}]}, "models: a defined more than once"),
+    ({"models": [{"name": "a"}, {"name": "a"}]}, "models: a (colocated) defined more than once"),
+    ({"models": [{"name": "a", "role": "prefill"}]}, "the prefill workers of a hand their streams to decode"),
+    (
+        {"models": [{"name": "a", "role": "decode", "fallbacks": ["b"]}, {"name": "a"}, {"name": "b"}]},
+        "models: every role of a must have the same fallbacks",
+    ),
+    ({"models": [{"name": "a", "role": "decode", "warm_spares": 1}]}, "models.0: a decode pool has a fixed size"),
+    ({"models": [{"name": "a", "role": "router"}]}, "models.0.role: Input should be 'colocated', 'prefill'"),
     (
         {"models": [{"name": "a", "fallbacks": ["b"]}]},
         "the fallbacks of a must be other models of this deployment; not b",
@@ -97,6 +104,16 @@ def test_each_broken_config_names_its_key_and_reason(raw, message):
 def test_the_examples_are_valid(example):
     config = DeploymentConfig.from_file(example)
     assert config.models and config.router_config().port == config.port
+
+
+def test_a_model_runs_in_prefill_and_decode_pools_with_its_role_on_each_workers_command_line():
+    config = DeploymentConfig.from_file(Path(__file__).parents[2] / "examples" / "disaggregated.yaml")
+    assert [m.role for m in config.models] == ["prefill", "decode"]
+    assert list(config.router_config().models) == [config.models[0].name]
+    for model in config.models:
+        command = worker_command(model, "127.0.0.1", 8001)
+        assert command[command.index("--role") + 1] == model.role
+    assert len({m.log_name(0) for m in config.models}) == 2
 
 
 def test_the_default_is_two_workers_of_the_bundled_model_and_fallbacks_reach_the_router():

@@ -15,6 +15,7 @@ import psutil
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from shoal.config.engine import EngineConfig
+from shoal.protocol.worker_load import Role
 from shoal.router.config import Frozen, ModelSettings, RouterConfig
 from shoal.sizes import parse_kv_cache
 
@@ -69,10 +70,16 @@ class ModelDeployment(Frozen):
     memory: ranks run on the replica's host; stages run there too with the local launcher, on nodes
     Ray picks (`resources` each) with the Ray launcher, or on `stage_servers` (`shoal stage`
     addresses, one per stage after the first, for one replica) with `spare_stage_servers` waiting
-    to replace a lost one."""
+    to replace a lost one.
+
+    `role` splits a model's prefill from its decode: a model may be listed once per role, and its
+    `prefill` workers hand each stream, with its KV, to its `decode` (or `colocated`) workers
+    after the first token (shoal.worker.kv_mobility). Autoscaling and warm spares are for
+    colocated workers."""
 
     name: str = Field(min_length=1)
     model: str = DEFAULT_MODEL
+    role: Role = "colocated"
     replicas: int = Field(1, ge=0)
     warm_spares: int = Field(0, ge=0)
     autoscaling: Autoscaling | None = None
@@ -114,6 +121,23 @@ class ModelDeployment(Frozen):
                 f"({bounds.min_replicas}) and max_replicas ({bounds.max_replicas})"
             )
         return self
+
+    @model_validator(mode="after")
+    def pools_have_a_fixed_size(self) -> ModelDeployment:
+        if self.role != "colocated" and (self.autoscaling or self.warm_spares):
+            raise ValueError(
+                f"a {self.role} pool has a fixed size: autoscaling and warm_spares are for colocated workers"
+            )
+        return self
+
+    def log_name(self, slot: int) -> str:
+        """The file name of one replica's log."""
+        role = "" if self.role == "colocated" else f"-{self.role}"
+        return f"{self.name.replace('/', '_')}{role}-{slot}.log"
+
+    def describe(self) -> str:
+        """`name ×replicas`, with the role where it is not colocated."""
+        return f"{self.name} ×{self.replicas}" + ("" if self.role == "colocated" else f" ({self.role})")
 
     @model_validator(mode="after")
     def one_kind_of_parallelism(self) -> ModelDeployment:
@@ -203,11 +227,22 @@ class DeploymentConfig(Frozen):
 
     @model_validator(mode="after")
     def consistent_models(self) -> DeploymentConfig:
+        """A model is listed at most once per role, with one fallback chain; prefill workers have
+        workers of the model to hand their streams to."""
         names = [m.name for m in self.models]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
+        entries = [(m.name, m.role) for m in self.models]
+        duplicates = sorted({f"{n} ({r})" for n, r in entries if entries.count((n, r)) > 1})
         if duplicates:
             raise ValueError(f"models: {', '.join(duplicates)} defined more than once")
         for model in self.models:
+            roles = {m.role for m in self.models if m.name == model.name}
+            if model.role == "prefill" and not roles & {"decode", "colocated"}:
+                raise ValueError(
+                    f"models: the prefill workers of {model.name} hand their streams to decode or colocated "
+                    f"workers of it; list some"
+                )
+            if any(m.fallbacks != model.fallbacks for m in self.models if m.name == model.name):
+                raise ValueError(f"models: every role of {model.name} must have the same fallbacks")
             unknown = [f for f in model.fallbacks if f not in names or f == model.name]
             if unknown:
                 raise ValueError(

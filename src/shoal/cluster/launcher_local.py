@@ -11,6 +11,7 @@ from pathlib import Path
 
 from shoal.cluster.config import ModelDeployment
 from shoal.processes import free_port
+from shoal.protocol.cluster_secret import child_environment
 
 
 @dataclass
@@ -27,14 +28,17 @@ class LaunchedWorker:
 
 
 class LocalLauncher:
-    def __init__(self, log_dir: Path, host: str = "127.0.0.1"):
+    """Its workers share the cluster `secret` (their KV peers speak to holders of it only)."""
+
+    def __init__(self, log_dir: Path, secret: str, host: str = "127.0.0.1"):
         self.log_dir = log_dir
+        self.secret = secret
         self.host = host
 
     def start(self, deployment: ModelDeployment, slot: int) -> LaunchedWorker:
         port = free_port(self.host)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        log_path = self.log_dir / f"{deployment.name.replace('/', '_')}-{slot}.log"
+        log_path = self.log_dir / deployment.log_name(slot)
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
                 worker_command(deployment, self.host, port),
@@ -42,6 +46,7 @@ class LocalLauncher:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=child_environment(self.secret),
             )
         return LaunchedWorker(process, f"http://{self.host}:{port}", log_path)
 
@@ -67,4 +72,6 @@ def worker_command(
         str(port),
         "--drain-grace-s",
         str(deployment.drain_grace_s),
+        "--role",
+        deployment.role,
     ]

@@ -78,7 +78,7 @@ class WorkerActor:
         self, deployment: ModelDeployment, log_dir: str, slot: int, secret: str
     ) -> tuple[int, str, str, str, list[str]]:
         host, port = node_address()
-        log_path = Path(log_dir) / f"{deployment.name.replace('/', '_')}-{slot}.log"
+        log_path = Path(log_dir) / deployment.log_name(slot)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         stages = []
         if deployment.pipeline_parallel_size > 1 and not deployment.stage_servers:

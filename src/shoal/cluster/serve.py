@@ -28,6 +28,7 @@ from shoal.cluster.autoscaler import Autoscaler
 from shoal.cluster.config import DeploymentConfig
 from shoal.cluster.launcher_local import LocalLauncher
 from shoal.cluster.supervisor import Launcher, RouterLink, Supervisor
+from shoal.protocol.cluster_secret import run_secret
 from shoal.router.app import create_router_app
 from shoal.router.front_door import FrontDoor
 from shoal.router.membership import normalize_url
@@ -88,7 +89,7 @@ def _launcher(config: DeploymentConfig, log_dir: Path) -> Launcher:
         from shoal.cluster.launcher_ray import RayLauncher
 
         return RayLauncher(config.ray_address, log_dir)
-    return LocalLauncher(log_dir)
+    return LocalLauncher(log_dir, run_secret())
 
 
 def _router_link(front_door: FrontDoor) -> RouterLink:
@@ -138,7 +139,7 @@ async def _run(server: ServeServer, supervisor: Supervisor, app, url: str, confi
 async def _announce_when_ready(app, url: str, config: DeploymentConfig) -> None:
     """Says `ready` once every replica serves in the router (so its /ready holds too); requests
     sent before that wait for the first workers."""
-    models = ", ".join(f"{m.name} ×{m.replicas}" for m in config.models)
+    models = ", ".join(m.describe() for m in config.models)
     wanted = sum(m.replicas for m in config.models)
     print(f"shoal: starting {wanted} workers ({models}) behind {url}; requests wait for them", flush=True)
     membership = app.state.front_door.membership

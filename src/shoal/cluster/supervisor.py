@@ -58,6 +58,7 @@ class Slot:
         worker = self.worker
         return {
             "model": self.deployment.name,
+            "role": self.deployment.role,
             "slot": self.index,
             "state": str(self.state),
             "pid": worker.process.pid if worker else None,
@@ -103,7 +104,8 @@ class Supervisor:
         self.settings = settings
         self.router = router
         self.status_path = status_path
-        self.deployments = {d.name: d for d in deployments}
+        self.all_deployments = list(deployments)
+        self.deployments = {d.name: d for d in deployments if d.role == "colocated"}  # those that scale
         self.slots = [
             Slot(d, i, spare=i >= d.replicas, backoff_s=settings.restart_backoff_s)
             for d in deployments
@@ -276,19 +278,23 @@ class Supervisor:
         else:
             await self._serve(slot, worker)
 
+    def _scaled(self, model: str) -> list[Slot]:
+        """The replica slots of the model's colocated workers (not its spares nor its P/D pools)."""
+        return [
+            s for s in self.slots if s.deployment.name == model and s.deployment.role == "colocated" and not s.spare
+        ]
+
     def replicas(self, model: str) -> int:
-        return sum(1 for s in self.slots if s.deployment.name == model and not s.spare)
+        return len(self._scaled(model))
 
     def starting(self, model: str) -> int:
         """Replicas of the model that are not serving yet."""
-        return sum(
-            1 for s in self.slots if s.deployment.name == model and not s.spare and s.state is not SlotState.SERVING
-        )
+        return sum(1 for s in self._scaled(model) if s.state is not SlotState.SERVING)
 
     def scale(self, model: str, replicas: int, reason: str = "") -> None:
         """Adds replica slots (they start at the next check) or removes them: those not serving yet
         first, then the newest; a serving one leaves the router and drains."""
-        slots = [s for s in self.slots if s.deployment.name == model and not s.spare]
+        slots = self._scaled(model)
         if replicas != len(slots):
             self.router.event(
                 "scaling",
@@ -397,7 +403,7 @@ class Supervisor:
         for process in running:
             process.send_signal(signal.SIGTERM)
         processes = running + self.draining
-        deadline = time.monotonic() + max((d.drain_grace_s for d in self.deployments.values()), default=0) + 5
+        deadline = time.monotonic() + max((d.drain_grace_s for d in self.all_deployments), default=0) + 5
         while any(p.poll() is None for p in processes) and time.monotonic() < deadline:
             await asyncio.sleep(0.1)
         for process in processes:
