@@ -42,13 +42,14 @@ def tiny_worker_args(
 
 
 def spawn_worker(
-    args: list[str], cache_dir, port: int | None = None, stderr=subprocess.PIPE
+    args: list[str], cache_dir, port: int | None = None, stderr=subprocess.PIPE, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen, str]:
-    """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for it."""
+    """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for
+    it, with `env` added to its environment."""
     port = port or free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
-        env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)},
+        env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir), **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=stderr,
     )

@@ -35,6 +35,12 @@ ENGINE_SERIES = (
     ),
     (CounterMetricFamily, "prefix_cache_hits", "Prompt tokens found in the prefix cache.", "prefix_cache_hit_tokens"),
     (CounterMetricFamily, "prompt_tokens", "Prompt tokens of requests that were prefilled.", "prompt_tokens"),
+    (
+        CounterMetricFamily,
+        "prompt_tokens_computed",
+        "Tokens run through prefill (not found in the cache; recomputation included).",
+        "prompt_tokens_computed",
+    ),
     (CounterMetricFamily, "generation_tokens", "Tokens generated.", "generation_tokens"),
     (CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).", "num_preemptions"),
 )

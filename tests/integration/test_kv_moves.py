@@ -1,0 +1,200 @@
+"""Streams that move with their KV cache, between real worker processes behind a real router.
+
+Disaggregated prefill and decode answer token for token like a colocated worker (greedy, seeded,
+n > 1, prompts longer than one prefill chunk), and the decode worker imports the prompt's blocks
+instead of computing them. A draining worker hands its streams to another at their next token:
+they continue token-exact, and the receiver computes none of their prompts again. A P/D pool that
+loses its prefill worker still answers everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import httpx
+import pytest
+import yaml
+
+from tests.support.routers import SECRET, start_router, stop
+from tests.support.streams import read_stream
+from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready
+
+BLOCK_SIZE = 16
+LONG_PROMPT = "a dragon sleeps under the old mountain and dreams of gold " * 6  # several prefill chunks
+
+
+def chat(content: str, seed: int | None, max_tokens: int = 24, **extra) -> dict:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": content}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0 if seed is None else 0.9,
+        "ignore_eos": True,
+        "stream": True,
+        **extra,
+    }
+    return body if seed is None else {**body, "seed": seed}
+
+
+def counter(url: str, name: str) -> float:
+    return sum(v for k, v in scrape(url).items() if k.startswith(name))
+
+
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    """A prefill and a decode worker behind one router, and a colocated worker behind another (the
+    reference), all in small prefill chunks and with the cluster secret."""
+    common = tiny_worker_args(tiny_model_dir, MODEL, "--max-num-batched-tokens", "64", "--block-size", str(BLOCK_SIZE))
+    env = {"SHOAL_CLUSTER_SECRET": SECRET}
+    workers = dict(
+        zip(
+            ("prefill", "decode", "colocated"),
+            [
+                wait_ready(*w)
+                for w in [
+                    spawn_worker(common + ["--role", role], shoal_cache_dir, env=env)
+                    for role in ("prefill", "decode", "colocated")
+                ]
+            ],
+        )
+    )
+    routers = {}
+    for name, members in (("pd", ("prefill", "decode")), ("colocated", ("colocated",))):
+        config = tmp_path_factory.mktemp(name) / "router.yaml"
+        config.write_text(yaml.safe_dump({"workers": [{"url": workers[m][1]} for m in members]}))
+        routers[name] = start_router(["--config", str(config)])
+    yield {name: url for name, (_, url) in workers.items()}, {name: url for name, (_, url) in routers.items()}, workers
+    for process, _ in routers.values():
+        stop(process)
+    for process, _ in workers.values():
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=30)
+
+
+@pytest.mark.parametrize(
+    ("content", "seed"),
+    [("tell me a story", None), ("tell me a story", 11), (LONG_PROMPT, None), (LONG_PROMPT, 12)],
+    ids=["greedy", "seeded", "long-greedy", "long-seeded"],
+)
+def test_prefill_and_decode_workers_answer_like_a_colocated_one_token_for_token(fleet, content, seed):
+    workers, routers, _ = fleet
+    imported_before = counter(workers["decode"], "shoal:kv_transfer_bytes_total")
+    handoffs_before = counter(workers["prefill"], "shoal:kv_handoffs_total")
+    colocated = read_stream(routers["colocated"], chat(content, seed))
+    disaggregated = read_stream(routers["pd"], chat(content, seed))
+    assert disaggregated["ids"] == colocated["ids"] and disaggregated["text"] == colocated["text"]
+    assert len(disaggregated["response_ids"]) == 1 and disaggregated["roles"] == 1
+    assert counter(workers["prefill"], "shoal:kv_handoffs_total") == handoffs_before + 1
+    assert counter(workers["decode"], "shoal:kv_transfer_bytes_total") > imported_before  # the prompt's blocks
+    assert counter(workers["decode"], "shoal:kv_import_failures_total") == 0
+
+
+def test_n_choices_and_non_streaming_requests_are_disaggregated_token_for_token(fleet):
+    workers, routers, _ = fleet
+    body = {**chat(LONG_PROMPT, seed=5), "stream": False, "n": 3}
+    colocated = httpx.post(routers["colocated"] + "/v1/chat/completions", json=body, timeout=60).json()
+    handoffs_before = counter(workers["prefill"], "shoal:kv_handoffs_total")
+    disaggregated = httpx.post(routers["pd"] + "/v1/chat/completions", json=body, timeout=60).json()
+    assert [c["message"]["content"] for c in disaggregated["choices"]] == [
+        c["message"]["content"] for c in colocated["choices"]
+    ]
+    assert disaggregated["usage"] == colocated["usage"]
+    assert counter(workers["prefill"], "shoal:kv_handoffs_total") == handoffs_before + 3
+
+
+def test_the_decode_worker_computes_only_the_prompts_last_partial_block(fleet):
+    workers, routers, _ = fleet
+    prompt = LONG_PROMPT + "and a new ending"  # not cached anywhere yet
+    computed_before = counter(workers["decode"], "shoal:prompt_tokens_computed_total")
+    usage = httpx.post(
+        routers["pd"] + "/v1/chat/completions", json={**chat(prompt, None), "stream": False}, timeout=60
+    ).json()["usage"]
+    computed = counter(workers["decode"], "shoal:prompt_tokens_computed_total") - computed_before
+    # prompt + the first token: what lies past the last full block, never a full block again
+    assert 1 <= computed <= BLOCK_SIZE and usage["prompt_tokens"] > 4 * BLOCK_SIZE
+
+
+def test_a_client_cannot_name_a_kv_source(fleet):
+    _, routers, _ = fleet
+    response = httpx.post(
+        routers["pd"] + "/v1/chat/completions",
+        json={**chat("hello", None), "kv_source": "tcp://10.0.0.1:1"},
+        timeout=30,
+    )
+    assert response.status_code == 400 and response.json()["error"]["param"] == "kv_source"
+
+
+def test_a_draining_worker_hands_its_streams_over_with_their_kv(tiny_model_dir, shoal_cache_dir, tmp_path):
+    """Two colocated workers at 20 ms a step serve four seeded streams; once all are 30 tokens in,
+    the worker of the first gets SIGTERM. Its streams go on at the other worker token for token,
+    whose counters show the imported blocks and none of their prompts computed again; the drained
+    worker exits 0 long before its grace period ends."""
+    common = tiny_worker_args(tiny_model_dir, MODEL, "--block-size", str(BLOCK_SIZE), step_delay_ms=20)
+    env = {"SHOAL_CLUSTER_SECRET": SECRET}
+    spawned = [spawn_worker(common + ["--drain-grace-s", "60"], shoal_cache_dir, env=env) for _ in range(2)]
+    processes = {url: process for process, url in (wait_ready(*w) for w in spawned)}
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"workers": [{"url": u} for u in processes], "policy": "round_robin"}))
+    router, url = start_router(["--config", str(config)])
+    prompts = [f"story number {i}: " + LONG_PROMPT[: 100 + 20 * i] for i in range(4)]
+
+    def body(i: int) -> dict:
+        return chat(prompts[i], seed=30 + i, max_tokens=120, stream_options={"include_usage": True})
+
+    try:
+        clean = [read_stream(url, body(i)) for i in range(4)]
+        started_on: list[str | None] = [None] * 4
+        results: list[dict | None] = [None] * 4
+        all_under_way = threading.Barrier(5)
+
+        def follow(i: int) -> None:
+            def under_way(worker: str) -> None:
+                started_on[i] = worker
+                all_under_way.wait(timeout=60)
+
+            results[i] = read_stream(url, body(i), fault=under_way, after_tokens=30)
+
+        threads = [threading.Thread(target=follow, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        all_under_way.wait(timeout=60)
+        victim = started_on[0]
+        [receiver] = [u for u in processes if u != victim]
+        moved = [i for i in range(4) if started_on[i] == victim]
+        hits_before = counter(receiver, "shoal:prefix_cache_hits_total")
+        computed_before = counter(receiver, "shoal:prompt_tokens_computed_total")
+        blocks_before = counter(receiver, "shoal:kv_transfer_blocks_total")
+        os.kill(processes[victim].pid, signal.SIGTERM)
+        for thread in threads:
+            thread.join(timeout=120)
+        for result, reference in zip(results, clean, strict=True):
+            assert result is not None and result["ids"] == reference["ids"] and result["text"] == reference["text"]
+            assert len(result["response_ids"]) == 1 and result["usage"] == reference["usage"]
+        assert processes[victim].wait(timeout=30) == 0
+        assert counter(receiver, "shoal:kv_transfer_blocks_total") > blocks_before
+        assert counter(receiver, "shoal:kv_import_failures_total") == 0
+        # every moved stream's prompt came from the imported blocks; only what lay past each one's
+        # last full block (output tokens) was computed
+        hits = counter(receiver, "shoal:prefix_cache_hits_total") - hits_before
+        assert hits >= sum(clean[i]["usage"]["prompt_tokens"] for i in moved)
+        assert counter(receiver, "shoal:prompt_tokens_computed_total") - computed_before <= len(moved) * BLOCK_SIZE
+        assert counter(url, "shoal_router_handoffs_total") == len(moved)
+        assert counter(url, "shoal_router_migrations_total") == 0
+    finally:
+        stop(router)
+        for process in processes.values():
+            if process.poll() is None:
+                process.kill()
+            process.wait(timeout=30)
+
+
+def test_a_pd_pool_that_loses_its_prefill_worker_still_answers(fleet):
+    """Runs last in this module: it kills the fleet's prefill worker."""
+    workers, routers, processes = fleet
+    expected = read_stream(routers["colocated"], chat("one more story", seed=77))
+    processes["prefill"][0].kill()
+    processes["prefill"][0].wait(timeout=30)
+    after = read_stream(routers["pd"], chat("one more story", seed=77))
+    assert after["ids"] == expected["ids"] and after["worker"] == workers["decode"]
