@@ -4,7 +4,7 @@ Disaggregated prefill and decode answer token for token like a colocated worker 
 n > 1, prompts longer than one prefill chunk), and the decode worker imports the prompt's blocks
 instead of computing them. A draining worker hands its streams to another at their next token:
 they continue token-exact, and the receiver computes none of their prompts again. A P/D pool that
-loses its prefill worker still answers everything."""
+loses its prefill worker still answers everything. A rolling restart moves streams the same way."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from tests.support.routers import SECRET, start_router, stop
+from tests.support.serving import shoal, supervised
 from tests.support.streams import read_stream
 from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready
 
@@ -198,3 +199,41 @@ def test_a_pd_pool_that_loses_its_prefill_worker_still_answers(fleet):
     processes["prefill"][0].wait(timeout=30)
     after = read_stream(routers["pd"], chat("one more story", seed=77))
     assert after["ids"] == expected["ids"] and after["worker"] == workers["decode"]
+
+
+def test_a_rolling_restart_moves_streams_with_their_kv_token_for_token(deploy):
+    """`shoal restart` under three clients' seeded streams: each old worker hands its streams to
+    the others as it drains, and every stream equals its fault-free run."""
+    _, url, state_dir, _ = deploy(replicas=2, step_delay_ms=20, block_size=BLOCK_SIZE)
+    bodies = [
+        chat(
+            f"restart story {i}: " + LONG_PROMPT[:120],
+            seed=50 + i,
+            max_tokens=150,
+            stream_options={"include_usage": True},
+        )
+        for i in range(3)
+    ]
+    clean = [read_stream(url, body) for body in bodies]
+    results: list[tuple[int, dict]] = []
+    done = threading.Event()
+
+    def client(i: int) -> None:
+        while not done.is_set():
+            results.append((i, read_stream(url, bodies[i])))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        restarted = shoal("restart", "tiny", "--state-dir", str(state_dir))
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout=120)
+    assert restarted.returncode == 0 and "2 replicas of tiny replaced" in restarted.stdout, restarted.stdout
+    assert results and all(r["ids"] == clean[i]["ids"] and r["usage"] == clean[i]["usage"] for i, r in results)
+    assert counter(url, "shoal_router_handoffs_total") > 0 and counter(url, "shoal_router_migrations_total") == 0
+    new_workers = [s["url"] for s in supervised(state_dir)]
+    assert sum(counter(w, "shoal:kv_transfer_blocks_total[('direction', 'in')]") for w in new_workers) > 0
+    assert sum(counter(w, "shoal:kv_import_failures_total") for w in new_workers) == 0
