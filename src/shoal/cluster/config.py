@@ -111,6 +111,9 @@ class ModelDeployment(Frozen):
     spare_stages: int = Field(0, ge=0)
     pipeline_step_deadline_s: float = Field(30.0, gt=0)
     pipeline_ping_timeout_s: float = Field(10.0, gt=0)
+    kv_tier_host_bytes: int = Field(0, ge=0)
+    kv_tier_disk_bytes: int = Field(0, ge=0)
+    kv_tier_dir: str | None = None
 
     @model_validator(mode="after")
     def replicas_within_bounds(self) -> ModelDeployment:

@@ -37,7 +37,9 @@ class EngineConfig:
     wait to replace a lost one, spare_stages local processes do the same. A micro-batch that takes
     longer than pipeline_step_deadline_s makes the head ping its stages; one that does not answer
     within pipeline_ping_timeout_s (a stage answers between steps, so this must exceed its longest
-    step) is replaced.
+    step) is replaced. kv_tier_host_bytes and kv_tier_disk_bytes size the KV tier below the paged
+    cache (shoal.engine.kv_tier; 0: none), its disk files under kv_tier_dir (default: the cache
+    directory's kv-tier).
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -73,6 +75,9 @@ class EngineConfig:
     spare_stages: int = 0
     pipeline_step_deadline_s: float = 30.0
     pipeline_ping_timeout_s: float = 10.0
+    kv_tier_host_bytes: int = 0
+    kv_tier_disk_bytes: int = 0
+    kv_tier_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -96,6 +101,8 @@ class EngineConfig:
             raise ValueError("spare_stages must not be negative")
         if self.pipeline_step_deadline_s <= 0 or self.pipeline_ping_timeout_s <= 0:
             raise ValueError("pipeline_step_deadline_s and pipeline_ping_timeout_s must be positive")
+        if self.kv_tier_host_bytes < 0 or self.kv_tier_disk_bytes < 0:
+            raise ValueError("kv_tier_host_bytes and kv_tier_disk_bytes must not be negative")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
 

@@ -3,7 +3,9 @@
 A full block is identified by a chained hash of (hash of the previous block, its tokens), so equal
 hashes mean equal whole prefixes. Freed blocks keep their hash and stay reusable until the
 allocator needs them for something else (least recently freed first; a sequence's tail blocks are
-freed before its head, so shared prefixes live longest).
+freed before its head, so shared prefixes live longest). With a KV tier (shoal.engine.kv_tier), a
+cached block is spilled there when it is reused, and a prefix lookup that misses here continues
+there: a block found is written into a free block and counts as cached.
 """
 
 from __future__ import annotations
@@ -11,8 +13,12 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter, OrderedDict
+from typing import TYPE_CHECKING
 
 from shoal.engine.sequence import Sequence
+
+if TYPE_CHECKING:
+    from shoal.engine.kv_tier import TierLink
 
 
 def chain_hash(parent: bytes | None, tokens: list[int]) -> bytes:
@@ -44,6 +50,7 @@ class BlockManager:
         self.seq_hashes: dict[str, list[bytes]] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
+        self.tier: TierLink | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -71,6 +78,8 @@ class BlockManager:
                 parent = chain_hash(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
                 block = self.hash_index.get(parent)
                 if block is None:
+                    block = self._from_tier(parent)
+                if block is None:
                     break
                 hashes.append(parent)
                 self._take(block)
@@ -92,7 +101,7 @@ class BlockManager:
         needed = self.blocks_needed(seq.num_computed_tokens + num_new_tokens) - len(seq.block_table)
         for _ in range(needed):
             block, _ = self.free_queue.popitem(last=False)
-            self._forget_hash(block)
+            self._evict(block)
             self.ref_counts[block] = 1
             seq.block_table.append(block)
         return True
@@ -138,7 +147,7 @@ class BlockManager:
         reserved = []
         for _ in range(count):
             block, _ = self.free_queue.popitem(last=False)
-            self._forget_hash(block)
+            self._evict(block)
             reserved.append(block)
         return reserved
 
@@ -151,6 +160,28 @@ class BlockManager:
                 self.hash_index[hashes[i]] = block
                 self.block_hashes[block] = hashes[i]
             self.free_queue[block] = None
+
+    def _from_tier(self, digest: bytes) -> int | None:
+        """A free block now holding the tier's copy of `digest` (cached, free), or None."""
+        if self.tier is None or not self.free_queue:
+            return None
+        data = self.tier.fetch(digest)
+        if data is None:
+            return None
+        block, _ = self.free_queue.popitem(last=False)
+        self._evict(block)
+        self.tier.write(block, data)
+        self.hash_index[digest] = block
+        self.block_hashes[block] = digest
+        self.free_queue[block] = None
+        return block
+
+    def _evict(self, block: int) -> None:
+        """A free block is reused: what it cached goes to the tier, if there is one."""
+        digest = self.block_hashes[block]
+        if digest is not None and self.tier is not None and self.hash_index.get(digest) == block:
+            self.tier.spill(digest, block)
+        self._forget_hash(block)
 
     def _take(self, block: int) -> None:
         if self.ref_counts[block] == 0:

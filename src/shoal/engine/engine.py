@@ -9,6 +9,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -16,6 +17,7 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.grammar import GrammarCompiler
+from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, layout_directory
 from shoal.engine.kv_transfer import (
     KVBlocks,
     KVLayout,
@@ -42,6 +44,7 @@ from shoal.errors import (
     ReplicaFailedError,
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
+from shoal.model.weight_cache import default_cache_dir
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class EngineStats:
     actually run through prefill (recomputation included). Outstanding prefill tokens are prompt
     tokens not yet in the KV cache; outstanding decode tokens are what max_tokens still allows.
     kv_blocks_exported and kv_blocks_imported count KV blocks sent to and taken from other engines.
+    kv_tier counts the KV tier's hits, misses and evictions, and the blocks it holds, by level.
     """
 
     num_running: int
@@ -79,6 +83,7 @@ class EngineStats:
     decode_step_s: float | None
     kv_blocks_exported: int = 0
     kv_blocks_imported: int = 0
+    kv_tier: TierCounters | None = None  # None: no KV tier
 
 
 class LLMEngine:
@@ -125,6 +130,7 @@ class LLMEngine:
         self.model, self.block_manager, self.runner = replica.model, replica.block_manager, replica.runner
         self.tensor_group = replica.tensor_group
         self.kv_cache_budget_bytes = replica.kv_cache_budget_bytes
+        self.kv_tier = self._open_tier()
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
@@ -158,6 +164,8 @@ class LLMEngine:
         self.kv_blocks_exported = self.kv_blocks_imported = 0
         self.block_manager.prefix_queries = self.block_manager.prefix_hits = 0
         self.scheduler.num_preemptions = 0
+        if self.kv_tier is not None:
+            self.kv_tier.reset_counters()
 
     @property
     def max_cached_tokens(self) -> int:
@@ -219,8 +227,31 @@ class LLMEngine:
         return self._output(seq, [], "") if seq else None
 
     def shutdown(self) -> None:
-        """Stops the replica's other processes, if it has any."""
+        """Stops the replica's other processes, if it has any, and keeps the KV tier on disk."""
         self.runner.shutdown()
+        if self.kv_tier is not None:
+            self.kv_tier.close()
+
+    def _open_tier(self) -> KVTier | None:
+        """The KV tier the config asks for, linked under the block manager (None: no tier)."""
+        config = self.config
+        if not (config.kv_tier_host_bytes or config.kv_tier_disk_bytes) or not config.enable_prefix_caching:
+            return None
+        if not self.moves_kv:
+            log.warning("no KV tier: a multi-process replica's cache is spread over its processes")
+            return None
+        caches = self.runner.kv_caches
+        root = (
+            Path(config.kv_tier_dir)
+            if config.kv_tier_dir
+            else Path(config.cache_dir or default_cache_dir()) / "kv-tier"
+        )
+        disk = layout_directory(root, self.kv_layout) if config.kv_tier_disk_bytes else None
+        tier = KVTier(
+            self.kv_layout, TierLink.slot_bytes(caches), config.kv_tier_host_bytes, disk, config.kv_tier_disk_bytes
+        )
+        self.block_manager.tier = TierLink(tier, caches)
+        return tier
 
     def interrupt(self) -> None:
         """From another thread: a step waiting on the replica's other processes gives up."""
@@ -446,6 +477,7 @@ class LLMEngine:
             decode_step_s=self.speed.decode_step_s,
             kv_blocks_exported=self.kv_blocks_exported,
             kv_blocks_imported=self.kv_blocks_imported,
+            kv_tier=self.kv_tier.counters() if self.kv_tier is not None else None,
         )
 
     @functools.cached_property

@@ -12,6 +12,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from shoal.engine.async_engine import AsyncLLMEngine
+from shoal.engine.kv_tier import TierCounters
 from shoal.engine.kv_transfer import KVBlocks
 from shoal.engine.sequence import Sequence
 from shoal.observability.latency_buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
@@ -67,6 +68,26 @@ class EngineCollector(Collector):
         moved.add_metric([self.model_name, "out"], stats.kv_blocks_exported)
         moved.add_metric([self.model_name, "in"], stats.kv_blocks_imported)
         yield moved
+        if stats.kv_tier is not None:
+            yield from self._tier(stats.kv_tier)
+
+    def _tier(self, tier: TierCounters):
+        """The KV tier's series, by level (shoal.engine.kv_tier)."""
+        labels = ["model_name", "level"]
+        hits = CounterMetricFamily("shoal:kv_tier_hits", "KV blocks found in the tier, by level.", labels=labels)
+        evictions = CounterMetricFamily(
+            "shoal:kv_tier_evictions", "KV blocks pushed out of a tier level, by level.", labels=labels
+        )
+        blocks = GaugeMetricFamily("shoal:kv_tier_blocks", "KV blocks held in the tier, by level.", labels=labels)
+        for level in tier.hits:
+            hits.add_metric([self.model_name, level], tier.hits[level])
+            evictions.add_metric([self.model_name, level], tier.evictions[level])
+            blocks.add_metric([self.model_name, level], tier.blocks[level])
+        misses = CounterMetricFamily(
+            "shoal:kv_tier_misses", "KV blocks looked up in the tier and found in no level.", labels=["model_name"]
+        )
+        misses.add_metric([self.model_name], tier.misses)
+        yield from (hits, misses, evictions, blocks)
 
 
 class WorkerMetrics:

@@ -1,0 +1,227 @@
+"""A KV tier below the paged cache: blocks the paged cache evicts are kept in host memory, then in a
+memory-mapped file on local disk, and a prefix found there is copied back instead of recomputed.
+
+Blocks are content-addressed by their chained hash (shoal.engine.block_manager), so a block is valid
+wherever it is found, for any request, in any engine of the same layout. Levels:
+- `host`: an LRU of up to host_bytes of blocks in this process's memory. On a GPU this is the
+  offload target; on a CPU it stretches the paged cache at a lower priority.
+- `disk`: a file of fixed-size slots under `directory`, up to disk_bytes, LRU; host evictions land
+  here. The file survives the process: each slot stores its block's hash after its data (cleared
+  first while a slot is rewritten), so a restarted worker rebuilds the index from the file. The
+  file's header names the layout; a file of another layout is started afresh. Each engine holds an
+  exclusive lock on the file it uses (the first of tier-0.kv, tier-1.kv, ... it can lock), so
+  workers of one host never write each other's slots.
+
+Counters: hits and misses (blocks looked up below the paged cache) and evictions, by level.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import mmap
+from collections import Counter, OrderedDict
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from shoal.engine.kv_transfer import KVLayout
+
+log = logging.getLogger(__name__)
+
+DIGEST_BYTES = 16
+HEADER_BYTES = 4096
+MAX_TIER_FILES = 64
+LEVELS = ("host", "disk")
+
+
+class DiskTier:
+    """Invariant: `index` maps each valid slot's hash to the slot; a slot is in at most one of
+    `index` and `free`; the file's slot i holds [data | digest] with the digest zeroed while the
+    data is rewritten."""
+
+    def __init__(self, directory: Path, layout: KVLayout, slot_bytes: int, capacity_bytes: int):
+        self.slot_bytes = slot_bytes
+        self.stride = slot_bytes + DIGEST_BYTES
+        self.slots = max(1, capacity_bytes // self.stride)
+        directory.mkdir(parents=True, exist_ok=True)
+        signature = json.dumps({**asdict(layout), "slot_bytes": slot_bytes, "slots": self.slots}, sort_keys=True)
+        self.handle, self.path = _lock_a_file(directory)
+        size = HEADER_BYTES + self.slots * self.stride
+        fresh = _header(self.handle) != signature
+        if fresh:
+            self.handle.truncate(0)
+        self.handle.truncate(size)
+        self.map = mmap.mmap(self.handle.fileno(), size)
+        self.index: OrderedDict[bytes, int] = OrderedDict()
+        if fresh:
+            encoded = signature.encode()
+            self.map[: len(encoded) + 1] = encoded + b"\n"
+        else:
+            for slot in range(self.slots):
+                digest = bytes(self._digest_view(slot))
+                if digest != bytes(DIGEST_BYTES):
+                    self.index[digest] = slot
+        self.free = [slot for slot in range(self.slots) if slot not in set(self.index.values())]
+        log.info("KV tier on disk: %s, %d slots, %d blocks kept from before", self.path, self.slots, len(self.index))
+
+    def _digest_view(self, slot: int) -> memoryview:
+        start = HEADER_BYTES + slot * self.stride + self.slot_bytes
+        return memoryview(self.map)[start : start + DIGEST_BYTES]
+
+    def put(self, digest: bytes, data: torch.Tensor) -> bool:
+        """Stores a block (its bytes as a uint8 tensor); True if it evicted another to make room."""
+        if digest in self.index:
+            self.index.move_to_end(digest)
+            return False
+        evicted = not self.free
+        slot = self.index.popitem(last=False)[1] if evicted else self.free.pop()
+        start = HEADER_BYTES + slot * self.stride
+        self._digest_view(slot)[:] = bytes(DIGEST_BYTES)
+        self.map[start : start + self.slot_bytes] = data.numpy().tobytes()
+        self._digest_view(slot)[:] = digest
+        self.index[digest] = slot
+        return evicted
+
+    def get(self, digest: bytes) -> torch.Tensor | None:
+        slot = self.index.get(digest)
+        if slot is None:
+            return None
+        self.index.move_to_end(digest)
+        start = HEADER_BYTES + slot * self.stride
+        return torch.frombuffer(bytearray(self.map[start : start + self.slot_bytes]), dtype=torch.uint8)
+
+    def close(self) -> None:
+        self.map.flush()
+        self.map.close()
+        self.handle.close()
+
+
+@dataclass(frozen=True)
+class TierCounters:
+    """Hits and evictions by level (host, disk), misses (blocks found in no level), blocks held."""
+
+    hits: dict[str, int]
+    misses: int
+    evictions: dict[str, int]
+    blocks: dict[str, int]
+
+
+class KVTier:
+    """Blocks below the paged cache. Blocks travel as one uint8 tensor: every layer's keys, then
+    every layer's values, as the paged cache holds them."""
+
+    def __init__(self, layout: KVLayout, slot_bytes: int, host_bytes: int, disk_dir: Path | None, disk_bytes: int):
+        self.slot_bytes = slot_bytes
+        self.host_blocks = host_bytes // slot_bytes
+        self.host: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.disk = DiskTier(disk_dir, layout, slot_bytes, disk_bytes) if disk_dir is not None and disk_bytes else None
+        self.hits: Counter[str] = Counter()
+        self.misses = 0
+        self.evictions: Counter[str] = Counter()
+
+    def put(self, digest: bytes, data: torch.Tensor) -> None:
+        """Keeps an evicted block (host first; the host's least recently used go to disk)."""
+        if self.host_blocks == 0:
+            self._to_disk(digest, data)
+            return
+        self.host[digest] = data
+        self.host.move_to_end(digest)
+        while len(self.host) > self.host_blocks:
+            old_digest, old = self.host.popitem(last=False)
+            self.evictions["host"] += 1
+            self._to_disk(old_digest, old)
+
+    def _to_disk(self, digest: bytes, data: torch.Tensor) -> None:
+        if self.disk is not None and self.disk.put(digest, data):
+            self.evictions["disk"] += 1
+
+    def get(self, digest: bytes) -> torch.Tensor | None:
+        """The block's bytes, from the nearest level that holds it (a hit there), or None (a miss)."""
+        data = self.host.get(digest)
+        if data is not None:
+            self.hits["host"] += 1
+            return data
+        data = self.disk.get(digest) if self.disk is not None else None
+        if data is None:
+            self.misses += 1
+            return None
+        self.hits["disk"] += 1
+        return data
+
+    def counters(self) -> TierCounters:
+        return TierCounters(
+            hits={level: self.hits[level] for level in LEVELS},
+            misses=self.misses,
+            evictions={level: self.evictions[level] for level in LEVELS},
+            blocks={"host": len(self.host), "disk": len(self.disk.index) if self.disk else 0},
+        )
+
+    def reset_counters(self) -> None:
+        self.hits.clear()
+        self.evictions.clear()
+        self.misses = 0
+
+    def close(self) -> None:
+        """Writes the host level down to disk (least recently used first), then closes the file."""
+        if self.disk is None:
+            return
+        for digest, data in self.host.items():
+            self.disk.put(digest, data)
+        self.disk.close()
+        self.disk = None
+
+
+class TierLink:
+    """Connects a KVTier to one engine's paged cache (a list of per-layer (keys, values) tensors of
+    [num_blocks, ...]): the block manager spills a block it evicts, and writes a block found in the
+    tier into a free block."""
+
+    def __init__(self, tier: KVTier, caches: list[tuple[torch.Tensor, torch.Tensor]]):
+        self.tier, self.caches = tier, caches
+        self.parts = [t[0].numel() * t.element_size() for pair in caches for t in pair]
+
+    @staticmethod
+    def slot_bytes(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
+        return sum(t[0].numel() * t.element_size() for pair in caches for t in pair)
+
+    def spill(self, digest: bytes, block: int) -> None:
+        pieces = [t[block].reshape(-1).view(torch.uint8) for pair in self.caches for t in pair]
+        self.tier.put(digest, torch.cat(pieces).cpu())
+
+    def fetch(self, digest: bytes) -> torch.Tensor | None:
+        return self.tier.get(digest)
+
+    def write(self, block: int, data: torch.Tensor) -> None:
+        offset = 0
+        for tensor, size in zip((t for pair in self.caches for t in pair), self.parts, strict=True):
+            tensor[block].view(-1).view(torch.uint8).copy_(data[offset : offset + size])
+            offset += size
+
+
+def _lock_a_file(directory: Path):
+    """The first tier file of `directory` no other process holds, opened and locked."""
+    for number in range(MAX_TIER_FILES):
+        path = directory / f"tier-{number}.kv"
+        handle = open(path, "a+b")  # noqa: SIM115 (held open for the tier's life)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        return handle, path
+    raise OSError(f"every KV tier file under {directory} is in use")
+
+
+def _header(handle) -> str:
+    handle.seek(0)
+    return handle.read(HEADER_BYTES).split(b"\n", 1)[0].decode(errors="replace")
+
+
+def layout_directory(root: Path, layout: KVLayout) -> Path:
+    """Where tier files of `layout` live under `root`: one directory per layout."""
+    digest = hashlib.blake2b(json.dumps(asdict(layout), sort_keys=True).encode(), digest_size=8).hexdigest()
+    return root / digest
