@@ -9,8 +9,8 @@ import signal
 import httpx
 import torch
 
+from shoal.engine.kv_layout import KVLayout
 from shoal.engine.kv_tier import DiskTier
-from shoal.engine.kv_transfer import KVLayout
 from shoal.engine.sampling_params import SamplingParams
 from tests.support.engine_runs import run_to_completion
 from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready

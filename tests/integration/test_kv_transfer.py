@@ -14,7 +14,8 @@ import pytest
 import zmq
 
 from shoal.engine.async_engine import AsyncLLMEngine
-from shoal.engine.kv_transfer import KVLayoutMismatch, KVRefusedError, from_frames, to_frames
+from shoal.engine.kv_layout import KVLayoutMismatch
+from shoal.engine.kv_transfer import KVRefusedError, from_frames, to_frames
 from shoal.engine.sampling_params import SamplingParams
 from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.protocol.frames import BadFrame

@@ -17,15 +17,9 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.grammar import GrammarCompiler
+from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
 from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, layout_directory
-from shoal.engine.kv_transfer import (
-    KVBlocks,
-    KVLayout,
-    KVLayoutMismatch,
-    export_prefix,
-    import_blocks,
-    model_fingerprint,
-)
+from shoal.engine.kv_transfer import KVBlocks, export_prefix, import_blocks
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from shoal.engine.kv_transfer import KVLayout
+from shoal.engine.kv_layout import KVLayout
 
 log = logging.getLogger(__name__)
 

@@ -2,63 +2,26 @@
 and per-layer keys and values) from one engine and import them into free blocks of another, whose
 prefix cache then knows them, so a request for that prefix there computes none of it again.
 
-Only compatible layouts move: same model (its shapes and a fingerprint of its weights), dtype, block
-size, layers, KV heads and head size; `KVLayout.check_compatible` refuses the rest, naming what
-differs. Only a one-process replica's cache moves (a tensor-parallel or pipeline replica's cache
-is spread over processes).
+Only compatible layouts move (shoal.engine.kv_layout). Only a one-process replica's cache moves (a
+tensor-parallel or pipeline replica's cache is spread over processes).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 from dataclasses import dataclass
 
 import msgspec
 import torch
 
 from shoal.engine.block_manager import BlockManager, chain_hash
+from shoal.engine.kv_layout import KVLayout
 from shoal.protocol import kv_frames
 from shoal.protocol.frames import TensorSpec
 
 
-class KVLayoutMismatch(ValueError):
-    """The blocks' layout differs from the receiving engine's (the message names the fields)."""
-
-
 class KVRefusedError(Exception):
     """The peer asked for blocks answered that it could not give them (the message says why)."""
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    """What must match for KV blocks to be reusable by another engine."""
-
-    model: str  # fingerprint of the model's config and weights (model_fingerprint)
-    dtype: str
-    block_size: int
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-
-    def check_compatible(self, other: KVLayout) -> None:
-        differing = [
-            f"{field.name} {getattr(other, field.name)!r} (here {getattr(self, field.name)!r})"
-            for field in dataclasses.fields(self)
-            if getattr(self, field.name) != getattr(other, field.name)
-        ]
-        if differing:
-            raise KVLayoutMismatch("KV blocks of another layout: " + ", ".join(differing))
-
-
-def model_fingerprint(config: object, model: torch.nn.Module) -> str:
-    """The model's shapes (its config) and a sample of its weights (the final norm): two checkpoints
-    with the same architecture and other weights differ here."""
-    digest = hashlib.blake2b(digest_size=12)
-    digest.update(json.dumps(dataclasses.asdict(config), sort_keys=True, default=str).encode())
-    digest.update(model.norm.detach().float().cpu().numpy().tobytes())
-    return digest.hexdigest()
 
 
 @dataclass

@@ -382,15 +382,7 @@ class StreamFailover:
                     return
                 except HandedOff as moved:
                     self._hand_over(attempt, progress, moved.handoff)
-                    attempt.body = progress.resume_body(original_body)
-                    if moved.handoff.kv_peer:
-                        attempt.body["kv_source"] = moved.handoff.kv_peer
-                    async for keep_alive in self._reopen(attempt, path, headers, tried, True, wait_s):
-                        yield keep_alive
-                    if attempt.upstream is None or attempt.upstream.status != 200:
-                        yield _gave_up(attempt, "no worker left to continue this stream")
-                        yield DONE
-                        return
+                    resuming, kv_source = True, moved.handoff.kv_peer
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
                     attempt.telemetry.end_attempt("broken", str(broken))
@@ -414,15 +406,16 @@ class StreamFailover:
                     )
                     attempt.telemetry.migrated(worker_id, len(progress.token_ids), str(broken))
                     resuming = bool(progress.token_ids)
-                    attempt.body = progress.resume_body(original_body) if resuming else original_body
-                    if resuming and (source := _ejected_kv_peer(self.membership, worker_id)):
-                        attempt.body["kv_source"] = source
-                    async for keep_alive in self._reopen(attempt, path, headers, tried, resuming, wait_s):
-                        yield keep_alive
-                    if attempt.upstream is None or attempt.upstream.status != 200:
-                        yield _gave_up(attempt, "no worker left to continue this stream")
-                        yield DONE
-                        return
+                    kv_source = _ejected_kv_peer(self.membership, worker_id) if resuming else None
+                attempt.body = progress.resume_body(original_body) if resuming else original_body
+                if kv_source:
+                    attempt.body["kv_source"] = kv_source
+                async for keep_alive in self._reopen(attempt, path, headers, tried, resuming, wait_s):
+                    yield keep_alive
+                if attempt.upstream is None or attempt.upstream.status != 200:
+                    yield _gave_up(attempt, "no worker left to continue this stream")
+                    yield DONE
+                    return
         finally:
             self._finish(attempt)
 

@@ -22,7 +22,8 @@ import time
 from collections.abc import Mapping
 
 from shoal.engine.async_engine import AsyncLLMEngine
-from shoal.engine.kv_transfer import KVLayoutMismatch, KVRefusedError
+from shoal.engine.kv_layout import KVLayoutMismatch
+from shoal.engine.kv_transfer import KVRefusedError
 from shoal.observability.tracing import Tracing
 from shoal.parallel.cluster_sockets import ClusterContext
 from shoal.protocol.cluster_secret import configured_secret
