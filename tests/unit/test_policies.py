@@ -334,3 +334,35 @@ def test_a_conversation_is_not_moved_off_its_cache_to_try_a_worker_that_has_serv
     context = RoutingContext(matched_blocks={"home": len(req.prefix_blocks)})
     assert CostPolicy().choose(req, [home, new], context).worker_id == "home"
     assert CostPolicy().choose(req, [home, new], RoutingContext()).worker_id == "new"
+
+
+def test_the_prefix_index_takes_blocks_sent_longer_ago_than_the_paged_cache_holds_as_in_the_tier():
+    index = PrefixIndex()
+    old = prefix_blocks("an old conversation that went on for a while " * 8)
+    index.record("w", old, capacity_blocks=1000)
+    index.record("w", prefix_blocks("newer work, other prompts, lots of them " * 20), capacity_blocks=1000)
+    newer = index.size("w") - len(old)
+    assert index.in_tier("w", old, paged_blocks=newer + len(old)) == 0  # all still fit in the paged cache
+    assert index.in_tier("w", old, paged_blocks=newer) == len(old)  # pushed down by what came after
+    assert 0 < index.in_tier("w", old, paged_blocks=newer + len(old) // 2) < len(old)
+
+
+def test_cost_and_cache_aware_policies_count_a_tier_hit_at_the_cost_of_copying_it_back():
+    req = request(prompt_tokens=2000, decode=10, text="shared system prompt " * 40)
+    blocks = len(req.prefix_blocks)
+    paged, tiered = worker("a", prefill_tokens_per_s=1000), worker("b", prefill_tokens_per_s=1000)
+    context = RoutingContext(matched_blocks={"a": blocks, "b": blocks}, tier_blocks={"b": blocks})
+    slow_tier = worker("b", prefill_tokens_per_s=1000, kv_tier_tokens=10_000, kv_tier_load_tokens_per_s=2000)
+    fleet = [paged, slow_tier]
+    # the tier hit costs its copy (1 s at 2000 tokens/s): more than a paged hit, far less than a miss
+    hit, tier_hit = (estimated_seconds(req, w, fleet, context) for w in fleet)
+    miss = estimated_seconds(req, paged, fleet, RoutingContext())
+    assert hit < tier_hit < miss
+    assert CostPolicy().choose(req, fleet, context).worker_id == "a"
+    # cache-aware: a tier that loads no faster than prefill saves nothing; a fast one nearly all
+    useless = worker("b", prefill_tokens_per_s=1000, kv_tier_tokens=10_000, kv_tier_load_tokens_per_s=1000, running=1)
+    cold = worker("c", prefill_tokens_per_s=1000)
+    policy = CacheAware()
+    assert policy.choose(req, [useless, cold], context).worker_id == "c"
+    fast = worker("b", prefill_tokens_per_s=1000, kv_tier_tokens=10_000, kv_tier_load_tokens_per_s=1e6, running=1)
+    assert policy.choose(req, [fast, cold], context).worker_id == "b"

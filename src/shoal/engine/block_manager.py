@@ -165,7 +165,7 @@ class BlockManager:
         """A free block now holding the tier's copy of `digest` (cached, free), or None."""
         if self.tier is None or not self.free_queue:
             return None
-        data = self.tier.fetch(digest)
+        data = self.tier.fetch(digest)  # before any eviction below can push it out of the tier
         if data is None:
             return None
         block, _ = self.free_queue.popitem(last=False)

@@ -22,6 +22,7 @@ import hashlib
 import json
 import logging
 import mmap
+import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -108,6 +109,8 @@ class TierCounters:
     misses: int
     evictions: dict[str, int]
     blocks: dict[str, int]
+    capacity_tokens: int  # host and disk together
+    load_tokens_per_s: float | None  # measured copying blocks back (None: none copied yet)
 
 
 class KVTier:
@@ -116,12 +119,14 @@ class KVTier:
 
     def __init__(self, layout: KVLayout, slot_bytes: int, host_bytes: int, disk_dir: Path | None, disk_bytes: int):
         self.slot_bytes = slot_bytes
+        self.block_size = layout.block_size
         self.host_blocks = host_bytes // slot_bytes
         self.host: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.disk = DiskTier(disk_dir, layout, slot_bytes, disk_bytes) if disk_dir is not None and disk_bytes else None
         self.hits: Counter[str] = Counter()
         self.misses = 0
         self.evictions: Counter[str] = Counter()
+        self.loaded_blocks, self.load_seconds = 0, 0.0
 
     def put(self, digest: bytes, data: torch.Tensor) -> None:
         """Keeps an evicted block (host first; the host's least recently used go to disk)."""
@@ -158,12 +163,15 @@ class KVTier:
             misses=self.misses,
             evictions={level: self.evictions[level] for level in LEVELS},
             blocks={"host": len(self.host), "disk": len(self.disk.index) if self.disk else 0},
+            capacity_tokens=(self.host_blocks + (self.disk.slots if self.disk else 0)) * self.block_size,
+            load_tokens_per_s=self.loaded_blocks * self.block_size / self.load_seconds if self.load_seconds else None,
         )
 
     def reset_counters(self) -> None:
         self.hits.clear()
         self.evictions.clear()
         self.misses = 0
+        self.loaded_blocks, self.load_seconds = 0, 0.0
 
     def close(self) -> None:
         """Writes the host level down to disk (least recently used first), then closes the file."""
@@ -193,13 +201,21 @@ class TierLink:
         self.tier.put(digest, torch.cat(pieces).cpu())
 
     def fetch(self, digest: bytes) -> torch.Tensor | None:
-        return self.tier.get(digest)
+        """The tier's copy of a block (a hit), or None (a miss)."""
+        started = time.perf_counter()
+        data = self.tier.get(digest)
+        self.tier.load_seconds += time.perf_counter() - started
+        return data
 
     def write(self, block: int, data: torch.Tensor) -> None:
+        """Copies a fetched block into paged block `block` (fetch and write time the tier's loads)."""
+        started = time.perf_counter()
         offset = 0
         for tensor, size in zip((t for pair in self.caches for t in pair), self.parts, strict=True):
-            tensor[block].view(-1).view(torch.uint8).copy_(data[offset : offset + size])
+            tensor[block].view(-1).view(torch.uint8).copy_(data[offset : offset + size].to(tensor.device))
             offset += size
+        self.tier.loaded_blocks += 1
+        self.tier.load_seconds += time.perf_counter() - started
 
 
 def _lock_a_file(directory: Path):

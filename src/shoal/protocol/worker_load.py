@@ -60,6 +60,8 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     generated_tokens: Count | None = None  # since start; 0: the speeds above are still the calibration's
     role: Role = "colocated"
     kv_peer: str | None = None  # the ZeroMQ address other workers fetch this worker's KV blocks from
+    kv_tier_tokens: Count | None = None  # what its KV tier below the paged cache holds (None: no tier)
+    kv_tier_load_tokens_per_s: Rate | None = None  # measured copying blocks back from the tier
 
 
 class Registration(msgspec.Struct, frozen=True, kw_only=True):

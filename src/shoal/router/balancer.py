@@ -46,20 +46,30 @@ class Balancer:
         if not candidates:
             return None
         matched = self.prefix_index.matched_blocks(request.prefix_blocks, [w.worker_id for w in candidates])
-        context = RoutingContext(self.rng, self.decisions, matched)
+        in_tier = {
+            w.worker_id: self.prefix_index.in_tier(
+                w.worker_id,
+                request.prefix_blocks[: matched[w.worker_id]],
+                self._index_blocks(request, w.kv_capacity_tokens),
+            )
+            for w in candidates
+            if w.kv_tier_tokens and matched[w.worker_id]
+        }
+        context = RoutingContext(self.rng, self.decisions, matched, in_tier)
         self.decisions += 1
         chosen = self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)
-        capacity_tokens = chosen.kv_capacity_tokens or 1 << 20
-        self.prefix_index.record(
-            chosen.worker_id,
-            request.prefix_blocks,
-            int(capacity_tokens * request.chars_per_token / request.block_chars),
-        )
+        capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
+        self.prefix_index.record(chosen.worker_id, request.prefix_blocks, self._index_blocks(request, capacity_tokens))
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))
         return Placement(state, ticket, cached, tuple(candidates), context)
+
+    @staticmethod
+    def _index_blocks(request: RouteRequest, tokens: int | None) -> int:
+        """The prefix index's blocks (of characters) that `tokens` KV tokens hold."""
+        return int((tokens or 1 << 20) * request.chars_per_token / request.block_chars)
 
     def release(self, placement: Placement) -> None:
         placement.worker.finish(placement.ticket)

@@ -41,6 +41,8 @@ class LoadReport:
     draining: bool = False
     role: Role = "colocated"
     kv_peer: str | None = None
+    kv_tier_tokens: int | None = None
+    kv_tier_load_tokens_per_s: float | None = None
 
     @classmethod
     def from_shoal(cls, report: WorkerLoad) -> LoadReport:
@@ -66,6 +68,8 @@ class LoadReport:
             draining=report.draining,
             role=report.role,
             kv_peer=report.kv_peer,
+            kv_tier_tokens=report.kv_tier_tokens,
+            kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
         )
 
     @classmethod

@@ -118,6 +118,8 @@ class WorkerState:
             capability=report.capability,
             unmeasured=report.unmeasured,
             role=report.role,
+            kv_tier_tokens=report.kv_tier_tokens,
+            kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
         )
 
 

@@ -59,6 +59,8 @@ class WorkerView:
     capability: float | None = None
     unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's
     role: str = "colocated"  # colocated, prefill or decode (shoal.router.worker_roles)
+    kv_tier_tokens: int | None = None  # held below the paged cache (shoal.router.tier_cost)
+    kv_tier_load_tokens_per_s: float | None = None
 
     @property
     def outstanding_tokens(self) -> int:
@@ -74,13 +76,20 @@ class WorkerView:
 class RoutingContext:
     """Everything a policy may use besides the request and the views: a random source (power of
     two choices), the router's request counter (round robin) and each worker's matched prefix length
-    for this request, in blocks (cache-aware, cost). Built fresh per decision by the balancer."""
+    for this request, in blocks (cache-aware, cost), and how many of those are likely below its
+    paged cache, in its KV tier. Built fresh per decision by the balancer."""
 
     rng: random.Random = field(default_factory=random.Random)
     sequence_number: int = 0
     matched_blocks: dict[str, int] = field(default_factory=dict)
+    tier_blocks: dict[str, int] = field(default_factory=dict)  # of the matched, those likely in its KV tier
 
     def cached_tokens(self, request: RouteRequest, worker: WorkerView) -> int:
         """Estimated prompt tokens the worker already holds in its prefix cache."""
         chars = self.matched_blocks.get(worker.worker_id, 0) * request.block_chars
         return min(request.prompt_tokens, int(chars / request.chars_per_token))
+
+    def tier_tokens(self, request: RouteRequest, worker: WorkerView) -> int:
+        """Of cached_tokens, those estimated to lie in the worker's KV tier (copied back, not free)."""
+        chars = self.tier_blocks.get(worker.worker_id, 0) * request.block_chars
+        return min(self.cached_tokens(request, worker), int(chars / request.chars_per_token))

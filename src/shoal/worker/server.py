@@ -101,6 +101,8 @@ def create_app(
             generated_tokens=stats.generation_tokens,
             role=role,
             kv_peer=kv.kv_peer,
+            kv_tier_tokens=stats.kv_tier.capacity_tokens if stats.kv_tier else None,
+            kv_tier_load_tokens_per_s=stats.kv_tier.load_tokens_per_s if stats.kv_tier else None,
         )
 
     @contextlib.asynccontextmanager

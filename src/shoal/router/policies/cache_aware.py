@@ -4,7 +4,8 @@ When the fleet is imbalanced (the busiest worker has more than `balance_abs_thre
 over the idlest and more than `balance_rel_threshold` times as many), load wins: the least loaded
 worker gets the request. Otherwise the worker holding the longest cached prefix gets it if at least
 `cache_threshold` of the prompt's blocks match and that worker is not overloaded; a cache miss goes
-to the least loaded worker that is not overloaded, never to an overloaded one.
+to the least loaded worker that is not overloaded, never to an overloaded one. A block likely in a
+worker's KV tier counts for the share of its prefill that copying it back saves (tier_cost).
 """
 
 from __future__ import annotations
@@ -12,7 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shoal.router.policies.cost import DEFAULT_PREFILL_TOKENS_PER_S
+from shoal.router.tier_cost import effective_matched_blocks
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
+
+
+def _prefill_rate(worker: WorkerView) -> float:
+    return worker.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S
 
 
 @dataclass(frozen=True)
@@ -32,8 +39,9 @@ class CacheAware:
         least_loaded = min(workers, key=lambda w: (w.load, w.outstanding_tokens, w.worker_id))
         if any(self.overloaded(w, least_loaded.load) for w in workers):
             return least_loaded
-        best = max(workers, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -w.load, w.worker_id))
-        matched = context.matched_blocks.get(best.worker_id, 0)
+        value = {w.worker_id: effective_matched_blocks(w, context, _prefill_rate(w)) for w in workers}
+        best = max(workers, key=lambda w: (value[w.worker_id], -w.load, w.worker_id))
+        matched = value[best.worker_id]
         if request.prefix_blocks and matched >= self.cache_threshold * len(request.prefix_blocks):
             return best
         return least_loaded

@@ -35,6 +35,7 @@ speeds) enter one formula: a worker twice as fast has per-token times half as lo
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
 taken as the fleet's median, so unknown workers are treated as typical rather than as free. A
 prefill worker generates only the first token (it hands the rest off), so only that counts there.
+Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shoal.router.tier_cost import tier_seconds
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 from shoal.router.worker_roles import decode_tokens_on
 
@@ -118,7 +120,8 @@ def estimated_seconds(
         ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
     uncached = request.prompt_tokens - context.cached_tokens(request, worker)
     decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
-    return ahead + uncached / speed.prefill_tokens_per_s + decode_tokens * per_token
+    loading = tier_seconds(request, worker, context, speed.prefill_tokens_per_s)
+    return ahead + uncached / speed.prefill_tokens_per_s + loading + decode_tokens * per_token
 
 
 @dataclass(frozen=True)
