@@ -350,7 +350,7 @@ def test_the_prefix_index_takes_blocks_sent_longer_ago_than_the_paged_cache_hold
 def test_cost_and_cache_aware_policies_count_a_tier_hit_at_the_cost_of_copying_it_back():
     req = request(prompt_tokens=2000, decode=10, text="shared system prompt " * 40)
     blocks = len(req.prefix_blocks)
-    paged, tiered = worker("a", prefill_tokens_per_s=1000), worker("b", prefill_tokens_per_s=1000)
+    paged = worker("a", prefill_tokens_per_s=1000)
     context = RoutingContext(matched_blocks={"a": blocks, "b": blocks}, tier_blocks={"b": blocks})
     slow_tier = worker("b", prefill_tokens_per_s=1000, kv_tier_tokens=10_000, kv_tier_load_tokens_per_s=2000)
     fleet = [paged, slow_tier]
