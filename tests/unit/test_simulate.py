@@ -173,3 +173,13 @@ def test_a_worker_too_small_for_a_prompt_fails_that_request_only():
     fleet = FleetSpec(2, (WorkerClass("small", 1, kv=2048),))
     result = simulate(SimulationConfig(fleet, workload, ArrivalProcess("poisson", 5.0), RouterSettings(), FIGURES))
     assert result.summary.failed == 2 and result.summary.completed == 18
+
+
+def test_a_kv_tier_keeps_conversations_the_paged_cache_evicts_and_raises_the_hit_rate():
+    """Workers whose paged cache holds a few conversations only: with a host-memory tier below it,
+    later turns find their history there (copied back, not recomputed)."""
+    small = "w:1:kv=1024"
+    without = simulate(config(2, mix=small, policy="round_robin"))
+    with_tier = simulate(config(2, mix=small + ",tier_host=200000", policy="round_robin"))
+    assert with_tier.summary.cache_hit_rate > without.summary.cache_hit_rate + 0.1
+    assert len(with_tier.outcomes) == len(without.outcomes)

@@ -13,12 +13,20 @@ from __future__ import annotations
 import hashlib
 from array import array
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from shoal.engine.sequence import Sequence
 
-if TYPE_CHECKING:
-    from shoal.engine.kv_tier import TierLink
+
+class Tier(Protocol):
+    """Where evicted cached blocks go and come back from (shoal.engine.kv_tier.TierLink; the
+    simulator's SimulatedTier)."""
+
+    def spill(self, digest: bytes, block: int) -> None: ...
+
+    def fetch(self, digest: bytes) -> Any | None: ...
+
+    def write(self, block: int, data: Any) -> None: ...
 
 
 def chain_hash(parent: bytes | None, tokens: list[int]) -> bytes:
@@ -50,7 +58,7 @@ class BlockManager:
         self.seq_hashes: dict[str, list[bytes]] = {}
         self.prefix_queries = 0
         self.prefix_hits = 0
-        self.tier: TierLink | None = None
+        self.tier: Tier | None = None
 
     @property
     def num_free_blocks(self) -> int:

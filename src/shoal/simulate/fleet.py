@@ -8,6 +8,9 @@ A YAML file says the same (`workers: N` and `classes:`, a list of mappings with 
 - `speed`: how many times faster than the calibrated worker its steps are (default 1);
 - `kv`: KV-cache tokens; `seqs`: max_num_seqs; `max_len`: max_model_len (default: the calibration
   source's figures, else 65536, 64 and 8192); `batch_tokens`: max_num_batched_tokens (512);
+- `tier_host`, `tier_disk`: KV-tier tokens below the paged cache, in host memory and on disk
+  (default none); `tier_host_rate`, `tier_disk_rate`: tokens a second copied back from each
+  (shoal.simulate.kv_tier);
 - `mtbf`: mean seconds between failures (exponential; default: never fails); `repair`: seconds
   until a failed worker serves again, with an empty cache (default 30);
 - `threads`, `per_host`, `cores`: each worker computes with `threads` threads, `per_host` workers
@@ -25,10 +28,12 @@ from pathlib import Path
 
 from shoal.simulate.calibration import WorkerFigures
 from shoal.simulate.cost_model import CalibrationFigures, StepCost
+from shoal.simulate.kv_tier import DEFAULT_DISK_TOKENS_PER_S, DEFAULT_HOST_TOKENS_PER_S
 
 DEFAULT_KV_TOKENS = 65536
 DEFAULT_MAX_NUM_SEQS = 64
 DEFAULT_MAX_MODEL_LEN = 8192
+INTEGER_KEYS = ("kv", "seqs", "max_len", "batch_tokens", "threads", "per_host", "tier_host", "tier_disk")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,10 @@ class WorkerClass:
     threads: int = 1
     per_host: int = 1
     cores: float | None = None
+    tier_host: int = 0
+    tier_disk: int = 0
+    tier_host_rate: float = DEFAULT_HOST_TOKENS_PER_S
+    tier_disk_rate: float = DEFAULT_DISK_TOKENS_PER_S
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in ":;,="):
@@ -58,6 +67,8 @@ class WorkerClass:
             raise ValueError(f"{self.name}: mtbf must be above 0")
         if self.cores is not None and self.cores <= 0:
             raise ValueError(f"{self.name}: cores must be above 0")
+        if self.tier_host < 0 or self.tier_disk < 0 or self.tier_host_rate <= 0 or self.tier_disk_rate <= 0:
+            raise ValueError(f"{self.name}: tier sizes must not be negative, tier rates must be above 0")
         for key in ("kv", "seqs", "max_len", "batch_tokens", "threads", "per_host"):
             value = getattr(self, key)
             if value is not None and value < 1:
@@ -72,7 +83,7 @@ class WorkerClass:
             raise ValueError(f"unknown worker class keys {unknown}; known: {sorted(fields)}")
         values = {}
         for key, value in raw.items():
-            kind = int if key in ("kv", "seqs", "max_len", "batch_tokens", "threads", "per_host") else float
+            kind = int if key in INTEGER_KEYS else float
             try:
                 values[key] = value if key == "name" or value is None else kind(value)
             except (TypeError, ValueError):
@@ -100,6 +111,10 @@ class WorkerSpec:
     host: str
     threads: int
     host_cores: float
+    tier_host_tokens: int = 0
+    tier_disk_tokens: int = 0
+    tier_host_tokens_per_s: float = DEFAULT_HOST_TOKENS_PER_S
+    tier_disk_tokens_per_s: float = DEFAULT_DISK_TOKENS_PER_S
 
 
 @dataclass(frozen=True)
@@ -155,6 +170,10 @@ class FleetSpec:
                         host=f"{c.name}-host-{i // c.per_host:05d}",
                         threads=c.threads,
                         host_cores=c.cores or c.per_host * c.threads,
+                        tier_host_tokens=c.tier_host,
+                        tier_disk_tokens=c.tier_disk,
+                        tier_host_tokens_per_s=c.tier_host_rate,
+                        tier_disk_tokens_per_s=c.tier_disk_rate,
                     )
                 )
         return specs

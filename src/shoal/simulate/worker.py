@@ -1,5 +1,5 @@
 """A simulated worker: the engine's own scheduler and block manager, with the forward pass replaced
-by the step-cost model."""
+by the step-cost model, and its KV tier by shoal.simulate.kv_tier."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from shoal.protocol.worker_load import CalibrationFigures, WorkerLoad
 from shoal.simulate.events import EventLoop
 from shoal.simulate.fleet import WorkerSpec
 from shoal.simulate.host import Host
+from shoal.simulate.kv_tier import SimulatedTier
 
 BLOCK_SIZE = 16  # the engine's default
 
@@ -44,6 +45,17 @@ class SimWorker:
         self.listener = listener
         self.up = True
         self._params: dict[int, SamplingParams] = {}
+        self.tier = (
+            SimulatedTier(
+                BLOCK_SIZE,
+                spec.tier_host_tokens,
+                spec.tier_disk_tokens,
+                spec.tier_host_tokens_per_s,
+                spec.tier_disk_tokens_per_s,
+            )
+            if spec.tier_host_tokens or spec.tier_disk_tokens
+            else None
+        )
         figures = spec.calibration
         self.calibration = CalibrationFigures(
             prefill_tokens_per_s=figures.prefill_tokens_per_s,
@@ -57,6 +69,7 @@ class SimWorker:
     def _empty(self) -> None:
         spec, calibration = self.spec, self.spec.calibration
         self.block_manager = BlockManager(spec.kv_tokens // BLOCK_SIZE, BLOCK_SIZE)
+        self.block_manager.tier = self.tier
         self.scheduler = Scheduler(self.block_manager, spec.max_num_seqs, spec.max_num_batched_tokens)
         self.speed = SpeedEstimator()
         self.speed.seed(
@@ -99,8 +112,9 @@ class SimWorker:
         prefill = sum(c.length for c in chunks) - decode
         self.stepping = True
         self._step_chunks, self._step_started, self._step_tokens = chunks, self.loop.now, (prefill, decode)
+        loading = self.tier.take_load_seconds() if self.tier else 0.0  # prefixes copied back from the tier
         self.host.start(
-            self.spec.worker_id, self.spec.threads, self.spec.cost.seconds(prefill, decode), self._step_done
+            self.spec.worker_id, self.spec.threads, self.spec.cost.seconds(prefill, decode) + loading, self._step_done
         )
 
     def _step_done(self) -> None:
@@ -132,6 +146,8 @@ class SimWorker:
         live = list(self.scheduler.running) + list(self.scheduler.waiting)
         self.host.cancel(self.spec.worker_id)
         self.up = False
+        if self.tier is not None:
+            self.tier.lose_host()
         self._empty()
         return live
 
@@ -159,4 +175,6 @@ class SimWorker:
             decode_step_s=speed.decode_step_s,
             capability=calibration.batched_decode_tokens_per_s,
             calibration=self.calibration,
+            kv_tier_tokens=self.tier.capacity_tokens if self.tier else None,
+            kv_tier_load_tokens_per_s=self.tier.load_tokens_per_s if self.tier else None,
         )
