@@ -4,7 +4,8 @@ ejection ends.
 
 The slowness is real: the worker process is stopped and continued in a 6-in-7 duty cycle, so it
 answers everything, only several times slower (far enough past the 3x rule to stand out on a busy
-machine where every worker is slowed by the others)."""
+machine where every worker is slowed by the others). It still answers its KV peer, so the streams
+moved off it carry their KV instead of recomputing it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tests.support.fleet import admin, complete, router_config, start
 from tests.support.routers import stop
 from tests.support.waiting import wait_for
+from tests.support.workers import scrape
 
 
 def slow_down(pid: int, until: threading.Event) -> None:
@@ -60,6 +62,12 @@ def test_a_slow_worker_is_ejected_its_streams_move_on_intact_and_it_rejoins(flee
             os.kill(fleet.processes[slow].pid, signal.SIGCONT)
         assert [e["worker_id"] for e in ejected] == [slow]
         assert "latency" in ejected[0]["reason"]
+        # the streams cut at the ejection moved with their KV, fetched from the slow worker
+        assert sum(v for k, v in scrape(url).items() if k.startswith("shoal_router_migrations_total")) > 0
+        imported = sum(
+            scrape(w).get("shoal:kv_transfer_bytes_total[('direction', 'in')]", 0) for w in fleet.urls if w != slow
+        )
+        assert imported > 0
         wait_for(lambda: [e for e in admin(url)["events"] if e["change"] == "rejoined"], timeout_s=30)
         assert next(w for w in admin(url)["workers"] if w["worker_id"] == slow)["healthy"]
     finally:

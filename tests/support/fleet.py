@@ -10,7 +10,7 @@ import signal
 import httpx
 import yaml
 
-from tests.support.routers import start_router
+from tests.support.routers import SECRET, start_router
 from tests.support.streams import read_stream
 from tests.support.workers import MODEL, free_port, spawn_worker, wait_ready
 
@@ -20,7 +20,8 @@ MAX_TOKENS = 100
 
 
 class Fleet:
-    """Workers that can be killed and started again on their port; their logs go to files."""
+    """Workers that can be killed and started again on their port; their logs go to files. They
+    hold the cluster secret, so each runs a KV peer (streams moved off a live worker carry their KV)."""
 
     def __init__(self, args: list[str], cache_dir, log_dir, size: int):
         self.args, self.cache_dir, self.log_dir = args, cache_dir, log_dir
@@ -31,7 +32,9 @@ class Fleet:
 
     def _spawn(self, port: int):
         log = open(self.log_dir / f"worker-{port}.log", "ab")
-        process, url = spawn_worker(self.args, self.cache_dir, port=port, stderr=log)
+        process, url = spawn_worker(
+            self.args, self.cache_dir, port=port, stderr=log, env={"SHOAL_CLUSTER_SECRET": SECRET}
+        )
         self.processes[url] = process
         return process, url
 
