@@ -296,7 +296,7 @@ def main() -> int:
     finally:
         processes.stop()
     RESULTS.mkdir(exist_ok=True)
-    output = RESULTS / f"kv_moves_{args.scenario}.json"
+    output = RESULTS / f"kv-moves-{args.scenario}-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     output.write_text(json.dumps({"args": vars(args), "cpus": os.cpu_count(), "results": results}, indent=1))
     print(f"results in {output}")
     return 0
