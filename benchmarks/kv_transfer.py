@@ -2,7 +2,9 @@
 first prefills a long prompt, then its cached blocks are exported, framed for the wire (the bytes a
 socket would carry), read back and imported into the second, each stage timed; then the second
 engine prefills the same prompt from nothing (what a migration by recompute costs) and from the
-imported blocks. Reported per stage: milliseconds, microseconds per block, and GB/s of KV.
+imported blocks. Reported per stage: milliseconds, microseconds per block, and GB/s of KV. Then
+the same blocks fetched through the first engine's KV peer as a worker fetches them: in the
+socket's frames, and through shared memory.
 
     .venv/bin/python benchmarks/kv_transfer.py                  # SmolLM2-135M-Instruct, bfloat16
     .venv/bin/python benchmarks/kv_transfer.py --tokens 4096
@@ -11,6 +13,7 @@ imported blocks. Reported per stage: milliseconds, microseconds per block, and G
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import subprocess
@@ -19,9 +22,12 @@ import time
 from pathlib import Path
 
 from shoal.config.engine import EngineConfig
+from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.engine import LLMEngine
 from shoal.engine.kv_transfer import from_frames, to_frames
 from shoal.engine.sampling_params import SamplingParams
+from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.worker.kv_peer import KVPeer, fetch_kv
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -33,6 +39,28 @@ def prefill_seconds(engine: LLMEngine, prompt: list[int]) -> float:
     while engine.has_unfinished_requests():
         engine.step()
     return time.perf_counter() - started
+
+
+async def through_peers(sender: LLMEngine, prompt: list[int], repeats: int) -> dict[str, list[float]]:
+    """Seconds to fetch the prompt's blocks from a KV peer serving `sender`, as a worker does
+    (CURVE-encrypted ZeroMQ over loopback TCP), with the tensors in the socket's frames and in a
+    shared-memory segment."""
+    engine = AsyncLLMEngine(sender)
+    context = ClusterContext("kv-transfer-benchmark")
+    peer = KVPeer(engine, context, "127.0.0.1", asyncio.get_running_loop())
+    ways = {"socket frames": False, "shared memory": True}
+    seconds: dict[str, list[float]] = {way: [] for way in ways}
+    try:
+        for _ in range(repeats + 1):  # the first round warms the connection path up
+            for way, shared in ways.items():
+                started = time.perf_counter()
+                await asyncio.to_thread(fetch_kv, context, peer.address, prompt, 60, shared)
+                seconds[way].append(time.perf_counter() - started)
+        return {way: times[1:] for way, times in seconds.items()}
+    finally:
+        peer.close()
+        context.close()
+        engine.shutdown()  # and the sender with it
 
 
 def timed(times: dict[str, float], stage: str, call):
@@ -82,11 +110,21 @@ def main() -> int:
             + ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in times.items()),
             flush=True,
         )
-    sender.shutdown()
+    rows_peer = asyncio.run(through_peers(sender, prompt, args.repeats))
     medians = {stage: sorted(row["seconds"][stage] for row in rows)[len(rows) // 2] for stage in rows[0]["seconds"]}
     lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model_name = next((line.split(":", 1)[1].strip() for line in lscpu.splitlines() if "Model name" in line), "?")
-    result = {"args": vars(args), "cpu": model_name, "cpus": os.cpu_count(), "rows": rows, "median_s": medians}
+    peer_medians = {way: sorted(times)[len(times) // 2] for way, times in rows_peer.items()}
+    print("through a KV peer, median ms:", json.dumps({k: round(v * 1e3, 2) for k, v in peer_medians.items()}))
+    result = {
+        "args": vars(args),
+        "cpu": model_name,
+        "cpus": os.cpu_count(),
+        "rows": rows,
+        "median_s": medians,
+        "peer_fetch_s": rows_peer,
+        "peer_fetch_median_s": peer_medians,
+    }
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"kv-transfer-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     out.write_text(json.dumps(result, indent=2))

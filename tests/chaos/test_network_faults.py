@@ -144,7 +144,9 @@ def test_every_component_binds_and_advertises_its_own_hosts_address(network):
     assert bed["router"].listening() == [f"{bed['router'].address}:{ROUTER_PORT}"]
     assert bed["redis"].listening() == [f"{bed['redis'].address}:6379"]
     for url, host in network.workers.items():
-        assert host.listening() == [f"{host.address}:{WORKER_PORT}"], url
+        kv_peer = httpx.get(url + "/load", timeout=10).json()["kv_peer"]  # tcp://ADDRESS:PORT
+        assert kv_peer.startswith(f"tcp://{host.address}:"), kv_peer
+        assert host.listening() == sorted([f"{host.address}:{WORKER_PORT}", kv_peer.removeprefix("tcp://")]), url
     body = httpx.get(network.router_url + "/admin/workers", headers=ADMIN, timeout=10).json()
     assert {w["worker_id"] for w in body["workers"]} == {f"http://{bed[n].address}:{WORKER_PORT}" for n in ("w1", "w2")}
 

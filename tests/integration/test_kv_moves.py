@@ -201,6 +201,31 @@ def test_a_pd_pool_that_loses_its_prefill_worker_still_answers(fleet):
     assert after["ids"] == expected["ids"] and after["worker"] == workers["decode"]
 
 
+def test_a_decode_worker_killed_mid_stream_costs_a_recompute_not_the_stream(tiny_model_dir, shoal_cache_dir, tmp_path):
+    """Kill -9 of the decode worker 30 tokens into a P/D stream: the stream goes on at the prefill
+    worker (the only one left, which then keeps it), token for token."""
+    common = tiny_worker_args(tiny_model_dir, MODEL, "--block-size", str(BLOCK_SIZE), step_delay_ms=20)
+    env = {"SHOAL_CLUSTER_SECRET": SECRET}
+    spawned = [spawn_worker(common + ["--role", role], shoal_cache_dir, env=env) for role in ("prefill", "decode")]
+    (_, prefill), (decode_process, _) = [wait_ready(*w) for w in spawned]
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"workers": [{"url": url} for _, url in spawned]}))
+    router, url = start_router(["--config", str(config)])
+    try:
+        body = chat("a story that survives", seed=9, max_tokens=120, stream_options={"include_usage": True})
+        clean = read_stream(url, body)
+        faulty = read_stream(url, body, fault=lambda _: decode_process.kill(), after_tokens=30)
+        assert faulty["ids"] == clean["ids"] and faulty["usage"] == clean["usage"]
+        assert counter(url, "shoal_router_migrations_total") == 1
+        assert counter(url, "shoal_router_handoffs_total") == 2  # one per run, none from the continuation
+        assert counter(prefill, "shoal:kv_handoffs_total") == 2
+    finally:
+        stop(router)
+        for process, _ in spawned:
+            process.kill()
+            process.wait(timeout=30)
+
+
 def test_a_rolling_restart_moves_streams_with_their_kv_token_for_token(deploy):
     """`shoal restart` under three clients' seeded streams: each old worker hands its streams to
     the others as it drains, and every stream equals its fault-free run."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import pickle
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -15,9 +16,10 @@ import zmq
 
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.kv_layout import KVLayoutMismatch
-from shoal.engine.kv_transfer import KVRefusedError, from_frames, to_frames
+from shoal.engine.kv_transfer import KVRefusedError, from_frames, to_frames, to_shared_frames
 from shoal.engine.sampling_params import SamplingParams
 from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.protocol import kv_frames
 from shoal.protocol.frames import BadFrame
 from shoal.worker.kv_peer import KVPeer, fetch_kv
 from shoal.worker.metrics import WorkerMetrics
@@ -81,6 +83,24 @@ def test_blocks_cross_the_wire_as_frames_and_still_spare_the_prompt(make_tiny_en
     receiver.reset_counters()
     assert run_to_completion(receiver, {"b": (PROMPT, SEEDED)})["b"] == expected
     assert receiver.prompt_tokens_computed == 1
+
+
+def test_on_one_host_the_blocks_go_through_shared_memory_that_the_receiver_unlinks(make_tiny_engine):
+    sender, receiver = make_tiny_engine(), make_tiny_engine()
+    expected = run_to_completion(sender, {"a": (PROMPT, SEEDED)})["a"]
+    frames, segment = to_shared_frames(sender.export_kv(PROMPT))
+    assert len(frames) == 1 and Path("/dev/shm", segment).exists()  # the header alone on the socket
+    assert receiver.import_kv(from_frames([bytes(frames[0])])) == 10
+    assert not Path("/dev/shm", segment).exists()
+    receiver.reset_counters()
+    assert run_to_completion(receiver, {"b": (PROMPT, SEEDED)})["b"] == expected
+    assert receiver.prompt_tokens_computed == 1
+    with pytest.raises(BadFrame, match="is gone"):  # read twice: the segment was unlinked
+        from_frames([bytes(frames[0])])
+    header = msgspec.msgpack.decode(frames[0])
+    for name in ("../../etc/passwd", "psm_other"):  # only segments the peers name themselves
+        with pytest.raises(BadFrame):
+            from_frames([msgspec.msgpack.encode({**header, "shared_memory": name})])
 
 
 def test_frames_that_are_not_what_their_header_says_are_refused(make_tiny_engine):
@@ -151,6 +171,12 @@ def test_workers_fetch_blocks_from_each_others_kv_peer_only_with_the_cluster_sec
             with pytest.raises(KVRefusedError, match="bad request"):
                 from_frames(garbage.recv_multipart())
             garbage.close(linger=0)
+            remote = members.connect(zmq.DEALER, peer.address)  # a requester on another host: frames
+            remote.send(kv_frames.encode(kv_frames.KVWanted(PROMPT, host="another-host")))
+            assert await asyncio.to_thread(remote.poll, 30_000)  # the peer exports on this loop
+            answer = remote.recv_multipart()
+            assert len(answer) == 1 + 2 * len(sender.engine.model.layers) and len(from_frames(answer).hashes) == 10
+            remote.close(linger=0)
             unknown = await asyncio.to_thread(fetch_kv, members, peer.address, [9] * 20, 30)
             assert unknown.hashes == [] and unknown.keys[0].shape[0] == 0  # nothing cached: no block
         finally:

@@ -9,7 +9,10 @@ tensor-parallel or pipeline replica's cache is spread over processes).
 from __future__ import annotations
 
 import dataclasses
+import math
+import secrets
 from dataclasses import dataclass
+from multiprocessing import resource_tracker, shared_memory
 
 import msgspec
 import torch
@@ -17,7 +20,7 @@ import torch
 from shoal.engine.block_manager import BlockManager, chain_hash
 from shoal.engine.kv_layout import KVLayout
 from shoal.protocol import kv_frames
-from shoal.protocol.frames import TensorSpec
+from shoal.protocol.frames import BadFrame, TensorSpec
 
 
 class KVRefusedError(Exception):
@@ -105,14 +108,68 @@ def import_blocks(
 def to_frames(blocks: KVBlocks) -> list[bytes | memoryview]:
     """The blocks as a multipart message (shoal.protocol.kv_frames): header, then each layer's keys
     and values as raw buffers."""
+    return _frames(blocks, shared=False)[0]
+
+
+def to_shared_frames(blocks: KVBlocks) -> tuple[list[bytes | memoryview], str | None]:
+    """For a receiver on this host: the header alone, the buffers in a new shared-memory segment
+    it names (and returned, None when there is no block), which the receiver unlinks."""
+    return _frames(blocks, shared=True)
+
+
+def _frames(blocks: KVBlocks, shared: bool) -> tuple[list[bytes | memoryview], str | None]:
     tensors = [t.contiguous() for pair in zip(blocks.keys, blocks.values, strict=True) for t in pair]
+    segment = _to_segment(tensors) if shared and blocks.hashes else None
     header = kv_frames.KVBlocksHeader(
         kv_frames.KVLayoutFrame(**dataclasses.asdict(blocks.layout)),
         list(blocks.hashes),
         list(blocks.token_ids),
         [TensorSpec(tuple(t.shape), blocks.layout.dtype) for t in tensors],
+        shared_memory=segment,
     )
-    return [kv_frames.encode(header), *(_raw(t) for t in tensors)]
+    if segment:
+        return [kv_frames.encode(header)], segment
+    return [kv_frames.encode(header), *(_raw(t) for t in tensors)], None
+
+
+def _to_segment(tensors: list[torch.Tensor]) -> str:
+    """A new shared-memory segment holding the tensors' bytes one after another; its name."""
+    sizes = [t.numel() * t.element_size() for t in tensors]
+    segment = shared_memory.SharedMemory(f"shoal-kv-{secrets.token_hex(16)}", create=True, size=sum(sizes))
+    try:
+        offset = 0
+        for tensor, size in zip(tensors, sizes, strict=True):
+            segment.buf[offset : offset + size] = _raw(tensor)
+            offset += size
+    except BaseException:
+        segment.unlink()
+        raise
+    finally:
+        segment.close()
+    resource_tracker.unregister(segment._name, "shared_memory")  # the receiver's to unlink, not this process's
+    return segment.name
+
+
+def _from_segment(name: str, specs: list[TensorSpec], dtype: torch.dtype) -> list[torch.Tensor]:
+    """The tensors of a segment made by _to_segment, copied out; the segment is unlinked."""
+    try:
+        segment = shared_memory.SharedMemory(name)
+    except FileNotFoundError:
+        raise BadFrame(f"shared-memory segment {name} is gone") from None
+    try:
+        sizes = [math.prod(spec.shape) * torch.tensor([], dtype=dtype).element_size() for spec in specs]
+        if sum(sizes) > segment.size:
+            raise BadFrame(f"shared-memory segment {name} holds {segment.size} bytes, not {sum(sizes)}")
+        tensors, offset = [], 0
+        for spec, size in zip(specs, sizes, strict=True):
+            tensors.append(
+                torch.frombuffer(bytearray(segment.buf[offset : offset + size]), dtype=dtype).view(spec.shape)
+            )
+            offset += size
+        return tensors
+    finally:
+        segment.close()
+        segment.unlink()
 
 
 def _raw(tensor: torch.Tensor) -> bytes | memoryview:
@@ -128,6 +185,9 @@ def from_frames(frames: list[bytes | memoryview]) -> KVBlocks:
         raise KVRefusedError(header.reason)
     layout = KVLayout(**msgspec.structs.asdict(header.layout))
     dtype = getattr(torch, layout.dtype)
+    if header.shared_memory:
+        tensors = _from_segment(header.shared_memory, header.tensors, dtype)
+        return KVBlocks(layout, list(header.hashes), list(header.token_ids), tensors[0::2], tensors[1::2])
     tensors = [
         torch.frombuffer(bytearray(frame), dtype=dtype).view(tuple(spec.shape))
         if len(frame)

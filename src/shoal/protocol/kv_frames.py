@@ -4,7 +4,10 @@ and tokens, the spec of each tensor), then per layer a keys frame and a values f
 header says (count, shapes, dtype, sizes) before anyone reads a buffer; anything else is BadFrame.
 
 Between workers (shoal.worker.kv_peer) a request is one KVWanted frame; the answer is the blocks,
-or one KVRefused frame saying why not.
+or one KVRefused frame saying why not. A requester on the same host (the same `host` key) may get
+the tensors in a shared-memory segment instead of frames: the header names it (`shared_memory`)
+and comes alone; the tensors lie in the segment one after another, as the specs say, and the
+requester unlinks the segment once it has read it.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import msgspec
 from shoal.protocol.frames import WIRE_DTYPES, BadFrame, TensorSpec, decode_header
 
 HASH_BYTES = 16
+SEGMENT_PATTERN = "^shoal-kv-[0-9a-f]{32}$"
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
@@ -35,6 +39,7 @@ class KVBlocksHeader(msgspec.Struct, frozen=True, tag=True, forbid_unknown_field
     hashes: list[Annotated[bytes, msgspec.Meta(min_length=HASH_BYTES, max_length=HASH_BYTES)]]
     token_ids: list[Annotated[int, msgspec.Meta(ge=0)]]
     tensors: list[TensorSpec]  # keys of layer 0, values of layer 0, keys of layer 1, ...
+    shared_memory: Annotated[str, msgspec.Meta(pattern=SEGMENT_PATTERN)] | None = None
 
 
 class KVRefused(msgspec.Struct, frozen=True, tag=True, forbid_unknown_fields=True):
@@ -47,6 +52,7 @@ class KVWanted(msgspec.Struct, frozen=True, tag=True, forbid_unknown_fields=True
     """A request for the KV of the longest cached prefix of these tokens."""
 
     token_ids: Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=1 << 20)]
+    host: Annotated[str, msgspec.Meta(max_length=200)] | None = None  # the requester's host key
 
 
 DECODER = msgspec.msgpack.Decoder(KVBlocksHeader | KVRefused)
@@ -81,11 +87,13 @@ def decode(frames: list[bytes | memoryview]) -> KVBlocksHeader | KVRefused:
     if len(header.token_ids) != blocks * layout.block_size:
         raise BadFrame(f"{len(header.token_ids)} tokens for {blocks} blocks of {layout.block_size}")
     expected = 2 * layout.num_layers
-    if len(header.tensors) != expected or len(frames) != 1 + expected:
+    frames_expected = 1 if header.shared_memory else 1 + expected
+    if len(header.tensors) != expected or len(frames) != frames_expected:
         raise BadFrame(f"{len(header.tensors)} tensor specs and {len(frames) - 1} tensor frames, not {expected}")
     shape = (blocks, layout.num_kv_heads, layout.block_size, layout.head_dim)
-    for spec, frame in zip(header.tensors, frames[1:], strict=True):
+    for spec in header.tensors:
         if tuple(spec.shape) != shape or spec.dtype != layout.dtype:
             raise BadFrame(f"a KV tensor of shape {list(spec.shape)} {spec.dtype}, not {list(shape)} {layout.dtype}")
+    for spec, frame in zip(header.tensors, frames[1:], strict=False):
         spec.check(len(frame))
     return header

@@ -63,6 +63,11 @@ class WorkerState:
     _tickets: itertools.count = field(default_factory=itertools.count)
 
     @property
+    def role(self) -> str:
+        """colocated, prefill or decode, as its last load report said."""
+        return self.report.role if self.report is not None else "colocated"
+
+    @property
     def available(self) -> bool:
         """May get new work: answering, not ejected, breaker letting requests through, not draining."""
         draining = self.report is not None and self.report.draining
@@ -117,7 +122,7 @@ class WorkerState:
             single_step_s=report.single_step_s,
             capability=report.capability,
             unmeasured=report.unmeasured,
-            role=report.role,
+            role=self.role,
             kv_tier_tokens=report.kv_tier_tokens,
             kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
         )

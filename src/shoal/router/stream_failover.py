@@ -114,8 +114,12 @@ class StreamFailover:
                 await asyncio.sleep(self._backoff(try_number))
             worker = attempt.placement.worker
             outgoing = dict(forwarded)
-            if attempt.accepts_handoff and worker.load_source == "shoal":
-                outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF
+            if (
+                attempt.accepts_handoff
+                and worker.load_source == "shoal"
+                and not (resuming and worker.role == "prefill")
+            ):
+                outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF  # (a continuation on a prefill worker: none other is up)
             attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
             sent = time.monotonic()
             try:
