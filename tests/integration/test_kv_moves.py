@@ -90,6 +90,10 @@ def test_prefill_and_decode_workers_answer_like_a_colocated_one_token_for_token(
     assert counter(workers["prefill"], "shoal:kv_handoffs_total") == handoffs_before + 1
     assert counter(workers["decode"], "shoal:kv_transfer_bytes_total") > imported_before  # the prompt's blocks
     assert counter(workers["decode"], "shoal:kv_import_failures_total") == 0
+    spans = httpx.get(f"{workers['decode']}/debug/traces/{disaggregated['trace_id']}", timeout=10).json()["spans"]
+    [transfer] = [span for span in spans if span["name"] == "kv.import"]  # in the request's trace
+    assert transfer["attributes"]["shoal.kv_source"].startswith("tcp://127.0.0.1:")
+    assert transfer["attributes"]["shoal.kv_blocks"] >= 1 and transfer["attributes"]["shoal.kv_bytes"] > 0
 
 
 def test_n_choices_and_non_streaming_requests_are_disaggregated_token_for_token(fleet):
