@@ -10,7 +10,7 @@ import httpx
 import torch
 
 from shoal.engine.kv_layout import KVLayout
-from shoal.engine.kv_tier import DiskTier
+from shoal.engine.kv_tier import DiskTier, SharedTierFiles
 from shoal.engine.sampling_params import SamplingParams
 from tests.support.engine_runs import run_to_completion
 from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready
@@ -47,7 +47,7 @@ def test_an_evicted_prefix_comes_back_from_host_memory_then_from_disk_after_a_re
     restarted.reset_counters()
     assert run_to_completion(restarted, {"after": (PROMPT, GREEDY)})["after"] == answer
     stats = restarted.stats().kv_tier
-    assert restarted.prompt_tokens_computed == 1 and stats.hits == {"host": 0, "disk": 10}
+    assert restarted.prompt_tokens_computed == 1 and stats.hits == {"host": 0, "disk": 10, "shared": 0}
     restarted.block_manager.check_integrity([])
     restarted.shutdown()
 
@@ -133,3 +133,36 @@ def test_a_worker_serves_an_evicted_prefix_from_its_tier_and_from_disk_after_a_r
     finally:
         process.kill()
         process.wait(timeout=30)
+
+
+def test_engines_sharing_a_tier_directory_read_each_others_blocks(make_tiny_engine, tmp_path):
+    """Two workers of a host: a prefix one of them computed and evicted to its disk tier is found
+    by the other, which has never seen it (computing only the last token)."""
+    tier = {"kv_cache_bytes": 48 << 10, "kv_tier_disk_bytes": 4 << 20, "kv_tier_dir": str(tmp_path)}
+    first, second = make_tiny_engine(**tier, kv_tier_shared=True), make_tiny_engine(**tier, kv_tier_shared=True)
+    answer, _ = fill_and_return(first)  # PROMPT went down to first's tier file
+    for i, other in enumerate(OTHERS):  # and out of its paged cache again
+        run_to_completion(first, {f"again-{i}": (other, GREEDY)})
+    second.reset_counters()
+    assert run_to_completion(second, {"b": (PROMPT, GREEDY)})["b"] == answer
+    stats = second.stats().kv_tier
+    assert second.prompt_tokens_computed == 1 and stats.hits["shared"] == 10 and stats.hits["disk"] == 0
+    second.block_manager.check_integrity([])
+    unshared = make_tiny_engine(**tier)  # the default: its own file only
+    unshared.reset_counters()
+    run_to_completion(unshared, {"c": (PROMPT, GREEDY)})
+    assert unshared.prompt_tokens_computed == len(PROMPT)
+    for engine in (first, second, unshared):
+        engine.shutdown()
+
+
+def test_a_shared_slot_rewritten_while_it_is_read_is_a_miss_not_a_torn_block(tmp_path):
+    writer = DiskTier(tmp_path, LAYOUT, 64, 64 * 8)
+    digest = bytes([7]) * 16
+    writer.put(digest, torch.full((64,), 7, dtype=torch.uint8))
+    reader = SharedTierFiles(tmp_path, tmp_path / "elsewhere.kv", LAYOUT, 64)
+    assert torch.equal(reader.get(digest), torch.full((64,), 7, dtype=torch.uint8))
+    writer._digest_view(writer.index[digest])[:] = bytes(16)  # the owner is rewriting that slot
+    assert reader.get(digest) is None and digest not in reader.index
+    reader.close()
+    writer.close()

@@ -114,6 +114,7 @@ class ModelDeployment(Frozen):
     kv_tier_host_bytes: int = Field(0, ge=0)
     kv_tier_disk_bytes: int = Field(0, ge=0)
     kv_tier_dir: str | None = None
+    kv_tier_shared: bool = False
 
     @model_validator(mode="after")
     def replicas_within_bounds(self) -> ModelDeployment:

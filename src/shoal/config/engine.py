@@ -39,7 +39,7 @@ class EngineConfig:
     within pipeline_ping_timeout_s (a stage answers between steps, so this must exceed its longest
     step) is replaced. kv_tier_host_bytes and kv_tier_disk_bytes size the KV tier below the paged
     cache (shoal.engine.kv_tier; 0: none), its disk files under kv_tier_dir (default: the cache
-    directory's kv-tier).
+    directory's kv-tier); kv_tier_shared also reads the other engines' files there.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -78,6 +78,7 @@ class EngineConfig:
     kv_tier_host_bytes: int = 0
     kv_tier_disk_bytes: int = 0
     kv_tier_dir: str | None = None
+    kv_tier_shared: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:

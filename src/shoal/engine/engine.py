@@ -242,7 +242,12 @@ class LLMEngine:
         )
         disk = layout_directory(root, self.kv_layout) if config.kv_tier_disk_bytes else None
         tier = KVTier(
-            self.kv_layout, TierLink.slot_bytes(caches), config.kv_tier_host_bytes, disk, config.kv_tier_disk_bytes
+            self.kv_layout,
+            TierLink.slot_bytes(caches),
+            config.kv_tier_host_bytes,
+            disk,
+            config.kv_tier_disk_bytes,
+            shared=config.kv_tier_shared,
         )
         self.block_manager.tier = TierLink(tier, caches)
         return tier

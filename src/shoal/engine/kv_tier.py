@@ -11,6 +11,12 @@ wherever it is found, for any request, in any engine of the same layout. Levels:
   file's header names the layout; a file of another layout is started afresh. Each engine holds an
   exclusive lock on the file it uses (the first of tier-0.kv, tier-1.kv, ... it can lock), so
   workers of one host never write each other's slots.
+- `shared` (with `shared`): the tier files of the other engines in the same directory, read only.
+  A block one of them holds on disk is found here too, so the workers of a host share a KV tier
+  (and those of a cluster, where the directory is on a shared file system). Reads use pread, never
+  a mapping a writer could cut short, and check the slot's hash before and after copying its data:
+  a slot rewritten meanwhile is a miss, never a torn block. The files' slot hashes are scanned
+  again on a miss, at most once every SHARED_RESCAN_S.
 
 Counters: hits and misses (blocks looked up below the paged cache) and evictions, by level.
 """
@@ -22,6 +28,7 @@ import hashlib
 import json
 import logging
 import mmap
+import os
 import time
 from collections import Counter, OrderedDict
 from dataclasses import asdict, dataclass
@@ -36,7 +43,8 @@ log = logging.getLogger(__name__)
 DIGEST_BYTES = 16
 HEADER_BYTES = 4096
 MAX_TIER_FILES = 64
-LEVELS = ("host", "disk")
+LEVELS = ("host", "disk", "shared")
+SHARED_RESCAN_S = 1.0
 
 
 class DiskTier:
@@ -101,6 +109,65 @@ class DiskTier:
         self.handle.close()
 
 
+class SharedTierFiles:
+    """Read-only views of other engines' tier files in one directory. Invariant: `index` maps a
+    hash to (file descriptor, slot) where that slot held it at the last scan."""
+
+    def __init__(self, directory: Path, own: Path, layout: KVLayout, slot_bytes: int):
+        self.directory, self.own, self.slot_bytes = directory, own, slot_bytes
+        self.stride = slot_bytes + DIGEST_BYTES
+        self.expected = {**asdict(layout), "slot_bytes": slot_bytes}
+        self.descriptors: dict[Path, int] = {}
+        self.index: dict[bytes, tuple[int, int]] = {}
+        self.scanned = float("-inf")
+
+    def get(self, digest: bytes) -> torch.Tensor | None:
+        found = self.index.get(digest)
+        if found is None and time.monotonic() - self.scanned >= SHARED_RESCAN_S:
+            self._scan()
+            found = self.index.get(digest)
+        if found is None:
+            return None
+        descriptor, slot = found
+        start = HEADER_BYTES + slot * self.stride
+        data = os.pread(descriptor, self.slot_bytes, start)
+        after = os.pread(descriptor, DIGEST_BYTES, start + self.slot_bytes)
+        if len(data) != self.slot_bytes or after != digest:  # rewritten (or cut) meanwhile
+            del self.index[digest]
+            return None
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def _scan(self) -> None:
+        self.scanned = time.monotonic()
+        self.index.clear()
+        for path in sorted(self.directory.glob("tier-*.kv")):
+            if path == self.own:
+                continue
+            descriptor = self.descriptors.get(path)
+            if descriptor is None:
+                descriptor = self.descriptors[path] = os.open(path, os.O_RDONLY)
+            slots = self._slots(descriptor)
+            for slot in range(slots):
+                digest = os.pread(descriptor, DIGEST_BYTES, HEADER_BYTES + slot * self.stride + self.slot_bytes)
+                if len(digest) == DIGEST_BYTES and digest != bytes(DIGEST_BYTES):
+                    self.index[digest] = (descriptor, slot)
+
+    def _slots(self, descriptor: int) -> int:
+        """The slots of a file of this layout (0 for any other, or a file being set up)."""
+        try:
+            header = json.loads(os.pread(descriptor, HEADER_BYTES, 0).split(b"\n", 1)[0])
+        except ValueError:
+            return 0
+        slots = header.pop("slots", 0) if isinstance(header, dict) else 0
+        return slots if header == self.expected and isinstance(slots, int) else 0
+
+    def close(self) -> None:
+        for descriptor in self.descriptors.values():
+            os.close(descriptor)
+        self.descriptors.clear()
+        self.index.clear()
+
+
 @dataclass(frozen=True)
 class TierCounters:
     """Hits and evictions by level (host, disk), misses (blocks found in no level), blocks held."""
@@ -117,12 +184,23 @@ class KVTier:
     """Blocks below the paged cache. Blocks travel as one uint8 tensor: every layer's keys, then
     every layer's values, as the paged cache holds them."""
 
-    def __init__(self, layout: KVLayout, slot_bytes: int, host_bytes: int, disk_dir: Path | None, disk_bytes: int):
+    def __init__(
+        self,
+        layout: KVLayout,
+        slot_bytes: int,
+        host_bytes: int,
+        disk_dir: Path | None,
+        disk_bytes: int,
+        shared: bool = False,
+    ):
         self.slot_bytes = slot_bytes
         self.block_size = layout.block_size
         self.host_blocks = host_bytes // slot_bytes
         self.host: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.disk = DiskTier(disk_dir, layout, slot_bytes, disk_bytes) if disk_dir is not None and disk_bytes else None
+        self.shared = (
+            SharedTierFiles(disk_dir, self.disk.path, layout, slot_bytes) if shared and self.disk is not None else None
+        )
         self.hits: Counter[str] = Counter()
         self.misses = 0
         self.evictions: Counter[str] = Counter()
@@ -151,18 +229,26 @@ class KVTier:
             self.hits["host"] += 1
             return data
         data = self.disk.get(digest) if self.disk is not None else None
-        if data is None:
-            self.misses += 1
-            return None
-        self.hits["disk"] += 1
-        return data
+        if data is not None:
+            self.hits["disk"] += 1
+            return data
+        data = self.shared.get(digest) if self.shared is not None else None
+        if data is not None:
+            self.hits["shared"] += 1
+            return data
+        self.misses += 1
+        return None
 
     def counters(self) -> TierCounters:
         return TierCounters(
             hits={level: self.hits[level] for level in LEVELS},
             misses=self.misses,
             evictions={level: self.evictions[level] for level in LEVELS},
-            blocks={"host": len(self.host), "disk": len(self.disk.index) if self.disk else 0},
+            blocks={
+                "host": len(self.host),
+                "disk": len(self.disk.index) if self.disk else 0,
+                "shared": len(self.shared.index) if self.shared else 0,
+            },
             capacity_tokens=(self.host_blocks + (self.disk.slots if self.disk else 0)) * self.block_size,
             load_tokens_per_s=self.loaded_blocks * self.block_size / self.load_seconds if self.load_seconds else None,
         )
@@ -174,7 +260,9 @@ class KVTier:
         self.loaded_blocks, self.load_seconds = 0, 0.0
 
     def close(self) -> None:
-        """Writes the host level down to disk (least recently used first), then closes the file."""
+        """Writes the host level down to disk (least recently used first), then closes the files."""
+        if self.shared is not None:
+            self.shared.close()
         if self.disk is None:
             return
         for digest, data in self.host.items():
