@@ -55,7 +55,8 @@ class Balancer:
             for w in candidates
             if w.kv_tier_tokens and matched[w.worker_id]
         }
-        context = RoutingContext(self.rng, self.decisions, matched, in_tier)
+        recorded = {w.worker_id: self.prefix_index.size(w.worker_id) for w in candidates}
+        context = RoutingContext(self.rng, self.decisions, matched, in_tier, recorded)
         self.decisions += 1
         chosen = self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)

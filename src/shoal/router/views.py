@@ -83,6 +83,7 @@ class RoutingContext:
     sequence_number: int = 0
     matched_blocks: dict[str, int] = field(default_factory=dict)
     tier_blocks: dict[str, int] = field(default_factory=dict)  # of the matched, those likely in its KV tier
+    recorded_blocks: dict[str, int] = field(default_factory=dict)  # the prefix index's size per worker
 
     def cached_tokens(self, request: RouteRequest, worker: WorkerView) -> int:
         """Estimated prompt tokens the worker already holds in its prefix cache."""

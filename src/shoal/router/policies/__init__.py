@@ -1,5 +1,6 @@
 """Balancing policies by name. Each is a small class whose choose() is a pure function of
-(request, eligible worker views, routing context)."""
+(request, eligible worker views, routing context). The peer_* ones are the peers' policies written
+from their published descriptions, to compare against in the simulator and on a cluster."""
 
 from __future__ import annotations
 
@@ -7,13 +8,28 @@ from shoal.router.policies.base import Policy, eligible
 from shoal.router.policies.cache_aware import CacheAware
 from shoal.router.policies.cost import CostPolicy
 from shoal.router.policies.least_outstanding import LeastOutstandingTokens
+from shoal.router.policies.peer_dynamo import DynamoKVCost
+from shoal.router.policies.peer_llm_d import LlmDWeightedScorers
+from shoal.router.policies.peer_ray_serve import RayPrefixAffinity
+from shoal.router.policies.peer_sglang import SGLangCacheAware
 from shoal.router.policies.power_of_two import PowerOfTwoChoices
 from shoal.router.policies.round_robin import RoundRobin
 from shoal.router.policies.session_affinity import SessionAffinity
 
 POLICIES = {
     policy.name: policy
-    for policy in (RoundRobin, LeastOutstandingTokens, PowerOfTwoChoices, CacheAware, SessionAffinity, CostPolicy)
+    for policy in (
+        RoundRobin,
+        LeastOutstandingTokens,
+        PowerOfTwoChoices,
+        CacheAware,
+        SessionAffinity,
+        CostPolicy,
+        SGLangCacheAware,
+        LlmDWeightedScorers,
+        DynamoKVCost,
+        RayPrefixAffinity,
+    )
 }
 
 

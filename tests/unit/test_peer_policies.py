@@ -1,0 +1,98 @@
+"""The peers' policies, as written from their published descriptions, follow their stated rules."""
+
+from __future__ import annotations
+
+import random
+
+from shoal.router.policies import POLICIES
+from shoal.router.policies.peer_dynamo import DynamoKVCost
+from shoal.router.policies.peer_llm_d import LlmDWeightedScorers
+from shoal.router.policies.peer_ray_serve import RayPrefixAffinity
+from shoal.router.policies.peer_sglang import SGLangCacheAware
+from shoal.router.prefix_index import prefix_blocks
+from shoal.router.views import RouteRequest, RoutingContext, WorkerView
+
+TEXT = "a shared system prompt that many conversations start with " * 6
+
+
+def worker(name: str, **fields) -> WorkerView:
+    return WorkerView(**{"worker_id": name, "url": f"http://{name}", "models": frozenset({"m"}), **fields})
+
+
+def request(text: str = TEXT, prompt_tokens: int = 100) -> RouteRequest:
+    return RouteRequest(
+        model="m", prompt_tokens=prompt_tokens, expected_decode_tokens=20, prefix_blocks=prefix_blocks(text)
+    )
+
+
+def context(matched: dict[str, int], recorded: dict[str, int] | None = None) -> RoutingContext:
+    return RoutingContext(random.Random(0), 0, matched, {}, recorded or {})
+
+
+def test_the_peers_policies_are_registered_by_name():
+    assert {"sglang_cache_aware", "llm_d", "dynamo_kv", "ray_prefix_affinity"} <= set(POLICIES)
+
+
+def test_sglang_follows_a_prefix_of_at_least_30_percent_else_the_smallest_record_unless_imbalanced():
+    req, policy = request(), SGLangCacheAware()
+    blocks = len(req.prefix_blocks)
+    a, b, c = worker("a", running=5), worker("b", running=3), worker("c", running=4)
+    third = -(-3 * blocks // 10)  # 30 %, rounded up
+    assert policy.choose(req, [a, b, c], context({"a": third}, {"a": 50, "b": 40, "c": 10})).worker_id == "a"
+    below = context({"a": third - 1}, {"a": 50, "b": 40, "c": 10})
+    assert policy.choose(req, [a, b, c], below).worker_id == "c"  # the smallest record
+    # imbalanced: 70 over the idlest and more than 1.5 times as many: the least loaded, cache or not
+    hot = [worker("a", running=100), worker("b", running=30), worker("c", running=50)]
+    assert policy.choose(req, hot, context({"a": blocks})).worker_id == "b"
+    # 64 over but not 1.5 times as many: still balanced enough
+    close = [worker("a", running=200), worker("b", running=140)]
+    assert policy.choose(req, close, context({"a": blocks})).worker_id == "a"
+
+
+def test_llm_d_scores_prefix_three_queue_two_and_kv_utilisation_two():
+    req, policy = request(), LlmDWeightedScorers()
+    blocks = len(req.prefix_blocks)
+    cached = worker("a", waiting=4, kv_capacity_tokens=1000, free_kv_tokens=750)
+    idle = worker("b", waiting=0, kv_capacity_tokens=1000, free_kv_tokens=1000)
+    scores = policy.scores(req, [cached, idle], context({"a": blocks}))
+    assert scores == {"a": 3.0 + 0.0 + 1.5, "b": 0.0 + 2.0 + 2.0}
+    assert policy.choose(req, [cached, idle], context({"a": blocks})).worker_id == "a"
+    half = context({"a": blocks // 2})
+    assert policy.choose(req, [cached, idle], half).worker_id == "b"
+
+
+def test_dynamo_picks_the_lowest_weighted_prefill_plus_active_blocks():
+    req = request(prompt_tokens=400)
+    blocks = len(req.prefix_blocks)
+    warm = worker("a", kv_capacity_tokens=10_000, free_kv_tokens=9_700)  # 300 active
+    cold = worker("b", kv_capacity_tokens=10_000, free_kv_tokens=10_000)
+    full_hit = context({"a": blocks})
+    policy = DynamoKVCost()
+    cached = full_hit.cached_tokens(req, warm)
+    assert policy.cost(req, warm, full_hit) == 400 - cached + 300 and policy.cost(req, cold, full_hit) == 400
+    assert policy.choose(req, [warm, cold], full_hit).worker_id == ("a" if 700 - cached < 400 else "b")
+    # weight 0 ignores the cache: pure load
+    assert DynamoKVCost(overlap_score_weight=0.0).choose(req, [warm, cold], full_hit).worker_id == "b"
+    # with a temperature the choice is drawn, both ways over many draws
+    drawn = {
+        DynamoKVCost(temperature=1.0)
+        .choose(req, [warm, cold], RoutingContext(random.Random(i), 0, {"a": blocks}))
+        .worker_id
+        for i in range(50)
+    }
+    assert drawn == {"a", "b"}
+
+
+def test_ray_serve_follows_a_10_percent_match_when_balanced_else_power_of_two():
+    req, policy = request(), RayPrefixAffinity()
+    blocks = len(req.prefix_blocks)
+    a, b, c = worker("a", running=3), worker("b", running=1), worker("c", running=2)
+    tenth = -(-blocks // 10)
+    assert policy.choose(req, [a, b, c], context({"a": tenth}, {"a": 9, "b": 5, "c": 1})).worker_id == "a"
+    assert policy.choose(req, [a, b, c], context({}, {"a": 9, "b": 5, "c": 1})).worker_id == "c"  # least cache
+    # imbalanced by more than 10: the less loaded of a random pair, never the busiest
+    skewed = [worker("a", running=30), worker("b", running=2), worker("c", running=5)]
+    picks = {
+        policy.choose(req, skewed, RoutingContext(random.Random(i), 0, {"a": blocks})).worker_id for i in range(30)
+    }
+    assert "a" not in picks and picks <= {"b", "c"}
