@@ -26,7 +26,8 @@ def request(text: str = TEXT, prompt_tokens: int = 100) -> RouteRequest:
 
 
 def context(matched: dict[str, int], recorded: dict[str, int] | None = None) -> RoutingContext:
-    return RoutingContext(random.Random(0), 0, matched, {}, recorded or {})
+    sizes = recorded or {}
+    return RoutingContext(random.Random(0), 0, matched, {}, lambda worker_id: sizes.get(worker_id, 0))
 
 
 def test_the_peers_policies_are_registered_by_name():

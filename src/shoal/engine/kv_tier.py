@@ -14,9 +14,9 @@ wherever it is found, for any request, in any engine of the same layout. Levels:
 - `shared` (with `shared`): the tier files of the other engines in the same directory, read only.
   A block one of them holds on disk is found here too, so the workers of a host share a KV tier
   (and those of a cluster, where the directory is on a shared file system). Reads use pread, never
-  a mapping a writer could cut short, and check the slot's hash before and after copying its data:
-  a slot rewritten meanwhile is a miss, never a torn block. The files' slot hashes are scanned
-  again on a miss, at most once every SHARED_RESCAN_S.
+  a mapping a writer could cut short, and check that the slot still holds the hash (found by the
+  last scan) after copying its data: a slot being rewritten then is a miss, not a torn block. The
+  files' slot hashes are scanned again on a miss, at most once every SHARED_RESCAN_S.
 
 Counters: hits and misses (blocks looked up below the paged cache) and evictions, by level.
 """
@@ -101,7 +101,7 @@ class DiskTier:
             return None
         self.index.move_to_end(digest)
         start = HEADER_BYTES + slot * self.stride
-        return torch.frombuffer(bytearray(self.map[start : start + self.slot_bytes]), dtype=torch.uint8)
+        return torch.frombuffer(bytearray(memoryview(self.map)[start : start + self.slot_bytes]), dtype=torch.uint8)
 
     def close(self) -> None:
         self.map.flush()
@@ -130,12 +130,13 @@ class SharedTierFiles:
             return None
         descriptor, slot = found
         start = HEADER_BYTES + slot * self.stride
-        data = os.pread(descriptor, self.slot_bytes, start)
+        data = bytearray(self.slot_bytes)
+        read = os.preadv(descriptor, [data], start)
         after = os.pread(descriptor, DIGEST_BYTES, start + self.slot_bytes)
-        if len(data) != self.slot_bytes or after != digest:  # rewritten (or cut) meanwhile
+        if read != self.slot_bytes or after != digest:  # rewritten (or cut) meanwhile
             del self.index[digest]
             return None
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        return torch.frombuffer(data, dtype=torch.uint8)
 
     def _scan(self) -> None:
         self.scanned = time.monotonic()
@@ -278,11 +279,11 @@ class TierLink:
 
     def __init__(self, tier: KVTier, caches: list[tuple[torch.Tensor, torch.Tensor]]):
         self.tier, self.caches = tier, caches
-        self.parts = [t[0].numel() * t.element_size() for pair in caches for t in pair]
+        self.parts = [t[0].nbytes for pair in caches for t in pair]
 
     @staticmethod
     def slot_bytes(caches: list[tuple[torch.Tensor, torch.Tensor]]) -> int:
-        return sum(t[0].numel() * t.element_size() for pair in caches for t in pair)
+        return sum(t[0].nbytes for pair in caches for t in pair)
 
     def spill(self, digest: bytes, block: int) -> None:
         pieces = [t[block].reshape(-1).view(torch.uint8) for pair in self.caches for t in pair]

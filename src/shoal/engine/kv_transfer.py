@@ -20,7 +20,7 @@ import torch
 from shoal.engine.block_manager import BlockManager, chain_hash
 from shoal.engine.kv_layout import KVLayout
 from shoal.protocol import kv_frames
-from shoal.protocol.frames import BadFrame, TensorSpec
+from shoal.protocol.frames import WIRE_DTYPES, BadFrame, TensorSpec
 
 
 class KVRefusedError(Exception):
@@ -46,7 +46,7 @@ class KVBlocks:
     @property
     def nbytes(self) -> int:
         """The size of the keys and values."""
-        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+        return sum(t.nbytes for t in (*self.keys, *self.values))
 
 
 def export_prefix(
@@ -134,7 +134,7 @@ def _frames(blocks: KVBlocks, shared: bool) -> tuple[list[bytes | memoryview], s
 
 def _to_segment(tensors: list[torch.Tensor]) -> str:
     """A new shared-memory segment holding the tensors' bytes one after another; its name."""
-    sizes = [t.numel() * t.element_size() for t in tensors]
+    sizes = [t.nbytes for t in tensors]
     segment = shared_memory.SharedMemory(f"shoal-kv-{secrets.token_hex(16)}", create=True, size=sum(sizes))
     try:
         offset = 0
@@ -157,7 +157,7 @@ def _from_segment(name: str, specs: list[TensorSpec], dtype: torch.dtype) -> lis
     except FileNotFoundError:
         raise BadFrame(f"shared-memory segment {name} is gone") from None
     try:
-        sizes = [math.prod(spec.shape) * torch.tensor([], dtype=dtype).element_size() for spec in specs]
+        sizes = [math.prod(spec.shape) * WIRE_DTYPES[spec.dtype] for spec in specs]
         if sum(sizes) > segment.size:
             raise BadFrame(f"shared-memory segment {name} holds {segment.size} bytes, not {sum(sizes)}")
         tensors, offset = [], 0

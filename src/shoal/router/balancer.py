@@ -55,8 +55,7 @@ class Balancer:
             for w in candidates
             if w.kv_tier_tokens and matched[w.worker_id]
         }
-        recorded = {w.worker_id: self.prefix_index.size(w.worker_id) for w in candidates}
-        context = RoutingContext(self.rng, self.decisions, matched, in_tier, recorded)
+        context = RoutingContext(self.rng, self.decisions, matched, in_tier, self.prefix_index.size)
         self.decisions += 1
         chosen = self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)

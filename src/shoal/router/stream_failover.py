@@ -114,12 +114,8 @@ class StreamFailover:
                 await asyncio.sleep(self._backoff(try_number))
             worker = attempt.placement.worker
             outgoing = dict(forwarded)
-            if (
-                attempt.accepts_handoff
-                and worker.load_source == "shoal"
-                and not (resuming and worker.role == "prefill")
-            ):
-                outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF  # (a continuation on a prefill worker: none other is up)
+            if _may_hand_off(attempt, worker, resuming):
+                outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF
             attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
             sent = time.monotonic()
             try:
@@ -218,11 +214,7 @@ class StreamFailover:
         attempt.telemetry.handed_off(worker.worker_id, len(progress.token_ids), handoff.reason)
         progress.handoffs += 1
         attempt.accepts_handoff = progress.handoffs < MAX_HANDOFFS
-        worker.streams.discard(attempt.upstream)
-        attempt.upstream.release()
-        attempt.upstream = None
-        self.balancer.release(attempt.placement)
-        attempt.placement = None
+        self._finish(attempt)
 
     def _finish(self, attempt: Attempt) -> None:
         if attempt.upstream is not None:
@@ -486,6 +478,12 @@ async def _finally(events: AsyncIterator[bytes], finish: Callable[[], None]) -> 
             yield event
     finally:
         finish()
+
+
+def _may_hand_off(attempt: Attempt, worker: WorkerState, resuming: bool) -> bool:
+    """Whether the worker may hand this attempt's stream off: a shoal worker, within the stream's
+    handoffs, and not a prefill worker taking a continuation (it got one: no other is up)."""
+    return attempt.accepts_handoff and worker.load_source == "shoal" and not (resuming and worker.role == "prefill")
 
 
 def _ejected_kv_peer(membership: Membership, worker_id: str) -> str | None:

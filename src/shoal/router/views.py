@@ -4,6 +4,7 @@ one immutable view per worker. Policies are pure functions of these, so a simula
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -83,7 +84,7 @@ class RoutingContext:
     sequence_number: int = 0
     matched_blocks: dict[str, int] = field(default_factory=dict)
     tier_blocks: dict[str, int] = field(default_factory=dict)  # of the matched, those likely in its KV tier
-    recorded_blocks: dict[str, int] = field(default_factory=dict)  # the prefix index's size per worker
+    recorded_blocks: Callable[[str], int] = lambda worker_id: 0  # the prefix index's size for a worker
 
     def cached_tokens(self, request: RouteRequest, worker: WorkerView) -> int:
         """Estimated prompt tokens the worker already holds in its prefix cache."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.engine.kv_layout import KVLayoutMismatch
@@ -33,6 +33,7 @@ from shoal.protocol.worker_load import Role
 from shoal.worker.drain import DrainState
 from shoal.worker.kv_peer import KVPeer, fetch_kv
 from shoal.worker.metrics import WorkerMetrics
+from shoal.worker.protocol import SamplingFields
 from shoal.worker.request_tracing import WorkerRequestSpan
 
 log = logging.getLogger(__name__)
@@ -75,10 +76,11 @@ class KVMobility:
     def kv_peer(self) -> str | None:
         return self.peer.address if self.peer else None
 
-    @staticmethod
-    def may_hand_off(headers: Mapping[str, str], choices: int) -> bool:
-        """Whether the caller can continue this request's stream elsewhere."""
-        return choices == 1 and headers.get(HANDOFF_HEADER) == ACCEPTS_KV_HANDOFF
+    def handoffs_for(self, headers: Mapping[str, str], body: SamplingFields) -> Callable[[int], Handoff | None] | None:
+        """`handoff`, for a one-choice stream whose caller can continue it elsewhere; else None."""
+        if body.stream and body.n == 1 and headers.get(HANDOFF_HEADER) == ACCEPTS_KV_HANDOFF:
+            return self.handoff
+        return None
 
     def handoff(self, tokens_sent: int) -> Handoff | None:
         """The handoff to make now, for a stream that may be handed off and has sent `tokens_sent`

@@ -43,13 +43,13 @@ async def respond(
     trace: WorkerRequestSpan,
     tool_use: ToolUse | None = None,
     kv: KVMobility | None = None,
-    may_hand_off: bool = False,
+    handoff: Callable[[int], Handoff | None] | None = None,
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
     response. A chat request with `tool_use` has its tool calls read from its output, and forced
     by a grammar where tool_choice asks for a call. With `kv`, the KV named by `kv_source` is
-    imported first, and a stream that `may_hand_off` is handed off when `kv` says."""
+    imported first; a stream is handed off when `handoff` (given the tokens sent) says."""
     try:
         response = await _respond(
             engine,
@@ -63,7 +63,7 @@ async def respond(
             trace,
             tool_use,
             kv,
-            may_hand_off and body.stream and kv is not None,
+            handoff,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -85,7 +85,7 @@ async def _respond(
     trace: WorkerRequestSpan,
     tool_use: ToolUse | None,
     kv: KVMobility | None,
-    may_hand_off: bool,
+    handoff: Callable[[int], Handoff | None] | None,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -134,7 +134,6 @@ async def _respond(
         if choices and resume is not None:
             choices[0].replay(_resumed_text(engine, prompt_ids, resume, skip_special_tokens))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        handoff = kv.handoff if may_hand_off else None
         return StreamingResponse(
             _sse(
                 engine, streams, firsts, meta, choices, len(prompt_ids), include_usage, render, resumed, trace, handoff

@@ -223,7 +223,7 @@ def create_app(
             max_model_len=max_model_len,
             trace=traced(request),
             kv=kv,
-            may_hand_off=kv.may_hand_off(request.headers, body.n),
+            handoff=kv.handoffs_for(request.headers, body),
         )
 
     @app.post("/v1/chat/completions")
@@ -245,7 +245,7 @@ def create_app(
             trace=traced(request),
             tool_use=tool_use,
             kv=kv,
-            may_hand_off=kv.may_hand_off(request.headers, body.n),
+            handoff=kv.handoffs_for(request.headers, body),
         )
 
     return app

@@ -28,4 +28,4 @@ class RayPrefixAffinity:
         best = max(workers, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -w.load, w.worker_id))
         if blocks and context.matched_blocks.get(best.worker_id, 0) / blocks >= self.match_rate_threshold:
             return best
-        return min(workers, key=lambda w: (context.recorded_blocks.get(w.worker_id, 0), w.load, w.worker_id))
+        return min(workers, key=lambda w: (context.recorded_blocks(w.worker_id), w.load, w.worker_id))

@@ -33,4 +33,4 @@ class SGLangCacheAware:
         matched = context.matched_blocks.get(best.worker_id, 0)
         if request.prefix_blocks and matched >= self.cache_threshold * len(request.prefix_blocks):
             return best
-        return min(workers, key=lambda w: (context.recorded_blocks.get(w.worker_id, 0), w.load, w.worker_id))
+        return min(workers, key=lambda w: (context.recorded_blocks(w.worker_id), w.load, w.worker_id))
