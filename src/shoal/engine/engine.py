@@ -9,7 +9,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NoReturn
 
 import torch
@@ -18,7 +17,7 @@ from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.grammar import GrammarCompiler
 from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
-from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, layout_directory
+from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, open_tier
 from shoal.engine.kv_transfer import KVBlocks, export_prefix, import_blocks
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
@@ -38,7 +37,6 @@ from shoal.errors import (
     ReplicaFailedError,
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
-from shoal.model.weight_cache import default_cache_dir
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 
 log = logging.getLogger(__name__)
@@ -228,28 +226,13 @@ class LLMEngine:
 
     def _open_tier(self) -> KVTier | None:
         """The KV tier the config asks for, linked under the block manager (None: no tier)."""
-        config = self.config
-        if not (config.kv_tier_host_bytes or config.kv_tier_disk_bytes) or not config.enable_prefix_caching:
-            return None
         if not self.moves_kv:
-            log.warning("no KV tier: a multi-process replica's cache is spread over its processes")
+            if self.config.kv_tier_host_bytes or self.config.kv_tier_disk_bytes:
+                log.warning("no KV tier: a multi-process replica's cache is spread over its processes")
             return None
-        caches = self.runner.kv_caches
-        root = (
-            Path(config.kv_tier_dir)
-            if config.kv_tier_dir
-            else Path(config.cache_dir or default_cache_dir()) / "kv-tier"
-        )
-        disk = layout_directory(root, self.kv_layout) if config.kv_tier_disk_bytes else None
-        tier = KVTier(
-            self.kv_layout,
-            TierLink.slot_bytes(caches),
-            config.kv_tier_host_bytes,
-            disk,
-            config.kv_tier_disk_bytes,
-            shared=config.kv_tier_shared,
-        )
-        self.block_manager.tier = TierLink(tier, caches)
+        tier = open_tier(self.config, self.kv_layout, self.runner.kv_caches)
+        if tier is not None:
+            self.block_manager.tier = TierLink(tier, self.runner.kv_caches)
         return tier
 
     def interrupt(self) -> None:

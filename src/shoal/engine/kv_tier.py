@@ -36,7 +36,9 @@ from pathlib import Path
 
 import torch
 
+from shoal.config.engine import EngineConfig
 from shoal.engine.kv_layout import KVLayout
+from shoal.model.weight_cache import default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -324,6 +326,23 @@ def _lock_a_file(directory: Path):
 def _header(handle) -> str:
     handle.seek(0)
     return handle.read(HEADER_BYTES).split(b"\n", 1)[0].decode(errors="replace")
+
+
+def open_tier(config: EngineConfig, layout: KVLayout, caches: list[tuple[torch.Tensor, torch.Tensor]]) -> KVTier | None:
+    """The tier `config` asks for, for an engine of `layout` with these paged caches (None: none;
+    a tier needs prefix caching). Its disk files live under kv_tier_dir, else the cache directory's
+    kv-tier, one directory per layout."""
+    if not (config.kv_tier_host_bytes or config.kv_tier_disk_bytes) or not config.enable_prefix_caching:
+        return None
+    root = Path(config.kv_tier_dir) if config.kv_tier_dir else Path(config.cache_dir or default_cache_dir()) / "kv-tier"
+    return KVTier(
+        layout,
+        TierLink.slot_bytes(caches),
+        config.kv_tier_host_bytes,
+        layout_directory(root, layout) if config.kv_tier_disk_bytes else None,
+        config.kv_tier_disk_bytes,
+        shared=config.kv_tier_shared,
+    )
 
 
 def layout_directory(root: Path, layout: KVLayout) -> Path:
