@@ -1,15 +1,16 @@
-"""Router overhead: latency the proxy adds and the requests/s it relays on one core, for shoal's
-router, nginx as a plain reverse proxy and LiteLLM's proxy, all in front of the same trivial upstream.
+"""Router overhead: requests/s and latency each proxy adds on one core, for shoal's router (one
+process), vllm-router and SGLang's Model Gateway (`smg`, both Rust), LiteLLM's proxy and nginx as a
+plain reverse proxy, all in front of the same trivial upstream, in one run.
 
 The upstream is nginx answering a fixed OpenAI chat completion (so it costs next to nothing). The
-proxy under test runs pinned to CPU 1; the upstream and the load generators share CPU 0. Latency:
-sequential requests over one keep-alive connection (httpx), p50 and p99, minus the same figures
-measured directly against the upstream. Throughput: wrk, 64 connections, POST, for --seconds.
+proxy under test runs pinned to CPU 1; the upstream and the load generator share CPU 0. Each target
+gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each: requests/s,
+p50 and p99; "added" is a proxy's p50 at one connection minus the upstream's own.
 
-Installs what it needs when missing: nginx-light and wrk (apt), LiteLLM's proxy in its own venv
-(.venv-litellm, kept out of the project's environment).
+Installs what it needs when missing: nginx-light and wrk (apt); vllm-router, sglang-router and
+LiteLLM's proxy from PyPI, each in its own venv (benchmarks/.peers, kept out of the project's).
 
-    .venv/bin/python benchmarks/router_overhead.py [--requests 2000] [--seconds 10]
+    .venv/bin/python benchmarks/router_overhead.py [--seconds 8] [--only shoal,vllm-router]
 """
 
 from __future__ import annotations
@@ -52,9 +53,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def ensure_tools() -> Path:
-    """Installs nginx and wrk from the system packages if missing; returns LiteLLM's proxy binary,
-    from its own venv (peer_venv)."""
+PEERS = {
+    "vllm-router": (["vllm-router"], "vllm-router"),
+    "smg": (["sglang-router"], "smg"),
+    "litellm": (["litellm[proxy]"], "litellm"),
+}
+TARGETS = ("direct", "shoal", "vllm-router", "smg", "nginx", "litellm")
+CONNECTIONS = (1, 32)
+
+
+def ensure_tools(peers: list[str]) -> dict[str, Path]:
+    """Installs nginx and wrk from the system packages if missing; returns each peer's binary, from
+    its own venv (peer_venv)."""
     missing = [
         pkg
         for tool, pkg in (("nginx", "nginx-light"), ("wrk", "wrk"))
@@ -62,7 +72,12 @@ def ensure_tools() -> Path:
     ]
     if missing:
         subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, stdout=subprocess.DEVNULL)
-    return peer_python("litellm", ["litellm[proxy]"], print).parent / "litellm"
+    binaries = {}
+    for name in peers:
+        packages, binary = PEERS[name]
+        venv = "sglang-router" if name == "smg" else name
+        binaries[name] = peer_python(venv, packages, print).parent / binary
+    return binaries
 
 
 def nginx(conf_dir: Path, name: str, server_block: str, cpu: int) -> subprocess.Popen:
@@ -74,6 +89,16 @@ http {{ access_log off; client_body_temp_path {conf_dir}/{name}-body; proxy_temp
     nginx_bin = shutil.which("nginx") or "/usr/sbin/nginx"
     return subprocess.Popen(
         ["taskset", "-c", str(cpu), nginx_bin, "-c", str(conf), "-p", str(conf_dir)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def pinned(command: list[str], env: dict | None = None) -> subprocess.Popen:
+    """A proxy under test, on CPU 1."""
+    return subprocess.Popen(
+        ["taskset", "-c", "1", *command],
+        env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -93,21 +118,8 @@ def wait_up(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None
     raise RuntimeError(f"{url} did not answer")
 
 
-def latency(url: str, requests: int) -> dict:
-    samples = []
-    with httpx.Client(base_url=url, timeout=30, headers=HEADERS) as client:
-        for i in range(requests + 200):
-            started = time.perf_counter()
-            response = client.post("/v1/chat/completions", json=REQUEST)
-            elapsed = time.perf_counter() - started
-            assert response.status_code == 200, response.text
-            if i >= 200:
-                samples.append(elapsed)
-    samples.sort()
-    return {"p50_ms": samples[len(samples) // 2] * 1e3, "p99_ms": samples[int(0.99 * len(samples))] * 1e3}
-
-
-def throughput(url: str, seconds: int, conf_dir: Path) -> float:
+def wrk(url: str, connections: int, seconds: int, conf_dir: Path) -> dict:
+    """requests/s, p50 and p99 (ms) under `connections` keep-alive connections; no failed response."""
     script = conf_dir / "post.lua"
     script.write_text(
         f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(REQUEST))}\n'
@@ -115,7 +127,19 @@ def throughput(url: str, seconds: int, conf_dir: Path) -> float:
         f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n'
     )
     out = subprocess.run(
-        ["taskset", "-c", "0", "wrk", "-t1", "-c64", f"-d{seconds}s", "-s", str(script), url + "/v1/chat/completions"],
+        [
+            "taskset",
+            "-c",
+            "0",
+            "wrk",
+            "-t1",
+            f"-c{connections}",
+            f"-d{seconds}s",
+            "--latency",
+            "-s",
+            str(script),
+            url + "/v1/chat/completions",
+        ],
         capture_output=True,
         text=True,
         check=True,
@@ -123,144 +147,134 @@ def throughput(url: str, seconds: int, conf_dir: Path) -> float:
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non_2xx:
         raise RuntimeError(f"{url}: {non_2xx.group(1)} failed responses under load:\n{out}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+    def percentile(label: str) -> float:
+        value, unit = re.search(rf"^\s+{label}\s+([\d.]+)(us|ms|s)\s*$", out, re.M).groups()
+        return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+
+    return {
+        "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        "p50_ms": percentile("50%"),
+        "p99_ms": percentile("99%"),
+    }
+
+
+def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: list) -> dict[str, str]:
+    """Starts the upstream and every proxy asked for; returns their URLs by name."""
+    upstream_port = free_port()
+    answer = json.dumps(json.dumps(COMPLETION))[1:-1].replace("'", "\\'")
+    processes.append(
+        nginx(
+            conf_dir,
+            "upstream",
+            f"""server {{ listen 127.0.0.1:{upstream_port};
+        location = /v1/chat/completions {{ default_type application/json; return 200 '{answer}'; }}
+        location = /health {{ return 200 ''; }}
+        location = /v1/models {{ default_type application/json;
+            return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}'; }} }}""",
+            cpu=0,
+        )
+    )
+    upstream = f"http://127.0.0.1:{upstream_port}"
+    wait_up(upstream, processes[-1])
+    urls = {"direct": upstream}
+    wanted = set(args.only.split(",")) if args.only else set(TARGETS)
+    for name in TARGETS[1:]:
+        if name not in wanted:
+            continue
+        port = free_port()
+        if name == "shoal":
+            config = conf_dir / "router.yaml"
+            tracing = {} if args.trace_sample_ratio is None else {"sample_ratio": args.trace_sample_ratio}
+            config.write_text(
+                json.dumps(
+                    {
+                        "workers": [{"url": upstream, "models": ["bench"]}],
+                        "api_keys": [{"sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}],
+                        "tracing": tracing,
+                    }
+                )
+            )
+            command = [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(config)]
+            processes.append(pinned(command))
+        elif name == "vllm-router":
+            command = [str(binaries[name]), "--worker-urls", upstream, "--port", str(port), "--policy", "round_robin"]
+            processes.append(pinned(command))
+        elif name == "smg":
+            command = [
+                str(binaries[name]),
+                "launch",
+                "--worker-urls",
+                upstream,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--policy",
+                "round_robin",
+            ]
+            processes.append(pinned(command))
+        elif name == "nginx":
+            processes.append(
+                nginx(
+                    conf_dir,
+                    "proxy",
+                    f"""upstream up {{ server 127.0.0.1:{upstream_port}; keepalive 128; }}
+        server {{ listen 127.0.0.1:{port}; location / {{ proxy_pass http://up;
+            proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""",
+                    cpu=1,
+                )
+            )
+        elif name == "litellm":
+            config = conf_dir / "litellm.yaml"
+            model = {"model": "openai/bench", "api_base": upstream + "/v1", "api_key": "unused"}
+            config.write_text(json.dumps({"model_list": [{"model_name": "bench", "litellm_params": model}]}))
+            command = [str(binaries[name]), "--config", str(config), "--port", str(port), "--num_workers", "1"]
+            env = {"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": API_KEY}
+            processes.append(pinned(command, env))
+        urls[name] = f"http://127.0.0.1:{port}"
+        wait_up(urls[name], processes[-1], timeout_s=300)
+    return urls
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
     parser.add_argument(
         "--trace-sample-ratio",
         type=float,
-        default=1.0,
-        help="shoal's router.tracing.sample_ratio (1.0, the default: every request traced)",
+        default=None,
+        help="shoal's router.tracing.sample_ratio (default: the router's own default sampling)",
     )
     args = parser.parse_args()
-    litellm = ensure_tools()
+    wanted = args.only.split(",") if args.only else TARGETS[1:]
+    binaries = ensure_tools([name for name in wanted if name in PEERS])
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
-    processes = []
+    processes: list[subprocess.Popen] = []
     try:
-        upstream_port = free_port()
-        answer = json.dumps(json.dumps(COMPLETION))[1:-1].replace("'", "\\'")
-        processes.append(
-            nginx(
-                conf_dir,
-                "upstream",
-                f"""server {{ listen 127.0.0.1:{upstream_port};
-            location = /v1/chat/completions {{ default_type application/json; return 200 '{answer}'; }}
-            location = /v1/models {{ default_type application/json;
-                return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}'; }} }}""",
-                cpu=0,
-            )
-        )
-        upstream = f"http://127.0.0.1:{upstream_port}"
-        wait_up(upstream, processes[-1])
-
-        targets = {"direct": upstream}
-        shoal_port = free_port()
-        config = conf_dir / "router.yaml"
-        config.write_text(
-            json.dumps(
-                {
-                    "workers": [{"url": upstream, "models": ["bench"]}],
-                    "api_keys": [{"sha256": hashlib.sha256(API_KEY.encode()).hexdigest()}],
-                    "tracing": {"sample_ratio": args.trace_sample_ratio},
-                }
-            )
-        )
-        processes.append(
-            subprocess.Popen(
-                [
-                    "taskset",
-                    "-c",
-                    "1",
-                    sys.executable,
-                    "-m",
-                    "shoal.cli",
-                    "router",
-                    "--port",
-                    str(shoal_port),
-                    "--config",
-                    str(config),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        targets["shoal"] = f"http://127.0.0.1:{shoal_port}"
-        wait_up(targets["shoal"], processes[-1])
-
-        nginx_port = free_port()
-        processes.append(
-            nginx(
-                conf_dir,
-                "proxy",
-                f"""upstream up {{ server 127.0.0.1:{upstream_port}; keepalive 128; }}
-            server {{ listen 127.0.0.1:{nginx_port}; location / {{ proxy_pass http://up;
-                proxy_http_version 1.1; proxy_set_header Connection ""; }} }}""",
-                cpu=1,
-            )
-        )
-        targets["nginx"] = f"http://127.0.0.1:{nginx_port}"
-        wait_up(targets["nginx"], processes[-1])
-
-        litellm_port = free_port()
-        litellm_config = conf_dir / "litellm.yaml"
-        litellm_config.write_text(
-            json.dumps(
-                {
-                    "model_list": [
-                        {
-                            "model_name": "bench",
-                            "litellm_params": {
-                                "model": "openai/bench",
-                                "api_base": upstream + "/v1",
-                                "api_key": "unused",
-                            },
-                        }
-                    ]
-                }
-            )
-        )
-        processes.append(
-            subprocess.Popen(
-                [
-                    "taskset",
-                    "-c",
-                    "1",
-                    str(litellm),
-                    "--config",
-                    str(litellm_config),
-                    "--port",
-                    str(litellm_port),
-                    "--num_workers",
-                    "1",
-                ],
-                env={**os.environ, "LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": API_KEY},
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        targets["litellm"] = f"http://127.0.0.1:{litellm_port}"
-        wait_up(targets["litellm"], processes[-1], timeout_s=300)
-
+        urls = start_targets(args, binaries, conf_dir, processes)
         results = {}
-        for name, url in targets.items():
-            results[name] = {**latency(url, args.requests), "requests_per_s": throughput(url, args.seconds, conf_dir)}
+        for name, url in urls.items():
+            results[name] = {f"c{c}": wrk(url, c, args.seconds, conf_dir) for c in CONNECTIONS}
             print(
-                f"{name:>8}: p50 {results[name]['p50_ms']:.3f} ms, p99 {results[name]['p99_ms']:.3f} ms, "
-                f"{results[name]['requests_per_s']:.0f} req/s",
+                f"{name:>12}: "
+                + "; ".join(
+                    f"c={c} {r['requests_per_s']:,.0f} req/s p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
+                    for c, r in zip(CONNECTIONS, results[name].values())
+                ),
                 flush=True,
             )
-        for name in ("shoal", "nginx", "litellm"):
-            results[name]["added_p50_ms"] = results[name]["p50_ms"] - results["direct"]["p50_ms"]
-            results[name]["added_p99_ms"] = results[name]["p99_ms"] - results["direct"]["p99_ms"]
-        print(
-            f"added by shoal: p50 {results['shoal']['added_p50_ms']:.3f} ms, p99 {results['shoal']['added_p99_ms']:.3f} ms; "
-            f"shoal / litellm req/s: {results['shoal']['requests_per_s'] / results['litellm']['requests_per_s']:.2f}; "
-            f"shoal / nginx req/s: {results['shoal']['requests_per_s'] / results['nginx']['requests_per_s']:.2f}"
-        )
+        direct_p50 = results["direct"]["c1"]["p50_ms"]
+        for result in results.values():
+            result["added_p50_ms_c1"] = result["c1"]["p50_ms"] - direct_p50
+        if "shoal" in results:
+            for peer in ("vllm-router", "smg", "litellm", "nginx"):
+                if peer in results:
+                    ratio = results["shoal"]["c32"]["requests_per_s"] / results[peer]["c32"]["requests_per_s"]
+                    results["shoal"][f"c32_ratio_to_{peer}"] = ratio
+                    print(f"shoal / {peer} requests/s at 32 connections: {ratio:.3f}")
+            print(f"shoal adds {results['shoal']['added_p50_ms_c1']:.3f} ms at p50 (one connection)")
         RESULTS.mkdir(exist_ok=True)
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT

@@ -23,10 +23,16 @@ def test_the_latest_traces_are_kept_and_read_back_in_start_order():
 
 
 def test_unsampled_requests_leave_nothing_unless_their_caller_sampled_them():
-    tracing = Tracing("test", sample_ratio=0.0)
+    tracing = Tracing("test", sample_ratio=0.0, traces_per_second=0)
     dropped = tracing.start("router.request")
+    child = tracing.start("router.route", parent=dropped)
+    child.end()
     dropped.end()
     assert tracing.recent.spans(trace_id_of(dropped)) == []
+    assert trace_id_of(child) == trace_id_of(dropped) != "0" * 32
+    unsampled: dict[str, str] = {}
+    tracing.inject(child, unsampled)  # the worker is told not to record it either
+    assert unsampled["traceparent"] == f"00-{trace_id_of(dropped)}-{child.get_span_context().span_id:016x}-00"
     caller = "0af7651916cd43dd8448eb211c80319c"
     kept = tracing.start("router.request", parent=tracing.extract({"traceparent": f"00-{caller}-b7ad6b7169203331-01"}))
     kept.end()

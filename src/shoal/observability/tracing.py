@@ -9,7 +9,9 @@ Spans are started and ended explicitly and given their parent as a Context, neve
 from __future__ import annotations
 
 import json
+import math
 import os
+import random
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, MutableMapping
@@ -19,9 +21,11 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanKind
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from shoal.observability.trace_sampling import TraceBudget
 
 # The OTLP endpoint when a process is not given one (the OpenTelemetry SDK's own variables).
 OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
@@ -104,8 +108,9 @@ class Tracing:
     """One process's tracing: `tracer` makes spans; they go to `recent` and, when `otlp_endpoint`
     is set (else the environment's), to that OTLP/HTTP collector in batches. `instance` tells
     processes of one service apart (a worker's URL). A trace is recorded when its caller's
-    traceparent says it is sampled, else for `sample_ratio` of new traces (the others cost next to
-    nothing, and their spans go nowhere)."""
+    traceparent says it is sampled; a new trace when the TraceBudget of `traces_per_second` then
+    `sample_ratio` admits it (by default every one). A trace not recorded costs next to nothing:
+    its spans are ids only, decided here without the SDK, and go nowhere."""
 
     def __init__(
         self,
@@ -114,11 +119,12 @@ class Tracing:
         keep_traces: int = DEFAULT_KEPT_TRACES,
         instance: str | None = None,
         sample_ratio: float = 1.0,
+        traces_per_second: float = math.inf,
     ):
         resource = {"service.name": service_name, **({"service.instance.id": instance} if instance else {})}
-        self.provider = TracerProvider(
-            resource=Resource.create(resource), sampler=ParentBased(TraceIdRatioBased(sample_ratio))
-        )
+        # Every span reaching the SDK is to be recorded: start() decides sampling before it.
+        self.provider = TracerProvider(resource=Resource.create(resource), sampler=ALWAYS_ON)
+        self.budget = TraceBudget(traces_per_second, sample_ratio)
         self.recent = RecentTraces(keep_traces)
         self.provider.add_span_processor(self.recent)
         self.otlp_endpoint = otlp_endpoint or otlp_endpoint_from_environment()
@@ -141,13 +147,25 @@ class Tracing:
     ) -> Span:
         """A started span under `parent` (a span, a context from extract(), or None for a new trace).
         Under a span that is not recorded (its trace was not sampled) it is that span's context
-        again, at no cost."""
-        if isinstance(parent, Span) and not parent.is_recording():
-            return trace.NonRecordingSpan(parent.get_span_context())
-        context = trace.set_span_in_context(parent) if isinstance(parent, Span) else parent
-        return self.tracer.start_span(
-            name, context=context or Context(), kind=kind, attributes=attributes, start_time=start_ns
-        )
+        again, at no cost; a trace not sampled starts as ids only."""
+        if isinstance(parent, Span):
+            if not parent.is_recording():
+                return NonRecordingSpan(parent.get_span_context())
+            context = trace.set_span_in_context(parent)
+        else:
+            context = parent or Context()
+            caller = trace.get_current_span(context).get_span_context()
+            if not (caller.trace_flags.sampled if caller.is_valid else self.budget.admit()):
+                return NonRecordingSpan(
+                    SpanContext(
+                        caller.trace_id if caller.is_valid else random.getrandbits(128),
+                        random.getrandbits(64),
+                        is_remote=False,
+                        trace_flags=TraceFlags(TraceFlags.DEFAULT),
+                        trace_state=caller.trace_state,
+                    )
+                )
+        return self.tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_ns)
 
     def extract(self, headers: Mapping[str, str]) -> Context | None:
         """The caller's trace context from its traceparent header (None if it sent none)."""
@@ -160,8 +178,13 @@ class Tracing:
         return self.propagator.extract(carrier=carrier)
 
     def inject(self, span: Span, headers: MutableMapping[str, str]) -> None:
-        """Adds `span` as the parent for the receiver (traceparent, tracestate)."""
-        self.propagator.inject(headers, context=trace.set_span_in_context(span))
+        """Adds `span` as the parent for the receiver: W3C's traceparent (its sampled flag tells the
+        receiver whether to record) and tracestate."""
+        context = span.get_span_context()
+        if context.is_valid:
+            headers["traceparent"] = f"00-{context.trace_id:032x}-{context.span_id:016x}-{context.trace_flags:02x}"
+            if context.trace_state:
+                headers["tracestate"] = context.trace_state.to_header()
 
     def shutdown(self) -> None:
         """Exports what is pending."""

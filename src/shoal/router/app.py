@@ -21,6 +21,7 @@ from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
 from shoal.router.balancer import Balancer
+from shoal.router.completion_endpoints import CompletionEndpoints
 from shoal.router.config import RouterConfig
 from shoal.router.dashboard import Dashboard
 from shoal.router.front_door import FrontDoor
@@ -32,6 +33,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.endpoints import ResponsesApi
+from shoal.router.upstream_client import UpstreamClient
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +75,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         config.tracing.otlp_endpoint,
         config.tracing.keep_traces,
         sample_ratio=config.tracing.sample_ratio,
+        traces_per_second=config.tracing.traces_per_second,
     )
     metrics = RouterMetrics(registry)
     front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics, feed)
@@ -89,7 +92,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
             timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s),
         )
         membership.session = session
-        front_door.open(session)
+        upstream = UpstreamClient(config.connect_timeout_s, config.read_timeout_s)
+        front_door.open(upstream)
         await responses_api.open()
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
@@ -104,10 +108,12 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         await monitor.close()
         await responses_api.close()
         await front_door.close()
+        await upstream.close()
         await session.close()
         tracing.shutdown()
 
     app = FastAPI(title="shoal router", lifespan=lifespan)
+    app.add_middleware(CompletionEndpoints, front_door=front_door)  # added first: it runs inside the limit
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
     app.state.tracing = tracing
@@ -140,14 +146,6 @@ def create_router_app(config: RouterConfig) -> FastAPI:
                 {"id": m, "object": "model", "created": 0, "owned_by": "shoal"} for m in sorted(membership.models())
             ],
         }
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await front_door.handle(request, "/v1/completions", chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await front_door.handle(request, "/v1/chat/completions", chat=True)
 
     def unauthorized(what: str) -> Response:
         return error_response(401, f"a valid {what} is required", "authentication_error")

@@ -170,12 +170,15 @@ class ResumableStreamsSettings(Frozen):
 class TracingSettings(Frozen):
     """Spans go to `otlp_endpoint` (OTLP over HTTP, e.g. http://collector:4318/v1/traces) when set,
     else to the one OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT names, if any; the latest `keep_traces`
-    traces stay in memory for the dashboard either way. `sample_ratio` of the requests without a
-    sampled traceparent are traced (each traced request costs the router about 0.1 ms of CPU)."""
+    traces stay in memory for the dashboard either way. A request that brings a traceparent is
+    traced as it says; of the others, the first `traces_per_second` each second are traced, then
+    `sample_ratio` of the rest. Each traced request costs the router about 0.1 ms of CPU, one not
+    traced next to nothing: a quiet router traces everything, a busy one a bounded trickle."""
 
     otlp_endpoint: str | None = None
     keep_traces: int = Field(500, ge=1)
-    sample_ratio: float = Field(1.0, ge=0.0, le=1.0)
+    traces_per_second: float = Field(100.0, ge=0.0)
+    sample_ratio: float = Field(0.01, ge=0.0, le=1.0)
 
 
 class RouterConfig(Frozen):

@@ -3,13 +3,12 @@ saturated, admit, place, forward. Each step answers with an OpenAI-shaped error 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-import aiohttp
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -30,6 +29,7 @@ from shoal.router.route_request import RequestError, route_request
 from shoal.router.stream_failover import StreamFailover
 from shoal.router.stream_journal import EventId, Journaled, ResumeRefused, StreamJournal
 from shoal.router.stream_relay import StreamBroken, StreamProgress
+from shoal.router.upstream_client import UpstreamClient
 from shoal.router.views import RouteRequest
 
 
@@ -53,7 +53,6 @@ class FrontDoor:
         self.membership = membership
         self.balancer = balancer
         self.monitor = monitor
-        self.session: aiohttp.ClientSession | None = None
         self.failover: StreamFailover | None = None
         self.journal: StreamJournal | None = None  # with resumable_streams.store: redis
         self.router_id = f"{config.host}:{config.port}"  # named in every response (x-shoal-router)
@@ -64,13 +63,12 @@ class FrontDoor:
             self.capacity, settings.queue_limits, settings.queue_timeout_s, settings.retry_after_s
         )
 
-    def open(self, session: aiohttp.ClientSession) -> None:
-        """Called by the app's lifespan, inside the event loop, with the upstream session."""
-        self.session = session
+    def open(self, client: UpstreamClient) -> None:
+        """Called by the app's lifespan, inside the event loop, with the client to the workers."""
         if self.config.resumable_streams.store == "redis":
             self.journal = StreamJournal.open(self.config.resumable_streams)
         self.failover = StreamFailover(
-            session,
+            client,
             self.balancer,
             self.membership,
             self.monitor,
@@ -118,8 +116,8 @@ class FrontDoor:
         if len(raw) > self.config.max_body_bytes:
             return self._too_large()
         try:
-            return client, json.loads(raw)
-        except ValueError as exc:
+            return client, msgspec.json.decode(raw)
+        except msgspec.DecodeError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error")
 
     async def dispatch(

@@ -23,9 +23,11 @@ from shoal.router.config import HealthSettings
 from shoal.router.health_events import HealthEvents
 from shoal.router.latency_stats import LatencyStats
 from shoal.router.load_report import LoadReport
+from shoal.router.upstream_client import UpstreamResponse
 from shoal.router.views import WorkerView
 
 log = logging.getLogger(__name__)
+NO_REPORT = LoadReport()  # what a worker that has not reported yet shows
 
 
 @dataclass
@@ -39,7 +41,9 @@ class InFlight:
 @dataclass
 class WorkerState:
     """Mutable record of one worker. Invariants: `in_flight` holds exactly the requests this router
-    has sent to it whose responses have not ended; `streams` the upstream responses open on it now;
+    has sent to it whose responses have not ended, and `prefill_tokens` and `decode_tokens` are their
+    sums (kept as they change, so a view costs the same however busy the worker); `streams` the
+    upstream responses open on it now;
     `down_since` is set exactly when `down`; `refused_at` is when a poll last found nobody listening."""
 
     worker_id: str
@@ -58,9 +62,12 @@ class WorkerState:
     lease_expires: float | None = None
     latency: LatencyStats = field(default_factory=LatencyStats)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
-    streams: set[aiohttp.ClientResponse] = field(default_factory=set)
-    opening: set[asyncio.Future] = field(default_factory=set)  # requests sent, no response headers yet
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    streams: set[UpstreamResponse] = field(default_factory=set)  # from the request sent to its release
     _tickets: itertools.count = field(default_factory=itertools.count)
+    _view: WorkerView | None = field(default=None, repr=False)
+    _view_key: tuple = field(default=(), repr=False)
 
     @property
     def role(self) -> str:
@@ -76,43 +83,54 @@ class WorkerState:
     def start(self, prefill_tokens: int, decode_tokens: int) -> int:
         ticket = next(self._tickets)
         self.in_flight[ticket] = InFlight(prefill_tokens, decode_tokens)
+        self.prefill_tokens += prefill_tokens
+        self.decode_tokens += decode_tokens
         return ticket
 
     def first_byte(self, ticket: int) -> None:
-        if ticket in self.in_flight:
-            self.in_flight[ticket].prefill_tokens = 0
+        work = self.in_flight.get(ticket)
+        if work is not None:
+            self.prefill_tokens -= work.prefill_tokens
+            work.prefill_tokens = 0
 
     def finish(self, ticket: int) -> None:
-        self.in_flight.pop(ticket, None)
+        work = self.in_flight.pop(ticket, None)
+        if work is not None:
+            self.prefill_tokens -= work.prefill_tokens
+            self.decode_tokens -= work.decode_tokens
 
     def sever(self) -> None:
-        """Closes the connections of every stream open on this worker and cancels the requests still
-        waiting for its first byte, so each fails over now."""
+        """Closes the connections of every request open on this worker, whether still waiting for its
+        first byte or streaming, so each fails over now."""
         for upstream in list(self.streams):
             upstream.close()
-        for waiting in list(self.opening):
-            waiting.cancel()
 
     def expected_itl_s(self) -> float | None:
         """The gap between tokens a stream on this worker should see: measured, else reported."""
-        report = self.report or LoadReport()
+        report = self.report or NO_REPORT
         return self.latency.itl_s or report.decode_step_s or report.single_step_s
 
     def view(self) -> WorkerView:
-        report = self.report or LoadReport()
-        prefill = sum(f.prefill_tokens for f in self.in_flight.values())
-        decode = sum(f.decode_tokens for f in self.in_flight.values())
+        """Built again only when what it shows changed (a view costs more than the comparison)."""
+        healthy = self.available
+        key = (self.report, self.models, healthy, len(self.in_flight), self.prefill_tokens, self.decode_tokens)
+        if self._view is None or self._view_key != key:
+            self._view, self._view_key = self._build_view(healthy), key
+        return self._view
+
+    def _build_view(self, healthy: bool) -> WorkerView:
+        report = self.report or NO_REPORT
         return WorkerView(
             worker_id=self.worker_id,
             url=self.url,
             models=self.models,
-            healthy=self.available,
+            healthy=healthy,
             running=report.running,
             waiting=report.waiting,
             max_num_seqs=report.max_num_seqs,
             in_flight=len(self.in_flight),
-            outstanding_prefill_tokens=max(prefill, report.outstanding_prefill_tokens or 0),
-            outstanding_decode_tokens=max(decode, report.outstanding_decode_tokens or 0),
+            outstanding_prefill_tokens=max(self.prefill_tokens, report.outstanding_prefill_tokens or 0),
+            outstanding_decode_tokens=max(self.decode_tokens, report.outstanding_decode_tokens or 0),
             free_kv_tokens=report.free_kv_tokens,
             kv_capacity_tokens=report.kv_capacity_tokens,
             max_model_len=report.max_model_len,

@@ -33,7 +33,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, replace
 
-import aiohttp
+import msgspec
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -52,17 +52,12 @@ from shoal.router.response_assembly import assemble
 from shoal.router.stream_journal import JournalWriter
 from shoal.router.stream_relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
 from shoal.router.tried_workers import TriedWorkers
+from shoal.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse
 from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
 
 
-class Severed(Exception):
-    """The health monitor took the worker out while the request waited for its first byte."""
-
-
-# Errors that mean the worker's process or host is gone, not merely slow or failing requests.
-CONNECTION_LOST = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, Severed)
 # How often a stream waiting for a worker to continue on sends the client a keep-alive.
 CLIENT_KEEP_ALIVE_S = 1.0
 
@@ -76,7 +71,7 @@ class Attempt:
     body: dict
     telemetry: RequestTelemetry
     placement: Placement | None = None
-    upstream: aiohttp.ClientResponse | None = None
+    upstream: UpstreamResponse | None = None
     accepts_handoff: bool = True  # its worker may hand the stream off (shoal.protocol.kv_handoff)
 
 
@@ -87,14 +82,14 @@ class StreamFailover:
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
+        client: UpstreamClient,
         balancer: Balancer,
         membership: Membership,
         monitor: HealthMonitor,
         settings: FailoverSettings,
         fallbacks: Callable[[str], list[str]],
     ):
-        self.session = session
+        self.client = client
         self.balancer = balancer
         self.membership = membership
         self.monitor = monitor
@@ -119,41 +114,30 @@ class StreamFailover:
             attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
             sent = time.monotonic()
             try:
-                upstream = await self._post(worker, path, attempt.body, outgoing)
+                # Until the first byte (a shoal worker answers at the first token) the health
+                # monitor may cut the wait short: it closes what is in worker.streams.
+                upstream = await self.client.post(
+                    worker.url + path, msgspec.json.encode(attempt.body), outgoing, track=worker.streams
+                )
                 if upstream.status < 500:
-                    if upstream.status == 200 and not resuming:  # shoal workers answer at the first token
+                    if upstream.status == 200 and not resuming:
                         worker.latency.observe_ttft(time.monotonic() - sent)
                     worker.first_byte(attempt.placement.ticket)
                     self.monitor.request_succeeded(worker)
                     attempt.upstream = upstream
-                    worker.streams.add(upstream)
                     return True
+                worker.streams.discard(upstream)
                 upstream.release()
                 reason, lost, refused_for_now = f"answered {upstream.status}", False, upstream.status == 503
-            except (aiohttp.ClientError, TimeoutError, Severed) as exc:
-                reason, lost, refused_for_now = type(exc).__name__, isinstance(exc, CONNECTION_LOST), False
+            except (UpstreamError, TimeoutError) as exc:
+                lost = isinstance(exc, UpstreamError) and exc.connection_lost
+                reason, refused_for_now = type(exc).__name__, False
             attempt.telemetry.end_attempt("failed", reason)
             attempt.telemetry.retried(worker.worker_id, reason)
             log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
             self._abandon(attempt, tried, reason, lost, may_retake=refused_for_now)
             attempt.placement = self._place(attempt, tried, resuming)
         return False
-
-    async def _post(
-        self, worker: WorkerState, path: str, body: dict, headers: Mapping[str, str]
-    ) -> aiohttp.ClientResponse:
-        """POSTs the request; until the response headers arrive (a shoal worker sends them with the
-        first token) the health monitor may cut the wait short (WorkerState.sever): Severed then."""
-        post = asyncio.ensure_future(self.session.post(worker.url + path, json=body, headers=headers))
-        worker.opening.add(post)
-        try:
-            return await post
-        except asyncio.CancelledError:
-            if asyncio.current_task().cancelling():  # this request itself is being cancelled
-                raise
-            raise Severed() from None
-        finally:
-            worker.opening.discard(post)
 
     def _backoff(self, try_number: int) -> float:
         """Exponential, capped, half of it jittered."""

@@ -11,13 +11,10 @@ HTTP server. Keep-alives reach the client as bare SSE comments.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-
-import aiohttp
 
 from shoal.protocol.keep_alive import BARE, parse_keep_alive
 from shoal.protocol.kv_handoff import Handoff, handoff_of
@@ -25,6 +22,7 @@ from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.config import FailoverSettings
 from shoal.router.membership import WorkerState
 from shoal.router.request_telemetry import RequestTelemetry
+from shoal.router.upstream_client import UpstreamError, UpstreamResponse
 
 
 class StreamBroken(Exception):
@@ -99,7 +97,7 @@ def step_deadline(settings: FailoverSettings, step_s: float | None) -> float:
 
 
 async def relay(
-    upstream: aiohttp.ClientResponse,
+    upstream: UpstreamResponse,
     worker: WorkerState,
     progress: StreamProgress,
     telemetry: RequestTelemetry,
@@ -120,10 +118,10 @@ async def relay(
         )
         deadline = token_deadline(settings, expected)
         try:
-            line = await asyncio.wait_for(upstream.content.readline(), deadline)
+            line = await upstream.readline(deadline)
         except TimeoutError:
             raise StreamBroken(f"no event within {deadline:.1f} s", timed_out=True) from None
-        except aiohttp.ClientError as exc:
+        except UpstreamError as exc:
             raise StreamBroken(type(exc).__name__, connection_lost=True) from None
         if not line:
             raise StreamBroken("the stream ended without [DONE]", connection_lost=True)
