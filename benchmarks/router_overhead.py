@@ -199,6 +199,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
             processes.append(pinned(command))
         elif name == "vllm-router":
             command = [str(binaries[name]), "--worker-urls", upstream, "--port", str(port), "--policy", "round_robin"]
+            command += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
             processes.append(pinned(command))
         elif name == "smg":
             command = [
@@ -213,6 +214,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
                 "--policy",
                 "round_robin",
             ]
+            command += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
             processes.append(pinned(command))
         elif name == "nginx":
             processes.append(

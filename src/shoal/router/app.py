@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, Response
 
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.trace_assembly import whole_trace
-from shoal.observability.tracing import Tracing
+from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
 from shoal.router.balancer import Balancer
 from shoal.router.completion_endpoints import CompletionEndpoints
@@ -112,7 +112,7 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         await session.close()
         tracing.shutdown()
 
-    app = FastAPI(title="shoal router", lifespan=lifespan)
+    app = FastAPI(title="shoal router", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
     app.add_middleware(CompletionEndpoints, front_door=front_door)  # added first: it runs inside the limit
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door

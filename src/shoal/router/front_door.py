@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import msgspec
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.observability.cluster_events import ClusterEvents
@@ -90,30 +90,37 @@ class FrontDoor:
             if w.available and model in w.models
         )
 
+    def _serves(self, model: str) -> bool:
+        """Whether a model, or one it falls back to, is configured or was seen on a worker."""
+        known = self.membership.known_models
+        configured = self.config.models
+        return any(m in known or m in configured for m in (model, *self.fallbacks(model)))
+
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
         return list(settings.fallbacks) if settings else []
 
     async def handle(self, request: Request, path: str, chat: bool) -> Response:
-        read = await self.read(request)
+        headers = header_dict(request)
+        read = await self.read(request, headers)
         if isinstance(read, Response):
-            RequestTelemetry(self.tracing, self.metrics, request.headers, path, self.events).finish(read.status_code)
+            RequestTelemetry(self.tracing, self.metrics, headers, path, self.events).finish(read.status_code)
             return read
         client, body = read
-        return await self.dispatch(body, request.headers, path, chat, client, resumable=True)
+        return await self.dispatch(body, headers, path, chat, client, resumable=True)
 
-    async def read(self, request: Request) -> Response | tuple[Client, object]:
+    async def read(self, request: Request, headers: Mapping[str, str]) -> Response | tuple[Client, object]:
         """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
-        client = self.api_keys.authenticate(request.headers.get("authorization"))
+        client = self.api_keys.authenticate(headers.get("authorization"))
         if client is None:
             return error_response(
                 401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
             )
-        declared = request.headers.get("content-length", "")
+        declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return self._too_large()
-        raw = await request.body()
-        if len(raw) > self.config.max_body_bytes:
+        raw = await _body_within(request, self.config.max_body_bytes)
+        if raw is None:
             return self._too_large()
         try:
             return client, msgspec.json.decode(raw)
@@ -166,12 +173,11 @@ class FrontDoor:
             routed = route_request(body, headers, chat, self.config.chars_per_token, self.config.default_decode_tokens)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        telemetry.routed_as(routed, body.get("stream") is True)
-        known = self.membership.known_models | set(self.config.models)
-        if routed.model not in known and not any(m in known for m in self.fallbacks(routed.model)):
+        if not self._serves(routed.model):  # counted as model "unknown": clients do not name labels
             return error_response(
                 404, f"model {routed.model!r} is not served by this cluster", "not_found_error", "model"
             )
+        telemetry.routed_as(routed, body.get("stream") is True)
         try:
             deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
         except RequestError as exc:
@@ -314,6 +320,30 @@ class FrontDoor:
 
     def _too_large(self) -> Response:
         return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes", "invalid_request_error")
+
+
+async def _body_within(request: Request, limit: int) -> bytes | None:
+    """The request's body, or None as soon as it exceeds `limit` bytes (however it is sent: the
+    rest is never buffered). ClientDisconnect if the client leaves first."""
+    chunks, size = [], 0
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            raise ClientDisconnect()
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def header_dict(request: Request) -> dict[str, str]:
+    """A request's headers as a dict, for the dozen lookups on a request's way (Starlette's Headers
+    scan a list each time). Names are lower case (ASGI); of a repeated header the first counts, as
+    with Starlette's get()."""
+    return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(request.scope["headers"])}
 
 
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}

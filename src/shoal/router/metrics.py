@@ -68,6 +68,17 @@ class RouterMetrics:
             registry=registry,
         )
         self.window = RequestWindow()
+        self._children: dict[tuple, object] = {}
+
+    def child(self, metric: Counter | Histogram, *labels: str):
+        """`metric`'s child for `labels`, found once: labels() takes a lock and builds its key on
+        every call, and the request path asks for a few children per token. Bounded by the label
+        values the caller passes (models the cluster serves, statuses, priorities, reasons)."""
+        key = (metric, labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def watch(self, registry: CollectorRegistry, membership: Membership, queued: Callable[[], dict[str, int]]) -> None:
         """Adds the gauges read at scrape time."""

@@ -133,7 +133,7 @@ class RequestTelemetry:
         self.attempt_span = None
 
     def retried(self, worker_id: str, reason: str) -> None:
-        self.metrics.retries.labels(self.model).inc()
+        self.metrics.child(self.metrics.retries, self.model).inc()
         self.root.add_event("retry", {"shoal.worker": worker_id, "shoal.reason": reason})
         if self.events is not None:
             self.events.record(
@@ -147,7 +147,7 @@ class RequestTelemetry:
             )
 
     def migrated(self, worker_id: str, tokens: int, reason: str) -> None:
-        self.metrics.migrations.labels(self.model).inc()
+        self.metrics.child(self.metrics.migrations, self.model).inc()
         self.root.add_event(
             "migration", {"shoal.worker": worker_id, "shoal.tokens_so_far": tokens, "shoal.reason": reason}
         )
@@ -163,7 +163,7 @@ class RequestTelemetry:
             )
 
     def handed_off(self, worker_id: str, tokens: int, reason: str) -> None:
-        self.metrics.handoffs.labels(self.model, reason).inc()
+        self.metrics.child(self.metrics.handoffs, self.model, reason).inc()
         self.root.add_event(
             "handoff", {"shoal.worker": worker_id, "shoal.tokens_so_far": tokens, "shoal.reason": reason}
         )
@@ -173,11 +173,11 @@ class RequestTelemetry:
         now = time.monotonic()
         gap_s = None if self.last_token is None else (now - self.last_token) / count
         if gap_s is None:
-            self.metrics.ttft.labels(self.model).observe(now - self.started)
+            self.metrics.child(self.metrics.ttft, self.model).observe(now - self.started)
             self.metrics.window.first_token(now - self.started, now)
             self.root.set_attribute("shoal.ttft_s", round(now - self.started, 6))
         else:
-            self.metrics.itl.labels(self.model).observe(gap_s)
+            self.metrics.child(self.metrics.itl, self.model).observe(gap_s)
         self.metrics.window.relayed(self.worker_id, count, gap_s, now)
         self.output_tokens += count
         self.last_token = now
@@ -190,11 +190,11 @@ class RequestTelemetry:
             return
         self.finished = True
         self.end_attempt("done" if status < 400 else "failed")
-        self.metrics.requests.labels(self.model, str(status), self.priority).inc()
+        self.metrics.child(self.metrics.requests, self.model, str(status), self.priority).inc()
         elapsed = time.monotonic() - self.started
         self.metrics.window.request_finished(status, elapsed)
         if status < 400:
-            self.metrics.e2e.labels(self.model).observe(elapsed)
+            self.metrics.child(self.metrics.e2e, self.model).observe(elapsed)
         else:
             self.root.set_status(Status(StatusCode.ERROR, f"HTTP {status}"))
         self.root.set_attributes(

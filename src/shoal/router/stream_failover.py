@@ -216,11 +216,12 @@ class StreamFailover:
         headers: Mapping[str, str],
         tried: TriedWorkers,
         wait_s: float,
+        extra_headers: dict[str, str],
         resuming: bool = False,
     ) -> Response | None:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
-        worker's refusal, or 503). While no worker can take it the request waits up to `wait_s`,
-        unless every worker of its model has failed it."""
+        worker's refusal, or 503, with `extra_headers`). While no worker can take it the request
+        waits up to `wait_s`, unless every worker of its model has failed it."""
         if resuming and attempt.placement is not None and attempt.placement.worker.load_source != "shoal":
             self.balancer.release(attempt.placement)
             attempt.placement = self._place(attempt, tried, resuming)
@@ -231,7 +232,10 @@ class StreamFailover:
                 pass  # nothing is sent before the first byte: the client just waits
         if attempt.upstream is None:
             return error_response(
-                503, "no worker could take this request", "service_unavailable", headers={"retry-after": "1"}
+                503,
+                "no worker could take this request",
+                "service_unavailable",
+                headers={"retry-after": "1", **extra_headers},
             )
         upstream, worker = attempt.upstream, attempt.placement.worker
         if upstream.status != 200 or not upstream.headers.get("content-type", "").startswith("text/event-stream"):
@@ -241,7 +245,7 @@ class StreamFailover:
                 content,
                 status_code=upstream.status,
                 media_type=upstream.headers.get("content-type"),
-                headers={"x-shoal-worker": worker.worker_id},
+                headers={"x-shoal-worker": worker.worker_id, **extra_headers},
             )
         return None
 
@@ -294,10 +298,11 @@ class StreamFailover:
         tried_per_choice = [TriedWorkers() for _ in attempts]
         try:
             for attempt, tried in zip(attempts, tried_per_choice):
-                refusal = await self._start(attempt, path, headers, tried, wait_s, resuming=resume is not None)
+                refusal = await self._start(
+                    attempt, path, headers, tried, wait_s, extra_headers, resuming=resume is not None
+                )
                 if refusal is not None:
                     finish()
-                    refusal.headers.update(extra_headers)
                     return refusal
         except BaseException:  # a worker's broken refusal, or the client gone while we retried
             finish()

@@ -22,7 +22,7 @@ from shoal.engine.calibration import Calibration
 from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import ModelNotFoundError, ShoalError, error_body
-from shoal.observability.tracing import Tracing
+from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
@@ -119,7 +119,7 @@ def create_app(
         kv.close()
         tracing.shutdown()
 
-    app = FastAPI(title="shoal worker", lifespan=lifespan)
+    app = FastAPI(title="shoal worker", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
     app.add_middleware(
         AdmissionMiddleware,
         state=drain,

@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.router.auth import Client
 from shoal.router.config import ResponsesSettings
-from shoal.router.front_door import FrontDoor
+from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
@@ -83,7 +83,8 @@ class ResponsesApi:
         return routes
 
     async def create(self, request: Request) -> Response:
-        read = await self.front_door.read(request)
+        headers = header_dict(request)
+        read = await self.front_door.read(request, headers)
         if isinstance(read, Response):
             return read
         client, body = read
@@ -101,7 +102,7 @@ class ResponsesApi:
         session = chain[0].response_id if chain else response_id
         chat_body = parsed.chat_body(conversation_messages(parsed.instructions, chain, parsed.input_items))
         answer = await self.front_door.dispatch(
-            chat_body, {**request.headers, "x-shoal-session": session}, "/v1/chat/completions", True, client
+            chat_body, {**headers, "x-shoal-session": session}, "/v1/chat/completions", True, client
         )
         if answer.status_code != 200 or not isinstance(answer, StreamingResponse if parsed.stream else JSONResponse):
             return answer
