@@ -4,8 +4,10 @@ plain reverse proxy, all in front of the same trivial upstream, in one run.
 
 The upstream is nginx answering a fixed OpenAI chat completion (so it costs next to nothing). The
 proxy under test runs pinned to CPU 1; the upstream and the load generator share CPU 0. Each target
-gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each: requests/s,
-p50 and p99; "added" is a proxy's p50 at one connection minus the upstream's own.
+gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each, in --rounds
+interleaved rounds (this machine's speed drifts by a fifth over minutes); each figure is the run
+with the median requests/s, with its p50 and p99. "Added" is a proxy's p50 at one connection minus
+the upstream's own.
 
 Installs what it needs when missing: nginx-light and wrk (apt); vllm-router, sglang-router and
 LiteLLM's proxy from PyPI, each in its own venv (benchmarks/.peers, kept out of the project's).
@@ -159,6 +161,11 @@ def wrk(url: str, connections: int, seconds: int, conf_dir: Path) -> dict:
     }
 
 
+def median_run(samples: list[dict]) -> dict:
+    """The run with the median requests/s (its latencies with it)."""
+    return sorted(samples, key=lambda run: run["requests_per_s"])[len(samples) // 2]
+
+
 def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: list) -> dict[str, str]:
     """Starts the upstream and every proxy asked for; returns their URLs by name."""
     upstream_port = free_port()
@@ -242,6 +249,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; figures are the median run")
     parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
     parser.add_argument(
         "--trace-sample-ratio",
@@ -256,14 +264,21 @@ def main() -> int:
     processes: list[subprocess.Popen] = []
     try:
         urls = start_targets(args, binaries, conf_dir, processes)
+        runs: dict[str, dict[str, list[dict]]] = {name: {f"c{c}": [] for c in CONNECTIONS} for name in urls}
+        for round_number in range(args.rounds):  # interleaved: the machine's speed drifts over minutes
+            for name, url in urls.items():
+                for c in CONNECTIONS:
+                    runs[name][f"c{c}"].append(wrk(url, c, args.seconds, conf_dir))
+            print(f"round {round_number + 1} of {args.rounds} done", flush=True)
         results = {}
-        for name, url in urls.items():
-            results[name] = {f"c{c}": wrk(url, c, args.seconds, conf_dir) for c in CONNECTIONS}
+        for name in urls:
+            results[name] = {key: median_run(samples) for key, samples in runs[name].items()}
+            results[name]["runs"] = runs[name]
             print(
                 f"{name:>12}: "
                 + "; ".join(
                     f"c={c} {r['requests_per_s']:,.0f} req/s p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
-                    for c, r in zip(CONNECTIONS, results[name].values())
+                    for c, r in zip(CONNECTIONS, (results[name][f"c{c}"] for c in CONNECTIONS))
                 ),
                 flush=True,
             )

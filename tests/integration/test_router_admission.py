@@ -167,6 +167,22 @@ def test_oversized_bodies_and_headers_are_refused(router):
     )
     assert huge_header.status_code == 431 and huge_header.json()["error"]["code"] == 431
 
+    def chunks():  # no content-length: the router counts as it reads, and stops reading
+        yield b'{"model": "small", "prompt": "'
+        for _ in range(6):
+            yield b"x" * (1 << 20)
+        yield b'"}'
+
+    streamed = httpx.post(
+        url + "/v1/completions",
+        content=chunks(),
+        headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
+    )
+    assert streamed.status_code == 413 and streamed.json()["error"]["type"] == "invalid_request_error"
+    wrong_method = httpx.get(url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"})
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert "use POST" in wrong_method.json()["error"]["message"]
+
 
 def test_bad_configs_are_refused_with_the_reason(tmp_path):
     import subprocess

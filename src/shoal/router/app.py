@@ -21,7 +21,7 @@ from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
 from shoal.router.balancer import Balancer
-from shoal.router.completion_endpoints import CompletionEndpoints
+from shoal.router.completion_endpoints import CompletionEndpoints, RouterApp
 from shoal.router.config import RouterConfig
 from shoal.router.dashboard import Dashboard
 from shoal.router.front_door import FrontDoor
@@ -62,7 +62,7 @@ def _describe(state: WorkerState) -> dict:
     }
 
 
-def create_router_app(config: RouterConfig) -> FastAPI:
+def create_router_app(config: RouterConfig) -> RouterApp:
     """Invariant: every response to a client is the worker's own or an OpenAI-shaped error."""
     registry = CollectorRegistry()
     feed = ClusterEvents()
@@ -112,8 +112,8 @@ def create_router_app(config: RouterConfig) -> FastAPI:
         await session.close()
         tracing.shutdown()
 
-    app = FastAPI(title="shoal router", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
-    app.add_middleware(CompletionEndpoints, front_door=front_door)  # added first: it runs inside the limit
+    app = RouterApp(title="shoal router", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
+    app.completions = CompletionEndpoints(front_door, config.max_header_bytes)
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
     app.state.tracing = tracing

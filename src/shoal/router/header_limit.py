@@ -3,7 +3,16 @@ handler runs."""
 
 from __future__ import annotations
 
-from shoal.errors import error_json
+from starlette.responses import Response
+
+from shoal.router.proxy import error_response
+
+
+def oversized_headers(scope, max_header_bytes: int) -> Response | None:
+    """The 431 to answer when the request's headers exceed `max_header_bytes`, else None."""
+    if sum(len(k) + len(v) for k, v in scope["headers"]) <= max_header_bytes:
+        return None
+    return error_response(431, f"request headers exceed {max_header_bytes} bytes", "invalid_request_error")
 
 
 class HeaderLimitMiddleware:
@@ -12,15 +21,8 @@ class HeaderLimitMiddleware:
         self.max_header_bytes = max_header_bytes
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and sum(len(k) + len(v) for k, v in scope["headers"]) > self.max_header_bytes:
-            body = error_json(f"request headers exceed {self.max_header_bytes} bytes", 431, "invalid_request_error")
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": 431,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-                }
-            )
-            await send({"type": "http.response.body", "body": body})
-            return
-        await self.app(scope, receive, send)
+        refusal = oversized_headers(scope, self.max_header_bytes) if scope["type"] == "http" else None
+        if refusal is None:
+            await self.app(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
