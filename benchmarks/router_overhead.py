@@ -1,9 +1,11 @@
 """Router overhead: requests/s and latency each proxy adds on one core, for shoal's router (one
 process), vllm-router and SGLang's Model Gateway (`smg`, both Rust), LiteLLM's proxy and nginx as a
-plain reverse proxy, all in front of the same trivial upstream, in one run.
+plain reverse proxy, all in front of the same trivial upstream, in one run; and shoal as a router
+group (`--processes`, default one per CPU) on every CPU, to see it scale with cores.
 
 The upstream is nginx answering a fixed OpenAI chat completion (so it costs next to nothing). The
-proxy under test runs pinned to CPU 1; the upstream and the load generator share CPU 0. Each target
+proxy under test runs pinned to CPU 1; the upstream and the load generator share CPU 0 (which the
+router group shares with them). Each target
 gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each, in --rounds
 interleaved rounds (this machine's speed drifts by a fifth over minutes); each figure is the run
 with the median requests/s, with its p50 and p99. "Added" is a proxy's p50 at one connection minus
@@ -60,7 +62,7 @@ PEERS = {
     "smg": (["sglang-router"], "smg"),
     "litellm": (["litellm[proxy]"], "litellm"),
 }
-TARGETS = ("direct", "shoal", "vllm-router", "smg", "nginx", "litellm")
+TARGETS = ("direct", "shoal", "shoal-group", "vllm-router", "smg", "nginx", "litellm")
 CONNECTIONS = (1, 32)
 
 
@@ -96,10 +98,10 @@ http {{ access_log off; client_body_temp_path {conf_dir}/{name}-body; proxy_temp
     )
 
 
-def pinned(command: list[str], env: dict | None = None) -> subprocess.Popen:
-    """A proxy under test, on CPU 1."""
+def pinned(command: list[str], env: dict | None = None, cpus: str = "1") -> subprocess.Popen:
+    """A proxy under test, on CPU 1 (a router group: on every CPU)."""
     return subprocess.Popen(
-        ["taskset", "-c", "1", *command],
+        ["taskset", "-c", cpus, *command],
         env={**os.environ, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -190,8 +192,8 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
         if name not in wanted:
             continue
         port = free_port()
-        if name == "shoal":
-            config = conf_dir / "router.yaml"
+        if name in ("shoal", "shoal-group"):
+            config = conf_dir / f"{name}.yaml"
             tracing = {} if args.trace_sample_ratio is None else {"sample_ratio": args.trace_sample_ratio}
             config.write_text(
                 json.dumps(
@@ -203,7 +205,11 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
                 )
             )
             command = [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(config)]
-            processes.append(pinned(command))
+            if name == "shoal":
+                processes.append(pinned(command))
+            else:
+                command += ["--processes", str(args.processes)]
+                processes.append(pinned(command, cpus=f"0-{os.cpu_count() - 1}"))
         elif name == "vllm-router":
             command = [str(binaries[name]), "--worker-urls", upstream, "--port", str(port), "--policy", "round_robin"]
             command += ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
@@ -250,6 +256,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; figures are the median run")
+    parser.add_argument("--processes", type=int, default=os.cpu_count(), help="members of the shoal-group target")
     parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
     parser.add_argument(
         "--trace-sample-ratio",
@@ -292,6 +299,10 @@ def main() -> int:
                     results["shoal"][f"c32_ratio_to_{peer}"] = ratio
                     print(f"shoal / {peer} requests/s at 32 connections: {ratio:.3f}")
             print(f"shoal adds {results['shoal']['added_p50_ms_c1']:.3f} ms at p50 (one connection)")
+            if "shoal-group" in results:
+                scale = results["shoal-group"]["c32"]["requests_per_s"] / results["shoal"]["c32"]["requests_per_s"]
+                results["shoal-group"]["c32_ratio_to_shoal"] = scale
+                print(f"{args.processes} processes on every CPU / one process on one: {scale:.2f}")
         RESULTS.mkdir(exist_ok=True)
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT

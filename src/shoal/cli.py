@@ -5,7 +5,6 @@ servers (`worker`, `router`, `serve`, `stage`), cluster control (`status`, `rest
 from __future__ import annotations
 
 import argparse
-import gc
 import logging
 import os
 import sys
@@ -21,10 +20,6 @@ from shoal.model.cpu_features import apply_cpu_isa_cap
 from shoal.observability.logging import FORMAT_VARIABLE, configure_logging
 from shoal.protocol.worker_load import Role
 from shoal.simulate.options import add_simulate_arguments
-
-# A request makes hundreds of short-lived objects; with CPython's default first threshold (700) the
-# collector ran many times a second in the router's relay. Cycles are rare there, so it runs less.
-ROUTER_GC_THRESHOLDS = (50_000, 20, 20)
 
 if TYPE_CHECKING:  # the engine (and torch) load only for the commands that run one
     from shoal.engine.engine import LLMEngine
@@ -185,14 +180,14 @@ def _exit_failed(reason: str) -> None:
 
 
 def router(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from shoal.router.app import create_router_app
     from shoal.router.config import RouterConfig
+    from shoal.router.router_processes import serve_router
 
     configure_logging()
     overrides = {
-        k: v for k, v in {"host": args.host, "port": args.port, "policy": args.policy}.items() if v is not None
+        k: v
+        for k, v in {"host": args.host, "port": args.port, "policy": args.policy, "processes": args.processes}.items()
+        if v is not None
     }
     if args.worker:
         overrides["workers"] = [{"url": url} for url in args.worker]
@@ -201,11 +196,7 @@ def router(args: argparse.Namespace) -> int:
     except (ValueError, OSError) as exc:
         print(f"shoal router: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    app = create_router_app(config)
-    gc.freeze()  # what start-up built lives as long as the process: the collector need not scan it
-    gc.set_threshold(*ROUTER_GC_THRESHOLDS)
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
-    return 0
+    return serve_router(config)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -329,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         "--policy",
         default=None,
         help="cost (default), round_robin, least_outstanding_tokens, power_of_two, cache_aware, session_affinity",
+    )
+    router_parser.add_argument(
+        "--processes", type=int, default=None, help="router processes sharing the port (router.processes)"
     )
     router_parser.add_argument("--config", default=None, help="YAML file with every router setting")
     router_parser.set_defaults(run=router)

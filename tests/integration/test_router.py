@@ -170,6 +170,7 @@ def test_round_robin_alternates(fleet, router_for):
 
 def test_session_affinity_keeps_a_user_on_one_worker(fleet, router_for):
     url = router_for("session_affinity", fleet[:2])
+    wait_for(lambda: idle_in_routers_view(url))  # what earlier tests left running would weigh as load
     for user in ("alice", "bob", "carol", "dave"):
         body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, "user": user}
         assert len({served_by(url, "/v1/completions", body) for _ in range(4)}) == 1
@@ -239,7 +240,9 @@ def test_prefix_affinity_yields_to_load_beyond_the_thresholds(fleet, router_for)
     def chat(question: str, **extra) -> dict:
         return {"model": MODEL, "messages": [system, {"role": "user", "content": question}], **extra}
 
+    wait_for(lambda: idle_in_routers_view(url))  # what earlier tests left running would weigh as load
     home = served_by(url, "/v1/chat/completions", chat("first", max_tokens=2))
+    wait_for(lambda: idle_in_routers_view(url))  # its report no longer counts it
     streams = []
     try:
         for i in range(3):  # same prefix, long outputs: they follow the cache to the home worker

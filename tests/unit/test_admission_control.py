@@ -50,7 +50,7 @@ def test_a_new_request_does_not_overtake_waiters_of_its_class():
         await admission.admit("m", "standard")
         waiting = asyncio.create_task(admission.admit("m", "standard"))
         await asyncio.sleep(0.01)
-        admission.admitted["m"] -= 1  # a slot frees without wake-up: a newcomer must still queue
+        admission.slots.give_back("m")  # a slot frees without wake-up: a newcomer must still queue
         late = asyncio.create_task(admission.admit("m", "standard"))
         await asyncio.sleep(0.01)
         assert not late.done() and admission.queued()["standard"] == 2

@@ -227,6 +227,8 @@ class DeploymentConfig(Frozen):
                 f"{', '.join(sorted(decided))}: set by the deployment (top-level host and port; "
                 f"models with their fallbacks), not under router"
             )
+        if router.processes > 1:
+            raise ValueError("processes: `shoal serve` runs its router as one process (use `shoal router` for more)")
         return router
 
     @model_validator(mode="after")

@@ -16,6 +16,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from shoal.router.admission_slots import GroupSlots, LocalSlots
+
 PRIORITY_ORDER = ("critical", "standard", "sheddable")
 
 
@@ -36,9 +38,10 @@ class Waiter:
 
 
 class Admission:
-    """Invariants: admitted[m] counts requests of model m holding a slot (admitted, not released);
-    it exceeds capacity(m) only when capacity shrank under it; every queued waiter's future is
-    pending."""
+    """Invariants: slots.held(m) counts requests of model m holding a slot (admitted, not released;
+    across the router group when slots are GroupSlots); it exceeds capacity(m) only when capacity
+    shrank under it; every queued waiter's future is pending. `released`, when set, hears of every
+    slot given back (a router group tells its other members, whose queues may take it)."""
 
     def __init__(
         self,
@@ -46,17 +49,19 @@ class Admission:
         queue_limits: dict[str, int],
         queue_timeout_s: float,
         retry_after_s: int = 2,
+        slots: LocalSlots | GroupSlots | None = None,
     ):
         self.capacity = capacity
         self.queue_limits = queue_limits
         self.queue_timeout_s = queue_timeout_s
         self.retry_after_s = retry_after_s
-        self.admitted: Counter[str] = Counter()
+        self.slots = slots if slots is not None else LocalSlots()
+        self.released: Callable[[str], None] | None = None
         self.queues: dict[str, deque[Waiter]] = {p: deque() for p in PRIORITY_ORDER}
         self.shed: Counter[str] = Counter()
 
     def has_room(self, model: str) -> bool:
-        return self.admitted[model] < self.capacity(model)
+        return self.slots.held(model) < self.capacity(model)
 
     def _waiting_ahead(self, model: str, priority: str) -> bool:
         ahead = PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
@@ -64,10 +69,7 @@ class Admission:
 
     def try_admit(self, model: str, priority: str) -> bool:
         """Takes a slot if one is free and nobody of this priority or above waits for the model."""
-        if self.has_room(model) and not self._waiting_ahead(model, priority):
-            self.admitted[model] += 1
-            return True
-        return False
+        return not self._waiting_ahead(model, priority) and self.slots.try_take(model, self.capacity(model))
 
     async def admit(self, model: str, priority: str, timeout_s: float | None = None) -> None:
         """Returns once the request holds a slot (release() it afterwards), waiting at most
@@ -109,7 +111,9 @@ class Admission:
         return False
 
     def release(self, model: str) -> None:
-        self.admitted[model] -= 1
+        self.slots.give_back(model)
+        if self.released is not None:
+            self.released(model)
         self.wake()
 
     def wake(self) -> None:
@@ -117,9 +121,8 @@ class Admission:
         for priority in PRIORITY_ORDER:
             queue = self.queues[priority]
             for waiter in list(queue):
-                if self.has_room(waiter.model):
+                if self.slots.try_take(waiter.model, self.capacity(waiter.model)):
                     queue.remove(waiter)
-                    self.admitted[waiter.model] += 1
                     waiter.admitted.set_result(None)
 
     def queued(self) -> dict[str, int]:

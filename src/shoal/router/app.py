@@ -20,11 +20,13 @@ from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
+from shoal.router.admission_slots import GroupSlots
 from shoal.router.balancer import Balancer
 from shoal.router.completion_endpoints import CompletionEndpoints, RouterApp
 from shoal.router.config import RouterConfig
 from shoal.router.dashboard import Dashboard
 from shoal.router.front_door import FrontDoor
+from shoal.router.group_sync import GroupMember, GroupSync
 from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
@@ -33,6 +35,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.endpoints import ResponsesApi
+from shoal.router.sibling_bus import SiblingBus
 from shoal.router.upstream_client import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -62,8 +65,10 @@ def _describe(state: WorkerState) -> dict:
     }
 
 
-def create_router_app(config: RouterConfig) -> RouterApp:
-    """Invariant: every response to a client is the worker's own or an OpenAI-shaped error."""
+def create_router_app(config: RouterConfig, group: GroupMember | None = None) -> RouterApp:
+    """Invariant: every response to a client is the worker's own or an OpenAI-shaped error. As a
+    member of a router `group` it shares what it learns with the group's other members
+    (group_sync) and admits against the group's slots."""
     registry = CollectorRegistry()
     feed = ClusterEvents()
     events = HealthEvents(registry, feed)
@@ -78,7 +83,18 @@ def create_router_app(config: RouterConfig) -> RouterApp:
         traces_per_second=config.tracing.traces_per_second,
     )
     metrics = RouterMetrics(registry)
-    front_door = FrontDoor(config, membership, balancer, monitor, tracing, metrics, feed)
+    front_door = FrontDoor(
+        config,
+        membership,
+        balancer,
+        monitor,
+        tracing,
+        metrics,
+        feed,
+        slots=GroupSlots(group.slots_path, group.member, group.members) if group else None,
+        router_id=f"{config.host}:{config.port}/{group.member}" if group else None,
+    )
+    sync = GroupSync(membership, balancer, front_door.admission) if group else None
     metrics.watch(registry, membership, front_door.admission.queued)
     responses_api = ResponsesApi(front_door, config.responses)
     cluster_secret = os.environ.get(config.cluster_secret_env)
@@ -95,6 +111,11 @@ def create_router_app(config: RouterConfig) -> RouterApp:
         upstream = UpstreamClient(config.connect_timeout_s, config.read_timeout_s)
         front_door.open(upstream)
         await responses_api.open()
+        if sync is not None:
+            sync.bus = SiblingBus(
+                group.directory, group.member, group.members, group.token, sync.apply, sync.gone, sync.snapshot
+            )
+            await sync.bus.start()
         for worker in config.workers:
             await membership.add_static(worker.url, worker.models)
         tasks = [
@@ -106,6 +127,8 @@ def create_router_app(config: RouterConfig) -> RouterApp:
         for task in tasks:
             task.cancel()
         await monitor.close()
+        if sync is not None:
+            await sync.bus.close()
         await responses_api.close()
         await front_door.close()
         await upstream.close()
@@ -160,6 +183,8 @@ def create_router_app(config: RouterConfig) -> RouterApp:
         except ValueError as exc:
             return error_response(400, f"invalid registration: {exc}", "invalid_request_error")
         state = membership.register(joining.url, joining.models, joining.load)
+        if sync is not None:
+            sync.joined(joining.url, joining.models, joining.load)
         front_door.admission.wake()
         accepted = RegistrationAccepted(
             worker_id=state.worker_id,
@@ -179,6 +204,8 @@ def create_router_app(config: RouterConfig) -> RouterApp:
             return error_response(400, f"invalid heartbeat: {exc}", "invalid_request_error")
         if not membership.heartbeat(beat.worker_id, beat.load):
             return error_response(404, "unknown worker; register again", "not_found_error")
+        if sync is not None:
+            sync.beat(beat.worker_id, beat.load)
         return JSONResponse({"ok": True})
 
     @app.get("/admin/workers")
@@ -218,6 +245,8 @@ def create_router_app(config: RouterConfig) -> RouterApp:
         if removed is None:
             return error_response(404, f"no worker {worker_id!r}", "not_found_error")
         balancer.forget(removed.worker_id)
+        if sync is not None:
+            sync.left(removed.worker_id)
         log.info("worker %s removed by an operator", removed.worker_id)
         return JSONResponse({"removed": removed.worker_id})
 

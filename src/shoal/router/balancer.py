@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from shoal.router.membership import Membership, WorkerState
@@ -27,7 +28,9 @@ class Placement:
 
 
 class Balancer:
-    """Invariant: every Placement returned has an in-flight entry on its worker until `release`."""
+    """Invariant: every Placement returned has an in-flight entry on its worker until `release`.
+    `placed`, when set, hears of every record made in the prefix index (a router group tells its
+    other members)."""
 
     def __init__(self, policy: Policy, membership: Membership, seed: int | None = None):
         self.policy = policy
@@ -35,6 +38,7 @@ class Balancer:
         self.prefix_index = PrefixIndex()
         self.rng = random.Random(seed)
         self.decisions = 0
+        self.placed: Callable[[str, tuple[bytes, ...], int], None] | None = None
 
     def place(
         self, request: RouteRequest, exclude: frozenset[str] = frozenset(), phase: Phase = "prefill"
@@ -60,7 +64,10 @@ class Balancer:
         chosen = self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)
         capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
-        self.prefix_index.record(chosen.worker_id, request.prefix_blocks, self._index_blocks(request, capacity_tokens))
+        capacity_blocks = self._index_blocks(request, capacity_tokens)
+        self.prefix_index.record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
+        if self.placed is not None:
+            self.placed(chosen.worker_id, request.prefix_blocks, capacity_blocks)
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))

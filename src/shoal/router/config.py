@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
 class Frozen(BaseModel):
@@ -182,8 +182,12 @@ class TracingSettings(Frozen):
 
 
 class RouterConfig(Frozen):
+    """`processes` > 1 runs the router as that many processes sharing its port (router_processes;
+    `shoal router` only), which then need a fixed port."""
+
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
+    processes: int = Field(1, ge=1, le=64)
     workers: list[StaticWorker] = []
     policy: str = "cost"
     policy_options: dict = {}
@@ -216,3 +220,9 @@ class RouterConfig(Frozen):
         if name not in POLICIES:
             raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
         return name
+
+    @model_validator(mode="after")
+    def group_needs_a_port(self) -> RouterConfig:
+        if self.processes > 1 and self.port == 0:
+            raise ValueError("processes > 1 share one port: give a port other than 0")
+        return self

@@ -15,6 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.tracing import Tracing
 from shoal.router.admission import Admission, Refused
+from shoal.router.admission_slots import GroupSlots, LocalSlots
 from shoal.router.auth import ApiKeys, Client
 from shoal.router.balancer import Balancer
 from shoal.router.circuit_breaker import BreakerState
@@ -46,6 +47,8 @@ class FrontDoor:
         tracing: Tracing,
         metrics: RouterMetrics,
         events: ClusterEvents | None = None,
+        slots: LocalSlots | GroupSlots | None = None,
+        router_id: str | None = None,
     ):
         self.config = config
         self.tracing, self.metrics = tracing, metrics
@@ -55,12 +58,13 @@ class FrontDoor:
         self.monitor = monitor
         self.failover: StreamFailover | None = None
         self.journal: StreamJournal | None = None  # with resumable_streams.store: redis
-        self.router_id = f"{config.host}:{config.port}"  # named in every response (x-shoal-router)
+        # Named in every response (x-shoal-router); a router group's member adds its number.
+        self.router_id = router_id or f"{config.host}:{config.port}"
         self.api_keys = ApiKeys(config)
         self.rate_limiter = RateLimiter()
         settings = config.admission
         self.admission = Admission(
-            self.capacity, settings.queue_limits, settings.queue_timeout_s, settings.retry_after_s
+            self.capacity, settings.queue_limits, settings.queue_timeout_s, settings.retry_after_s, slots
         )
 
     def open(self, client: UpstreamClient) -> None:
@@ -216,7 +220,7 @@ class FrontDoor:
                 {**body, "model": fallback},
                 f"fallback={fallback}",
             )
-            self.admission.admitted[fallback] += 1
+            self.admission.slots.take(fallback)
         if degraded:
             telemetry.root.set_attribute("shoal.degraded", degraded)
         started_ns = time.time_ns()

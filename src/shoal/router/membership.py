@@ -13,6 +13,7 @@ import itertools
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -41,10 +42,11 @@ class InFlight:
 @dataclass
 class WorkerState:
     """Mutable record of one worker. Invariants: `in_flight` holds exactly the requests this router
-    has sent to it whose responses have not ended, and `prefill_tokens` and `decode_tokens` are their
-    sums (kept as they change, so a view costs the same however busy the worker); `streams` the
-    upstream responses open on it now;
-    `down_since` is set exactly when `down`; `refused_at` is when a poll last found nobody listening."""
+        has sent to it whose responses have not ended, and `prefill_tokens` and `decode_tokens` are their
+        sums (kept as they change, so a view costs the same however busy the worker); `streams` the
+        upstream responses open on it now; `elsewhere` what the other members of a router group last said
+    they have in flight on it (requests, prefill tokens, decode tokens), summed in `elsewhere_total`;
+        `down_since` is set exactly when `down`; `refused_at` is when a poll last found nobody listening."""
 
     worker_id: str
     url: str
@@ -64,6 +66,9 @@ class WorkerState:
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     prefill_tokens: int = 0
     decode_tokens: int = 0
+    elsewhere: dict[int, tuple[int, int, int]] = field(default_factory=dict)
+    elsewhere_total: tuple[int, int, int] = (0, 0, 0)
+    work_changed: Callable[[WorkerState], None] | None = None  # hears of every change to in_flight
     streams: set[UpstreamResponse] = field(default_factory=set)  # from the request sent to its release
     _tickets: itertools.count = field(default_factory=itertools.count)
     _view: WorkerView | None = field(default=None, repr=False)
@@ -85,6 +90,7 @@ class WorkerState:
         self.in_flight[ticket] = InFlight(prefill_tokens, decode_tokens)
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
+        self._work_changed()
         return ticket
 
     def first_byte(self, ticket: int) -> None:
@@ -92,12 +98,26 @@ class WorkerState:
         if work is not None:
             self.prefill_tokens -= work.prefill_tokens
             work.prefill_tokens = 0
+            self._work_changed()
 
     def finish(self, ticket: int) -> None:
         work = self.in_flight.pop(ticket, None)
         if work is not None:
             self.prefill_tokens -= work.prefill_tokens
             self.decode_tokens -= work.decode_tokens
+            self._work_changed()
+
+    def _work_changed(self) -> None:
+        if self.work_changed is not None:
+            self.work_changed(self)
+
+    def set_elsewhere(self, member: int, requests: int, prefill_tokens: int, decode_tokens: int) -> None:
+        """What router group member `member` now has in flight here (zeros: nothing)."""
+        if any((requests, prefill_tokens, decode_tokens)):
+            self.elsewhere[member] = (requests, prefill_tokens, decode_tokens)
+        else:
+            self.elsewhere.pop(member, None)
+        self.elsewhere_total = tuple(map(sum, zip((0, 0, 0), *self.elsewhere.values())))
 
     def sever(self) -> None:
         """Closes the connections of every request open on this worker, whether still waiting for its
@@ -113,13 +133,22 @@ class WorkerState:
     def view(self) -> WorkerView:
         """Built again only when what it shows changed (a view costs more than the comparison)."""
         healthy = self.available
-        key = (self.report, self.models, healthy, len(self.in_flight), self.prefill_tokens, self.decode_tokens)
+        key = (
+            self.report,
+            self.models,
+            healthy,
+            len(self.in_flight),
+            self.prefill_tokens,
+            self.decode_tokens,
+            self.elsewhere_total,
+        )
         if self._view is None or self._view_key != key:
             self._view, self._view_key = self._build_view(healthy), key
         return self._view
 
     def _build_view(self, healthy: bool) -> WorkerView:
         report = self.report or NO_REPORT
+        requests, prefill, decode = self.elsewhere_total
         return WorkerView(
             worker_id=self.worker_id,
             url=self.url,
@@ -128,9 +157,9 @@ class WorkerState:
             running=report.running,
             waiting=report.waiting,
             max_num_seqs=report.max_num_seqs,
-            in_flight=len(self.in_flight),
-            outstanding_prefill_tokens=max(self.prefill_tokens, report.outstanding_prefill_tokens or 0),
-            outstanding_decode_tokens=max(self.decode_tokens, report.outstanding_decode_tokens or 0),
+            in_flight=len(self.in_flight) + requests,
+            outstanding_prefill_tokens=max(self.prefill_tokens + prefill, report.outstanding_prefill_tokens or 0),
+            outstanding_decode_tokens=max(self.decode_tokens + decode, report.outstanding_decode_tokens or 0),
             free_kv_tokens=report.free_kv_tokens,
             kv_capacity_tokens=report.kv_capacity_tokens,
             max_model_len=report.max_model_len,
@@ -161,6 +190,7 @@ class Membership:
         self.poll_interval_s = poll_interval_s
         self.workers: dict[str, WorkerState] = {}
         self.known_models: set[str] = set()  # every model a worker ever served here
+        self.work_changed: Callable[[WorkerState], None] | None = None  # given to every worker's state
         self._polls: dict[str, asyncio.Task] = {}
 
     def models(self) -> set[str]:
@@ -186,7 +216,7 @@ class Membership:
         breaker = CircuitBreaker(
             breaker_settings.failure_threshold, breaker_settings.open_s, breaker_settings.max_open_s, breaker_changed
         )
-        return WorkerState(url, url, models, breaker, registered=registered)
+        return WorkerState(url, url, models, breaker, registered=registered, work_changed=self.work_changed)
 
     async def add_static(self, url: str, models: list[str] | None = None) -> WorkerState:
         """Adds a polled worker; its models are asked from /v1/models unless given."""

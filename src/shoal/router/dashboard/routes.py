@@ -68,7 +68,7 @@ class Dashboard:
         self.sampler = Sampler(
             window,
             LoadNow(
-                in_flight=lambda: sum(admission.admitted.values()),
+                in_flight=admission.slots.total,
                 queued=lambda: sum(admission.queued().values()),
                 workers=self._worker_counts,
             ),
@@ -105,7 +105,7 @@ class Dashboard:
             "time": time.time(),
             "models": sorted(self.membership.models()),
             "queued": self.admission.queued(),
-            "in_flight": sum(self.admission.admitted.values()),
+            "in_flight": self.admission.slots.total(),
             "latest": self.sampler.series.latest(),
             "workers": workers,
         }
