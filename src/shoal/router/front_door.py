@@ -9,11 +9,12 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 import msgspec
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.tracing import Tracing
+from shoal.protocol.request_body import body_within
 from shoal.router.admission import Admission, Refused
 from shoal.router.admission_slots import GroupSlots, LocalSlots
 from shoal.router.auth import ApiKeys, Client
@@ -123,7 +124,7 @@ class FrontDoor:
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return self._too_large()
-        raw = await _body_within(request, self.config.max_body_bytes)
+        raw = await body_within(request.receive, self.config.max_body_bytes)
         if raw is None:
             return self._too_large()
         try:
@@ -324,23 +325,6 @@ class FrontDoor:
 
     def _too_large(self) -> Response:
         return error_response(413, f"request body exceeds {self.config.max_body_bytes} bytes", "invalid_request_error")
-
-
-async def _body_within(request: Request, limit: int) -> bytes | None:
-    """The request's body, or None as soon as it exceeds `limit` bytes (however it is sent: the
-    rest is never buffered). ClientDisconnect if the client leaves first."""
-    chunks, size = [], 0
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            raise ClientDisconnect()
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
 
 
 def header_dict(request: Request) -> dict[str, str]:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shoal.errors import error_json
+from shoal.protocol.request_body import body_within
 from shoal.worker.drain import DrainState
 
 
@@ -72,18 +73,7 @@ class AdmissionMiddleware:
         for name, value in scope.get("headers", ()):
             if name == b"content-length" and value.isdigit() and int(value) > limit:
                 return None
-        chunks, size = [], 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return b"".join(chunks)
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                return None
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        return await body_within(receive, limit)
 
     async def _refuse(self, send, status: int, message: str, kind: str) -> None:
         body = error_json(message, status, kind)
