@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -141,3 +143,17 @@ def test_admission_limits_hold_for_the_group_as_a_whole(workers, group_for):
                 pass
     wait_for(lambda: len(members_answering(url)) == MEMBERS, timeout_s=60)
     assert one_request(None)[0] == 200
+
+
+def test_a_group_will_not_share_a_port_someone_else_listens_on():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "shoal.cli", "router", "--processes", "2", "--port", str(port)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert result.returncode == 2 and "cannot listen" in result.stderr, result.stderr

@@ -25,6 +25,7 @@ import httptools
 
 # Idle connections older than this are not reused: workers (uvicorn) close theirs after 5 s.
 IDLE_REUSE_S = 4.0
+MAX_TARGETS = 4096
 # A response buffering more than this unread pauses reading from its socket until it is drained.
 HIGH_WATER_BYTES = 1 << 20
 
@@ -303,6 +304,8 @@ class UpstreamClient:
     def _target(self, url: str) -> tuple[_AddressPool, bytes]:
         target = self._targets.get(url)
         if target is None:
+            if len(self._targets) >= MAX_TARGETS:  # workers come and go: forget the URLs of the past
+                self._targets.clear()
             parts = urlsplit(url)
             if parts.scheme != "http" or not parts.hostname:
                 raise ValueError(f"not an http:// URL: {url!r}")
