@@ -7,6 +7,7 @@ to its followers only."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -181,9 +182,12 @@ def test_peers_without_the_secret_cannot_connect_and_nothing_is_executed(stage, 
     try:
         for sock in attackers:
             sock.setsockopt(zmq.LINGER, 0)
-            sock.send(encode(head.probe(ident=66)))  # typed and well formed, pointing at the head's inbox
-            sock.send(payload)
-            sock.send_multipart([payload, pickle.dumps(((1,), "float32")), b"\x00" * 4])  # the old layout
+            # Without blocking: once its handshake is refused a PUSH socket has no peer left, and a
+            # blocking send would wait for one forever (nothing can be sent then, which is the point).
+            with contextlib.suppress(zmq.Again):
+                sock.send(encode(head.probe(ident=66)), zmq.NOBLOCK)  # typed, well formed, to the head's inbox
+                sock.send(payload, zmq.NOBLOCK)
+                sock.send_multipart([payload, pickle.dumps(((1,), "float32")), b"\x00" * 4], zmq.NOBLOCK)  # old layout
         for refused in refusals:
             wait_for(refused, timeout_s=30)
         head.check_still_served(ident=3)

@@ -35,8 +35,9 @@ def start_redis_server(
     """Returns (process, redis:// URL) once the server answers PING; on `host` of a network test bed
     (port 6379 of its address, with a password in the URL, as anything reachable from other hosts
     must have) when given, else on loopback at `port` (a free one if None). With `appendonly`, every
-    write goes to the AOF in `directory` (fsync each second) and a server started again on the same
-    directory has it."""
+    write goes to the AOF in `directory` before it is acknowledged (appendfsync always: with
+    everysec, Redis answers while it postpones its AOF writes behind a slow fsync, for up to two
+    seconds, and a kill -9 then loses them) and a server started again on the same directory has it."""
     binary = ensure_command("redis-server")
     address, port = (host.address, 6379) if host else ("127.0.0.1", port or free_port())
     password = secrets.token_hex(16) if host else None
@@ -47,7 +48,7 @@ def start_redis_server(
         "--appendonly",
         "yes" if appendonly else "no",
         "--appendfsync",
-        "everysec",
+        "always",
         "--port",
         str(port),
         "--bind",

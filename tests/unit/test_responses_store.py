@@ -15,6 +15,7 @@ from shoal.router.responses_api.open_store import open_store
 from shoal.router.responses_api.redis_store import RedisStore
 from shoal.router.responses_api.sqlite_store import SQLiteStore
 from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
+from tests.support.redis_server import start_redis_server
 from tests.support.workers import free_port
 
 
@@ -112,6 +113,24 @@ def test_a_redis_server_without_aof_is_named_in_a_warning_once(redis_url, caplog
     asyncio.run(scenario())  # the tests' redis-server runs without persistence
     warnings = [r.getMessage() for r in caplog.records if "appendonly" in r.getMessage()]
     assert len(warnings) == 1 and "appendonly no" in warnings[0]
+
+
+def test_a_redis_server_that_syncs_its_aof_only_each_second_is_named_in_a_warning(tmp_path, caplog):
+    server, url = start_redis_server(tmp_path, appendonly=True)
+    try:
+
+        async def scenario():
+            store = await open_store(ResponsesSettings(store="redis", redis_url=url))
+            await store._client.config_set("appendfsync", "everysec")
+            await store.put(turn())
+            await store.close()
+
+        asyncio.run(scenario())
+    finally:
+        server.kill()
+        server.wait(timeout=30)
+    warnings = [r.getMessage() for r in caplog.records if "appendfsync" in r.getMessage()]
+    assert len(warnings) == 1 and "appendfsync everysec" in warnings[0]
 
 
 def test_sqlite_expands_home_and_creates_the_directory(tmp_path, monkeypatch):

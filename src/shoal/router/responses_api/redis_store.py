@@ -29,8 +29,8 @@ class RedisStore:
     written with one SET, so every router sees a turn whole or not at all; the connection pool
     reconnects by itself once the server is back, and a server that does not answer within the
     socket timeouts fails the call instead of hanging it. Durability is the server's: with AOF on
-    (`appendonly yes`) a stored turn survives a Redis restart; the first stored turn checks, and a
-    server without it is named in a warning."""
+    and synced on every write (`appendonly yes`, `appendfsync always`) an acknowledged turn survives
+    a Redis crash; the first stored turn checks, and a server with less is named in a warning."""
 
     def __init__(self, client: redis.Redis):
         self._client = client
@@ -50,14 +50,21 @@ class RedisStore:
 
     async def _warn_if_volatile(self) -> None:
         try:
-            appendonly = (await self._client.config_get("appendonly")).get("appendonly")
+            settings = await self._client.config_get("append*")
         except RedisError:  # CONFIG is often disabled on managed servers: they state their own policy
             return
+        appendonly, appendfsync = settings.get("appendonly"), settings.get("appendfsync")
         if appendonly != "yes":
             log.warning(
                 "the Redis response store runs with appendonly %s: stored responses since its last "
                 "snapshot are lost when Redis restarts (run it with appendonly yes)",
                 appendonly,
+            )
+        elif appendfsync != "always":
+            log.warning(
+                "the Redis response store runs with appendfsync %s: the last seconds of stored "
+                "responses can be lost if Redis crashes (run it with appendfsync always)",
+                appendfsync,
             )
 
     async def get(self, response_id: str) -> StoredTurn | None:
