@@ -1,7 +1,6 @@
 """What passes between the client and a worker unchanged: the forwarded request headers, and the
-OpenAI-shaped error body every refusal of the router uses. The upstream client is aiohttp: under
-64 concurrent requests it relayed several times more requests per second on one core than httpx
-did (benchmarks/router_overhead.py)."""
+OpenAI-shaped error body every refusal of the router uses. Requests reach the workers through
+router.upstream_client."""
 
 from __future__ import annotations
 
