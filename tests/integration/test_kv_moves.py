@@ -146,7 +146,9 @@ def test_a_draining_worker_hands_its_streams_over_with_their_kv(tiny_model_dir, 
     prompts = [f"story number {i}: " + LONG_PROMPT[: 100 + 20 * i] for i in range(4)]
 
     def body(i: int) -> dict:
-        return chat(prompts[i], seed=30 + i, max_tokens=120, stream_options={"include_usage": True})
+        # Long enough that no stream can end while the slowest is still reaching its 30th token
+        # (readers wait at the barrier, the workers do not): each has output left to hand over.
+        return chat(prompts[i], seed=30 + i, max_tokens=240, stream_options={"include_usage": True})
 
     try:
         clean = [read_stream(url, body(i)) for i in range(4)]
