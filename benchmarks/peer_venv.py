@@ -40,3 +40,17 @@ def peer_python(
         subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", *remove], check=True)
     marker.write_text(json.dumps(wanted))
     return python
+
+
+# The peers that are a program, by the name the benchmarks give them: (venv, packages, program).
+PEER_PROGRAMS = {
+    "vllm-router": ("vllm-router", ["vllm-router"], "vllm-router"),
+    "smg": ("sglang-router", ["sglang-router"], "smg"),
+    "litellm": ("litellm", ["litellm[proxy]"], "litellm"),
+}
+
+
+def peer_program(name: str, log: Callable[[str], None]) -> Path:
+    """The program of peer `name` (PEER_PROGRAMS), from its venv, installed on first use."""
+    venv, packages, program = PEER_PROGRAMS[name]
+    return peer_python(venv, packages, log).parent / program

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
-from peer_venv import peer_python
+from peer_venv import PEER_PROGRAMS, peer_program
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -57,11 +57,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PEERS = {
-    "vllm-router": (["vllm-router"], "vllm-router"),
-    "smg": (["sglang-router"], "smg"),
-    "litellm": (["litellm[proxy]"], "litellm"),
-}
 TARGETS = ("direct", "shoal", "shoal-group", "vllm-router", "smg", "nginx", "litellm")
 CONNECTIONS = (1, 32)
 
@@ -76,12 +71,7 @@ def ensure_tools(peers: list[str]) -> dict[str, Path]:
     ]
     if missing:
         subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, stdout=subprocess.DEVNULL)
-    binaries = {}
-    for name in peers:
-        packages, binary = PEERS[name]
-        venv = "sglang-router" if name == "smg" else name
-        binaries[name] = peer_python(venv, packages, print).parent / binary
-    return binaries
+    return {name: peer_program(name, print) for name in peers}
 
 
 def nginx(conf_dir: Path, name: str, server_block: str, cpu: int) -> subprocess.Popen:
@@ -266,7 +256,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else TARGETS[1:]
-    binaries = ensure_tools([name for name in wanted if name in PEERS])
+    binaries = ensure_tools([name for name in wanted if name in PEER_PROGRAMS])
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
     processes: list[subprocess.Popen] = []
     try:

@@ -1,12 +1,14 @@
 """Routing quality: the default cost policy against round robin (and any other policy named) on
-a multi-turn chat workload with shared system prompts, over 3+ real workers.
+a multi-turn chat workload with shared system prompts, over 3+ real workers; the peers' routers
+too, as `ROUTER:POLICY` (`smg:cache_aware` for SGLang's Model Gateway, `vllm-router:cache_aware`),
+each installed in its own venv (peer_venv) and run in front of the same shoal workers.
 
-Per policy, fresh workers and a fresh router are started (so no policy inherits another's caches),
+Per router, fresh workers and a fresh router are started (so no router inherits another's caches),
 then conversations run concurrently, each turn waiting for the previous reply (which joins the
 history). Reported per policy: the workers' prefix-cache hit rate (hit tokens / queried tokens, from
 their /metrics), time to first token p50/p99 as the client sees it, and completion tokens/s.
 
-    .venv/bin/python benchmarks/routing_quality.py [--workers 3] [--policies cost,round_robin]
+    .venv/bin/python benchmarks/routing_quality.py [--workers 3] [--policies cost,round_robin,smg:cache_aware]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import httpx
+from peer_venv import peer_program
 from prometheus_client.parser import text_string_to_metric_families
 
 RESULTS = Path(__file__).parent / "results"
@@ -152,6 +155,20 @@ async def run_conversations(router_url: str, conversations, args) -> dict:
     }
 
 
+def router_command(name: str, port: int, urls: list[str]) -> tuple[list[str], str]:
+    """The command of router NAME (`POLICY` for shoal's, `PEER:POLICY` for a peer's) and the path
+    that answers once it is ready."""
+    peer, _, policy = name.rpartition(":")
+    if not peer:
+        return [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--policy", policy] + [
+            arg for url in urls for arg in ("--worker", url)
+        ], "/ready"
+    program = str(peer_program(peer, print))
+    metrics = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    common = ["--worker-urls", *urls, "--host", "127.0.0.1", "--port", str(port), "--policy", policy, *metrics]
+    return ([program, "launch", *common] if peer == "smg" else [program, *common]), "/health"
+
+
 def measure(policy: str, conversations, args) -> dict:
     env = {**os.environ}
     workers, urls = [], []
@@ -179,12 +196,10 @@ def measure(policy: str, conversations, args) -> dict:
         for process, url in zip(workers, urls):
             wait_for(url + "/ready", process)
         port = free_port()
-        command = [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--policy", policy]
-        for url in urls:
-            command += ["--worker", url]
+        command, ready_path = router_command(policy, port, urls)
         workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         router_url = f"http://127.0.0.1:{port}"
-        wait_for(router_url + "/ready", workers[-1])
+        wait_for(router_url + ready_path, workers[-1])
         hits_before, queries_before = prefix_counters(urls)
         result = asyncio.run(run_conversations(router_url, conversations, args))
         hits, queries = prefix_counters(urls)
