@@ -230,3 +230,73 @@ def test_resume_continues_a_stream_token_for_token(worker_url, client):
         )
     )
     assert "".join(c.choices[0].text for c in partial) == full.text[len(head_text) - 2 :]
+
+
+# What SGLang's Model Gateway (smg) and vllm-router add to every chat request they relay.
+SGLANG_ROUTER_DEFAULTS = {
+    "logprobs": False,
+    "no_stop_trim": False,
+    "continue_final_message": False,
+    "skip_special_tokens": True,
+    "separate_reasoning": True,
+    "stream_reasoning": True,
+    "return_hidden_states": False,
+    "include_reasoning": True,
+}
+
+
+def test_a_request_with_the_fields_sglang_routers_add_is_served_as_without_them(client):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
+    plain = client.chat.completions.create(**args, extra_body={"ignore_eos": True})
+    relayed = client.chat.completions.create(**args, extra_body={"ignore_eos": True, **SGLANG_ROUTER_DEFAULTS})
+    assert relayed.choices[0].message.content == plain.choices[0].message.content
+
+
+@pytest.mark.parametrize("field", ["include_stop_str_in_output", "no_stop_trim"])
+def test_a_stop_string_stays_in_the_output_when_asked(client, field):
+    args = dict(model=MODEL, prompt=[5, 6, 7], max_tokens=8, temperature=1.0, seed=1)
+    text = client.completions.create(**args, extra_body={"ignore_eos": True}).choices[0].text
+    stop = text[2:4]
+    trimmed = client.completions.create(**args, stop=[stop], extra_body={"ignore_eos": True}).choices[0]
+    kept = client.completions.create(**args, stop=[stop], extra_body={"ignore_eos": True, field: True}).choices[0]
+    assert trimmed.finish_reason == kept.finish_reason == "stop"
+    assert kept.text == trimmed.text + stop
+
+
+def test_hidden_states_are_refused_by_name(worker_url):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "return_hidden_states": True}
+    response = httpx.post(worker_url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "return_hidden_states"
+
+
+def test_a_continued_final_message_is_the_prompt_the_output_follows(client):
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ab"}]
+    continued = client.chat.completions.create(
+        model=MODEL,
+        messages=messages,
+        max_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True, "continue_final_message": True, "add_generation_prompt": False},
+    )
+    as_text = client.completions.create(
+        model=MODEL,
+        prompt="<s>user\nhi</s>\n<s>assistant\nab",
+        max_tokens=5,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert continued.usage.prompt_tokens == as_text.usage.prompt_tokens
+    assert continued.choices[0].model_extra["token_ids"] == as_text.choices[0].model_extra["token_ids"]
+
+
+@pytest.mark.parametrize(
+    "messages,extra",
+    [
+        ([{"role": "user", "content": "hi"}], {"continue_final_message": True, "add_generation_prompt": False}),
+        ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "a"}], {"continue_final_message": True}),
+    ],
+)
+def test_a_final_message_that_cannot_be_continued_is_a_400(worker_url, messages, extra):
+    body = {"model": MODEL, "messages": messages, **extra}
+    response = httpx.post(worker_url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and "continue_final_message" in response.json()["error"]["message"]

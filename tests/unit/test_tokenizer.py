@@ -106,6 +106,22 @@ def test_smollm2_chat_template_matches_transformers(
     assert ours.encode(text, add_special_tokens=False) == list(ids)
 
 
+@pytest.mark.parametrize("opening", ["The capital is", "Sure:\n\n1. ", ""])
+def test_a_continued_final_message_renders_as_transformers_renders_it(ours: Tokenizer, reference, opening: str) -> None:
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Where is Paris?"},
+        {"role": "assistant", "content": opening},
+    ]
+    text = ours.apply_chat_template(messages, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("<|im_start|>assistant\n" + opening)
+    if opening.strip():  # transformers cannot place an empty final message (it finds the content in the text)
+        expected = reference.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=False, continue_final_message=True
+        )
+        assert text == expected or text == expected + opening[len(opening.rstrip()) :]
+
+
 def test_json_round_trip_preserves_behaviour(ours: Tokenizer) -> None:
     copy = Tokenizer.from_json(ours.to_json())
     assert (copy.bos_token_id, copy.eos_token_ids, copy.vocab_size) == (ours.bos_token_id, ours.eos_token_ids, 49152)

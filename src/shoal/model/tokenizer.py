@@ -14,13 +14,15 @@ from typing import Any
 from tokenizers import Tokenizer as Backend
 
 from shoal.model.chat_template import compile_chat_template, render_chat_template
-from shoal.model.errors import ModelLoadError
+from shoal.model.errors import ChatTemplateError, ModelLoadError
 from shoal.model.gguf_loader import gguf_metadata, open_gguf
 from shoal.model.gguf_tokenizer import gguf_tokenizer_spec
 
 # Special tokens that end an assistant turn; one counts as EOS when the chat template writes it.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|END_OF_TURN_TOKEN|>")
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+# Stands in for a continued final message's content while the template renders (its last occurrence is taken).
+_OPEN_END = "\x00shoal-open-end\x00"
 
 
 class Tokenizer:
@@ -115,19 +117,30 @@ class Tokenizer:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """The prompt text for `messages` (OpenAI-style dicts), rendered by the model's own template.
-        Uses the "tool_use" template when tools are given and the model has one, else "default"."""
+        Uses the "tool_use" template when tools are given and the model has one, else "default".
+        With continue_final_message the text ends with the last message's content as given, where
+        the template would have closed that message (its end-of-turn and anything after it cut)."""
         name = "tool_use" if tools and "tool_use" in self._compiled else "default"
         if name not in self._compiled:
             raise ModelLoadError("this model has no chat template")
-        return render_chat_template(
+        final = dict(messages[-1]) if continue_final_message else None
+        if final is not None:
+            messages = [*messages[:-1], {**final, "content": _OPEN_END}]
+        text = render_chat_template(
             self._compiled[name],
             messages,
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             special_tokens=self._special_tokens,
         )
+        if final is None:
+            return text
+        if _OPEN_END not in text:
+            raise ChatTemplateError("the chat template does not render the final message's content")
+        return text[: text.rindex(_OPEN_END)] + (final.get("content") or "")
 
     @property
     def backend(self) -> Backend:

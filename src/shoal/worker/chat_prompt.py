@@ -36,7 +36,10 @@ def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, tool_use: Too
     if tool_use is not None and not native:
         messages = _with_tools_prompt(messages, tool_use.tools)
     return tokenizer.apply_chat_template(
-        messages, add_generation_prompt=body.add_generation_prompt, tools=tool_use.tools if native else None
+        messages,
+        add_generation_prompt=body.add_generation_prompt,
+        tools=tool_use.tools if native else None,
+        continue_final_message=body.continue_final_message,
     )
 
 

@@ -73,6 +73,12 @@ class SamplingFields(Strict):
     # the prompt and resumed tokens; this worker imports it instead of computing it.
     kv_source: str | None = Field(None, min_length=1, max_length=512)
     structured_outputs: StructuredOutputsField | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # SGLang's name for include_stop_str_in_output (its routers send it on every request).
+    no_stop_trim: bool = False
+    # Hidden states are never returned; SGLang's routers send the default, false, on every request.
+    return_hidden_states: Literal[False] = False
     # Read by routers (session affinity, admission class); a worker has no use for them.
     user: str | None = None
     priority: Literal["critical", "standard", "sheddable"] | None = None
@@ -107,6 +113,7 @@ class SamplingFields(Strict):
             min_tokens=self.min_tokens,
             structured_outputs=constraint,
             skip_special_tokens=skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output or self.no_stop_trim,
         )
 
 
@@ -206,10 +213,27 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
+    # The last message (the assistant's) is left open and the output continues it.
+    continue_final_message: bool = False
+    # A reasoning parser's switches (SGLang, vLLM). shoal runs no reasoning parser, so an output
+    # never holds a reasoning part to separate, stream or leave out, whatever their values: what an
+    # SGLang server started without --reasoning-parser does with them.
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
+    include_reasoning: bool = True
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+
+    @model_validator(mode="after")
+    def _final_message_can_be_continued(self) -> ChatCompletionRequest:
+        if self.continue_final_message:
+            if self.messages[-1].role != "assistant":
+                raise ValueError("continue_final_message needs the last message to be the assistant's")
+            if self.add_generation_prompt:
+                raise ValueError("continue_final_message needs add_generation_prompt false")
+        return self
 
     def output_constraint(self) -> StructuredOutputs | None:
         """From `response_format` or `structured_outputs` (one of them at most); tool calls add

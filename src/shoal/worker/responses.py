@@ -106,7 +106,8 @@ async def _respond(
         await engine.compile_grammar(constraint)
     if body.kv_source and kv is not None:
         await kv.import_prefix(engine, body.kv_source, prompt_ids + list(body.resume_token_ids or ()), trace)
-    skip_special_tokens = tool_use is None or tool_use.skip_special_tokens
+    # A tool parser that reads special tokens keeps them whatever the request asks.
+    skip_special_tokens = body.skip_special_tokens and (tool_use is None or tool_use.skip_special_tokens)
     for i in range(body.n):
         trace.track(f"{request_id}-{i}")
     streams = [
