@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import tempfile
 from collections.abc import Callable
@@ -19,15 +18,14 @@ from typing import Any
 
 from llama_cpp_runs import RESULT_PREFIX
 from measurement import measured, token_metrics
-from peer_venv import peer_python
+from peer_venv import python_of
 
-LLAMA_PACKAGES = ("llama-cpp-python==0.3.36",)
 RUNNER = Path(__file__).resolve().parent / "llama_cpp_runs.py"
 
 
 def llama_python(log: Callable[[str], None]) -> Path:
     """The llama-cpp venv's python; the first call builds llama.cpp for this CPU (GGML_NATIVE)."""
-    return peer_python("llama-cpp", LLAMA_PACKAGES, log, environment={**os.environ, "CMAKE_ARGS": "-DGGML_NATIVE=ON"})
+    return python_of("llama-cpp", log)
 
 
 def _run(python: Path, request: dict[str, Any]) -> subprocess.CompletedProcess:

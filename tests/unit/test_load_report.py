@@ -40,9 +40,9 @@ llamacpp:requests_deferred 4
 
 
 def test_prometheus_reports_of_vllm_sglang_and_llama_cpp():
-    assert LoadReport.from_prometheus(VLLM) == LoadReport(running=3, waiting=2, kv_cache_usage=0.25)
-    assert LoadReport.from_prometheus(SGLANG) == LoadReport(running=7, waiting=1, kv_cache_usage=0.5)
-    assert LoadReport.from_prometheus(LLAMA_CPP) == LoadReport(running=1, waiting=4)
+    assert LoadReport.from_prometheus(VLLM) == LoadReport(running=3, waiting=2, kv_cache_usage=0.25, engine="vllm")
+    assert LoadReport.from_prometheus(SGLANG) == LoadReport(running=7, waiting=1, kv_cache_usage=0.5, engine="sglang")
+    assert LoadReport.from_prometheus(LLAMA_CPP) == LoadReport(running=1, waiting=4, engine="llama.cpp")
     assert LoadReport.from_prometheus("# TYPE other_metric gauge\nother_metric 1\n") is None
 
 
@@ -105,3 +105,13 @@ def test_a_load_report_that_does_not_fit_the_schema_is_refused_naming_why(body, 
 def test_a_registration_without_a_url_or_a_list_of_models_is_refused(body):
     with pytest.raises(ValueError):
         decode_registration(body)
+
+
+def test_another_server_s_load_answer_is_not_taken_for_a_shoal_report():
+    from shoal.protocol.worker_load import WorkerLoad, encode
+    from shoal.router.membership import shoal_load_report
+
+    assert shoal_load_report(b'{"server_load": 0}') is None  # vLLM's /load
+    assert shoal_load_report(b'{"running": "many"}') is None
+    assert shoal_load_report(b"not json") is None
+    assert shoal_load_report(encode(WorkerLoad(server="shoal", running=3))).running == 3

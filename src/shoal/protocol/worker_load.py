@@ -36,8 +36,11 @@ class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
 class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's load report. Blocks are `block_size` tokens; `kv_cache_budget_bytes` is the KV
     budget the engine was given; speeds are the engine's recent measurements, `longest_step_s` how
-    long its longest step now should take (a full prefill chunk beside its running sequences)."""
+    long its longest step now should take (a full prefill chunk beside its running sequences).
+    `server` is "shoal" in every report a shoal worker sends: other servers answer /load too (vLLM
+    with its own JSON), and a router polling one tells them apart by it."""
 
+    server: str | None = None
     model: str | None = None
     max_model_len: Count | None = None
     draining: bool = False

@@ -51,6 +51,8 @@ def _describe(state: WorkerState) -> dict:
     return {
         "worker_id": state.worker_id,
         "models": sorted(state.models),
+        "engine": state.engine,
+        "load_source": state.load_source,
         "healthy": state.available,
         "down": state.down,
         "ejected": state.ejected_until is not None,

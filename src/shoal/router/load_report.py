@@ -9,12 +9,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shoal.protocol.worker_load import Role, WorkerLoad
 
-# Per server family: (running requests, waiting requests, KV usage fraction) metric names.
+# Per server family: (engine, running requests, waiting requests, KV usage fraction) metric names.
 PROMETHEUS_NAMES = (
-    ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
-    ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"),
-    ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
-    ("llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:kv_cache_usage_ratio"),
+    ("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"),
+    ("vllm", "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:gpu_cache_usage_perc"),
+    ("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
+    ("llama.cpp", "llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:kv_cache_usage_ratio"),
 )
 
 
@@ -43,6 +43,7 @@ class LoadReport:
     kv_peer: str | None = None
     kv_tier_tokens: int | None = None
     kv_tier_load_tokens_per_s: float | None = None
+    engine: str | None = None  # the server family whose metrics were read ("vllm", "sglang", "llama.cpp")
 
     @classmethod
     def from_shoal(cls, report: WorkerLoad) -> LoadReport:
@@ -79,9 +80,12 @@ class LoadReport:
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 values[sample.name] = values.get(sample.name, 0.0) + sample.value
-        for running, waiting, usage in PROMETHEUS_NAMES:
+        for engine, running, waiting, usage in PROMETHEUS_NAMES:
             if running in values:
                 return cls(
-                    running=int(values[running]), waiting=int(values.get(waiting, 0)), kv_cache_usage=values.get(usage)
+                    running=int(values[running]),
+                    waiting=int(values.get(waiting, 0)),
+                    kv_cache_usage=values.get(usage),
+                    engine=engine,
                 )
         return None

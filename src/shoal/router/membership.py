@@ -75,6 +75,14 @@ class WorkerState:
     _view_key: tuple = field(default=(), repr=False)
 
     @property
+    def engine(self) -> str | None:
+        """The engine serving here: "shoal", or the family whose metrics it exposes ("vllm",
+        "sglang", "llama.cpp"); None while unknown (or where it exposes no metrics we read)."""
+        if self.load_source == "shoal":
+            return "shoal"
+        return self.report.engine if self.report is not None else None
+
+    @property
     def role(self) -> str:
         """colocated, prefill or decode, as its last load report said."""
         return self.report.role if self.report is not None else "colocated"
@@ -285,9 +293,10 @@ class Membership:
     async def _read_load(self, state: WorkerState) -> LoadReport | None:
         if state.load_source in (None, "shoal"):
             status, body = await self._get(state.url + "/load")
-            if status == 200:
+            report = shoal_load_report(body) if status == 200 else None
+            if report is not None:
                 state.load_source = "shoal"
-                return LoadReport.from_shoal(decode_load(body))
+                return LoadReport.from_shoal(report)
             state.load_source = "prometheus"
         if state.load_source == "prometheus":
             status, body = await self._get(state.url + "/metrics")
@@ -310,3 +319,12 @@ class Membership:
                 if not state.registered and (poll is None or poll.done()):
                     self._polls[worker_id] = asyncio.create_task(self.poll(state))
             await asyncio.sleep(self.poll_interval_s)
+
+
+def shoal_load_report(body: bytes) -> WorkerLoad | None:
+    """A shoal worker's load report, or None where the body is another server's /load answer."""
+    try:
+        report = decode_load(body)
+    except ValueError:
+        return None
+    return report if report.server == "shoal" else None

@@ -10,7 +10,10 @@ found down or ejected by the health monitor (which severs its streams), or fails
 error event), the request continues on another worker from the prompt plus those token ids, with
 the same seed (shoal's `resume_token_ids` / `resume_text_offset` extension). The client sees one
 stream: the same response id, no repeated role chunk, no missing or repeated tokens; with a seed,
-the same tokens as a run without the failure. Migrations are bounded per request. A worker left
+the same tokens as a run without the failure. A stream that started on another engine (vLLM,
+llama.cpp), or that only such engines can take, continues token-exact where a shoal worker can take
+its token ids, else as text (stream_continuation.py says which engine gets which guarantee).
+Migrations are bounded per request. A worker left
 for looking hung may take the stream again once it answers (tried_workers.py); while no worker can
 take it, the stream waits for one (up to failover.wait_for_capacity_s, never past the request's
 x-shoal-deadline-s), with keep-alives to the client.
@@ -49,6 +52,7 @@ from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
+from shoal.router.stream_continuation import by_tokens, can_continue, continuation_body, with_token_ids_asked
 from shoal.router.stream_journal import JournalWriter
 from shoal.router.stream_relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
 from shoal.router.tried_workers import TriedWorkers
@@ -65,7 +69,9 @@ CLIENT_KEEP_ALIVE_S = 1.0
 @dataclass
 class Attempt:
     """The request as it stands: where it runs, and the model and body it runs with (a critical
-    request may have fallen back to another model before its first byte); its telemetry."""
+    request may have fallen back to another model before its first byte); its telemetry. While it
+    `continues` a stream that has sent output, each worker gets the continuation of `body` its
+    engine takes (with `kv_source` where it continues token-exact)."""
 
     routed: RouteRequest
     body: dict
@@ -73,6 +79,18 @@ class Attempt:
     placement: Placement | None = None
     upstream: UpstreamResponse | None = None
     accepts_handoff: bool = True  # its worker may hand the stream off (shoal.protocol.kv_handoff)
+    continues: StreamProgress | None = None
+    kv_source: str | None = None
+
+    def body_for(self, worker: WorkerState, chat: bool) -> dict:
+        """What this worker is sent."""
+        progress = self.continues
+        if progress is None:
+            return with_token_ids_asked(self.body, worker.engine)
+        body = continuation_body(self.body, progress, worker.engine, chat)
+        if self.kv_source and by_tokens(worker.engine, progress):
+            body["kv_source"] = self.kv_source
+        return with_token_ids_asked(body, worker.engine)
 
 
 class StreamFailover:
@@ -96,12 +114,11 @@ class StreamFailover:
         self.settings = settings
         self.fallbacks = fallbacks
 
-    async def open(
-        self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers, resuming: bool
-    ) -> bool:
+    async def open(self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
         answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
         forwarded = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
+        chat, resuming = _is_chat(path), attempt.continues is not None
         for try_number in range(self.settings.attempts[attempt.routed.priority]):
             if attempt.placement is None:
                 return False
@@ -117,7 +134,10 @@ class StreamFailover:
                 # Until the first byte (a shoal worker answers at the first token) the health
                 # monitor may cut the wait short: it closes what is in worker.streams.
                 upstream = await self.client.post(
-                    worker.url + path, msgspec.json.encode(attempt.body), outgoing, track=worker.streams
+                    worker.url + path,
+                    msgspec.json.encode(attempt.body_for(worker, chat)),
+                    outgoing,
+                    track=worker.streams,
                 )
                 if upstream.status < 500:
                     if upstream.status == 200 and not resuming:
@@ -136,7 +156,7 @@ class StreamFailover:
             attempt.telemetry.retried(worker.worker_id, reason)
             log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
             self._abandon(attempt, tried, reason, lost, may_retake=refused_for_now)
-            attempt.placement = self._place(attempt, tried, resuming)
+            attempt.placement = self._place(attempt, tried, chat)
         return False
 
     def _backoff(self, try_number: int) -> float:
@@ -144,20 +164,27 @@ class StreamFailover:
         delay = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (try_number - 1))
         return delay / 2 + random.uniform(0, delay / 2)
 
-    def _place(self, attempt: Attempt, tried: TriedWorkers, resuming: bool) -> Placement | None:
-        """Another worker for the request, now or None: of its model (a resumed stream only on shoal
-        workers, the only ones that take resume_token_ids), else for a critical request one of a
-        fallback model (never mid-stream: token ids are the model's own)."""
+    def _place(self, attempt: Attempt, tried: TriedWorkers, chat: bool) -> Placement | None:
+        """Another worker for the request, now or None: of its model (a continued stream only on a
+        worker whose engine can continue it, token-exact where one can), else for a critical request
+        one of a fallback model (never mid-stream: the output so far is the model's own)."""
         excluded = tried.excluded(self.membership.workers)
-        exclude = set(excluded)
-        if resuming:
-            exclude |= {w.worker_id for w in self.membership.workers.values() if w.load_source != "shoal"}
         started_ns = time.time_ns()
-        placement = self.balancer.place(
-            attempt.routed, exclude=frozenset(exclude), phase="decode" if resuming else "prefill"
-        )
+        placement, progress = None, attempt.continues
+        if progress is not None:
+            workers = attempt.continues, self.membership.workers.values()
+            for fits in (
+                lambda w: by_tokens(w.engine, progress),
+                lambda w: can_continue(w.engine, progress, attempt.body, chat),
+            ):
+                exclude = excluded | {w.worker_id for w in workers if not fits(w)}
+                placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude), phase="decode")
+                if placement is not None:
+                    break
+        else:
+            placement = self.balancer.place(attempt.routed, exclude=excluded, phase="prefill")
         attempt.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
-        if placement is None and not resuming and attempt.routed.priority == "critical":
+        if placement is None and progress is None and attempt.routed.priority == "critical":
             for model in self.fallbacks(attempt.routed.model):
                 placement = self.balancer.place(replace(attempt.routed, model=model), exclude=excluded)
                 if placement is not None:
@@ -190,6 +217,14 @@ class StreamFailover:
         if not taken_out:
             self.monitor.request_failed(worker, reason, connection_lost)
 
+    def _continuable(self, attempt: Attempt, progress: StreamProgress, chat: bool) -> bool:
+        """Whether any worker of the request's model, up or not, has an engine that can continue it."""
+        return any(
+            can_continue(w.engine, progress, attempt.body, chat)
+            for w in self.membership.workers.values()
+            if attempt.routed.model in w.models
+        )
+
     def _hand_over(self, attempt: Attempt, progress: StreamProgress, handoff: Handoff) -> None:
         """Lets the worker that handed the stream off go (it did nothing wrong): not counted as a
         failure nor a migration; past MAX_HANDOFFS the next worker may not hand it off again."""
@@ -217,18 +252,22 @@ class StreamFailover:
         tried: TriedWorkers,
         wait_s: float,
         extra_headers: dict[str, str],
-        resuming: bool = False,
     ) -> Response | None:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
         worker's refusal, or 503, with `extra_headers`). While no worker can take it the request
         waits up to `wait_s`, unless every worker of its model has failed it."""
-        if resuming and attempt.placement is not None and attempt.placement.worker.load_source != "shoal":
+        chat = _is_chat(path)
+        if (
+            attempt.continues is not None
+            and attempt.placement is not None
+            and not can_continue(attempt.placement.worker.engine, attempt.continues, attempt.body, chat)
+        ):
             self.balancer.release(attempt.placement)
-            attempt.placement = self._place(attempt, tried, resuming)
-        if not await self.open(attempt, path, headers, tried, resuming) and not tried.failed_by_all(
+            attempt.placement = self._place(attempt, tried, chat)
+        if not await self.open(attempt, path, headers, tried) and not tried.failed_by_all(
             self.membership.workers, attempt.routed.model
         ):
-            async for _ in self._reopen(attempt, path, headers, tried, resuming, wait_s):
+            async for _ in self._reopen(attempt, path, headers, tried, wait_s):
                 pass  # nothing is sent before the first byte: the client just waits
         if attempt.upstream is None:
             return error_response(
@@ -280,7 +319,7 @@ class StreamFailover:
         progresses = [StreamProgress(seed=b.get("seed")) for b in bodies]
         if resume is not None:
             progresses[0] = resume
-            attempts[0].body = resume.resume_body(bodies[0])
+            attempts[0].continues = resume
         finished = False
 
         def finish() -> None:
@@ -298,9 +337,7 @@ class StreamFailover:
         tried_per_choice = [TriedWorkers() for _ in attempts]
         try:
             for attempt, tried in zip(attempts, tried_per_choice):
-                refusal = await self._start(
-                    attempt, path, headers, tried, wait_s, extra_headers, resuming=resume is not None
-                )
+                refusal = await self._start(attempt, path, headers, tried, wait_s, extra_headers)
                 if refusal is not None:
                     finish()
                     return refusal
@@ -311,8 +348,8 @@ class StreamFailover:
         if attempts[0].routed.model != routed.model:
             reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
         streams = [
-            self._events(a, path, headers, t, wait_s, p, b, journal)
-            for a, t, p, b in zip(attempts, tried_per_choice, progresses, bodies)
+            self._events(a, path, headers, t, wait_s, p, journal)
+            for a, t, p in zip(attempts, tried_per_choice, progresses)
         ]
         events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
         if streaming:
@@ -345,7 +382,6 @@ class StreamFailover:
         tried: TriedWorkers,
         wait_s: float,
         progress: StreamProgress,
-        original_body: dict,
         journal: JournalWriter | None,
     ) -> AsyncIterator[bytes]:
         try:
@@ -367,7 +403,7 @@ class StreamFailover:
                     return
                 except HandedOff as moved:
                     self._hand_over(attempt, progress, moved.handoff)
-                    resuming, kv_source = True, moved.handoff.kv_peer
+                    attempt.continues, attempt.kv_source = progress, moved.handoff.kv_peer
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
                     attempt.telemetry.end_attempt("broken", str(broken))
@@ -376,8 +412,9 @@ class StreamFailover:
                         yield _gave_up(attempt, "the request failed on every worker tried")
                         yield DONE
                         return
-                    if progress.text_chars and not progress.token_ids:
-                        yield _gave_up(attempt, "the worker failed mid-stream and sent no token ids to resume from")
+                    started = bool(progress.tokens or progress.text_chars)
+                    if started and not self._continuable(attempt, progress, _is_chat(path)):
+                        yield _gave_up(attempt, "the worker failed mid-stream and no worker can continue its output")
                         yield DONE
                         return
                     progress.migrations += 1
@@ -389,13 +426,10 @@ class StreamFailover:
                         len(progress.token_ids),
                         broken,
                     )
-                    attempt.telemetry.migrated(worker_id, len(progress.token_ids), str(broken))
-                    resuming = bool(progress.token_ids)
-                    kv_source = _ejected_kv_peer(self.membership, worker_id) if resuming else None
-                attempt.body = progress.resume_body(original_body) if resuming else original_body
-                if kv_source:
-                    attempt.body["kv_source"] = kv_source
-                async for keep_alive in self._reopen(attempt, path, headers, tried, resuming, wait_s):
+                    attempt.telemetry.migrated(worker_id, progress.tokens, str(broken))
+                    attempt.continues = progress if started else None
+                    attempt.kv_source = _ejected_kv_peer(self.membership, worker_id) if started else None
+                async for keep_alive in self._reopen(attempt, path, headers, tried, wait_s):
                     yield keep_alive
                 if attempt.upstream is None or attempt.upstream.status != 200:
                     yield _gave_up(attempt, "no worker left to continue this stream")
@@ -420,8 +454,8 @@ class StreamFailover:
         StreamBroken when no worker could do it."""
         scratch = StreamProgress(progress.token_ids[:], True, progress.text_chars, progress.seed, progress.response_id)
         placement = self.balancer.place(routed, phase="decode")
-        attempt = Attempt(routed, scratch.resume_body(body), telemetry, placement, accepts_handoff=False)
-        if not await self.open(attempt, path, headers, TriedWorkers(), resuming=True):
+        attempt = Attempt(routed, body, telemetry, placement, accepts_handoff=False, continues=scratch)
+        if not await self.open(attempt, path, headers, TriedWorkers()):
             raise StreamBroken("no worker could regenerate the stream up to where its client stood")
         try:
             async for _ in relay(attempt.upstream, attempt.placement.worker, scratch, telemetry, self.settings):
@@ -440,7 +474,6 @@ class StreamFailover:
         path: str,
         headers: Mapping[str, str],
         tried: TriedWorkers,
-        resuming: bool,
         wait_s: float,
     ) -> AsyncIterator[bytes]:
         """Opens the stream on another worker (attempt.upstream), waiting up to wait_s
@@ -449,8 +482,8 @@ class StreamFailover:
         now = time.monotonic()
         deadline, keep_alive_at = now + wait_s, now + CLIENT_KEEP_ALIVE_S
         while True:
-            attempt.placement = self._place(attempt, tried, resuming)
-            if attempt.placement is not None and await self.open(attempt, path, headers, tried, resuming):
+            attempt.placement = self._place(attempt, tried, _is_chat(path))
+            if attempt.placement is not None and await self.open(attempt, path, headers, tried):
                 return
             now = time.monotonic()
             if now >= deadline:
@@ -472,7 +505,11 @@ async def _finally(events: AsyncIterator[bytes], finish: Callable[[], None]) -> 
 def _may_hand_off(attempt: Attempt, worker: WorkerState, resuming: bool) -> bool:
     """Whether the worker may hand this attempt's stream off: a shoal worker, within the stream's
     handoffs, and not a prefill worker taking a continuation (it got one: no other is up)."""
-    return attempt.accepts_handoff and worker.load_source == "shoal" and not (resuming and worker.role == "prefill")
+    return attempt.accepts_handoff and worker.engine == "shoal" and not (resuming and worker.role == "prefill")
+
+
+def _is_chat(path: str) -> bool:
+    return path.endswith("/chat/completions")
 
 
 def _ejected_kv_peer(membership: Membership, worker_id: str) -> str | None:

@@ -45,10 +45,12 @@ class HandedOff(Exception):
 
 @dataclass
 class StreamProgress:
-    """What the client has received so far. Invariant: token_ids are exactly the tokens relayed;
-    `opened` once an opening (role) chunk was relayed, and only then; text_chars counts the raw
-    output text relayed (a chunk read for tool calls states it in `text_chars`, else it is the
-    chunk's text)."""
+    """What the client has received so far. Invariant: token_ids are exactly the tokens relayed,
+    where the worker sends their ids (`tokens` counts them, or the chunks with output where it
+    does not); `opened` once an opening (role) chunk was relayed, and only then; text_chars counts
+    the raw output text relayed (a chunk read for tool calls states it in `text_chars`, else it is
+    the chunk's text); `text` is the output text relayed, and `tool_calls` whether tool call deltas
+    were relayed too."""
 
     token_ids: list[int] = field(default_factory=list)
     opened: bool = False
@@ -57,6 +59,9 @@ class StreamProgress:
     response_id: str | None = None
     migrations: int = 0
     handoffs: int = 0
+    text: str = ""
+    tokens: int = 0
+    tool_calls: bool = False
 
     def event_id(self) -> str:
         """Where the client stands after the event just relayed (shoal.router.stream_journal)."""
@@ -159,20 +164,25 @@ async def relay(
         if handoff is not None:
             raise HandedOff(handoff)
         choice = (event.get("choices") or [{}])[0]
+        delta = choice.get("delta") or {}
         token_ids = choice.get("token_ids") or []
-        if token_ids:
+        text = choice.get("text") or delta.get("content") or ""
+        tokens = len(token_ids) or (1 if text or delta.get("tool_calls") else 0)
+        if tokens:
             now = time.monotonic()
             if not first:
-                worker.latency.observe_itl((now - last) / len(token_ids))
+                worker.latency.observe_itl((now - last) / tokens)
             last, first, stated_step_s = now, False, None
-            telemetry.tokens(len(token_ids))
-        opening = bool(event.get("choices")) and not token_ids and not choice.get("finish_reason")
+            telemetry.tokens(tokens)
+        opening = "role" in delta and not tokens and not choice.get("finish_reason")
         if opening and progress.opened:
             continue  # a continuation's opening role chunk: the client has one already
         progress.opened = progress.opened or opening
         progress.token_ids += token_ids
+        progress.tokens += tokens
+        progress.text += text
+        progress.tool_calls = progress.tool_calls or bool(delta.get("tool_calls"))
         progress.seed = choice.get("seed", progress.seed)
-        text = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
         progress.text_chars += choice.get("text_chars", len(text))
         if progress.response_id is None:
             progress.response_id = event.get("id")

@@ -160,6 +160,7 @@ class SimWorker:
         live = self.scheduler.running + list(self.scheduler.waiting)
         prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
         return WorkerLoad(
+            server="shoal",
             max_model_len=self.spec.max_model_len,
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),

@@ -79,6 +79,7 @@ def create_app(
         """The compact load report for routers (from the engine's latest stats snapshot)."""
         stats = engine.stats
         return WorkerLoad(
+            server="shoal",
             model=model_name,
             max_model_len=max_model_len,
             draining=drain.draining,
