@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: serve test lint install bench clean
+.PHONY: serve test test-peers peers lint install bench clean
 
 # uv resolves and downloads in parallel: the install takes half a minute where pip took two and a
 # half. It does not read pip's configuration, so a local wheel directory (PIP_FIND_LINKS) is passed
@@ -34,7 +34,18 @@ TEST_WORKERS ?= 2
 
 test: lint
 	$(BIN)/python -m compileall -q src tests
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/peers
+
+# The peer engines (llama.cpp's server built from source for this CPU, vLLM CPU), each in its own
+# venv under benchmarks/.peers; a peer that cannot be installed here is recorded, and its tests say so.
+PEERS ?= llama-cpp vllm
+
+peers: $(STAMP)
+	$(BIN)/python benchmarks/peer_venv.py install $(PEERS)
+
+# Real peer engines behind the router, next to shoal workers (tests/peers): outside `make test`.
+test-peers: peers
+	$(BIN)/python -m pytest -q tests/peers
 
 # The import contracts of pyproject.toml (layers, light processes, leaves, no cycles), then ruff.
 lint: $(STAMP)

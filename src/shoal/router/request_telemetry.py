@@ -104,8 +104,9 @@ class RequestTelemetry:
             span.set_status(Status(StatusCode.ERROR, "no worker can take the request"))
         span.end()
 
-    def attempt(self, worker_id: str, url: str, resuming: bool, headers: MutableMapping[str, str]) -> None:
-        """Starts the span of one try on a worker and puts its traceparent in the outgoing headers."""
+    def attempt(self, worker_id: str, url: str, continuation: str | None, headers: MutableMapping[str, str]) -> None:
+        """Starts the span of one try on a worker and puts its traceparent in the outgoing headers;
+        `continuation` says how it continues output already sent ("tokens" or "text"), if it does."""
         self.end_attempt("abandoned")
         self.attempts += 1
         self.worker_id = worker_id
@@ -117,7 +118,8 @@ class RequestTelemetry:
                 "shoal.worker": worker_id,
                 "server.address": url,
                 "shoal.attempt": self.attempts,
-                "shoal.resume": resuming,
+                "shoal.resume": continuation is not None,
+                **({"shoal.continuation": continuation} if continuation else {}),
             },
         )
         self.tracing.inject(self.attempt_span, headers)

@@ -82,6 +82,12 @@ class Attempt:
     continues: StreamProgress | None = None
     kv_source: str | None = None
 
+    def continuation(self, worker: WorkerState) -> str | None:
+        """How this worker continues the output already sent: "tokens", "text", or None (a fresh start)."""
+        if self.continues is None:
+            return None
+        return "tokens" if by_tokens(worker.engine, self.continues) else "text"
+
     def body_for(self, worker: WorkerState, chat: bool) -> dict:
         """What this worker is sent."""
         progress = self.continues
@@ -128,7 +134,7 @@ class StreamFailover:
             outgoing = dict(forwarded)
             if _may_hand_off(attempt, worker, resuming):
                 outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF
-            attempt.telemetry.attempt(worker.worker_id, worker.url, resuming, outgoing)
+            attempt.telemetry.attempt(worker.worker_id, worker.url, attempt.continuation(worker), outgoing)
             sent = time.monotonic()
             try:
                 # Until the first byte (a shoal worker answers at the first token) the health
@@ -172,7 +178,7 @@ class StreamFailover:
         started_ns = time.time_ns()
         placement, progress = None, attempt.continues
         if progress is not None:
-            workers = attempt.continues, self.membership.workers.values()
+            workers = self.membership.workers.values()
             for fits in (
                 lambda w: by_tokens(w.engine, progress),
                 lambda w: can_continue(w.engine, progress, attempt.body, chat),
@@ -423,7 +429,7 @@ class StreamFailover:
                         progress.response_id,
                         progress.seed,
                         worker_id,
-                        len(progress.token_ids),
+                        progress.tokens,
                         broken,
                     )
                     attempt.telemetry.migrated(worker_id, progress.tokens, str(broken))

@@ -1,6 +1,11 @@
 """Relays one worker's server-sent events to the client, keeping what a migration needs (token
 ids, seed, text received) and telling a busy worker from a hung one.
 
+A stream is complete only when a finish reason came before `[DONE]`: a server that ends a stream
+early with a bare `[DONE]` (llama-cpp-python when a new request interrupts it) has broken it. Every
+event relayed is contact with its worker, so a server whose polls wait while it generates (llama-cpp-
+python's lock) is not taken as down while its stream flows.
+
 A worker is taken as hung when it sends nothing (no token, no keep-alive) for its token deadline:
 clamp(token_deadline_factor × expected, min, max), where `expected` is the larger of its expected
 inter-token latency and the step time it last stated in a keep-alive (before the first token:
@@ -50,7 +55,7 @@ class StreamProgress:
     does not); `opened` once an opening (role) chunk was relayed, and only then; text_chars counts
     the raw output text relayed (a chunk read for tool calls states it in `text_chars`, else it is
     the chunk's text); `text` is the output text relayed, and `tool_calls` whether tool call deltas
-    were relayed too."""
+    were relayed too; `finished` once a finish reason (or the request's own error) was relayed."""
 
     token_ids: list[int] = field(default_factory=list)
     opened: bool = False
@@ -62,6 +67,7 @@ class StreamProgress:
     text: str = ""
     tokens: int = 0
     tool_calls: bool = False
+    finished: bool = False
 
     def event_id(self) -> str:
         """Where the client stands after the event just relayed (shoal.router.stream_journal)."""
@@ -146,14 +152,18 @@ async def relay(
         if payload is None:
             continue
         if is_done(payload):
+            if not progress.finished:  # a server that cut the stream short (llama-cpp-python does when interrupted)
+                raise StreamBroken("the stream ended without a finish reason", connection_lost=True)
             yield DONE
             return
+        worker.last_seen = time.monotonic()  # events flowing are contact, whether or not polls answer
         try:
             event = json_data(payload)
         except ValueError:
             raise StreamBroken("the worker sent an event that is not a JSON object") from None
         if "error" in event:
             if is_client_error(event):  # the request's own fault: any worker would say the same
+                progress.finished = True
                 yield data_event(payload)
                 continue
             raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
@@ -173,6 +183,7 @@ async def relay(
             if not first:
                 worker.latency.observe_itl((now - last) / tokens)
             last, first, stated_step_s = now, False, None
+            worker.latency.observe_output(tokens, now)
             telemetry.tokens(tokens)
         opening = "role" in delta and not tokens and not choice.get("finish_reason")
         if opening and progress.opened:
@@ -182,6 +193,7 @@ async def relay(
         progress.tokens += tokens
         progress.text += text
         progress.tool_calls = progress.tool_calls or bool(delta.get("tool_calls"))
+        progress.finished = progress.finished or bool(choice.get("finish_reason"))
         progress.seed = choice.get("seed", progress.seed)
         progress.text_chars += choice.get("text_chars", len(text))
         if progress.response_id is None:
