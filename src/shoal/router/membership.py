@@ -301,25 +301,34 @@ class Membership:
             await self._discover_models(state)
 
     async def _read_load(self, state: WorkerState) -> LoadReport | None:
-        if state.load_source in (None, "shoal"):
+        """The worker's load from the first source that answered it, tried in order (shoal's /load,
+        Prometheus metrics, none) until one does; once found, a source that fails is a failed poll,
+        not a reason to take the worker for another kind of server. A server with no load source is
+        asked again at every poll (a shoal worker still starting may answer /load only later)."""
+        source = None if state.load_source == "router" else state.load_source
+        if source in (None, "shoal"):
             status, body = await self._get(state.url + "/load")
             report = shoal_load_report(body) if status == 200 else None
             if report is not None:
                 state.load_source = "shoal"
                 return LoadReport.from_shoal(report)
-            state.load_source = "prometheus"
-        if state.load_source == "prometheus":
+            if source == "shoal":
+                raise aiohttp.ClientError(f"/load answered {status} with no shoal load report")
+        if source in (None, "prometheus"):
             status, body = await self._get(state.url + "/metrics")
             report = LoadReport.from_prometheus(body.decode()) if status == 200 else None
             if report is not None:
+                state.load_source = "prometheus"
                 return report
-            state.load_source = "router"
+            if source == "prometheus":
+                raise aiohttp.ClientError(f"/metrics answered {status} with none of the known metrics")
         # Only the router's own in-flight counts; still prove the server answers. /health, not
         # /v1/models: llama-cpp-python lists its models only between requests (under the lock its
         # generation holds), and has no /health route, so its 404 is the answer that proves it lives.
         status, _ = await self._get(state.url + "/health")
         if status not in (200, 404):
             raise aiohttp.ClientError(f"/health answered {status}")
+        state.load_source = "router"
         return None
 
     async def run(self) -> None:
