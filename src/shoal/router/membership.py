@@ -143,7 +143,6 @@ class WorkerState:
         healthy = self.available
         key = (
             self.report,
-            self._measured_speeds(),
             self.models,
             healthy,
             len(self.in_flight),
@@ -155,17 +154,8 @@ class WorkerState:
             self._view, self._view_key = self._build_view(healthy), key
         return self._view
 
-    def _measured_speeds(self) -> tuple[float | None, float | None]:
-        """For a worker that reports no speeds of its own (vLLM, SGLang, llama.cpp): the gap between
-        tokens its streams show and the output rate it reached, as this router measured them."""
-        report = self.report or NO_REPORT
-        if report.decode_step_s or report.decode_tokens_per_s or report.capability:
-            return (None, None)
-        return (self.latency.itl_s, self.latency.output_tokens_per_s)
-
     def _build_view(self, healthy: bool) -> WorkerView:
         report = self.report or NO_REPORT
-        measured_step_s, measured_rate = self._measured_speeds()
         requests, prefill, decode = self.elsewhere_total
         return WorkerView(
             worker_id=self.worker_id,
@@ -182,8 +172,8 @@ class WorkerState:
             kv_capacity_tokens=report.kv_capacity_tokens,
             max_model_len=report.max_model_len,
             prefill_tokens_per_s=report.prefill_tokens_per_s,
-            decode_tokens_per_s=report.decode_tokens_per_s or measured_rate,
-            decode_step_s=report.decode_step_s or measured_step_s,
+            decode_tokens_per_s=report.decode_tokens_per_s,
+            decode_step_s=report.decode_step_s,
             single_step_s=report.single_step_s,
             capability=report.capability,
             unmeasured=report.unmeasured,

@@ -183,7 +183,6 @@ async def relay(
             if not first:
                 worker.latency.observe_itl((now - last) / tokens)
             last, first, stated_step_s = now, False, None
-            worker.latency.observe_output(tokens, now)
             telemetry.tokens(tokens)
         opening = "role" in delta and not tokens and not choice.get("finish_reason")
         if opening and progress.opened:

@@ -32,12 +32,8 @@ trade conversations on noise and every trade re-computes a whole history.
 
 Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
-batch, so it is picked until its batch is about twice as large. A server that reports no speeds
-(vLLM, SGLang, llama.cpp) is seen through the router's own measurements of its streams: the gap
-between tokens as its step, the output rate it has reached as its throughput (a llama.cpp server
-that runs one request at a time reaches its single-stream rate and no more, so its queue shows as
-slower tokens). Speeds nobody measured yet are taken as the fleet's median, so unknown workers are
-treated as typical rather than as free. A
+batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
+taken as the fleet's median, so unknown workers are treated as typical rather than as free. A
 prefill worker generates only the first token (it hands the rest off), so only that counts there.
 Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 """
