@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.fleet import admin, router_config, start
 from tests.support.routers import stop
-from tests.support.scripted_worker import ScriptedWorker
+from tests.support.scripted_worker import TRUNCATED_PIECES, ScriptedWorker
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
@@ -122,3 +122,34 @@ def test_a_worker_that_dies_before_its_first_event_still_leaves_the_client_one_r
         roles = [c for e in events for c in e["choices"] if "role" in c.get("delta", {})]
         assert len(roles) == 1 and sum(len(c.get("token_ids") or []) for e in events for c in e["choices"]) == 3
     assert scripted.completions >= 1
+
+
+def test_a_stream_cut_short_without_a_finish_reason_goes_on_as_text_on_a_shoal_worker(pair):
+    """The stand-in streams two pieces of text without token ids and ends with a bare [DONE]; the
+    router takes that for a broken stream and the shoal worker continues the text itself."""
+    url, scripted = pair
+    scripted.mode = "truncated"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0}
+    for _ in range(4):  # round robin: one of two lands on the stand-in
+        with httpx.stream("POST", url + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as response:
+            events = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+            if response.headers["x-shoal-worker"] == scripted.url:
+                break
+    else:
+        pytest.fail("no request reached the stand-in")
+    deltas = [c["delta"] for e in events for c in e["choices"]]
+    text = "".join(d.get("content") or "" for d in deltas)
+    relayed = "".join(TRUNCATED_PIECES)
+    assert text.startswith(relayed) and sum("role" in d for d in deltas) == 1
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert len({e["id"] for e in events}) == 1
+    continued = {
+        **body,
+        "max_tokens": 6 - len(TRUNCATED_PIECES),
+        "messages": [*body["messages"], {"role": "assistant", "content": relayed}],
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    }
+    [real] = [w["worker_id"] for w in admin(url)["workers"] if w["worker_id"] != scripted.url]
+    answer = httpx.post(real + "/v1/chat/completions", json=continued, timeout=60).json()
+    assert text == relayed + answer["choices"][0]["message"]["content"]

@@ -8,6 +8,7 @@ loses its prefill worker still answers everything. A rolling restart moves strea
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import threading
@@ -132,11 +133,11 @@ def test_a_client_cannot_name_a_kv_source(fleet):
 
 
 def test_a_draining_worker_hands_its_streams_over_with_their_kv(tiny_model_dir, shoal_cache_dir, tmp_path):
-    """Two colocated workers at 20 ms a step serve four seeded streams; once all are 30 tokens in,
+    """Two colocated workers at 40 ms a step serve four seeded streams; once all are 30 tokens in,
     the worker of the first gets SIGTERM. Its streams go on at the other worker token for token,
     whose counters show the imported blocks and none of their prompts computed again; the drained
     worker exits 0 long before its grace period ends."""
-    common = tiny_worker_args(tiny_model_dir, MODEL, "--block-size", str(BLOCK_SIZE), step_delay_ms=20)
+    common = tiny_worker_args(tiny_model_dir, MODEL, "--block-size", str(BLOCK_SIZE), step_delay_ms=40)
     env = {"SHOAL_CLUSTER_SECRET": SECRET}
     spawned = [spawn_worker(common + ["--drain-grace-s", "60"], shoal_cache_dir, env=env) for _ in range(2)]
     processes = {url: process for process, url in (wait_ready(*w) for w in spawned)}
@@ -146,12 +147,15 @@ def test_a_draining_worker_hands_its_streams_over_with_their_kv(tiny_model_dir, 
     prompts = [f"story number {i}: " + LONG_PROMPT[: 100 + 20 * i] for i in range(4)]
 
     def body(i: int) -> dict:
-        # Long enough that no stream can end while the slowest is still reaching its 30th token
-        # (readers wait at the barrier, the workers do not): each has output left to hand over.
+        # Long enough (10 s at 40 ms a step) that no stream can end while the slowest is still
+        # reaching its 30th token (readers wait at the barrier, the workers do not), even on a loaded
+        # machine: each has output left to hand over.
         return chat(prompts[i], seed=30 + i, max_tokens=240, stream_options={"include_usage": True})
 
     try:
-        clean = [read_stream(url, body(i)) for i in range(4)]
+        # The references run side by side: batch shapes do not change seeded outputs.
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            clean = list(pool.map(lambda i: read_stream(url, body(i)), range(4)))
         started_on: list[str | None] = [None] * 4
         results: list[dict | None] = [None] * 4
         all_under_way = threading.Barrier(5)

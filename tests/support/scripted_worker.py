@@ -10,10 +10,14 @@ from aiohttp import web
 
 from tests.support.workers import MODEL, free_port
 
+TRUNCATED_PIECES = ["ab", "c"]
+
 
 class ScriptedWorker:
     """Serves /v1/models; answers completions with `mode`: "500", "400", "ok" (a one-token SSE
-    stream) or "cut" (the stream's headers, then the connection closes before any event)."""
+    stream), "cut" (the stream's headers, then the connection closes before any event) or
+    "truncated" (TRUNCATED_TEXT in chunks without token ids, then `[DONE]` with no finish reason, as
+    llama-cpp-python ends a stream another request interrupts)."""
 
     def __init__(self):
         self.mode = "500"
@@ -46,6 +50,8 @@ class ScriptedWorker:
             await response.prepare(request)
             request.transport.close()
             return response
+        if self.mode == "truncated":
+            return await self._truncated(request)
         if self.mode != "ok":
             status = int(self.mode)
             return web.json_response(
@@ -61,4 +67,15 @@ class ScriptedWorker:
             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
         }
         await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\ndata: [DONE]\n\n")
+        return response
+
+    async def _truncated(self, request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await response.prepare(request)
+        deltas = [{"role": "assistant"}] + [{"content": piece} for piece in TRUNCATED_PIECES]
+        for delta in deltas:
+            chunk = {"id": "chatcmpl-cut-short", "object": "chat.completion.chunk", "model": MODEL}
+            chunk["choices"] = [{"index": 0, "delta": delta, "finish_reason": None}]
+            await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        await response.write(b"data: [DONE]\n\n")
         return response
