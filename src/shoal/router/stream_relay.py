@@ -54,8 +54,9 @@ class StreamProgress:
     where the worker sends their ids (`tokens` counts them, or the chunks with output where it
     does not); `opened` once an opening (role) chunk was relayed, and only then; text_chars counts
     the raw output text relayed (a chunk read for tool calls states it in `text_chars`, else it is
-    the chunk's text); `text` is the output text relayed, and `tool_calls` whether tool call deltas
-    were relayed too; `finished` once a finish reason (or the request's own error) was relayed."""
+    the chunk's text); `output` holds the pieces of output text relayed (`text` joins them), and
+    `tool_calls` says whether tool call deltas were relayed too; `finished` once a finish reason
+    (or the request's own error) was relayed."""
 
     token_ids: list[int] = field(default_factory=list)
     opened: bool = False
@@ -64,10 +65,14 @@ class StreamProgress:
     response_id: str | None = None
     migrations: int = 0
     handoffs: int = 0
-    text: str = ""
+    output: list[str] = field(default_factory=list)
     tokens: int = 0
     tool_calls: bool = False
     finished: bool = False
+
+    @property
+    def text(self) -> str:
+        return "".join(self.output)
 
     def event_id(self) -> str:
         """Where the client stands after the event just relayed (shoal.router.stream_journal)."""
@@ -156,7 +161,8 @@ async def relay(
                 raise StreamBroken("the stream ended without a finish reason", connection_lost=True)
             yield DONE
             return
-        worker.last_seen = time.monotonic()  # events flowing are contact, whether or not polls answer
+        now = time.monotonic()
+        worker.last_seen = now  # events flowing are contact, whether or not polls answer
         try:
             event = json_data(payload)
         except ValueError:
@@ -179,7 +185,6 @@ async def relay(
         text = choice.get("text") or delta.get("content") or ""
         tokens = len(token_ids) or (1 if text or delta.get("tool_calls") else 0)
         if tokens:
-            now = time.monotonic()
             if not first:
                 worker.latency.observe_itl((now - last) / tokens)
             last, first, stated_step_s = now, False, None
@@ -190,7 +195,8 @@ async def relay(
         progress.opened = progress.opened or opening
         progress.token_ids += token_ids
         progress.tokens += tokens
-        progress.text += text
+        if text:
+            progress.output.append(text)
         progress.tool_calls = progress.tool_calls or bool(delta.get("tool_calls"))
         progress.finished = progress.finished or bool(choice.get("finish_reason"))
         progress.seed = choice.get("seed", progress.seed)
