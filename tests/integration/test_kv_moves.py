@@ -132,11 +132,13 @@ def test_a_client_cannot_name_a_kv_source(fleet):
     assert response.status_code == 400 and response.json()["error"]["param"] == "kv_source"
 
 
-def test_a_draining_worker_hands_its_streams_over_with_their_kv(tiny_model_dir, shoal_cache_dir, tmp_path):
+def test_a_draining_worker_hands_its_streams_over_with_their_kv(fleet, tiny_model_dir, shoal_cache_dir, tmp_path):
     """Two colocated workers at 40 ms a step serve four seeded streams; once all are 30 tokens in,
     the worker of the first gets SIGTERM. Its streams go on at the other worker token for token,
     whose counters show the imported blocks and none of their prompts computed again; the drained
-    worker exits 0 long before its grace period ends."""
+    worker exits 0 long before its grace period ends. The references come from the fleet's own
+    colocated worker, so neither of the two has any of these prompts cached beforehand."""
+    _, routers, _ = fleet
     common = tiny_worker_args(tiny_model_dir, MODEL, "--block-size", str(BLOCK_SIZE), step_delay_ms=40)
     env = {"SHOAL_CLUSTER_SECRET": SECRET}
     spawned = [spawn_worker(common + ["--drain-grace-s", "60"], shoal_cache_dir, env=env) for _ in range(2)]
@@ -155,7 +157,7 @@ def test_a_draining_worker_hands_its_streams_over_with_their_kv(tiny_model_dir, 
     try:
         # The references run side by side: batch shapes do not change seeded outputs.
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            clean = list(pool.map(lambda i: read_stream(url, body(i)), range(4)))
+            clean = list(pool.map(lambda i: read_stream(routers["colocated"], body(i)), range(4)))
         started_on: list[str | None] = [None] * 4
         results: list[dict | None] = [None] * 4
         all_under_way = threading.Barrier(5)

@@ -40,6 +40,7 @@ SOURCES = tuple(
     )
 )
 HEADERS = tuple(CSRC / name for name in ("vec.h", "panel_layout.h", "linear_cpu.h", "paged_attention_cpu.h"))
+UNITY_SOURCE = CSRC / "shoal_cpu_kernels.cpp"  # includes SOURCES: one compiler run for the library
 LIBRARY = "shoal_cpu_kernels"
 # No implicit fused multiply-adds: the kernels' rounding is exactly what their source says. OpenMP:
 # ATen's parallel_for runs its loop on torch's thread team only in code compiled with it.
@@ -51,7 +52,7 @@ def kernel_build() -> tuple[Path, list[str]]:
     features = effective_cpu_features()
     cflags = [*_FIXED_CFLAGS, *features.compiler_flags()]
     key = [
-        *(source.read_bytes() for source in SOURCES + HEADERS),
+        *(source.read_bytes() for source in (UNITY_SOURCE, *SOURCES, *HEADERS)),
         " ".join(sorted(features.flags)).encode(),
         " ".join(cflags).encode(),
         torch.__version__.encode(),
@@ -94,7 +95,7 @@ def load_native_kernels() -> ModuleType | None:
             (build_dir / "lock").unlink(missing_ok=True)
             cpp_extension.load(
                 name=LIBRARY,
-                sources=[str(source) for source in SOURCES],
+                sources=[str(UNITY_SOURCE)],
                 build_directory=str(build_dir),
                 extra_cflags=cflags,
                 extra_ldflags=["-fopenmp"],
