@@ -32,9 +32,18 @@ def suite_directory(item: pytest.Item, root: Path) -> str:
     return parts[1] if len(parts) > 2 else ""
 
 
+# Suites in the order they start: the unit tests first (quick and mostly on one core, they leave the
+# other to the kernel builds), then the longest files, so that no long file starts last and runs alone
+# while the other test process has nothing left.
+SUITE_ORDER = ("unit", "parallel", "chaos")
+
+
 def pytest_collection_modifyitems(session, config, items) -> None:
-    """The unit tests first: quick and mostly on one core, they leave the other to the kernel builds."""
-    items.sort(key=lambda item: suite_directory(item, config.rootpath) != "unit")
+    def rank(item: pytest.Item) -> int:
+        suite = suite_directory(item, config.rootpath)
+        return SUITE_ORDER.index(suite) if suite in SUITE_ORDER else len(SUITE_ORDER)
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session", autouse=True)
