@@ -123,6 +123,21 @@ def test_cost_policy_counts_only_uncached_prefill_and_prefers_fast_prefill_for_l
     assert CostPolicy().choose(req, [fast_prefill, slow_prefill], RoutingContext()).worker_id == "p"
 
 
+def test_a_prefill_is_charged_the_delay_it_puts_on_the_streams_running_beside_it():
+    """A new conversation whose 600-token system prompt one busy worker holds: its 300 new tokens
+    there would stall six running streams for 0.3 s each, more than the idle worker's whole prefill
+    costs, so it goes to the idle one. With nothing running on the holder, the holder keeps it."""
+    req = request(prompt_tokens=900, decode=100)
+    speeds = dict(capability=172.0, decode_step_s=0.045, single_step_s=0.042, prefill_tokens_per_s=1000.0)
+    busy, idle = worker("busy", running=6, **speeds), worker("idle", **speeds)
+    context = RoutingContext(matched_blocks={"busy": 600 * 4 // 32, "idle": 0})  # 32 characters, 4 a token
+    assert context.cached_tokens(req, busy) == 600
+    assert estimated_seconds(req, busy, [busy, idle], context) == pytest.approx(0.3 + 100 * 0.045 + 6 * 0.3)
+    assert CostPolicy().choose(req, [busy, idle], context).worker_id == "idle"
+    quiet = worker("busy", **speeds)
+    assert CostPolicy().choose(req, [quiet, idle], context).worker_id == "busy"
+
+
 def test_an_idle_worker_is_costed_by_the_shorter_of_its_calibrated_and_last_measured_steps():
     """The last step measured under load is stale for an idle worker (longer than a single-stream
     step), a calibration measured on a starved CPU is stale the other way; neither makes it look slower."""

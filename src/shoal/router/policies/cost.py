@@ -12,6 +12,13 @@ their batch and every sequence's steps get slower. So for a worker, the estimate
 per-token time = max(decode step time, (running + 1) / decode throughput): the step time the
 batch has now, or the batch's share of the worker's aggregate decode rate once it is saturated.
 
+A placement also costs the requests already running there: steps are shared, so while this
+request's prompt is computed none of them advances. Each is delayed by about the prefill's time,
+and the estimate adds that for every running request. With it, the sum over requests is what is
+minimised, not this request's time alone: a busy worker holding only a shared system prompt no
+longer looks cheaper than an idle one for a new conversation (a herd whose caches then overflow),
+and a conversation is not moved to recompute its whole history beside other streams.
+
 Figures from start-up calibration and figures measured since are both kept, and where a measured
 one is far better (CALIBRATION_DOUBT) it is believed: an idle worker's step is its calibrated
 single-stream step unless its last measured step is far shorter (a step at any batch takes no less
@@ -121,7 +128,8 @@ def estimated_seconds(
     uncached = request.prompt_tokens - context.cached_tokens(request, worker)
     decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
     loading = tier_seconds(request, worker, context, speed.prefill_tokens_per_s)
-    return ahead + uncached / speed.prefill_tokens_per_s + loading + decode_tokens * per_token
+    prefill = uncached / speed.prefill_tokens_per_s + loading
+    return ahead + prefill + decode_tokens * per_token + running * prefill
 
 
 @dataclass(frozen=True)
