@@ -27,10 +27,11 @@ serve: $(STAMP)
 	$(BIN)/shoal serve
 
 # The suite starts hundreds of processes; each loads shoal compiled (compileall writes bytecode
-# even where PYTHONDONTWRITEBYTECODE is set). Its tests mostly wait on the processes they start
-# (one core busy on average), so two pytest workers share the machine, each taking whole files
-# (module fixtures stay shared within a file); the kernels are built once for both.
-TEST_WORKERS ?= 2
+# even where PYTHONDONTWRITEBYTECODE is set). Its tests wait on the processes they start for part
+# of the time (step delays, heartbeats), so one pytest worker more than the machine has cores keeps
+# them busy; each takes whole files (module fixtures stay shared within a file), and the kernels
+# are built once for all.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 test: lint
 	$(BIN)/python -m compileall -q src tests

@@ -53,6 +53,16 @@ def router_for(fleet, tmp_path):
         stop(process)
 
 
+@pytest.fixture(scope="module")
+def one_worker_router(fleet, tmp_path_factory):
+    """A round-robin router over the fleet's first worker, for tests that leave no state behind."""
+    config = tmp_path_factory.mktemp("one-worker-router") / "router.yaml"
+    config.write_text(yaml.safe_dump({"policy": "round_robin", "workers": [{"url": fleet[0]}]}))
+    process, url = start_router(["--config", str(config)])
+    yield url
+    stop(process)
+
+
 def occupy(url: str, count: int, worker_hint: dict) -> list:
     """Starts `count` long streaming requests through the router; returns the open streams."""
     streams = []
@@ -117,9 +127,9 @@ def test_openai_client_through_the_router(fleet, router_for):
     assert len(completion.choices[0].model_extra["token_ids"]) == 4
 
 
-def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, router_for):
+def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, one_worker_router):
     """400 tokens take the worker over 4 s: a request that ends as an abort was cut short."""
-    url = router_for("round_robin", fleet[:1])
+    url = one_worker_router
 
     def finished() -> Counter:
         metrics = scrape(fleet[0])
@@ -155,8 +165,8 @@ def test_a_client_leaving_mid_stream_aborts_the_request_on_the_worker(fleet, rou
         (b'{"model": "tiny", "prompt": "x", "max_tokens": -1}', 400),
     ],
 )
-def test_bad_requests_get_openai_errors(fleet, router_for, body, status):
-    url = router_for("round_robin", fleet[:1])
+def test_bad_requests_get_openai_errors(one_worker_router, body, status):
+    url = one_worker_router
     response = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "application/json"})
     assert response.status_code == status and response.json()["error"]["code"] == status
 
