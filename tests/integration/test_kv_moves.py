@@ -114,12 +114,16 @@ def test_the_decode_worker_computes_only_the_prompts_last_partial_block(fleet):
     workers, routers, _ = fleet
     prompt = LONG_PROMPT + "and a new ending"  # not cached anywhere yet
     computed_before = counter(workers["decode"], "shoal:prompt_tokens_computed_total")
+    failures_before = counter(workers["decode"], "shoal:kv_import_failures_total")
+    imported_before = counter(workers["decode"], "shoal:kv_transfer_blocks_total")
     usage = httpx.post(
         routers["pd"] + "/v1/chat/completions", json={**chat(prompt, None), "stream": False}, timeout=60
     ).json()["usage"]
     computed = counter(workers["decode"], "shoal:prompt_tokens_computed_total") - computed_before
+    assert counter(workers["decode"], "shoal:kv_import_failures_total") == failures_before
+    imported = counter(workers["decode"], "shoal:kv_transfer_blocks_total") - imported_before
     # prompt + the first token: what lies past the last full block, never a full block again
-    assert 1 <= computed <= BLOCK_SIZE and usage["prompt_tokens"] > 4 * BLOCK_SIZE
+    assert 1 <= computed <= BLOCK_SIZE and usage["prompt_tokens"] > 4 * BLOCK_SIZE, (computed, imported)
 
 
 def test_a_client_cannot_name_a_kv_source(fleet):
