@@ -66,7 +66,9 @@ def test_5xx_open_the_breaker_4xx_do_not_and_a_probe_closes_it(pair):
 
     scripted.mode = "500"
     assert [ask(url).status_code for _ in range(10)] == [200] * 10  # retried on the real worker
-    assert breaker_of(url, scripted.url) == "open"
+    # open, or already half-open where these requests took longer than open_s (only an open breaker
+    # turns half-open)
+    assert breaker_of(url, scripted.url) in ("open", "half_open")
     hits, probes = scripted.completions, half_openings(url, scripted.url)
     for _ in range(4):
         assert ask(url).status_code == 200
