@@ -29,18 +29,12 @@ from shoal.model.weight_cache import default_cache_dir
 
 log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
+# The library is one translation unit (one compiler run): the kernel files it includes are SOURCES.
+UNITY_SOURCE = CSRC / "shoal_cpu_kernels.cpp"
 SOURCES = tuple(
-    CSRC / name
-    for name in (
-        "paged_attention_cpu.cpp",
-        "linear_cpu.cpp",
-        "linear_packing_cpu.cpp",
-        "decoder_layer_cpu.cpp",
-        "argmax_cpu.cpp",
-    )
+    CSRC / line.split('"')[1] for line in UNITY_SOURCE.read_text().splitlines() if line.startswith("#include")
 )
 HEADERS = tuple(CSRC / name for name in ("vec.h", "panel_layout.h", "linear_cpu.h", "paged_attention_cpu.h"))
-UNITY_SOURCE = CSRC / "shoal_cpu_kernels.cpp"  # includes SOURCES: one compiler run for the library
 LIBRARY = "shoal_cpu_kernels"
 # No implicit fused multiply-adds: the kernels' rounding is exactly what their source says. OpenMP:
 # ATen's parallel_for runs its loop on torch's thread team only in code compiled with it.
