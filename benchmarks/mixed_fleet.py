@@ -86,11 +86,13 @@ async def load(router_url: str, args) -> list[dict]:
                             first, tokens = first or time.perf_counter(), tokens + 1
             return {
                 "worker": worker,
+                "sent_s": started - began,
                 "ttft_s": first - started,
                 "e2e_s": time.perf_counter() - started,
                 "tokens": tokens,
             }
 
+    began = time.perf_counter()
     async with httpx.AsyncClient(base_url=router_url, timeout=600) as client:
         return await asyncio.gather(*(one(client, i) for i in range(args.requests)))
 
@@ -124,12 +126,22 @@ def run_policy(policy: str, urls: dict[str, str], args, log_dir: Path) -> dict:
         "e2e_p99_s": percentile(e2e, 99),
         "tokens_per_s": sum(r["tokens"] for r in results) / wall,
         "wall_s": wall,
+        "per_request": [
+            {"engine": engine_of[r["worker"]], **{k: round(r[k], 3) for k in ("sent_s", "ttft_s", "e2e_s")}}
+            for r in results
+        ],
+        "ttft_p99_s_by_engine": {
+            engine: percentile([r["ttft_s"] for r in results if engine_of[r["worker"]] == engine], 99)
+            for engine in counts
+        },
     }
     print(
         f"  {policy:26s} shoal/llama.cpp/vllm {counts.get('shoal', 0):3d}/{counts.get('llama.cpp', 0):3d}/"
         f"{counts.get('vllm', 0):3d}  TTFT p50 {row['ttft_p50_s'] * 1000:6.0f} ms p99 {row['ttft_p99_s'] * 1000:6.0f} ms"
         f"  e2e p50 {row['e2e_p50_s']:5.1f} s p99 {row['e2e_p99_s']:5.1f} s  {row['tokens_per_s']:6.1f} tok/s  wall {wall:5.1f} s"
     )
+    by_engine = ", ".join(f"{e} {s * 1000:.0f} ms" for e, s in sorted(row["ttft_p99_s_by_engine"].items()))
+    print(f"    TTFT p99 by engine: {by_engine}")
     return row
 
 

@@ -5,6 +5,7 @@ shoal worker can take its token ids, else as text (shoal.router.stream_continuat
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import signal
 import time
@@ -183,10 +184,29 @@ def test_the_router_knows_each_engine_and_reads_vllm_s_load_from_its_metrics(rou
     assert worker(router, llama[0].url)["load_source"] == "router"
     server = needs_vllm(vllm)
     assert (worker(router, server.url)["engine"], worker(router, server.url)["load_source"]) == ("vllm", "prometheus")
+    assert worker(router, server.url)["served_concurrency"] is None  # its load is reported, not learned
     # A request sent to vLLM directly, past the router: only vLLM's own metrics can show it.
     with httpx.stream("POST", server.url + "/v1/chat/completions", json={**chat_body("direct", 400)}, timeout=120):
         wait_for(lambda: worker(router, server.url)["running"] >= 1, 20)
     assert worker(router, server.url)["in_flight"] == 0
+
+
+def test_the_router_learns_that_llama_cpp_serves_one_request_at_a_time(llama, tmp_path):
+    """Three streams sent at once to a router in front of the llama.cpp server alone: it answers
+    (sends headers) one at a time, so the router records one served at once and a service time,
+    which `cost` charges every request queued there."""
+    path = tmp_path / "router.yaml"
+    path.write_text(yaml.safe_dump({"workers": [{"url": llama[-1].url}], "policy": "cost"}))
+    process, url = start_router(["--config", str(path)], env={"SHOAL_ADMIN_TOKEN": ADMIN["authorization"][7:]})
+    try:
+        wait_for(lambda: worker(url, llama[-1].url)["load_source"] == "router", 30)
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            results = list(pool.map(lambda i: read(url, "/v1/chat/completions", chat_body(f"queue-{i}", 24)), range(3)))
+        assert all(r["finish"] == "length" for r in results)
+        learned = worker(url, llama[-1].url)
+        assert learned["served_concurrency"] == 1 and learned["service_s"] > 0, learned
+    finally:
+        stop(process)
 
 
 def test_one_model_name_is_served_by_every_engine(router, shoal_worker, llama, vllm):

@@ -138,6 +138,37 @@ def test_a_prefill_is_charged_the_delay_it_puts_on_the_streams_running_beside_it
     assert CostPolicy().choose(req, [quiet, idle], context).worker_id == "busy"
 
 
+def test_a_server_that_reports_no_load_is_charged_the_queue_it_has_shown():
+    """A server seen serving one request at a time, 4 s a request, with two of the router's requests
+    on it: a third waits two service times, and goes to a busy batching worker instead. One that has
+    been seen serving four at once takes it beside its two, at the batch's per-token time."""
+    req = request(prompt_tokens=0, decode=10)
+    speeds = dict(capability=100.0, decode_step_s=0.05, single_step_s=0.05, prefill_tokens_per_s=1000.0)
+    serial = worker("serial", in_flight=2, served_concurrency=1, service_s=4.0, **speeds)
+    batching = worker("batching", running=6, **speeds)
+    fleet = [serial, batching]
+    assert estimated_seconds(req, serial, fleet, RoutingContext()) == pytest.approx(2 * 4.0 + 10 * 0.05)
+    assert CostPolicy().choose(req, fleet, RoutingContext()).worker_id == "batching"
+    shown_four = worker("serial", in_flight=2, served_concurrency=4, service_s=4.0, **speeds)
+    assert estimated_seconds(req, shown_four, fleet, RoutingContext()) == pytest.approx(10 * 0.05)
+    assert CostPolicy().choose(req, [shown_four, batching], RoutingContext()).worker_id == "serial"
+    # before any request has ended there, the wait is this request's own estimate a turn
+    unmeasured = worker("serial", in_flight=1, served_concurrency=1, **speeds)
+    assert estimated_seconds(req, unmeasured, fleet, RoutingContext()) == pytest.approx(2 * 10 * 0.05)
+
+
+def test_a_worker_that_reports_no_speeds_borrows_the_fleets_idle_step_not_its_loaded_one():
+    """A vLLM server (load from its metrics, no speeds) idle beside a shoal worker running twelve
+    streams at 100 ms a step that holds the request's prefix: the server is costed at shoal's idle
+    step (20 ms), not at its loaded one, so it takes the request despite the affinity margin."""
+    req = request(prompt_tokens=40, decode=64)
+    busy = worker("shoal", running=12, single_step_s=0.02, decode_step_s=0.1, capability=300.0)
+    unknown = worker("vllm")
+    context = RoutingContext(matched_blocks={"shoal": 5})
+    assert estimated_seconds(req, unknown, [busy, unknown], context) == pytest.approx(40 / 1000.0 + 64 * 0.02)
+    assert CostPolicy().choose(req, [busy, unknown], context).worker_id == "vllm"
+
+
 def test_an_idle_worker_is_costed_by_the_shorter_of_its_calibrated_and_last_measured_steps():
     """The last step measured under load is stale for an idle worker (longer than a single-stream
     step), a calibration measured on a starved CPU is stale the other way; neither makes it look slower."""

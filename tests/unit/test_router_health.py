@@ -129,6 +129,22 @@ def test_a_silent_worker_is_down_after_missed_heartbeats_and_up_when_it_answers(
     assert changes(events) == [("http://c", "down"), ("http://c", "up")]
 
 
+def test_a_silence_that_spans_the_routers_own_stall_is_not_the_workers(fleet):
+    """The router's checks stop for 2.5 s (its CPU taken): the workers' answers may be unread in its
+    sockets, so none is down when it wakes; one still silent for the limit the router was awake is."""
+    monitor, events = fleet
+    workers = monitor.membership.workers
+    for state in workers.values():
+        state.last_seen = 1.0
+    monitor.check(1.0)
+    monitor.check(3.5)
+    assert all(s.available for s in workers.values()) and changes(events) == []
+    workers["http://a"].last_seen = workers["http://b"].last_seen = 5.0
+    for now in (3.75, 4.0, 4.25, 4.5, 4.75, 5.0, 5.25, 5.5):
+        monitor.check(now)
+    assert changes(events) == [("http://c", "down")]
+
+
 def test_a_refused_poll_marks_a_worker_down_at_once(fleet):
     monitor, events = fleet
     state = monitor.membership.workers["http://a"]
@@ -177,6 +193,30 @@ def test_at_most_the_configured_fraction_of_a_model_is_ejected_worst_first():
         membership.workers[state.worker_id] = state
     HealthMonitor(membership, settings, events, lambda worker_id: None).check(100.0)
     assert changes(events) == [("http://e", "ejected")]  # d is an outlier too, but 1 of 5 is the budget
+
+
+def test_latencies_are_compared_only_among_workers_running_the_same_engine():
+    """Two llama.cpp servers streaming one request each at 15 ms a token beside a shoal worker
+    batching a dozen at 180 ms: nobody is an outlier. A third llama.cpp server at 90 ms is one."""
+    settings = HealthSettings()
+    events = HealthEvents(CollectorRegistry())
+    membership = Membership(settings, events)
+    for name, engine, itl in (("a", "shoal", 0.180), ("b", "llama.cpp", 0.015), ("c", "llama.cpp", 0.015)):
+        state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)
+        state.last_seen, state.report = 100.0, LoadReport(engine=engine)
+        for _ in range(25):
+            state.latency.observe_itl(itl)
+        membership.workers[state.worker_id] = state
+    monitor = HealthMonitor(membership, settings, events, lambda worker_id: None)
+    monitor.check(100.0)
+    assert changes(events) == []
+    state = membership._new_state("http://d", frozenset({"m"}), registered=False)
+    state.last_seen, state.report = 100.0, LoadReport(engine="llama.cpp")
+    for _ in range(25):
+        state.latency.observe_itl(0.090)
+    membership.workers[state.worker_id] = state
+    monitor.check(101.0)
+    assert changes(events) == [("http://d", "ejected")]
 
 
 def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):

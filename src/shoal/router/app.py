@@ -64,6 +64,8 @@ def _describe(state: WorkerState) -> dict:
         "capability": view.capability,
         "ttft_s": state.latency.ttft_s,
         "itl_s": state.latency.itl_s,
+        "served_concurrency": view.served_concurrency,
+        "service_s": view.service_s,
     }
 
 

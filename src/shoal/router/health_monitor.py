@@ -3,11 +3,11 @@
 Detection, in order of speed: a refused or lost connection marks a worker down at once; a worker
 that has not answered a poll or sent a heartbeat for missed_heartbeats × heartbeat_interval_s is
 down; passive failures (5xx, timeouts, failed streams, failed canaries; never 4xx) feed its circuit
-breaker; a worker whose latency is an outlier against the fleet is ejected for a while. A down or
-ejected worker's streams are severed so they migrate now rather than at their token deadline.
-Down workers rejoin as soon as they answer again; ejected ones when their ejection ends; open
-breakers half-open after their open time and close on a successful probe (the canary, for shoal
-workers). Every change goes through HealthEvents.
+breaker; a worker whose latency is an outlier against the workers running the same engine is
+ejected for a while. A down or ejected worker's streams are severed so they migrate now rather than
+at their token deadline. Down workers rejoin as soon as they answer again; ejected ones when their
+ejection ends; open breakers half-open after their open time and close on a successful probe (the
+canary, for shoal workers). Every change goes through HealthEvents.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import deque
 from collections.abc import Callable
 
 import aiohttp
@@ -26,6 +27,8 @@ from shoal.router.latency_stats import LatencyStats
 from shoal.router.load_report import LoadReport
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.outlier_detection import normalised, outliers
+
+STALLS_KEPT = 16  # the router's own recent stalls, left out of its workers' silences
 
 # The most a worker's canary endpoint accepts as its timeout.
 CANARY_TIMEOUT_LIMIT_S = 300.0
@@ -46,6 +49,8 @@ class HealthMonitor:
         self.next_canary: dict[str, float] = {}
         self.canaries: dict[str, asyncio.Task] = {}
         self.tick_s = settings.heartbeat_interval_s / 4
+        self.last_check: float | None = None
+        self.stalls: deque[tuple[float, float]] = deque(maxlen=STALLS_KEPT)  # (from, to): see check
         self.capacity_grew: Callable[[], None] = lambda: None  # set by run()
 
     # Passive detection, from the requests the router relays.
@@ -74,15 +79,21 @@ class HealthMonitor:
             await asyncio.sleep(self.tick_s)
 
     def check(self, now: float) -> bool:
-        """One round over the fleet; True when some worker may have become available."""
+        """One round over the fleet; True when some worker may have become available. A round more
+        than two ticks after the last one means the router itself stood still (a starved CPU, a
+        long pause), when answers may have waited unread in its sockets: a worker's silence does
+        not count the time the router stood still."""
         grew = False
+        if self.last_check is not None and now - self.last_check > 2 * self.tick_s:
+            self.stalls.append((self.last_check + self.tick_s, now))
+        self.last_check = now
         # Less one tick, so that a silence is noticed within missed_heartbeats intervals, not after.
         silent_limit = self.settings.heartbeat_interval_s * self.settings.missed_heartbeats - self.tick_s
         for state in list(self.membership.workers.values()):
             if state.registered and state.lease_expires is not None and state.lease_expires < now:
                 self._remove(state, f"no heartbeat for {self.settings.lease_s:g} s")
                 continue
-            silent = now - state.last_seen
+            silent = self._silence(state.last_seen, now)
             if not state.down and state.refused_at is not None and state.refused_at > state.last_seen:
                 self._mark_down(state, "connection refused", now)
             elif not state.down and silent > silent_limit:
@@ -105,6 +116,10 @@ class HealthMonitor:
             self._eject_outliers(now)
         return grew
 
+    def _silence(self, since: float, now: float) -> float:
+        """Seconds from `since` to `now` the router was awake for (the recent stalls left out)."""
+        return now - since - sum(max(0.0, end - max(start, since)) for start, end in self.stalls)
+
     def _mark_down(self, state: WorkerState, reason: str, now: float) -> None:
         state.down, state.down_since = True, now
         self.events.record(state.worker_id, "down", reason)
@@ -119,36 +134,44 @@ class HealthMonitor:
     # Gray failures.
 
     def _eject_outliers(self, now: float) -> None:
+        """Per model, among the workers running the same engine: a shoal worker batching a dozen
+        streams and a server that runs one at a time differ in inter-token latency by design."""
         settings = self.settings.outliers
         for model in self.membership.models():
             group = [s for s in self.membership.workers.values() if model in s.models and not s.down]
             budget = int(settings.max_ejected_fraction * len(group)) - sum(s.ejected_until is not None for s in group)
             serving = [s for s in group if s.ejected_until is None]
-            steps = {s.worker_id: s.report.single_step_s if s.report else None for s in serving}
-            for metric, label in (("itl", "inter-token latency"), ("ttft", "time to first token")):
-                measured = {
-                    s.worker_id: getattr(s.latency, f"{metric}_s")
-                    for s in serving
-                    if getattr(s.latency, f"{metric}_samples") >= settings.min_samples
-                }
-                scores = normalised(measured, steps)
-                for worker_id in sorted(
-                    outliers(scores, settings.factor, settings.min_workers), key=scores.get, reverse=True
-                ):
-                    state = self.membership.workers[worker_id]
-                    if budget <= 0 or state.ejected_until is not None:
-                        continue
-                    budget -= 1
-                    state.ejections += 1
-                    state.ejected_until = now + settings.ejection_s * state.ejections
-                    median = sorted(scores.values())[len(scores) // 2]
-                    self.events.record(
-                        worker_id,
-                        "ejected",
-                        f"{label} {measured[worker_id] * 1e3:.0f} ms, "
-                        f"{scores[worker_id] / median:.1f}x the fleet median",
-                    )
-                    state.sever()
+            for engine in sorted({s.engine or "" for s in serving}):
+                budget = self._eject_among([s for s in serving if (s.engine or "") == engine], budget, now)
+
+    def _eject_among(self, peers: list[WorkerState], budget: int, now: float) -> int:
+        """Ejects the outliers among `peers`, at most `budget` of them; the budget left."""
+        settings = self.settings.outliers
+        steps = {s.worker_id: s.report.single_step_s if s.report else None for s in peers}
+        for metric, label in (("itl", "inter-token latency"), ("ttft", "time to first token")):
+            measured = {
+                s.worker_id: getattr(s.latency, f"{metric}_s")
+                for s in peers
+                if getattr(s.latency, f"{metric}_samples") >= settings.min_samples
+            }
+            scores = normalised(measured, steps)
+            for worker_id in sorted(
+                outliers(scores, settings.factor, settings.min_workers), key=scores.get, reverse=True
+            ):
+                state = self.membership.workers[worker_id]
+                if budget <= 0 or state.ejected_until is not None:
+                    continue
+                budget -= 1
+                state.ejections += 1
+                state.ejected_until = now + settings.ejection_s * state.ejections
+                median = sorted(scores.values())[len(scores) // 2]
+                self.events.record(
+                    worker_id,
+                    "ejected",
+                    f"{label} {measured[worker_id] * 1e3:.0f} ms, {scores[worker_id] / median:.1f}x the fleet median",
+                )
+                state.sever()
+        return budget
 
     # Active probes: the canary generation of shoal workers.
 

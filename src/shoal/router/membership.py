@@ -24,6 +24,7 @@ from shoal.router.config import HealthSettings
 from shoal.router.health_events import HealthEvents
 from shoal.router.latency_stats import LatencyStats
 from shoal.router.load_report import LoadReport
+from shoal.router.served_concurrency import ServedConcurrency
 from shoal.router.upstream_client import UpstreamResponse
 from shoal.router.views import WorkerView
 
@@ -37,6 +38,8 @@ class InFlight:
 
     prefill_tokens: int
     decode_tokens: int
+    sent_at: float
+    serving: bool = False  # its first token arrived
 
 
 @dataclass
@@ -63,6 +66,7 @@ class WorkerState:
     ejections: int = 0
     lease_expires: float | None = None
     latency: LatencyStats = field(default_factory=LatencyStats)
+    concurrency: ServedConcurrency = field(default_factory=ServedConcurrency)
     in_flight: dict[int, InFlight] = field(default_factory=dict)
     prefill_tokens: int = 0
     decode_tokens: int = 0
@@ -95,7 +99,7 @@ class WorkerState:
 
     def start(self, prefill_tokens: int, decode_tokens: int) -> int:
         ticket = next(self._tickets)
-        self.in_flight[ticket] = InFlight(prefill_tokens, decode_tokens)
+        self.in_flight[ticket] = InFlight(prefill_tokens, decode_tokens, time.monotonic())
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
         self._work_changed()
@@ -108,9 +112,18 @@ class WorkerState:
             work.prefill_tokens = 0
             self._work_changed()
 
+    def first_token(self, ticket: int) -> None:
+        """A stream's first token arrived: the server is serving it."""
+        work = self.in_flight.get(ticket)
+        if work is not None and not work.serving:
+            work.serving = True
+            self.concurrency.started()
+
     def finish(self, ticket: int) -> None:
         work = self.in_flight.pop(ticket, None)
         if work is not None:
+            if work.serving:
+                self.concurrency.ended(work.sent_at, time.monotonic())
             self.prefill_tokens -= work.prefill_tokens
             self.decode_tokens -= work.decode_tokens
             self._work_changed()
@@ -149,6 +162,9 @@ class WorkerState:
             self.prefill_tokens,
             self.decode_tokens,
             self.elsewhere_total,
+            self.load_source,
+            self.concurrency.most,
+            self.concurrency.service_s,
         )
         if self._view is None or self._view_key != key:
             self._view, self._view_key = self._build_view(healthy), key
@@ -157,6 +173,7 @@ class WorkerState:
     def _build_view(self, healthy: bool) -> WorkerView:
         report = self.report or NO_REPORT
         requests, prefill, decode = self.elsewhere_total
+        unreported = self.load_source == "router"
         return WorkerView(
             worker_id=self.worker_id,
             url=self.url,
@@ -180,6 +197,8 @@ class WorkerState:
             role=self.role,
             kv_tier_tokens=report.kv_tier_tokens,
             kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
+            served_concurrency=self.concurrency.most if unreported else None,
+            service_s=self.concurrency.service_s if unreported else None,
         )
 
 

@@ -355,6 +355,7 @@ class StreamFailover:
                         progress,
                         attempt.telemetry,
                         self.settings,
+                        attempt.placement.ticket,
                         event_ids=journal is not None,
                     ):
                         yield event
@@ -421,7 +422,9 @@ class StreamFailover:
         if not await self.open(attempt, path, headers, TriedWorkers()):
             raise StreamBroken("no worker could regenerate the stream up to where its client stood")
         try:
-            async for _ in relay(attempt.upstream, attempt.placement.worker, scratch, telemetry, self.settings):
+            async for _ in relay(
+                attempt.upstream, attempt.placement.worker, scratch, telemetry, self.settings, attempt.placement.ticket
+            ):
                 if len(scratch.token_ids) >= tokens:
                     break
         finally:

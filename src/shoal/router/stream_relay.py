@@ -118,12 +118,13 @@ async def relay(
     progress: StreamProgress,
     telemetry: RequestTelemetry,
     settings: FailoverSettings,
+    ticket: int,
     event_ids: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Yields the worker's events (one SSE event a chunk), updating progress and the worker's
-    latency figures; raises StreamBroken if it stops short, HandedOff at a handoff event. With
-    `event_ids` each event gets an SSE `id:` and the same id as `event_id` in its JSON (for clients
-    that do not show SSE ids)."""
+    """Yields the worker's events (one SSE event a chunk), updating progress, the worker's latency
+    figures and, at the first token, what it serves at once (the request's `ticket`); raises
+    StreamBroken if it stops short, HandedOff at a handoff event. With `event_ids` each event gets
+    an SSE `id:` and the same id as `event_id` in its JSON (for clients that do not show SSE ids)."""
     resumed = progress.response_id is not None  # a migration or a resumed stream: one response id
     last = time.monotonic()
     first = True
@@ -185,7 +186,9 @@ async def relay(
         text = choice.get("text") or delta.get("content") or ""
         tokens = len(token_ids) or (1 if text or delta.get("tool_calls") else 0)
         if tokens:
-            if not first:
+            if first:
+                worker.first_token(ticket)
+            else:
                 worker.latency.observe_itl((now - last) / tokens)
             last, first, stated_step_s = now, False, None
             telemetry.tokens(tokens)

@@ -41,6 +41,9 @@ Load (queue and batch), cache (uncached tokens only) and hardware (each worker's
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
 taken as the fleet's median, so unknown workers are treated as typical rather than as free. A
+server that reports no load at all may serve one request at a time and queue the rest (llama-cpp-
+python does): the router's requests there beyond what it has been seen serving at once
+(shoal.router.served_concurrency) wait a mean service time each, divided among those it serves. A
 prefill worker generates only the first token (it hands the rest off), so only that counts there.
 Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 """
@@ -101,12 +104,14 @@ def fastest_idle_step_s(fleet: Sequence[WorkerView]) -> float | None:
 
 
 def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
-    """The worker's measured speeds, the fleet's median where it has none, defaults if nobody has."""
+    """The worker's measured speeds, the fleet's median where it has none, defaults if nobody has.
+    The step borrowed is the fleet's idle one: the other workers' steps now are as long as their
+    batches, and this worker's own batch is counted by the throughput term."""
     return Speeds(
         worker.prefill_tokens_per_s
         or _median_or([w.prefill_tokens_per_s for w in fleet], DEFAULT_PREFILL_TOKENS_PER_S),
         decode_throughput(worker) or _median_or([decode_throughput(w) for w in fleet], DEFAULT_DECODE_TOKENS_PER_S),
-        worker.decode_step_s or _median_or([w.decode_step_s for w in fleet], DEFAULT_DECODE_STEP_S),
+        worker.decode_step_s or _median_or([idle_step_s(w) for w in fleet], DEFAULT_DECODE_STEP_S),
     )
 
 
@@ -114,7 +119,10 @@ def estimated_seconds(
     request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView], context: RoutingContext
 ) -> float:
     speed = speeds(worker, fleet)
-    running = max(worker.running, worker.in_flight - worker.waiting)
+    if worker.served_concurrency is None:
+        running = max(worker.running, worker.in_flight - worker.waiting)
+    else:  # a server that reports no load: those it serves beside this one once it takes it
+        running = min(worker.in_flight, worker.served_concurrency - 1)
     if running:
         step = speed.decode_step_s
     elif worker.unmeasured and not any(context.matched_blocks.values()):
@@ -122,14 +130,25 @@ def estimated_seconds(
     else:
         step = idle_step_s(worker) or speed.decode_step_s
     per_token = max(step, (running + 1) / speed.decode_tokens_per_s)
-    ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
-    if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
-        ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
     uncached = request.prompt_tokens - context.cached_tokens(request, worker)
     decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
     loading = tier_seconds(request, worker, context, speed.prefill_tokens_per_s)
     prefill = uncached / speed.prefill_tokens_per_s + loading
-    return ahead + prefill + decode_tokens * per_token + running * prefill
+    own = prefill + decode_tokens * per_token
+    if worker.served_concurrency is not None:
+        ahead = turns_waited(worker) * (worker.service_s or own)
+    else:
+        ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
+        if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
+            ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
+    return ahead + own + running * prefill
+
+
+def turns_waited(worker: WorkerView) -> float:
+    """For a server that reports no load: the requests' service times a new one waits, queued
+    behind the router's requests beyond what the server has been seen serving at once."""
+    slots = worker.served_concurrency or 1
+    return max(0, worker.in_flight - slots + 1) / slots
 
 
 @dataclass(frozen=True)

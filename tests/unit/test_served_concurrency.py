@@ -1,0 +1,52 @@
+"""What the router learns of a server that reports no load, from the requests it relays there."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.router.circuit_breaker import CircuitBreaker
+from shoal.router.membership import WorkerState
+from shoal.router.served_concurrency import ServedConcurrency
+
+
+def test_a_serial_server_shows_one_at_a_time_and_each_request_is_served_from_the_previous_ones_end():
+    """Two requests sent together at t=0; the second is answered only when the first ends at 3 s and
+    ends at 7 s: it was served for 4 s, not 7."""
+    seen = ServedConcurrency()
+    seen.started()
+    seen.ended(sent_at=0.0, now=3.0)
+    seen.started()
+    seen.ended(sent_at=0.0, now=7.0)
+    assert seen.most == 1 and seen.serving == 0
+    assert seen.service_s == pytest.approx(3.0 + 0.1 * (4.0 - 3.0))
+
+
+def test_a_batching_server_shows_the_requests_it_serves_together():
+    seen = ServedConcurrency()
+    for _ in range(3):
+        seen.started()
+    seen.ended(sent_at=0.0, now=2.0)
+    seen.started()
+    assert seen.most == 3 and seen.serving == 3
+
+
+def test_the_view_carries_what_was_learned_only_for_a_server_that_reports_no_load():
+    state = WorkerState("w", "w", frozenset({"m"}), CircuitBreaker(5, 5.0, 60.0, lambda *_: None))
+    first, second = state.start(10, 20), state.start(10, 20)
+    state.first_byte(first)
+    state.first_byte(second)  # headers are no proof of being served (llama-cpp-python queues after them)
+    assert state.concurrency.most == 1 and state.concurrency.serving == 0
+    state.first_token(first)
+    state.first_token(first)  # counted once
+    state.first_token(second)
+    state.finish(first)
+    state.finish(second)
+    unanswered = state.start(10, 20)
+    state.finish(unanswered)  # never served: no service time
+    assert state.concurrency.most == 2 and state.concurrency.serving == 0
+    assert state.view().served_concurrency is None  # its load source is not known yet
+    state.load_source = "router"
+    view = state.view()
+    assert view.served_concurrency == 2 and view.service_s == state.concurrency.service_s is not None
+    state.load_source = "prometheus"
+    assert state.view().served_concurrency is None and state.view().service_s is None
