@@ -3,8 +3,9 @@ time) and a vLLM CPU server, all serving SmolLM2 under one model name behind one
 the same load for each policy. Reported per policy: where the requests went, TTFT and end-to-end
 latency as the client sees them, output tokens/s and the wall time of the whole load.
 
-The engines start once (vLLM takes about 80 s) and serve every policy in turn; each policy gets a
-fresh router. The peers come from benchmarks/.peers (peer_venv.py installs them on first use).
+The engines start once (vLLM takes about 80 s), each answers one request directly (its first
+request is much slower than the rest: llama.cpp's took 16-19 s here), and they serve every policy
+in turn; each policy gets a fresh router. The peers come from benchmarks/.peers (peer_venv.py installs them on first use).
 
     .venv/bin/python benchmarks/mixed_fleet.py [--policies cost,round_robin] [--requests 48] [--concurrency 12]
 """
@@ -58,7 +59,9 @@ def start_engines(log_dir: Path) -> tuple[dict[str, str], list[subprocess.Popen]
     ]
     for engine, url in urls.items():
         wait_for(url + "/v1/models", processes[list(urls).index(engine)], timeout_s=600)
-        print(f"  {engine} up at {url}")
+        warm_up = {"model": NAME, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8}
+        httpx.post(url + "/v1/chat/completions", json=warm_up, timeout=300).raise_for_status()
+        print(f"  {engine} up at {url} (warmed up by one request)")
     return urls, processes
 
 

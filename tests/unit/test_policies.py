@@ -152,9 +152,12 @@ def test_a_server_that_reports_no_load_is_charged_the_queue_it_has_shown():
     shown_four = worker("serial", in_flight=2, served_concurrency=4, service_s=4.0, **speeds)
     assert estimated_seconds(req, shown_four, fleet, RoutingContext()) == pytest.approx(10 * 0.05)
     assert CostPolicy().choose(req, [shown_four, batching], RoutingContext()).worker_id == "serial"
-    # before any request has ended there, the wait is this request's own estimate a turn
-    unmeasured = worker("serial", in_flight=1, served_concurrency=1, **speeds)
+    # before any request has ended there, the wait is this request's own estimate a turn, or what
+    # the oldest there has taken so far if longer
+    unmeasured = worker("serial", in_flight=1, served_concurrency=1, busy_s=0.1, **speeds)
     assert estimated_seconds(req, unmeasured, fleet, RoutingContext()) == pytest.approx(2 * 10 * 0.05)
+    slow_so_far = worker("serial", in_flight=1, served_concurrency=1, busy_s=6.0, service_s=4.0, **speeds)
+    assert estimated_seconds(req, slow_so_far, fleet, RoutingContext()) == pytest.approx(6.0 + 10 * 0.05)
 
 
 def test_a_worker_that_reports_no_speeds_borrows_the_fleets_idle_step_not_its_loaded_one():

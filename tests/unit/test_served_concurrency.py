@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from shoal.router.circuit_breaker import CircuitBreaker
@@ -50,3 +52,21 @@ def test_the_view_carries_what_was_learned_only_for_a_server_that_reports_no_loa
     assert view.served_concurrency == 2 and view.service_s == state.concurrency.service_s is not None
     state.load_source = "prometheus"
     assert state.view().served_concurrency is None and state.view().service_s is None
+
+
+def test_the_view_says_how_long_the_oldest_request_there_has_been_served(monkeypatch):
+    """Since it was sent, or since the previous request ended if later (a serial server took it then)."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    state = WorkerState("w", "w", frozenset({"m"}), CircuitBreaker(5, 5.0, 60.0, lambda *_: None), load_source="router")
+    assert state.view().busy_s == 0.0
+    first, second = state.start(10, 20), state.start(10, 20)
+    clock[0] = 107.0
+    assert state.view().busy_s == pytest.approx(7.0) and state.view().service_s is None
+    state.first_token(first)
+    state.finish(first)
+    clock[0] = 108.0
+    assert state.view().busy_s == pytest.approx(1.0) and state.view().service_s == pytest.approx(7.0)
+    state.first_token(second)
+    state.finish(second)
+    assert state.view().busy_s == 0.0

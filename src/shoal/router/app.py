@@ -66,6 +66,7 @@ def _describe(state: WorkerState) -> dict:
         "itl_s": state.latency.itl_s,
         "served_concurrency": view.served_concurrency,
         "service_s": view.service_s,
+        "busy_s": view.busy_s,
     }
 
 

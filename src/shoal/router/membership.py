@@ -165,6 +165,8 @@ class WorkerState:
             self.load_source,
             self.concurrency.most,
             self.concurrency.service_s,
+            # what it has been busy for grows with time: refreshed every quarter second
+            int(time.monotonic() * 4) if self.load_source == "router" else None,
         )
         if self._view is None or self._view_key != key:
             self._view, self._view_key = self._build_view(healthy), key
@@ -199,7 +201,14 @@ class WorkerState:
             kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
             served_concurrency=self.concurrency.most if unreported else None,
             service_s=self.concurrency.service_s if unreported else None,
+            busy_s=self._busy_s() if unreported else None,
         )
+
+    def _busy_s(self) -> float:
+        """How long the oldest request in flight has been served: since it was sent, or since the
+        previous one ended (a serial server takes the next one then); 0 with none in flight."""
+        oldest = min((work.sent_at for work in self.in_flight.values()), default=None)
+        return 0.0 if oldest is None else time.monotonic() - max(oldest, self.concurrency.last_end)
 
 
 def normalize_url(url: str) -> str:

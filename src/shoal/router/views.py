@@ -62,10 +62,12 @@ class WorkerView:
     role: str = "colocated"  # colocated, prefill or decode (shoal.router.worker_roles)
     kv_tier_tokens: int | None = None  # held below the paged cache (shoal.router.tier_cost)
     kv_tier_load_tokens_per_s: float | None = None
-    # A server that reports no load: how many requests it has been seen serving at once, and the
-    # mean seconds one takes (shoal.router.served_concurrency); None for one that reports its load.
+    # A server that reports no load: how many requests it has been seen serving at once, the mean
+    # seconds one takes (shoal.router.served_concurrency) and how long the oldest of the router's
+    # requests there has been served; None for one that reports its load.
     served_concurrency: int | None = None
     service_s: float | None = None
+    busy_s: float | None = None
 
     @property
     def outstanding_tokens(self) -> int:

@@ -43,7 +43,9 @@ batch, so it is picked until its batch is about twice as large. Speeds a worker 
 taken as the fleet's median, so unknown workers are treated as typical rather than as free. A
 server that reports no load at all may serve one request at a time and queue the rest (llama-cpp-
 python does): the router's requests there beyond what it has been seen serving at once
-(shoal.router.served_concurrency) wait a mean service time each, divided among those it serves. A
+(shoal.router.served_concurrency) wait a service time each (the mean seen, or this request's own
+estimate before any, at least what the oldest there has taken so far), divided among those it
+serves. A
 prefill worker generates only the first token (it hands the rest off), so only that counts there.
 Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 """
@@ -136,7 +138,8 @@ def estimated_seconds(
     prefill = uncached / speed.prefill_tokens_per_s + loading
     own = prefill + decode_tokens * per_token
     if worker.served_concurrency is not None:
-        ahead = turns_waited(worker) * (worker.service_s or own)
+        # a request there takes its mean, at least what the oldest there has taken so far
+        ahead = turns_waited(worker) * max(worker.service_s or own, worker.busy_s or 0.0)
     else:
         ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
         if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
