@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.routers import start_router, stop
 from tests.support.waiting import wait_for
@@ -143,6 +144,37 @@ def test_admission_limits_hold_for_the_group_as_a_whole(workers, group_for):
                 pass
     wait_for(lambda: len(members_answering(url)) == MEMBERS, timeout_s=60)
     assert one_request(None)[0] == 200
+
+
+def test_any_member_scraped_counts_the_whole_groups_requests(workers, group_for):
+    """Twelve requests on new connections spread over the members; every scrape, whichever member
+    answers it, counts all twelve and their end-to-end latencies."""
+    _, url = group_for({"policy": "round_robin", "workers": [{"url": w} for w in workers]})
+    before = answered(url)
+    members = {
+        httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "count me", "max_tokens": 2}).headers[
+            "x-shoal-router"
+        ]
+        for _ in range(12)
+    }
+    assert len(members) > 1, members
+    for _ in range(6):  # each on a new connection
+        requests, latencies = answered(url)
+        assert (requests - before[0], latencies - before[1]) == (12, 12)
+
+
+def answered(url: str) -> tuple[float, float]:
+    """From one scrape: requests answered 200, and end-to-end latencies observed."""
+    families = {f.name: f for f in text_string_to_metric_families(httpx.get(url + "/metrics").text)}
+    requests = sum(
+        s.value
+        for s in families["shoal_router_requests"].samples
+        if s.name.endswith("_total") and s.labels["status"] == "200"
+    )
+    latencies = sum(
+        s.value for s in families["shoal_router_e2e_request_latency_seconds"].samples if s.name.endswith("_count")
+    )
+    return requests, latencies
 
 
 def test_a_group_will_not_share_a_port_someone_else_listens_on():

@@ -31,7 +31,7 @@ from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
-from shoal.router.metrics import RouterMetrics
+from shoal.router.metrics import RouterMetrics, group_registry
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.endpoints import ResponsesApi
@@ -100,7 +100,8 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         router_id=f"{config.host}:{config.port}/{group.member}" if group else None,
     )
     sync = GroupSync(membership, balancer, front_door.admission) if group else None
-    metrics.watch(registry, membership, front_door.admission.queued)
+    exposed = group_registry(group.metrics_directory) if group else registry
+    metrics.watch(exposed, membership, front_door.admission.queued)
     responses_api = ResponsesApi(front_door, config.responses)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
@@ -164,7 +165,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(exposed), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models() -> dict:

@@ -34,7 +34,8 @@ from shoal.router.sibling_bus import SiblingBus
 @dataclass(frozen=True)
 class GroupMember:
     """This process's seat in a router group: its number of `members`, the group's private
-    directory (its channel's sockets, the slot table) and the group's token."""
+    directory (its channel's sockets, the slot table, the members' metric files) and the group's
+    token."""
 
     directory: Path
     member: int
@@ -44,6 +45,16 @@ class GroupMember:
     @property
     def slots_path(self) -> Path:
         return self.directory / "admission-slots"
+
+    @property
+    def metrics_directory(self) -> Path:
+        """Where every member's counters and histograms live (prometheus_client's multiprocess
+        mode: PROMETHEUS_MULTIPROC_DIR names it in each member's environment from its start)."""
+        return metrics_directory(self.directory)
+
+
+def metrics_directory(group_directory: Path) -> Path:
+    return group_directory / "metrics"
 
 
 class GroupSync:

@@ -3,14 +3,22 @@ migrations; latency histograms as clients see them (time to first token, between
 end); and, read at scrape time, each worker's load and health as the router sees it and the
 admission queues by priority. Worker health changes (ejections, breaker transitions) are counted by
 HealthEvents in the same registry. `window` holds the same request figures over the last seconds,
-for the dashboard's live charts."""
+for the dashboard's live charts.
+
+In a router group every member's counters and histograms live in files in the group's directory
+(prometheus_client's multiprocess mode), and a scrape of any member sums them (`group_registry`):
+requests, retries, migrations, latency histograms and health transitions (as each member saw them)
+of the whole group. The gauges are the scraped member's: the workers' load, in-flight requests
+included, is shared by the group; the admission queue is its own."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from shoal.observability.latency_buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
@@ -18,6 +26,15 @@ from shoal.observability.request_window import RequestWindow
 from shoal.router.membership import Membership
 
 BREAKER_STATES = ("closed", "open", "half_open")
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def group_registry(directory: Path) -> CollectorRegistry:
+    """A registry of the sums of every group member's counters and histograms (their files in
+    `directory`, which MULTIPROCESS_DIR_VARIABLE named when this process started)."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    return registry
 
 
 class RouterMetrics:

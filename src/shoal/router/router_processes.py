@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import multiprocessing
+import os
 import secrets
 import shutil
 import signal
@@ -29,7 +30,8 @@ from shoal.observability.logging import configure_logging
 from shoal.router.admission_slots import GroupSlots
 from shoal.router.app import create_router_app
 from shoal.router.config import RouterConfig
-from shoal.router.group_sync import GroupMember
+from shoal.router.group_sync import GroupMember, metrics_directory
+from shoal.router.metrics import MULTIPROCESS_DIR_VARIABLE
 
 log = logging.getLogger(__name__)
 # A request makes hundreds of short-lived objects; with CPython's default first threshold (700)
@@ -67,6 +69,10 @@ def _serve_group(config: RouterConfig) -> int:
     token = secrets.token_bytes(32)
     GroupSlots.create(directory / "admission-slots", config.processes)
     slots = GroupSlots(directory / "admission-slots", None, config.processes)
+    # Read by prometheus_client when a member imports it: every member's counters and histograms go
+    # to files there, which any member sums when scraped (router.metrics).
+    metrics_directory(directory).mkdir()
+    os.environ[MULTIPROCESS_DIR_VARIABLE] = str(metrics_directory(directory))
     spawn = multiprocessing.get_context("spawn")
     stopping = False
 

@@ -40,14 +40,14 @@ trade conversations on noise and every trade re-computes a whole history.
 Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
-taken as the fleet's median, so unknown workers are treated as typical rather than as free. A
-server that reports no load at all may serve one request at a time and queue the rest (llama-cpp-
-python does): the router's requests there beyond what it has been seen serving at once
+taken as the fleet's median, so unknown workers are treated as typical rather than as free.
+
+A server that reports no load at all may serve one request at a time and queue the rest
+(llama-cpp-python does): the router's requests there beyond what it has been seen serving at once
 (shoal.router.served_concurrency) wait a service time each (the mean seen, or this request's own
-estimate before any, at least what the oldest there has taken so far), divided among those it
-serves. A
-prefill worker generates only the first token (it hands the rest off), so only that counts there.
-Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
+estimate before any; at least what the oldest there has taken so far), divided among those it
+serves. A prefill worker generates only the first token (it hands the rest off), so only that counts
+there. Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 """
 
 from __future__ import annotations
