@@ -68,13 +68,15 @@ def test_5xx_open_the_breaker_4xx_do_not_and_a_probe_closes_it(pair):
     assert [ask(url).status_code for _ in range(10)] == [200] * 10  # retried on the real worker
     # open, or already half-open where these requests took longer than open_s (only an open breaker
     # turns half-open)
-    assert breaker_of(url, scripted.url) in ("open", "half_open")
     hits, probes = scripted.completions, half_openings(url, scripted.url)
+    state = breaker_of(url, scripted.url)  # read last: a half-opening in between is counted twice, not missed
+    assert state in ("open", "half_open")
     for _ in range(4):
         assert ask(url).status_code == 200
     # An open breaker gets no work: at most one probe each time it turned half-open (on a loaded
-    # machine open_s may pass during these requests; the failed probe opens it again).
-    assert scripted.completions - hits <= half_openings(url, scripted.url) - probes
+    # machine open_s may pass during these requests; the failed probe opens it again), and one for
+    # the half-open period it may already be in.
+    assert scripted.completions - hits <= half_openings(url, scripted.url) - probes + (state == "half_open")
 
     scripted.mode = "ok"
     wait_for(lambda: breaker_of(url, scripted.url) == "half_open", timeout_s=10)
