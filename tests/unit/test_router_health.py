@@ -181,16 +181,21 @@ def test_the_slowest_worker_is_ejected_then_rejoins_with_fresh_figures(fleet):
     assert changes(events)[-1] == ("http://c", "rejoined")
 
 
+def add_measured_worker(membership: Membership, name: str, itl: float, report: LoadReport | None) -> None:
+    """http://NAME, last seen at 100 s, with 25 inter-token latencies of `itl` measured."""
+    state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)
+    state.last_seen, state.report = 100.0, report
+    for _ in range(25):
+        state.latency.observe_itl(itl)
+    membership.workers[state.worker_id] = state
+
+
 def test_at_most_the_configured_fraction_of_a_model_is_ejected_worst_first():
     settings = HealthSettings(outliers={"max_ejected_fraction": 0.25})
     events = HealthEvents(CollectorRegistry())
     membership = Membership(settings, events)
     for name, itl in zip("abcde", (0.010, 0.010, 0.011, 0.050, 0.090)):
-        state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)
-        state.last_seen = 100.0
-        for _ in range(25):
-            state.latency.observe_itl(itl)
-        membership.workers[state.worker_id] = state
+        add_measured_worker(membership, name, itl, report=None)
     HealthMonitor(membership, settings, events, lambda worker_id: None).check(100.0)
     assert changes(events) == [("http://e", "ejected")]  # d is an outlier too, but 1 of 5 is the budget
 
@@ -202,19 +207,11 @@ def test_latencies_are_compared_only_among_workers_running_the_same_engine():
     events = HealthEvents(CollectorRegistry())
     membership = Membership(settings, events)
     for name, engine, itl in (("a", "shoal", 0.180), ("b", "llama.cpp", 0.015), ("c", "llama.cpp", 0.015)):
-        state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)
-        state.last_seen, state.report = 100.0, LoadReport(engine=engine)
-        for _ in range(25):
-            state.latency.observe_itl(itl)
-        membership.workers[state.worker_id] = state
+        add_measured_worker(membership, name, itl, LoadReport(engine=engine))
     monitor = HealthMonitor(membership, settings, events, lambda worker_id: None)
     monitor.check(100.0)
     assert changes(events) == []
-    state = membership._new_state("http://d", frozenset({"m"}), registered=False)
-    state.last_seen, state.report = 100.0, LoadReport(engine="llama.cpp")
-    for _ in range(25):
-        state.latency.observe_itl(0.090)
-    membership.workers[state.worker_id] = state
+    add_measured_worker(membership, "d", 0.090, LoadReport(engine="llama.cpp"))
     monitor.check(101.0)
     assert changes(events) == [("http://d", "ejected")]
 

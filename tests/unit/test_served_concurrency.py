@@ -11,6 +11,10 @@ from shoal.router.membership import WorkerState
 from shoal.router.served_concurrency import ServedConcurrency
 
 
+def worker_state(**fields) -> WorkerState:
+    return WorkerState("w", "w", frozenset({"m"}), CircuitBreaker(5, 5.0, 60.0, lambda *_: None), **fields)
+
+
 def test_a_serial_server_shows_one_at_a_time_and_each_request_is_served_from_the_previous_ones_end():
     """Two requests sent together at t=0; the second is answered only when the first ends at 3 s and
     ends at 7 s: it was served for 4 s, not 7."""
@@ -33,7 +37,7 @@ def test_a_batching_server_shows_the_requests_it_serves_together():
 
 
 def test_the_view_carries_what_was_learned_only_for_a_server_that_reports_no_load():
-    state = WorkerState("w", "w", frozenset({"m"}), CircuitBreaker(5, 5.0, 60.0, lambda *_: None))
+    state = worker_state()
     first, second = state.start(10, 20), state.start(10, 20)
     state.first_byte(first)
     state.first_byte(second)  # headers are no proof of being served (llama-cpp-python queues after them)
@@ -58,7 +62,7 @@ def test_the_view_says_how_long_the_oldest_request_there_has_been_served(monkeyp
     """Since it was sent, or since the previous request ended if later (a serial server took it then)."""
     clock = [100.0]
     monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    state = WorkerState("w", "w", frozenset({"m"}), CircuitBreaker(5, 5.0, 60.0, lambda *_: None), load_source="router")
+    state = worker_state(load_source="router")
     assert state.view().busy_s == 0.0
     first, second = state.start(10, 20), state.start(10, 20)
     clock[0] = 107.0
