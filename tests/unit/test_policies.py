@@ -160,6 +160,29 @@ def test_a_server_that_reports_no_load_is_charged_the_queue_it_has_shown():
     assert estimated_seconds(req, slow_so_far, fleet, RoutingContext()) == pytest.approx(6.0 + 10 * 0.05)
 
 
+def test_a_server_that_has_ended_no_stream_yet_gets_a_second_request_only_when_all_would_queue_blind():
+    """An opening burst: a serial server with one request and none ended would be estimated at its
+    own estimate a turn (1 s), less than a batching worker with thirty streams (3.1 s), but how long
+    that turn really takes is unknown, so the batching worker takes it, home prefix or not. Once the
+    server has ended a request it is priced by what it took. When every worker would queue blind,
+    the estimates decide."""
+    req = request(prompt_tokens=0, decode=10)
+    speeds = dict(capability=100.0, decode_step_s=0.05, single_step_s=0.05, prefill_tokens_per_s=1000.0)
+    blind = worker("serial", in_flight=1, served_concurrency=1, **speeds)
+    batching = worker("batching", running=30, **speeds)
+    assert estimated_seconds(req, blind, [blind, batching], RoutingContext()) == pytest.approx(2 * 10 * 0.05)
+    assert estimated_seconds(req, batching, [blind, batching], RoutingContext()) == pytest.approx(10 * 31 / 100.0)
+    assert CostPolicy().choose(req, [blind, batching], RoutingContext()).worker_id == "batching"
+    holding_prefix = RoutingContext(matched_blocks={"serial": 3})
+    assert CostPolicy().choose(req, [blind, batching], holding_prefix).worker_id == "batching"
+    measured = worker("serial", in_flight=1, served_concurrency=1, service_s=0.5, **speeds)
+    assert CostPolicy().choose(req, [measured, batching], RoutingContext()).worker_id == "serial"
+    idle = worker("serial", served_concurrency=1, **speeds)
+    assert CostPolicy().choose(req, [idle, batching], RoutingContext()).worker_id == "serial"
+    deeper = worker("other", in_flight=2, served_concurrency=1, **speeds)
+    assert CostPolicy().choose(req, [deeper, blind], RoutingContext()).worker_id == "serial"
+
+
 def test_a_worker_that_reports_no_speeds_borrows_the_fleets_idle_step_not_its_loaded_one():
     """A vLLM server (load from its metrics, no speeds) idle beside a shoal worker running twelve
     streams at 100 ms a step that holds the request's prefix: the server is costed at shoal's idle

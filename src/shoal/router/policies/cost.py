@@ -46,7 +46,11 @@ A server that reports no load at all may serve one request at a time and queue t
 (llama-cpp-python does): the router's requests there beyond what it has been seen serving at once
 (shoal.router.served_concurrency) wait a service time each (the mean seen, or this request's own
 estimate before any; at least what the oldest there has taken so far), divided among those it
-serves. A prefill worker generates only the first token (it hands the rest off), so only that counts
+serves. Before such a server has ended one of the router's streams, how long a request queued there
+waits is unknown (llama.cpp's first can take many seconds): it takes a second request only when every
+worker would queue it blind, so an opening burst does not pile onto it. A server given only
+non-streamed requests is never measured this way and stays at one request while others have room.
+A prefill worker generates only the first token (it hands the rest off), so only that counts
 there. Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 """
 
@@ -154,15 +158,26 @@ def turns_waited(worker: WorkerView) -> float:
     return max(0, worker.in_flight - slots + 1) / slots
 
 
+def queues_blind(worker: WorkerView) -> bool:
+    """A server that reports no load, has ended none of the router's streams yet, and would have to
+    queue this request behind those it has been seen serving at once."""
+    return (
+        worker.served_concurrency is not None
+        and worker.service_s is None
+        and worker.in_flight >= worker.served_concurrency
+    )
+
+
 @dataclass(frozen=True)
 class CostPolicy:
     affinity_margin: float = 0.25
     name: str = "cost"
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView], context: RoutingContext) -> WorkerView:
-        estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in workers}
-        fastest = min(workers, key=lambda w: (estimates[w.worker_id], w.worker_id))
-        home = max(workers, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -estimates[w.worker_id]))
+        candidates = [w for w in workers if not queues_blind(w)] or workers
+        estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in candidates}
+        fastest = min(candidates, key=lambda w: (estimates[w.worker_id], w.worker_id))
+        home = max(candidates, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -estimates[w.worker_id]))
         if (
             context.matched_blocks.get(home.worker_id, 0) > context.matched_blocks.get(fastest.worker_id, 0)
             and estimates[home.worker_id] <= (1 + self.affinity_margin) * estimates[fastest.worker_id]
