@@ -196,9 +196,9 @@ def test_session_affinity_keeps_a_user_on_one_worker(fleet, router_for):
     [
         ("cache_aware", {}),
         # The two workers are alike, but each was calibrated while other tests had the machine:
-        # their figures may differ by more than the default 25% margin. The rule under test is the
-        # margin's: a conversation stays home unless another worker is estimated clearly faster.
-        ("cost", {"affinity_margin": 1.0}),
+        # their figures may differ by more than the margin their step noise gives. The rule under
+        # test is the margin's: a conversation stays home unless another is estimated clearly faster.
+        ("cost", {"min_affinity_margin": 1.0}),
     ],
 )
 def test_a_conversation_follows_its_prefix_cache(fleet, router_for, policy, options):

@@ -162,6 +162,13 @@ def test_load_report_has_queue_memory_speed_and_capability(worker_url):
     assert load["calibration"]["batch"] >= 1 and load["draining"] is False
 
 
+def test_the_load_report_says_how_far_decode_steps_fall_from_the_reported_step(worker_url):
+    body = {"model": MODEL, "prompt": "steady", "max_tokens": 16, "ignore_eos": True}
+    assert httpx.post(worker_url + "/v1/completions", json=body, timeout=60).status_code == 200
+    load = httpx.get(worker_url + "/load").json()
+    assert load["decode_step_s"] > 0 and 0 <= load["decode_step_noise"] < 10, load
+
+
 def test_outstanding_tokens_are_reported_while_a_request_runs(worker_url):
     body = {"model": MODEL, "prompt": "count", "max_tokens": 500, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", worker_url + "/v1/completions", json=body, timeout=30) as response:

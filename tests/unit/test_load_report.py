@@ -51,10 +51,11 @@ def test_shoal_report_converts_blocks_to_tokens():
         decode_load(
             b'{"running": 2, "waiting": 1, "max_num_seqs": 64, "free_kv_blocks": 10,'
             b' "num_kv_blocks": 40, "block_size": 16, "outstanding_decode_tokens": 90,'
-            b' "capability": 200.0, "draining": true, "a_newer_figure": 1}'
+            b' "capability": 200.0, "draining": true, "decode_step_noise": 0.15, "a_newer_figure": 1}'
         )
     )
     assert report.free_kv_tokens == 160 and report.kv_capacity_tokens == 640 and report.max_num_seqs == 64
+    assert report.decode_step_noise == 0.15
     assert report.outstanding_decode_tokens == 90 and report.capability == 200.0 and report.draining
     assert not report.unmeasured  # a worker that does not say is not taken for a new one
 

@@ -183,6 +183,29 @@ def test_a_server_that_has_ended_no_stream_yet_gets_a_second_request_only_when_a
     assert CostPolicy().choose(req, [deeper, blind], RoutingContext()).worker_id == "serial"
 
 
+def test_a_conversation_stays_home_by_a_margin_as_wide_as_the_two_workers_step_noise():
+    """Home holds the history but is estimated 20 % slower than an idle worker. Workers whose steps
+    are steady (3 % each: margin 10 %) move it; noisy ones (12 % each: 24 %) keep it home, as do
+    workers that do not report their noise (12.5 % each is taken: 25 %)."""
+    req = request(prompt_tokens=0, decode=10)
+    context = RoutingContext(matched_blocks={"home": 4})
+
+    def fleet(noise: float | None) -> list:
+        return [
+            worker("home", decode_step_s=0.06, single_step_s=0.06, capability=1000.0, decode_step_noise=noise),
+            worker("idle", decode_step_s=0.05, single_step_s=0.05, capability=1000.0, decode_step_noise=noise),
+        ]
+
+    steady = fleet(0.03)
+    assert estimated_seconds(req, steady[0], steady, context) == pytest.approx(
+        1.2 * estimated_seconds(req, steady[1], steady, context)
+    )
+    assert CostPolicy().choose(req, steady, context).worker_id == "idle"
+    assert CostPolicy().choose(req, fleet(0.12), context).worker_id == "home"
+    assert CostPolicy().choose(req, fleet(None), context).worker_id == "home"
+    assert CostPolicy(min_affinity_margin=0.5).choose(req, steady, context).worker_id == "home"
+
+
 def test_a_worker_that_reports_no_speeds_borrows_the_fleets_idle_step_not_its_loaded_one():
     """A vLLM server (load from its metrics, no speeds) idle beside a shoal worker running twelve
     streams at 100 ms a step that holds the request's prefix: the server is costed at shoal's idle

@@ -73,6 +73,7 @@ class EngineStats:
     prefill_tokens_per_s: float | None
     decode_tokens_per_s: float | None
     decode_step_s: float | None
+    decode_step_noise: float | None
     kv_blocks_exported: int = 0
     kv_blocks_imported: int = 0
     kv_tier: TierCounters | None = None  # None: no KV tier
@@ -457,6 +458,7 @@ class LLMEngine:
             prefill_tokens_per_s=self.speed.prefill_tokens_per_s,
             decode_tokens_per_s=self.speed.decode_tokens_per_s,
             decode_step_s=self.speed.decode_step_s,
+            decode_step_noise=self.speed.decode_step_noise,
             kv_blocks_exported=self.kv_blocks_exported,
             kv_blocks_imported=self.kv_blocks_imported,
             kv_tier=self.kv_tier.counters() if self.kv_tier is not None else None,

@@ -30,6 +30,12 @@ class SpeedEstimator:
     inter-token latency at the current batch). A step with P prompt tokens charges its D decode
     tokens at the current decode rate and the rest of t to prefill. Invariant: figures are None
     until observed or seeded by calibration, then positive.
+
+    `decode_step_noise` is how far decode steps fall from the step time reported before them,
+    relative to it (the root of a moving mean of squared relative deviations, same decay): what a
+    router comparing this engine's reported step with another's must allow for. A batch that
+    changes size and a CPU shared with other processes both raise it. None before a decode step
+    has been compared with a reported one.
     """
 
     def __init__(self, decay: float = 0.05):
@@ -37,6 +43,11 @@ class SpeedEstimator:
         self.prefill = DecayedRate(decay)
         self.decode = DecayedRate(decay)
         self.decode_step_s: float | None = None
+        self._step_deviation_sq: float | None = None
+
+    @property
+    def decode_step_noise(self) -> float | None:
+        return None if self._step_deviation_sq is None else self._step_deviation_sq**0.5
 
     @property
     def prefill_tokens_per_s(self) -> float | None:
@@ -53,7 +64,13 @@ class SpeedEstimator:
             if decode_tokens:
                 self.decode.add(decode_tokens, seconds)
                 step = self.decode_step_s
-                self.decode_step_s = seconds if step is None else step + self.decay * (seconds - step)
+                if step is None:
+                    self.decode_step_s = seconds
+                    return
+                deviation_sq = ((seconds - step) / step) ** 2
+                known = self._step_deviation_sq
+                self._step_deviation_sq = deviation_sq if known is None else known + self.decay * (deviation_sq - known)
+                self.decode_step_s = step + self.decay * (seconds - step)
             return
         decode_rate = self.decode.rate
         decode_share = decode_tokens / decode_rate if decode_rate else 0.0

@@ -57,6 +57,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     prefill_tokens_per_s: Rate | None = None
     decode_tokens_per_s: Rate | None = None
     decode_step_s: Rate | None = None
+    decode_step_noise: Rate | None = None  # relative spread of decode steps about decode_step_s
     longest_step_s: Rate | None = None
     capability: Rate | None = None
     calibration: CalibrationFigures | None = None

@@ -62,6 +62,8 @@ def _describe(state: WorkerState) -> dict:
         "in_flight": view.in_flight,
         "outstanding_tokens": view.outstanding_tokens,
         "capability": view.capability,
+        "decode_step_s": view.decode_step_s,
+        "decode_step_noise": view.decode_step_noise,
         "ttft_s": state.latency.ttft_s,
         "itl_s": state.latency.itl_s,
         "served_concurrency": view.served_concurrency,

@@ -34,6 +34,7 @@ class LoadReport:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
+    decode_step_noise: float | None = None
     longest_step_s: float | None = None
     single_step_s: float | None = None
     capability: float | None = None
@@ -62,6 +63,7 @@ class LoadReport:
             prefill_tokens_per_s=report.prefill_tokens_per_s,
             decode_tokens_per_s=report.decode_tokens_per_s,
             decode_step_s=report.decode_step_s,
+            decode_step_noise=report.decode_step_noise,
             longest_step_s=report.longest_step_s,
             single_step_s=1.0 / single_rate if single_rate else None,
             capability=report.capability,

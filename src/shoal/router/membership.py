@@ -193,6 +193,7 @@ class WorkerState:
             prefill_tokens_per_s=report.prefill_tokens_per_s,
             decode_tokens_per_s=report.decode_tokens_per_s,
             decode_step_s=report.decode_step_s,
+            decode_step_noise=report.decode_step_noise,
             single_step_s=report.single_step_s,
             capability=report.capability,
             unmeasured=report.unmeasured,

@@ -56,6 +56,7 @@ class WorkerView:
     prefill_tokens_per_s: float | None = None
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
+    decode_step_noise: float | None = None  # how far its steps fall from decode_step_s, relative to it
     single_step_s: float | None = None
     capability: float | None = None
     unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's

@@ -174,6 +174,7 @@ class SimWorker:
             prefill_tokens_per_s=speed.prefill_tokens_per_s,
             decode_tokens_per_s=speed.decode_tokens_per_s,
             decode_step_s=speed.decode_step_s,
+            decode_step_noise=speed.decode_step_noise,
             capability=calibration.batched_decode_tokens_per_s,
             calibration=self.calibration,
             kv_tier_tokens=self.tier.capacity_tokens if self.tier else None,

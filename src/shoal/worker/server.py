@@ -96,6 +96,7 @@ def create_app(
             prefill_tokens_per_s=stats.prefill_tokens_per_s,
             decode_tokens_per_s=stats.decode_tokens_per_s,
             decode_step_s=stats.decode_step_s,
+            decode_step_noise=stats.decode_step_noise,
             longest_step_s=engine.longest_step_s(),
             capability=calibration.capability if calibration else None,
             calibration=figures,

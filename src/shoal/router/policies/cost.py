@@ -34,8 +34,14 @@ too slow would starve it for good. A conversation is never moved off its cache t
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
-another is estimated faster by more than `affinity_margin` (25%). Without it, identical workers
-trade conversations on noise and every trade re-computes a whole history.
+another is estimated faster by more than the margin. Without it, identical workers trade
+conversations on noise and every trade re-computes a whole history; with too wide a one,
+conversations stay on workers whose caches overflow. The margin is the two workers' decode step
+noise added (how far each one's steps fall from the step it reports, relative to it), at least
+`min_affinity_margin` (10%); a worker that does not report its noise is taken at 12.5%, so two such
+workers keep the 25% that served before the noise was measured. Two one-thread workers on two cores
+beside their router and its client measured 11-24% each; the simulator's workers, whose steps move
+only with their batch, about 1%.
 
 Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
@@ -168,9 +174,20 @@ def queues_blind(worker: WorkerView) -> bool:
     )
 
 
+# The decode step noise taken for a worker that does not report it (a peer engine).
+UNREPORTED_STEP_NOISE = 0.125
+
+
+def affinity_margin(home: WorkerView, fastest: WorkerView, least: float) -> float:
+    """How much faster than `home` another worker must be estimated to take its request: the two
+    workers' step noise added, at least `least`."""
+    noise = sum(UNREPORTED_STEP_NOISE if w.decode_step_noise is None else w.decode_step_noise for w in (home, fastest))
+    return max(least, noise)
+
+
 @dataclass(frozen=True)
 class CostPolicy:
-    affinity_margin: float = 0.25
+    min_affinity_margin: float = 0.10
     name: str = "cost"
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView], context: RoutingContext) -> WorkerView:
@@ -180,7 +197,8 @@ class CostPolicy:
         home = max(candidates, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -estimates[w.worker_id]))
         if (
             context.matched_blocks.get(home.worker_id, 0) > context.matched_blocks.get(fastest.worker_id, 0)
-            and estimates[home.worker_id] <= (1 + self.affinity_margin) * estimates[fastest.worker_id]
+            and estimates[home.worker_id]
+            <= (1 + affinity_margin(home, fastest, self.min_affinity_margin)) * estimates[fastest.worker_id]
         ):
             return home
         return fastest
