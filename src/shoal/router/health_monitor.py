@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections import deque
 from collections.abc import Callable
@@ -164,11 +165,12 @@ class HealthMonitor:
                 budget -= 1
                 state.ejections += 1
                 state.ejected_until = now + settings.ejection_s * state.ejections
-                median = sorted(scores.values())[len(scores) // 2]
                 self.events.record(
                     worker_id,
                     "ejected",
-                    f"{label} {measured[worker_id] * 1e3:.0f} ms, {scores[worker_id] / median:.1f}x the fleet median",
+                    f"{label} {measured[worker_id] * 1e3:.0f} ms, "
+                    f"{scores[worker_id] / statistics.median(scores.values()):.1f}x the median of "
+                    f"{len(scores)} workers" + (f" on {state.engine}" if state.engine else ""),
                 )
                 state.sever()
         return budget
