@@ -116,9 +116,8 @@ class BreakerSettings(Frozen):
 class OutlierSettings(Frozen):
     """A worker whose time to first token or inter-token latency exceeds factor × the median of the
     workers serving its model on its engine (with at least min_samples samples each, among at least
-    min_workers workers) is
-    ejected for ejection_s × the number of times it was ejected; at most max_ejected_fraction of a
-    model's workers are ejected at once."""
+    min_workers workers) is ejected for ejection_s × the number of times it was ejected; at most
+    max_ejected_fraction of a model's workers are ejected at once."""
 
     factor: float = Field(3.0, gt=1)
     min_workers: int = Field(3, ge=3)

@@ -1,9 +1,9 @@
 """Gray failures: a worker whose latency is `factor` times its peers' median is an outlier.
 
 Latencies are compared among the workers serving one model on one engine (a batching engine's
-inter-token latency is not a serial one's) and normalised by each worker's calibrated single-stream step
-time when every compared worker reports one, so a slower kind of hardware is not a failure; only
-a worker slow for its kind is.
+inter-token latency is not a serial one's) and normalised by each worker's calibrated
+single-stream step time when every compared worker reports one, so a slower kind of hardware is not
+a failure; only a worker slow for its kind is.
 """
 
 from __future__ import annotations
