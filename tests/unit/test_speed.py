@@ -41,3 +41,15 @@ def test_prefill_steps_leave_the_decode_step_and_its_noise_alone():
     before = (speed.decode_step_s, speed.decode_step_noise)
     speed.observe(500, 4, 0.9)
     assert (speed.decode_step_s, speed.decode_step_noise) == before
+
+
+def test_one_stall_moves_the_noise_no_more_than_a_step_twice_as_long():
+    """A step ten times the reported one (the process was descheduled) counts as a 100 % deviation."""
+    stalled, doubled = SpeedEstimator(), SpeedEstimator()
+    for speed, slow_step in ((stalled, 0.5), (doubled, 0.1)):
+        speed.seed(1000.0, 100.0, 0.05)
+        for _ in range(100):
+            speed.observe(0, 4, 0.05)
+        speed.observe(0, 4, slow_step)
+    assert stalled.decode_step_noise == pytest.approx(doubled.decode_step_noise)
+    assert stalled.decode_step_noise == pytest.approx(0.05**0.5, rel=0.01)

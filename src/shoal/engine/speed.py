@@ -34,8 +34,10 @@ class SpeedEstimator:
     `decode_step_noise` is how far decode steps fall from the step time reported before them,
     relative to it (the root of a moving mean of squared relative deviations, same decay): what a
     router comparing this engine's reported step with another's must allow for. A batch that
-    changes size and a CPU shared with other processes both raise it. None before a decode step
-    has been compared with a reported one.
+    changes size and a CPU shared with other processes both raise it. A step counts as at most a
+    100 % deviation: one stall (a page fault, a collection, the process descheduled) moves it by
+    no more than a step twice as long would. None before a decode step has been compared with a
+    reported one.
     """
 
     def __init__(self, decay: float = 0.05):
@@ -67,7 +69,7 @@ class SpeedEstimator:
                 if step is None:
                     self.decode_step_s = seconds
                     return
-                deviation_sq = ((seconds - step) / step) ** 2
+                deviation_sq = min(1.0, ((seconds - step) / step) ** 2)
                 known = self._step_deviation_sq
                 self._step_deviation_sq = deviation_sq if known is None else known + self.decay * (deviation_sq - known)
                 self.decode_step_s = step + self.decay * (seconds - step)
