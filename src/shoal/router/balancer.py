@@ -44,7 +44,8 @@ class Balancer:
         self, request: RouteRequest, exclude: frozenset[str] = frozenset(), phase: Phase = "prefill"
     ) -> Placement | None:
         """None when no worker can take the request (unknown model, all unhealthy, too long).
-        A continuation is placed in the decode phase (shoal.router.worker_roles)."""
+        A continuation is placed in the decode phase (shoal.router.worker_roles). Policies are pure
+        functions of their arguments, so with one candidate none is asked: there is no choice."""
         views = [w for w in self.membership.views() if w.worker_id not in exclude]
         candidates = eligible(request, for_phase(views, request.model, phase))
         if not candidates:
@@ -61,7 +62,7 @@ class Balancer:
         }
         context = RoutingContext(self.rng, self.decisions, matched, in_tier, self.prefix_index.size)
         self.decisions += 1
-        chosen = self.policy.choose(request, candidates, context)
+        chosen = candidates[0] if len(candidates) == 1 else self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)
         capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
         capacity_blocks = self._index_blocks(request, capacity_tokens)
