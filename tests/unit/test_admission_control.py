@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from shoal.router import auth
 from shoal.router.admission import Admission, Refused
 from shoal.router.auth import ApiKeys, key_hash
 from shoal.router.config import RouterConfig
@@ -119,6 +120,16 @@ def test_api_keys_by_hash_and_from_the_environment(monkeypatch):
     assert keys.authenticate("Bearer nope") is None and keys.authenticate(None) is None
     monkeypatch.delenv("SHOAL_API_KEYS")
     assert ApiKeys(RouterConfig()).authenticate(None).name == "anonymous"
+
+
+def test_accepted_keys_are_remembered_up_to_a_bound_and_wrong_ones_never(monkeypatch):
+    monkeypatch.setenv("SHOAL_API_KEYS", "key-1,key-2,key-3")
+    monkeypatch.setattr(auth, "KNOWN_KEYS", 2)
+    keys = ApiKeys(RouterConfig())
+    names = [keys.authenticate(f"Bearer key-{i}").name for i in (1, 2, 3, 1)]
+    assert names == [f"key-{key_hash(f'key-{i}')[:8]}" for i in (1, 2, 3, 1)]
+    assert 0 < len(keys.known) <= 2
+    assert keys.authenticate("Bearer key-4") is None and "Bearer key-4" not in keys.known
 
 
 def test_the_readme_router_config_is_valid():

@@ -30,6 +30,7 @@ from shoal.observability.trace_sampling import TraceBudget
 # The OTLP endpoint when a process is not given one (the OpenTelemetry SDK's own variables).
 OTLP_ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 DEFAULT_KEPT_TRACES = 500
+UNSAMPLED = TraceFlags(TraceFlags.DEFAULT)
 # FastAPI's own OpenTelemetry, off: shoal traces its requests itself. Left on, it looks up the global
 # providers on every request (about 15 µs of the router's CPU each), and where one is configured it
 # would trace every request a second time.
@@ -152,23 +153,29 @@ class Tracing:
         """A started span under `parent` (a span, a context from extract(), or None for a new trace).
         Under a span that is not recorded (its trace was not sampled) it is that span's context
         again, at no cost; a trace not sampled starts as ids only."""
+        if type(parent) is NonRecordingSpan:  # not isinstance: spans are ABCs, slow to check
+            return parent  # it ends as a no-op, like any span of a trace not recorded
         if isinstance(parent, Span):
             if not parent.is_recording():
                 return NonRecordingSpan(parent.get_span_context())
             context = trace.set_span_in_context(parent)
+        elif parent is None:  # a new trace: the budget decides, and most of a busy router's go unrecorded
+            if not self.budget.admit():
+                return NonRecordingSpan(SpanContext(random.getrandbits(128), random.getrandbits(64), False, UNSAMPLED))
+            context = Context()
         else:
-            context = parent or Context()
-            caller = trace.get_current_span(context).get_span_context()
+            caller = trace.get_current_span(parent).get_span_context()
             if not (caller.trace_flags.sampled if caller.is_valid else self.budget.admit()):
                 return NonRecordingSpan(
                     SpanContext(
                         caller.trace_id if caller.is_valid else random.getrandbits(128),
                         random.getrandbits(64),
                         is_remote=False,
-                        trace_flags=TraceFlags(TraceFlags.DEFAULT),
+                        trace_flags=UNSAMPLED,
                         trace_state=caller.trace_state,
                     )
                 )
+            context = parent
         return self.tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_ns)
 
     def extract(self, headers: Mapping[str, str]) -> Context | None:

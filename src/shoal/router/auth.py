@@ -25,32 +25,52 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+# Keys recently accepted, by the Authorization value as sent: a client's next request skips the hash.
+KNOWN_KEYS = 1024
+
+
 class ApiKeys:
-    """Invariant: open (every caller is "anonymous") exactly when no key is configured."""
+    """Invariant: open (every caller is "anonymous") exactly when no key is configured. Each key's
+    Client is built once; `known` holds at most KNOWN_KEYS accepted Authorization values, each with
+    the Client its key's hash matched (a wrong key is hashed every time)."""
 
     def __init__(self, config: RouterConfig):
         keys = list(config.api_keys)
         raw = os.environ.get(config.api_keys_env, "") if config.api_keys_env else ""
         keys += [ApiKey(sha256=key_hash(k.strip())) for k in raw.split(",") if k.strip()]
-        self.keys = keys
-        self.default = config.default_rate_limits
+        default = config.default_rate_limits
+        self.anonymous = Client("anonymous", default.requests_per_minute, default.tokens_per_minute)
+        self.clients = [
+            (
+                bytes.fromhex(key.sha256),
+                Client(
+                    key.name or f"key-{key.sha256[:8]}",
+                    key.requests_per_minute or default.requests_per_minute,
+                    key.tokens_per_minute or default.tokens_per_minute,
+                ),
+            )
+            for key in keys
+        ]
+        self.known: dict[str, Client] = {}
 
     @property
     def open(self) -> bool:
-        return not self.keys
+        return not self.clients
 
     def authenticate(self, authorization: str | None) -> Client | None:
         """The caller for an Authorization header value, or None if it is missing or wrong."""
         if self.open:
-            return Client("anonymous", self.default.requests_per_minute, self.default.tokens_per_minute)
+            return self.anonymous
+        known = self.known.get(authorization) if authorization else None
+        if known is not None:
+            return known
         if not authorization or not authorization.startswith("Bearer "):
             return None
-        offered = key_hash(authorization.removeprefix("Bearer ").strip())
-        for key in self.keys:
-            if hmac.compare_digest(offered, key.sha256):
-                return Client(
-                    key.name or f"key-{key.sha256[:8]}",
-                    key.requests_per_minute or self.default.requests_per_minute,
-                    key.tokens_per_minute or self.default.tokens_per_minute,
-                )
+        offered = hashlib.sha256(authorization.removeprefix("Bearer ").strip().encode()).digest()
+        for digest, client in self.clients:
+            if hmac.compare_digest(offered, digest):
+                if len(self.known) >= KNOWN_KEYS:
+                    self.known.clear()
+                self.known[authorization] = client
+                return client
         return None

@@ -6,7 +6,8 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+
+import msgspec
 
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import Policy, eligible
@@ -15,8 +16,7 @@ from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 from shoal.router.worker_roles import Phase, decode_tokens_on, for_phase
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(msgspec.Struct, frozen=True):
     """A routing decision: the worker, the ticket of its in-flight entry, and the prompt tokens
     estimated to be found in its prefix cache; the candidates and context it was chosen from."""
 
@@ -24,7 +24,7 @@ class Placement:
     ticket: int
     cached_tokens: int
     candidates: tuple[WorkerView, ...] = ()
-    context: RoutingContext = field(default_factory=RoutingContext)
+    context: RoutingContext = msgspec.field(default_factory=RoutingContext)
 
 
 class Balancer:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import replace
 
 import msgspec
+from msgspec.structs import replace
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
@@ -99,6 +99,8 @@ class FrontDoor:
         """Whether a model, or one it falls back to, is configured or was seen on a worker."""
         known = self.membership.known_models
         configured = self.config.models
+        if model in known or model in configured:
+            return True
         return any(m in known or m in configured for m in (model, *self.fallbacks(model)))
 
     def fallbacks(self, model: str) -> list[str]:

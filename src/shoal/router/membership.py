@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
+from msgspec.structs import replace
 
 from shoal.protocol.worker_load import WorkerLoad, decode_load
 from shoal.router.circuit_breaker import BreakerState, CircuitBreaker
@@ -45,11 +46,12 @@ class InFlight:
 @dataclass
 class WorkerState:
     """Mutable record of one worker. Invariants: `in_flight` holds exactly the requests this router
-        has sent to it whose responses have not ended, and `prefill_tokens` and `decode_tokens` are their
-        sums (kept as they change, so a view costs the same however busy the worker); `streams` the
-        upstream responses open on it now; `elsewhere` what the other members of a router group last said
-    they have in flight on it (requests, prefill tokens, decode tokens), summed in `elsewhere_total`;
-        `down_since` is set exactly when `down`; `refused_at` is when a poll last found nobody listening."""
+    has sent to it whose responses have not ended, in the order sent, and `prefill_tokens` and
+    `decode_tokens` are their sums (kept as they change, so a view costs the same however busy the
+    worker); `streams` the upstream responses open on it now; `elsewhere` what the other members of a
+    router group last said they have in flight on it (requests, prefill tokens, decode tokens), summed
+    in `elsewhere_total`; `down_since` is set exactly when `down`; `refused_at` is when a poll last
+    found nobody listening."""
 
     worker_id: str
     url: str
@@ -75,6 +77,8 @@ class WorkerState:
     work_changed: Callable[[WorkerState], None] | None = None  # hears of every change to in_flight
     streams: set[UpstreamResponse] = field(default_factory=set)  # from the request sent to its release
     _tickets: itertools.count = field(default_factory=itertools.count)
+    _base_view: WorkerView | None = field(default=None, repr=False)
+    _base_key: tuple = field(default=(), repr=False)
     _view: WorkerView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
 
@@ -152,30 +156,45 @@ class WorkerState:
         return self.latency.itl_s or report.decode_step_s or report.single_step_s
 
     def view(self) -> WorkerView:
-        """Built again only when what it shows changed (a view costs more than the comparison)."""
+        """Built again only when what it shows changed (a view costs more than the comparison): in
+        two parts, what changes on every request sent or ended (the router's in-flight accounting)
+        put over a copy of the rest, which changes with reports and health."""
         healthy = self.available
-        key = (
+        unreported = self.load_source == "router"
+        base_key = (
             self.report,
             self.models,
             healthy,
+            self.load_source,
+            self.concurrency.most,
+            self.concurrency.service_s,
+        )
+        key = (
             len(self.in_flight),
             self.prefill_tokens,
             self.decode_tokens,
             self.elsewhere_total,
-            self.load_source,
-            self.concurrency.most,
-            self.concurrency.service_s,
             # what it has been busy for grows with time: refreshed every quarter second
-            int(time.monotonic() * 4) if self.load_source == "router" else None,
+            int(time.monotonic() * 4) if unreported else None,
         )
+        if self._base_view is None or self._base_key != base_key:
+            self._base_view, self._base_key, self._view = self._build_base_view(healthy, unreported), base_key, None
         if self._view is None or self._view_key != key:
-            self._view, self._view_key = self._build_view(healthy), key
+            report = self.report or NO_REPORT
+            requests, prefill, decode = self.elsewhere_total
+            self._view = replace(
+                self._base_view,
+                in_flight=len(self.in_flight) + requests,
+                outstanding_prefill_tokens=max(self.prefill_tokens + prefill, report.outstanding_prefill_tokens or 0),
+                outstanding_decode_tokens=max(self.decode_tokens + decode, report.outstanding_decode_tokens or 0),
+                busy_s=self._busy_s() if unreported else None,
+            )
+            self._view_key = key
         return self._view
 
-    def _build_view(self, healthy: bool) -> WorkerView:
+    def _build_base_view(self, healthy: bool, unreported: bool) -> WorkerView:
+        """The view without the router's in-flight accounting (view() puts it over this)."""
         report = self.report or NO_REPORT
-        requests, prefill, decode = self.elsewhere_total
-        unreported = self.load_source == "router"
         return WorkerView(
             worker_id=self.worker_id,
             url=self.url,
@@ -184,9 +203,6 @@ class WorkerState:
             running=report.running,
             waiting=report.waiting,
             max_num_seqs=report.max_num_seqs,
-            in_flight=len(self.in_flight) + requests,
-            outstanding_prefill_tokens=max(self.prefill_tokens + prefill, report.outstanding_prefill_tokens or 0),
-            outstanding_decode_tokens=max(self.decode_tokens + decode, report.outstanding_decode_tokens or 0),
             free_kv_tokens=report.free_kv_tokens,
             kv_capacity_tokens=report.kv_capacity_tokens,
             max_model_len=report.max_model_len,
@@ -202,14 +218,14 @@ class WorkerState:
             kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
             served_concurrency=self.concurrency.most if unreported else None,
             service_s=self.concurrency.service_s if unreported else None,
-            busy_s=self._busy_s() if unreported else None,
         )
 
     def _busy_s(self) -> float:
         """How long the oldest request in flight has been served: since it was sent, or since the
-        previous one ended (a serial server takes the next one then); 0 with none in flight."""
-        oldest = min((work.sent_at for work in self.in_flight.values()), default=None)
-        return 0.0 if oldest is None else time.monotonic() - max(oldest, self.concurrency.last_end)
+        previous one ended (a serial server takes the next one then); 0 with none in flight. The
+        oldest is the first in `in_flight` (entries go in as they are sent)."""
+        oldest = next(iter(self.in_flight.values()), None)
+        return 0.0 if oldest is None else time.monotonic() - max(oldest.sent_at, self.concurrency.last_end)
 
 
 def normalize_url(url: str) -> str:

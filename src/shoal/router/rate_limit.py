@@ -42,6 +42,8 @@ class RateLimiter:
 
     def check(self, key: str, requests_per_minute: float | None, tokens_per_minute: float | None, tokens: int) -> float:
         """Takes from the key's buckets and returns 0, or takes nothing and returns seconds to wait."""
+        if not requests_per_minute and not tokens_per_minute:
+            return 0.0
         now = time.monotonic()
         wanted = [
             (kind, limit, amount)

@@ -110,17 +110,17 @@ class RequestTelemetry:
         self.end_attempt("abandoned")
         self.attempts += 1
         self.worker_id = worker_id
-        self.attempt_span = self.tracing.start(
-            "router.attempt",
-            parent=self.root,
-            kind=SpanKind.CLIENT,
-            attributes={
+        attributes = None
+        if self.root.is_recording():  # a trace not recorded takes none: skip building them
+            attributes = {
                 "shoal.worker": worker_id,
                 "server.address": url,
                 "shoal.attempt": self.attempts,
                 "shoal.resume": continuation is not None,
                 **({"shoal.continuation": continuation} if continuation else {}),
-            },
+            }
+        self.attempt_span = self.tracing.start(
+            "router.attempt", parent=self.root, kind=SpanKind.CLIENT, attributes=attributes
         )
         self.tracing.inject(self.attempt_span, headers)
         headers["x-request-id"] = self.request_id

@@ -34,9 +34,9 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
 
 import msgspec
+from msgspec.structs import replace
 from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 

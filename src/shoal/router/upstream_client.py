@@ -327,5 +327,5 @@ class UpstreamClient:
 
 
 def _request_bytes(path: bytes, host_header: bytes, headers: Iterable[tuple[str, str]], body: bytes) -> bytes:
-    lines = b"".join(f"{name}: {value}\r\n".encode("latin-1") for name, value in headers)
+    lines = "".join([f"{name}: {value}\r\n" for name, value in headers]).encode("latin-1")
     return b"POST %s HTTP/1.1\r\n%s%sContent-Length: %d\r\n\r\n%s" % (path, host_header, lines, len(body), body)

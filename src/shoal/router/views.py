@@ -1,5 +1,7 @@
 """What a routing policy sees: the request (as the router understands it, without a tokenizer) and
-one immutable view per worker. Policies are pure functions of these, so a simulator can drive them."""
+one immutable view per worker. Policies are pure functions of these, so a simulator can drive them.
+Requests and views are frozen msgspec structs: the router builds them on every request, and a struct
+is built in a fifth of a frozen dataclass's time (msgspec.structs.replace changes a copy)."""
 
 from __future__ import annotations
 
@@ -7,9 +9,10 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
 
-@dataclass(frozen=True)
-class RouteRequest:
+
+class RouteRequest(msgspec.Struct, frozen=True):
     """One request to place.
 
     prompt_tokens is exact for token-id prompts and estimated from characters otherwise;
@@ -31,8 +34,7 @@ class RouteRequest:
         return self.prompt_tokens + self.expected_decode_tokens
 
 
-@dataclass(frozen=True)
-class WorkerView:
+class WorkerView(msgspec.Struct, frozen=True):
     """A worker's state as the router knows it now.
 
     Load figures merge the worker's latest report with the router's own accounting of what it sent
