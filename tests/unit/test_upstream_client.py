@@ -194,6 +194,30 @@ async def _a_silent_worker_times_out_the_line_and_the_headers():
         response.close()
 
 
+def test_each_wait_has_its_own_deadline_on_the_connections_one_timer():
+    asyncio.run(_each_wait_has_its_own_deadline_on_the_connections_one_timer())
+
+
+async def _each_wait_has_its_own_deadline_on_the_connections_one_timer():
+    """Events 0.1 s apart under a 0.3 s deadline each outlast the first deadline (the timer moves
+    on); a 0.3 s wait after the headers' 30 s one ends by its own deadline, not the headers'."""
+
+    async def answer(request, writer):
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        for i in range(8):
+            await asyncio.sleep(0.1)
+            writer.write(b"%x\r\n%s\r\n" % (len(b"data: %d\n" % i), b"data: %d\n" % i))
+        await asyncio.sleep(60)
+
+    async with ScriptedServer(answer) as url:
+        client = UpstreamClient(2, read_timeout_s=30)
+        response = await client.post(url + "/stream", b"{}", {})
+        assert [await response.readline(timeout_s=0.3) for _ in range(8)] == [b"data: %d\n" % i for i in range(8)]
+        with pytest.raises(TimeoutError, match="the worker sent nothing in time"):
+            await asyncio.wait_for(response.readline(timeout_s=0.3), 10)
+        response.close()
+
+
 def test_closing_a_tracked_request_cuts_its_wait_short():
     asyncio.run(_closing_a_tracked_request_cuts_its_wait_short())
 

@@ -109,11 +109,10 @@ class UpstreamResponse:
             raise self.error
         loop = asyncio.get_running_loop()
         self._waiter = waiter = loop.create_future()
-        timer = loop.call_later(self.read_timeout_s if timeout_s is None else timeout_s, self._timed_out, waiter)
+        self.connection.watch(loop, loop.time() + (self.read_timeout_s if timeout_s is None else timeout_s))
         try:
             await waiter
         finally:
-            timer.cancel()
             self._waiter = None
         if self.error is not None:
             raise self.error
@@ -122,10 +121,9 @@ class UpstreamResponse:
         if self._waiter is not None and not self._waiter.done():
             self._waiter.set_result(None)
 
-    @staticmethod
-    def _timed_out(waiter: asyncio.Future) -> None:
-        if not waiter.done():
-            waiter.set_exception(TimeoutError("the worker sent nothing in time"))
+    def _timed_out(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_exception(TimeoutError("the worker sent nothing in time"))
 
     def _fail(self, error: UpstreamError) -> None:
         if self.error is None and not self.complete:
@@ -151,7 +149,10 @@ class UpstreamResponse:
 
 
 class _Connection(asyncio.Protocol):
-    """One TCP connection to a worker and its response parser."""
+    """One TCP connection to a worker and its response parser. The wait of its response in progress
+    ends by `deadline` (loop time) at the latest: one timer per connection, armed for the earliest
+    deadline it has been given and moved on, when it fires, to the latest one (a wait does not pay
+    for a timer of its own: a stream waits once per token)."""
 
     def __init__(self, pool: _AddressPool):
         self.pool = pool
@@ -163,6 +164,26 @@ class _Connection(asyncio.Protocol):
         self.idle_since = 0.0
         self.paused = False
         self.keep_alive = False  # as the response in progress says (read when its headers end)
+        self.deadline = 0.0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def watch(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        """The response in progress waits until `deadline` at most."""
+        self.deadline = deadline
+        if self.timer is not None and self.timer.when() > deadline:
+            self.timer.cancel()
+            self.timer = None
+        if self.timer is None and not self.closed:
+            self.timer = loop.call_at(deadline, self._deadline_reached, loop)
+
+    def _deadline_reached(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.timer = None
+        if self.response is None or self.closed:
+            return  # nothing waits: the next wait arms the timer again
+        if loop.time() < self.deadline:
+            self.timer = loop.call_at(self.deadline, self._deadline_reached, loop)
+        else:
+            self.response._timed_out()
 
     def send(self, response: UpstreamResponse, request: bytes) -> None:
         self.response, self.received_any = response, False
@@ -182,13 +203,20 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._stop_timer()
         if self.response is not None:
             self.response._fail(Disconnected("the worker closed the connection"))
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._stop_timer()
             self.transport.close()
+
+    def _stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
 
     def buffered(self, size: int) -> None:
         if size > HIGH_WATER_BYTES and not self.paused and not self.closed:
