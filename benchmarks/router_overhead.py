@@ -8,8 +8,11 @@ proxy under test runs pinned to CPU 1; the upstream and the load generator share
 router group shares with them). Each target
 gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each, in --rounds
 interleaved rounds (this machine's speed drifts by a fifth over minutes); each figure is the run
-with the median requests/s, with its p50 and p99. "Added" is a proxy's p50 at one connection minus
-the upstream's own.
+with the median requests/s, with its p50 and p99. A ratio between two proxies is the median of
+their ratios round by round (each round measures them within a minute of each other, so the drift
+cancels). "Added" is a proxy's p50 at one connection minus the upstream's own. Each proxy's CPU time
+(user and system, its processes together) per request at 32 connections is the median over rounds:
+the hypervisor's stolen time moves requests/s more than it moves CPU per request.
 
 Installs what it needs when missing: nginx-light and wrk (apt); vllm-router, sglang-router and
 LiteLLM's proxy from PyPI, each in its own venv (benchmarks/.peers, kept out of the project's).
@@ -26,6 +29,7 @@ import os
 import re
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -112,14 +116,34 @@ def wait_up(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None
     raise RuntimeError(f"{url} did not answer")
 
 
-def wrk(url: str, connections: int, seconds: int, conf_dir: Path) -> dict:
-    """requests/s, p50 and p99 (ms) under `connections` keep-alive connections; no failed response."""
+def cpu_seconds(pid: int) -> float:
+    """User and system CPU seconds of a process and its living descendants (nginx's workers)."""
+    stats = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            stats[int(entry.name)] = (int(fields[1]), int(fields[11]) + int(fields[12]))
+    family, grown = {pid}, True
+    while grown:
+        children = {child for child, (parent, _) in stats.items() if parent in family} - family
+        family |= children
+        grown = bool(children)
+    return sum(stats[member][1] for member in family if member in stats) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url: str, connections: int, seconds: int, conf_dir: Path, pid: int) -> dict:
+    """requests/s, p50 and p99 (ms) under `connections` keep-alive connections, and the CPU the
+    process `pid` (with its children) spent per request meanwhile; no failed response."""
     script = conf_dir / "post.lua"
     script.write_text(
         f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(REQUEST))}\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n'
     )
+    cpu_before = cpu_seconds(pid)
     out = subprocess.run(
         [
             "taskset",
@@ -138,6 +162,7 @@ def wrk(url: str, connections: int, seconds: int, conf_dir: Path) -> dict:
         text=True,
         check=True,
     ).stdout
+    cpu_s = cpu_seconds(pid) - cpu_before
     non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non_2xx:
         raise RuntimeError(f"{url}: {non_2xx.group(1)} failed responses under load:\n{out}")
@@ -150,7 +175,13 @@ def wrk(url: str, connections: int, seconds: int, conf_dir: Path) -> dict:
         "requests_per_s": float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
         "p50_ms": percentile("50%"),
         "p99_ms": percentile("99%"),
+        "cpu_us_per_request": 1e6 * cpu_s / int(re.search(r"(\d+) requests in", out).group(1)),
     }
+
+
+def paired_ratios(ours: list[dict], theirs: list[dict]) -> list[float]:
+    """requests/s of one proxy over another's, round by round."""
+    return [a["requests_per_s"] / b["requests_per_s"] for a, b in zip(ours, theirs, strict=True)]
 
 
 def median_run(samples: list[dict]) -> dict:
@@ -158,8 +189,8 @@ def median_run(samples: list[dict]) -> dict:
     return sorted(samples, key=lambda run: run["requests_per_s"])[len(samples) // 2]
 
 
-def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: list) -> dict[str, str]:
-    """Starts the upstream and every proxy asked for; returns their URLs by name."""
+def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: list) -> dict[str, tuple[str, int]]:
+    """Starts the upstream and every proxy asked for; returns their URLs and process ids by name."""
     upstream_port = free_port()
     answer = json.dumps(json.dumps(COMPLETION))[1:-1].replace("'", "\\'")
     processes.append(
@@ -176,7 +207,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
     )
     upstream = f"http://127.0.0.1:{upstream_port}"
     wait_up(upstream, processes[-1])
-    urls = {"direct": upstream}
+    urls = {"direct": (upstream, processes[-1].pid)}
     wanted = set(args.only.split(",")) if args.only else set(TARGETS)
     for name in TARGETS[1:]:
         if name not in wanted:
@@ -237,15 +268,15 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
             command = [str(binaries[name]), "--config", str(config), "--port", str(port), "--num_workers", "1"]
             env = {"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": API_KEY}
             processes.append(pinned(command, env))
-        urls[name] = f"http://127.0.0.1:{port}"
-        wait_up(urls[name], processes[-1], timeout_s=300)
+        urls[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
+        wait_up(urls[name][0], processes[-1], timeout_s=300)
     return urls
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; figures are the median run")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; figures are the median run")
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="members of the shoal-group target")
     parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
     parser.add_argument(
@@ -263,20 +294,24 @@ def main() -> int:
         urls = start_targets(args, binaries, conf_dir, processes)
         runs: dict[str, dict[str, list[dict]]] = {name: {f"c{c}": [] for c in CONNECTIONS} for name in urls}
         for round_number in range(args.rounds):  # interleaved: the machine's speed drifts over minutes
-            for name, url in urls.items():
+            for name, (url, pid) in urls.items():
                 for c in CONNECTIONS:
-                    runs[name][f"c{c}"].append(wrk(url, c, args.seconds, conf_dir))
+                    runs[name][f"c{c}"].append(wrk(url, c, args.seconds, conf_dir, pid))
             print(f"round {round_number + 1} of {args.rounds} done", flush=True)
         results = {}
         for name in urls:
             results[name] = {key: median_run(samples) for key, samples in runs[name].items()}
             results[name]["runs"] = runs[name]
+            cpu_us = results[name]["c32_cpu_us_per_request"] = statistics.median(
+                r["cpu_us_per_request"] for r in runs[name]["c32"]
+            )
             print(
                 f"{name:>12}: "
                 + "; ".join(
                     f"c={c} {r['requests_per_s']:,.0f} req/s p50 {r['p50_ms']:.3f} ms p99 {r['p99_ms']:.3f} ms"
                     for c, r in zip(CONNECTIONS, (results[name][f"c{c}"] for c in CONNECTIONS))
-                ),
+                )
+                + f"; CPU at c=32 {cpu_us:.0f} µs a request",
                 flush=True,
             )
         direct_p50 = results["direct"]["c1"]["p50_ms"]
@@ -285,12 +320,16 @@ def main() -> int:
         if "shoal" in results:
             for peer in ("vllm-router", "smg", "litellm", "nginx"):
                 if peer in results:
-                    ratio = results["shoal"]["c32"]["requests_per_s"] / results[peer]["c32"]["requests_per_s"]
-                    results["shoal"][f"c32_ratio_to_{peer}"] = ratio
-                    print(f"shoal / {peer} requests/s at 32 connections: {ratio:.3f}")
+                    rounds = paired_ratios(runs["shoal"]["c32"], runs[peer]["c32"])
+                    ratio = results["shoal"][f"c32_ratio_to_{peer}"] = statistics.median(rounds)
+                    results["shoal"][f"c32_ratios_to_{peer}_by_round"] = rounds
+                    print(
+                        f"shoal / {peer} requests/s at 32 connections: {ratio:.3f} "
+                        f"(rounds: {', '.join(f'{r:.3f}' for r in rounds)})"
+                    )
             print(f"shoal adds {results['shoal']['added_p50_ms_c1']:.3f} ms at p50 (one connection)")
             if "shoal-group" in results:
-                scale = results["shoal-group"]["c32"]["requests_per_s"] / results["shoal"]["c32"]["requests_per_s"]
+                scale = statistics.median(paired_ratios(runs["shoal-group"]["c32"], runs["shoal"]["c32"]))
                 results["shoal-group"]["c32_ratio_to_shoal"] = scale
                 print(f"{args.processes} processes on every CPU / one process on one: {scale:.2f}")
         RESULTS.mkdir(exist_ok=True)
