@@ -4,6 +4,7 @@ every reader, however the bytes are split; comments (keep-alives) and other fiel
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -53,3 +54,11 @@ def test_json_events_stop_at_done_however_the_bytes_are_split():
 
     for size in (1, 3, 7, len(stream)):
         assert asyncio.run(read(size)) == [{"n": 1}, {"n": 2}]
+
+
+def test_event_json_with_python_s_non_finite_numbers_is_read_and_anything_not_an_object_is_refused():
+    assert json_data(b'{"logprob": -Infinity, "score": NaN}')["logprob"] == -math.inf
+    assert json_data(b'{"choices": [{"delta": {"content": "hi"}}]}')["choices"][0]["delta"]["content"] == "hi"
+    for bad in (b"[1, 2]", b"{", b"nope"):
+        with pytest.raises(ValueError):
+            json_data(bad)

@@ -14,6 +14,8 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+import msgspec
+
 DONE = b"data: [DONE]\n\n"
 _DONE_DATA = b"[DONE]"
 
@@ -46,8 +48,13 @@ def is_done(data: bytes) -> bool:
 
 
 def json_data(data: bytes) -> dict[str, Any]:
-    """A `data` value as the JSON object it must be; ValueError otherwise."""
-    event = json.loads(data)
+    """A `data` value as the JSON object it must be; ValueError otherwise. Read by msgspec (a relayed
+    stream reads one per token), by the json module where msgspec refuses (NaN and Infinity, which
+    Python's servers may write)."""
+    try:
+        event = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        event = json.loads(data)
     if not isinstance(event, dict):
         raise ValueError("an event's data is not a JSON object")
     return event
