@@ -3,7 +3,9 @@ process), vllm-router and SGLang's Model Gateway (`smg`, both Rust), LiteLLM's p
 plain reverse proxy, all in front of the same trivial upstream, in one run; and shoal as a router
 group (`--processes`, default one per CPU) on every CPU, to see it scale with cores.
 
-The upstream is nginx answering a fixed OpenAI chat completion (so it costs next to nothing). The
+The upstream is nginx answering a fixed OpenAI chat completion (so it costs next to nothing), or
+with --stream-tokens a fixed stream of that many one-token events (a router that follows the tokens,
+as shoal's does for failover, reads each; one that passes bytes through does not). The
 proxy under test runs pinned to CPU 1; the upstream and the load generator share CPU 0 (which the
 router group shares with them). Each target
 gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each, in --rounds
@@ -50,6 +52,9 @@ COMPLETION = {
     "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
 }
 REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 1}
+# nginx's `return` takes at most 4 KiB: room for about 60 of these events.
+STREAM_EVENT = {"id": "chatcmpl-bench", "choices": [{"index": 0, "delta": {"content": "ok "}}]}
+STREAM_END = {"id": "chatcmpl-bench", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 # Both shoal and LiteLLM check this client key (LiteLLM refuses to start without one).
 API_KEY = "sk-router-bench-0123456789abcdef"
 HEADERS = {"authorization": f"Bearer {API_KEY}"}
@@ -102,13 +107,23 @@ def pinned(command: list[str], env: dict | None = None, cpus: str = "1") -> subp
     )
 
 
-def wait_up(url: str, process: subprocess.Popen, timeout_s: float = 120) -> None:
+def workload(stream_tokens: int) -> tuple[dict, str, str]:
+    """The request every client sends, and the upstream's answer to it (content type, body): one
+    completion, or with `stream_tokens` a stream of that many one-token events, its end and [DONE]."""
+    if not stream_tokens:
+        return REQUEST, "application/json", json.dumps(COMPLETION)
+    events = [STREAM_EVENT] * stream_tokens + [STREAM_END]
+    body = "".join(f"data: {json.dumps(event, separators=(',', ':'))}\n\n" for event in events) + "data: [DONE]\n\n"
+    return {**REQUEST, "max_tokens": stream_tokens, "stream": True}, "text/event-stream", body
+
+
+def wait_up(url: str, process: subprocess.Popen, request: dict, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise RuntimeError(f"{url}: process exited with {process.returncode}")
         try:
-            if httpx.post(url + "/v1/chat/completions", json=REQUEST, headers=HEADERS, timeout=2).status_code == 200:
+            if httpx.post(url + "/v1/chat/completions", json=request, headers=HEADERS, timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
@@ -134,12 +149,12 @@ def cpu_seconds(pid: int) -> float:
     return sum(stats[member][1] for member in family if member in stats) / os.sysconf("SC_CLK_TCK")
 
 
-def wrk(url: str, connections: int, seconds: int, conf_dir: Path, pid: int) -> dict:
+def wrk(url: str, connections: int, seconds: int, conf_dir: Path, pid: int, request: dict) -> dict:
     """requests/s, p50 and p99 (ms) under `connections` keep-alive connections, and the CPU the
     process `pid` (with its children) spent per request meanwhile; no failed response."""
     script = conf_dir / "post.lua"
     script.write_text(
-        f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(REQUEST))}\n'
+        f'wrk.method = "POST"\nwrk.body = {json.dumps(json.dumps(request))}\n'
         'wrk.headers["Content-Type"] = "application/json"\n'
         f'wrk.headers["Authorization"] = "Bearer {API_KEY}"\n'
     )
@@ -192,13 +207,14 @@ def median_run(samples: list[dict]) -> dict:
 def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: list) -> dict[str, tuple[str, int]]:
     """Starts the upstream and every proxy asked for; returns their URLs and process ids by name."""
     upstream_port = free_port()
-    answer = json.dumps(json.dumps(COMPLETION))[1:-1].replace("'", "\\'")
+    request, content_type, body = workload(args.stream_tokens)
+    answer = json.dumps(body)[1:-1].replace("'", "\\'")
     processes.append(
         nginx(
             conf_dir,
             "upstream",
             f"""server {{ listen 127.0.0.1:{upstream_port};
-        location = /v1/chat/completions {{ default_type application/json; return 200 '{answer}'; }}
+        location = /v1/chat/completions {{ default_type {content_type}; return 200 '{answer}'; }}
         location = /health {{ return 200 ''; }}
         location = /v1/models {{ default_type application/json;
             return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}'; }} }}""",
@@ -206,7 +222,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
         )
     )
     upstream = f"http://127.0.0.1:{upstream_port}"
-    wait_up(upstream, processes[-1])
+    wait_up(upstream, processes[-1], request)
     urls = {"direct": (upstream, processes[-1].pid)}
     wanted = set(args.only.split(",")) if args.only else set(TARGETS)
     for name in TARGETS[1:]:
@@ -269,7 +285,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
             env = {"LITELLM_TELEMETRY": "False", "LITELLM_LOG": "ERROR", "LITELLM_MASTER_KEY": API_KEY}
             processes.append(pinned(command, env))
         urls[name] = (f"http://127.0.0.1:{port}", processes[-1].pid)
-        wait_up(urls[name][0], processes[-1], timeout_s=300)
+        wait_up(urls[name][0], processes[-1], request, timeout_s=300)
     return urls
 
 
@@ -277,6 +293,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds; figures are the median run")
+    parser.add_argument(
+        "--stream-tokens",
+        type=int,
+        default=0,
+        help="stream this many one-token events a request (at most 60; default: one completion, not streamed)",
+    )
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="members of the shoal-group target")
     parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
     parser.add_argument(
@@ -286,6 +308,8 @@ def main() -> int:
         help="shoal's router.tracing.sample_ratio (default: the router's own default sampling)",
     )
     args = parser.parse_args()
+    if not 0 <= args.stream_tokens <= 60:
+        parser.error("--stream-tokens: 0 to 60 (the upstream's answer must fit nginx's 4 KiB)")
     wanted = args.only.split(",") if args.only else TARGETS[1:]
     binaries = ensure_tools([name for name in wanted if name in PEERS and PEERS[name].program])
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
@@ -296,7 +320,7 @@ def main() -> int:
         for round_number in range(args.rounds):  # interleaved: the machine's speed drifts over minutes
             for name, (url, pid) in urls.items():
                 for c in CONNECTIONS:
-                    runs[name][f"c{c}"].append(wrk(url, c, args.seconds, conf_dir, pid))
+                    runs[name][f"c{c}"].append(wrk(url, c, args.seconds, conf_dir, pid, request))
             print(f"round {round_number + 1} of {args.rounds} done", flush=True)
         results = {}
         for name in urls:
