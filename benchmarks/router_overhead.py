@@ -52,9 +52,9 @@ COMPLETION = {
     "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6},
 }
 REQUEST = {"model": "bench", "messages": [{"role": "user", "content": "Say ok."}], "max_tokens": 1}
-# nginx's `return` takes at most 4 KiB: room for about 60 of these events.
-STREAM_EVENT = {"id": "chatcmpl-bench", "choices": [{"index": 0, "delta": {"content": "ok "}}]}
-STREAM_END = {"id": "chatcmpl-bench", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+# nginx's `return` takes at most 4 KiB: room for about 50 of these events.
+STREAM_EVENT = {"id": "c", "choices": [{"index": 0, "delta": {"content": "ok "}}]}
+STREAM_END = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
 # Both shoal and LiteLLM check this client key (LiteLLM refuses to start without one).
 API_KEY = "sk-router-bench-0123456789abcdef"
 HEADERS = {"authorization": f"Bearer {API_KEY}"}
@@ -208,7 +208,7 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
     """Starts the upstream and every proxy asked for; returns their URLs and process ids by name."""
     upstream_port = free_port()
     request, content_type, body = workload(args.stream_tokens)
-    answer = json.dumps(body)[1:-1].replace("'", "\\'")
+    answer = body.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")  # an nginx '...' string
     processes.append(
         nginx(
             conf_dir,
@@ -297,7 +297,7 @@ def main() -> int:
         "--stream-tokens",
         type=int,
         default=0,
-        help="stream this many one-token events a request (at most 60; default: one completion, not streamed)",
+        help="stream this many one-token events a request (at most 50; default: one completion, not streamed)",
     )
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="members of the shoal-group target")
     parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
@@ -308,14 +308,15 @@ def main() -> int:
         help="shoal's router.tracing.sample_ratio (default: the router's own default sampling)",
     )
     args = parser.parse_args()
-    if not 0 <= args.stream_tokens <= 60:
-        parser.error("--stream-tokens: 0 to 60 (the upstream's answer must fit nginx's 4 KiB)")
+    if not 0 <= args.stream_tokens <= 50:
+        parser.error("--stream-tokens: 0 to 50 (the upstream's answer must fit nginx's 4 KiB)")
     wanted = args.only.split(",") if args.only else TARGETS[1:]
     binaries = ensure_tools([name for name in wanted if name in PEERS and PEERS[name].program])
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
     processes: list[subprocess.Popen] = []
     try:
         urls = start_targets(args, binaries, conf_dir, processes)
+        request = workload(args.stream_tokens)[0]
         runs: dict[str, dict[str, list[dict]]] = {name: {f"c{c}": [] for c in CONNECTIONS} for name in urls}
         for round_number in range(args.rounds):  # interleaved: the machine's speed drifts over minutes
             for name, (url, pid) in urls.items():
