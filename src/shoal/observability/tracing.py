@@ -22,7 +22,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from shoal.observability.trace_sampling import TraceBudget
@@ -159,12 +159,9 @@ class Tracing:
             if not parent.is_recording():
                 return NonRecordingSpan(parent.get_span_context())
             context = trace.set_span_in_context(parent)
-        elif parent is None:  # a new trace: the budget decides, and most of a busy router's go unrecorded
-            if not self.budget.admit():
-                return NonRecordingSpan(SpanContext(random.getrandbits(128), random.getrandbits(64), False, UNSAMPLED))
-            context = Context()
         else:
-            caller = trace.get_current_span(parent).get_span_context()
+            # A new trace (no parent: no context to look into) is the budget's to decide.
+            caller = INVALID_SPAN_CONTEXT if parent is None else trace.get_current_span(parent).get_span_context()
             if not (caller.trace_flags.sampled if caller.is_valid else self.budget.admit()):
                 return NonRecordingSpan(
                     SpanContext(
@@ -175,7 +172,7 @@ class Tracing:
                         trace_state=caller.trace_state,
                     )
                 )
-            context = parent
+            context = parent or Context()
         return self.tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_ns)
 
     def extract(self, headers: Mapping[str, str]) -> Context | None:

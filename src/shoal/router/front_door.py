@@ -99,9 +99,9 @@ class FrontDoor:
         """Whether a model, or one it falls back to, is configured or was seen on a worker."""
         known = self.membership.known_models
         configured = self.config.models
-        if model in known or model in configured:
-            return True
-        return any(m in known or m in configured for m in (model, *self.fallbacks(model)))
+        return (
+            model in known or model in configured or any(m in known or m in configured for m in self.fallbacks(model))
+        )
 
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)

@@ -1,7 +1,7 @@
 """What a routing policy sees: the request (as the router understands it, without a tokenizer) and
 one immutable view per worker. Policies are pure functions of these, so a simulator can drive them.
 Requests and views are frozen msgspec structs: the router builds them on every request, and a struct
-is built in a fifth of a frozen dataclass's time (msgspec.structs.replace changes a copy)."""
+is built in a sixth of a frozen dataclass's time (msgspec.structs.replace changes a copy)."""
 
 from __future__ import annotations
 
