@@ -45,7 +45,7 @@ async def through_peers(sender: LLMEngine, prompt: list[int], repeats: int) -> d
     """Seconds to fetch the prompt's blocks from a KV peer serving `sender`, as a worker does
     (CURVE-encrypted ZeroMQ over loopback TCP), with the tensors in the socket's frames and in a
     shared-memory segment."""
-    engine = AsyncLLMEngine(sender)
+    engine = AsyncLLMEngine(lambda: sender)
     context = ClusterContext("kv-transfer-benchmark")
     peer = KVPeer(engine, context, "127.0.0.1", asyncio.get_running_loop())
     ways = {"socket frames": False, "shared memory": True}

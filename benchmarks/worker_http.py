@@ -170,14 +170,13 @@ def measure_http(args, prompts: list[list[int]]) -> dict:
 
 def measure_in_process(args, prompts: list[list[int]]) -> dict:
     from shoal.config.engine import EngineConfig
-    from shoal.engine.async_engine import AsyncLLMEngine
-    from shoal.engine.calibration import calibrate
-    from shoal.engine.engine import LLMEngine
+    from shoal.engine.startup import start_engine
+    from shoal.model.weight_cache import default_cache_dir
     from shoal.sizes import parse_kv_cache
 
-    inner = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **parse_kv_cache(args.kv_cache)))
-    calibrate(inner)  # the worker calibrates too: the same warm engine on both sides
-    engine = AsyncLLMEngine(inner)
+    # As the worker starts its engine: built and calibrated on the engine thread.
+    config = EngineConfig(model=args.model, dtype=args.dtype, **parse_kv_cache(args.kv_cache))
+    engine, _ = start_engine(config, default_cache_dir())
     try:
 
         async def main() -> RunResult:

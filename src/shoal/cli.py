@@ -114,9 +114,7 @@ def generate(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from shoal.engine.async_engine import AsyncLLMEngine
-    from shoal.engine.calibration import calibrate, calibration_path
-    from shoal.engine.engine import LLMEngine
+    from shoal.engine.startup import start_engine
     from shoal.model.weight_cache import default_cache_dir
     from shoal.observability.tracing import Tracing
     from shoal.worker.admission import AdmissionLimits
@@ -129,8 +127,7 @@ def worker(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"shoal worker: invalid engine configuration: {exc}", file=sys.stderr)
         return 2
-    engine = LLMEngine(config, on_replica_failure=_exit_failed)
-    calibration = calibrate(engine, calibration_path(engine, Path(engine.config.cache_dir or default_cache_dir())))
+    async_engine, calibration = start_engine(config, Path(config.cache_dir or default_cache_dir()), _exit_failed)
     logging.getLogger("shoal.worker").info("calibrated: %s", calibration.as_dict())
     drain = DrainState()
     limits = AdmissionLimits(max_body_bytes=args.max_body_bytes, max_waiting_requests=args.max_waiting_requests)
@@ -142,7 +139,6 @@ def worker(args: argparse.Namespace) -> int:
             print("shoal worker: --router needs the cluster secret in $SHOAL_CLUSTER_SECRET", file=sys.stderr)
             return 2
         routers = [RouterLink(url, advertised, secret) for url in args.router]
-    async_engine = AsyncLLMEngine(engine)
     tracing = Tracing("shoal-worker", args.otlp_endpoint, instance=advertised)
     app = create_app(
         async_engine,

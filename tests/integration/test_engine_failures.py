@@ -73,7 +73,7 @@ def test_a_fault_no_single_request_explains_fails_that_batch_only(make_tiny_engi
 def test_async_engine_raises_for_the_failed_request_only(make_tiny_engine):
     inner = make_tiny_engine()
     poison_forward(inner, after_tokens=0)
-    engine = AsyncLLMEngine(inner)
+    engine = AsyncLLMEngine(lambda: inner)
 
     async def collect(request_id):
         return [t async for out in engine.generate(PROMPTS[request_id], PARAMS, request_id) for t in out.new_token_ids]

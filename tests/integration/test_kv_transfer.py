@@ -128,8 +128,8 @@ def test_frames_that_are_not_what_their_header_says_are_refused(make_tiny_engine
 
 def test_serving_engines_move_blocks_between_steps_and_count_them_in_their_metrics(make_tiny_engine):
     async def scenario() -> tuple[bytes, bytes]:
-        sender, receiver = AsyncLLMEngine(make_tiny_engine()), AsyncLLMEngine(make_tiny_engine(block_size=4))
-        mismatched = AsyncLLMEngine(make_tiny_engine(block_size=8))
+        sender, receiver = AsyncLLMEngine(make_tiny_engine), AsyncLLMEngine(lambda: make_tiny_engine(block_size=4))
+        mismatched = AsyncLLMEngine(lambda: make_tiny_engine(block_size=8))
         try:
             [*_, sent] = [out async for out in sender.generate(PROMPT, GREEDY)]
             exported = await sender.export_kv(PROMPT)
@@ -152,7 +152,7 @@ def test_serving_engines_move_blocks_between_steps_and_count_them_in_their_metri
 def test_workers_fetch_blocks_from_each_others_kv_peer_only_with_the_cluster_secret(make_tiny_engine):
     async def scenario():
         loop = asyncio.get_running_loop()
-        sender, receiver = AsyncLLMEngine(make_tiny_engine()), AsyncLLMEngine(make_tiny_engine())
+        sender, receiver = AsyncLLMEngine(make_tiny_engine), AsyncLLMEngine(make_tiny_engine)
         members, stranger = ClusterContext("kv-secret"), ClusterContext("another-secret")
         peer = KVPeer(sender, members, "127.0.0.1", loop)
         try:

@@ -273,7 +273,7 @@ def test_shutting_down_while_a_stage_hangs_interrupts_the_wait(five_layer_model,
         pipeline_parallel_size=2,
         step_delay_ms=10,
     )
-    engine = AsyncLLMEngine(llm.engine)
+    engine = AsyncLLMEngine(lambda: llm.engine)
     stage = llm.engine.runner.stages[1].process
 
     async def generate_until_the_hang() -> list:

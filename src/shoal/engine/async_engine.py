@@ -1,20 +1,28 @@
 """Async front of the engine: submit, stream tokens, abort. The engine runs in its own thread.
 
-All engine state is touched by that thread only; callers talk to it through a command queue and get
-outputs through per-request asyncio queues, so a slow step never blocks the caller's event loop.
-Other threads read the engine's figures from `stats`, a snapshot the engine thread republishes after
-every command and step.
+All engine state is touched by that thread only, from the engine's construction on; callers talk to
+it through a command queue and get outputs through per-request asyncio queues, so a slow step never
+blocks the caller's event loop. Other threads read the engine's figures from `stats`, a snapshot the
+engine thread republishes after every command and step.
+
+The engine is built, calibrated and stepped on that one thread because torch's CPU kernels run on
+OpenMP, and GNU OpenMP keeps one thread team per thread that starts parallel regions. With more
+team threads than CPUs (a team built by the thread that loaded the model, and another by the thread
+that steps it) it stops spinning between parallel regions: every region of a step then waits for
+its sleeping threads to be woken, which made a served token take twice as long as an offline one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import logging
 import queue
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from shoal.engine.engine import EngineStats, LLMEngine
@@ -58,19 +66,21 @@ class _Subscriber:
 
 
 class AsyncLLMEngine:
-    """Invariant: each submitted request receives outputs until one with finished=True, or one
-    exception; abandoning the iterator (client gone) aborts the request and frees its blocks."""
+    """Invariants: each submitted request receives outputs until one with finished=True, or one
+    exception; abandoning the iterator (client gone) aborts the request and frees its blocks. The
+    engine is built by `build` on the engine thread, and every call into it (steps, commands,
+    `call_sync`) runs there; the constructor returns once it is built, or raises what `build` raised."""
 
-    def __init__(self, engine: LLMEngine):
-        self.engine = engine
+    def __init__(self, build: Callable[[], LLMEngine]):
         self._commands: queue.Queue = queue.Queue()
         self._subscribers: dict[str, _Subscriber] = {}
         self._stopped = threading.Event()
-        self.stats: EngineStats = engine.stats()
         # (time.monotonic() when the engine thread began its current work, whether that is a step).
         self._working: tuple[float, bool] = (time.monotonic(), False)
-        self._thread = threading.Thread(target=self._run, name="shoal-engine", daemon=True)
+        built: concurrent.futures.Future[LLMEngine] = concurrent.futures.Future()
+        self._thread = threading.Thread(target=self._run, args=(build, built), name="shoal-engine", daemon=True)
         self._thread.start()
+        built.result()  # the engine thread has set self.engine, or this raises what build raised
 
     async def generate(
         self,
@@ -121,8 +131,15 @@ class AsyncLLMEngine:
     async def _call(self, function):
         loop = asyncio.get_running_loop()
         done = loop.create_future()
-        self._commands.put(("call", function, loop, done))
+        self._commands.put(("call", function, functools.partial(loop.call_soon_threadsafe, _resolve, done)))
         return await done
+
+    def call_sync(self, function: Callable[[LLMEngine], object]) -> object:
+        """Runs function(engine) on the engine thread between steps and returns its result (or
+        raises its exception); blocks the calling thread, so not for an event loop's thread."""
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        self._commands.put(("call", function, functools.partial(_settle, done)))
+        return done.result()
 
     def activity(self) -> EngineActivity:
         """From any thread: what the engine thread is doing now."""
@@ -150,8 +167,16 @@ class AsyncLLMEngine:
             return
         self.engine.shutdown()
 
-    def _run(self) -> None:
-        """Drains all pending commands, then steps; sleeps on the command queue when idle."""
+    def _run(self, build: Callable[[], LLMEngine], built: concurrent.futures.Future) -> None:
+        """Builds the engine, then drains all pending commands and steps; sleeps on the command
+        queue when idle."""
+        try:
+            self.engine: LLMEngine = build()
+            self.stats: EngineStats = self.engine.stats()
+        except BaseException as exc:  # the constructor's caller raises it
+            built.set_exception(exc)
+            return
+        built.set_result(self.engine)
         while not self._stopped.is_set():
             self._working = (time.monotonic(), False)
             idle = not self.engine.has_unfinished_requests()
@@ -187,13 +212,13 @@ class AsyncLLMEngine:
             self._subscribers[request_id] = subscriber
             subscriber.loop.call_soon_threadsafe(_resolve, accepted, None, None)
         elif kind == "call":
-            _, function, loop, done = command
+            _, function, reply = command
             try:
                 result = function(self.engine)
             except Exception as exc:  # the caller's to handle
-                loop.call_soon_threadsafe(_resolve, done, None, exc)
+                reply(None, exc)
                 return
-            loop.call_soon_threadsafe(_resolve, done, result, None)
+            reply(result, None)
         elif kind == "abort":
             _, request_id = command
             subscriber = self._subscribers.pop(request_id, None)
@@ -218,6 +243,13 @@ class AsyncLLMEngine:
                 subscriber.deliver(output)
                 if output.finished:
                     del self._subscribers[output.request_id]
+
+
+def _settle(future: concurrent.futures.Future, result: object, error: BaseException | None) -> None:
+    if error is None:
+        future.set_result(result)
+    else:
+        future.set_exception(error)
 
 
 def _resolve(future: asyncio.Future, result: object, error: BaseException | None) -> None:
