@@ -76,6 +76,14 @@ def main() -> None:
             )
             for kind in ("q8_0", "q4_1")
         },
+        **{
+            f"native {kind} bf16 x": (
+                [InvariantLinear([quantized(w, kind)], None, 16, True) for w in dense],
+                torch.bfloat16,
+                kind,
+            )
+            for kind in ("q8_0", "q4_1")
+        },
     }
     cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
     model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")

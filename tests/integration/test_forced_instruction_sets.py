@@ -19,7 +19,7 @@ import pytest
 from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
 from tests.support.engine_under_isa_cap import REPORT_PREFIX
 from tests.support.kernel_builds import FORCED_LEVELS
-from tests.support.linear_rows_check import TOLERANCE
+from tests.support.linear_rows_check import TOLERANCE, bf16_pairs_digest
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -79,13 +79,26 @@ def run_engine_under_cap(level: str, model_dir: Path, cache_dir: Path) -> tuple[
     return json.loads(lines[-1].removeprefix(REPORT_PREFIX)), lines
 
 
+@pytest.fixture(scope="module")
+def report_at(tiny_model_dir, shoal_cache_dir):
+    """report_at(level): the engine's report and output lines under that level, run once a module."""
+    reports = {}
+
+    def report(level: str) -> tuple[dict, list[str]]:
+        if level not in reports:
+            reports[level] = run_engine_under_cap(level, tiny_model_dir, shoal_cache_dir)
+        return reports[level]
+
+    return report
+
+
 @pytest.mark.parametrize("level", FORCED_LEVELS)
-def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model_dir, shoal_cache_dir):
+def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, report_at):
     host = effective_cpu_features().host_level.name
     if LEVEL_NAMES.index(host) < LEVEL_NAMES.index(level):
         pytest.skip(f"this CPU's level is {host}, below {level}")
     expected = LEVELS[level]
-    report, lines = run_engine_under_cap(level, tiny_model_dir, shoal_cache_dir)
+    report, lines = report_at(level)
 
     assert (report["level"], report["capped"], report["auto_dtype"]) == (level, True, expected.auto_dtype)
     # torch's own view: ATen's kernels, and oneDNN's 16-bit support, which follows its capped ISA.
@@ -113,3 +126,14 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, tiny_model
         assert all(r["relative_error"] < TOLERANCE[name] for name, r in formats.items()), formats
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
+
+
+def test_quantized_blocks_against_bf16_x_are_the_same_bits_with_and_without_bf16_dot_products(report_at):
+    """A stream may move between a CPU with AVX512-BF16 and one without: the dot products and their
+    emulation with FMAs (the AVX2 build) give the same bits."""
+    if not shutil.which("c++"):
+        pytest.skip("no C++ compiler: no native kernels to compare")
+    if not effective_cpu_features().native_bf16:
+        pytest.skip("this CPU has no bf16 dot products: both sides would be the emulation")
+    report, _ = report_at("avx2")
+    assert report["bf16_pairs_digest"] == bf16_pairs_digest()

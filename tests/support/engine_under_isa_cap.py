@@ -6,7 +6,8 @@ The cap is applied before torch runs anything, as the CLI does. The last line of
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
 CPU kernels loaded here, per dtype the GEMM backend of packed and of shared weights and whether
 requests run alone and together got the same tokens, and the native matrix multiply's bitwise row
-check (tests.support.linear_rows_check) on this level's kernel path.
+check (tests.support.linear_rows_check) on this level's kernel path, with a digest of its quantized
+blocks against bfloat16 x.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from shoal.engine.sampling_params import SamplingParams
     from shoal.runner.devices import resolve_dtype
     from tests.support.engine_runs import run_to_completion
-    from tests.support.linear_rows_check import check
+    from tests.support.linear_rows_check import bf16_pairs_digest, check
 
     def engine(dtype: str, share_weights: bool = False) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.
@@ -94,6 +95,7 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         "kernel_cflags": loaded_kernel_build_flags(),
         "runs": runs,
         "linear_rows": check(),
+        "bf16_pairs_digest": bf16_pairs_digest(),
     }
 
 

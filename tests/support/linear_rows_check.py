@@ -1,9 +1,9 @@
 """The bitwise row check of the native matrix multiply, on this process's instruction set (run in a
 process under SHOAL_CPU_ISA, as tests.support.engine_under_isa_cap does, for a narrower path).
 
-For every weight format, row r of the output is the same bits for M = 1..70, 128 and 512, with r
-first, in the middle and last in the batch; the report has, per format, the rows that differed
-(none is the pass) and the largest error against float64.
+For every weight format (quantized ones against float32 and bfloat16 x), row r of the output is the
+same bits for M = 1..70, 128 and 512, with r first, in the middle and last in the batch; the report
+has, per format, the rows that differed (none is the pass) and the largest error against float64.
 """
 
 from __future__ import annotations
@@ -20,6 +20,12 @@ TOLERANCE = {
     "q6_k": 1e-5,
     "bf16": 4e-3,
     "f16": 5e-4,
+    # Quantized blocks against bfloat16 x (bf16 dot products): exact products, 16-bit outputs.
+    "q8_0 bf16 x": 4e-3,
+    "q4_0 bf16 x": 4e-3,
+    "q4_1 bf16 x": 4e-3,
+    "q4_k bf16 x": 4e-3,
+    "q6_k bf16 x": 4e-3,
 }
 K_QUANTS = ("q4_k", "q6_k")  # blocks of 256 columns
 
@@ -63,6 +69,10 @@ def check(in_features: int = 576, out_features: int = 200) -> dict:
         "f16": ([w.half() for w in dense], torch.float16),
         **{kind: ([quantized(w, kind) for w in dense], torch.float32) for kind in ("q8_0", "q4_0", "q4_1")},
         **{kind: ([quantized(w, kind) for w in wide], torch.float32) for kind in K_QUANTS},
+        **{
+            f"{kind} bf16 x": ([quantized(w, kind) for w in dense], torch.bfloat16) for kind in ("q8_0", "q4_0", "q4_1")
+        },
+        **{f"{kind} bf16 x": ([quantized(w, kind) for w in wide], torch.bfloat16) for kind in K_QUANTS},
     }
     report = {}
     for name, (weights, dtype) in cases.items():
@@ -85,3 +95,23 @@ def check(in_features: int = 576, out_features: int = 200) -> dict:
         error = ((out.double() - exact).abs().max() / exact.abs().max()).item()
         report[name] = {"differing": differing, "relative_error": error}
     return report
+
+
+def bf16_pairs_digest() -> str:
+    """SHA-256 of quantized blocks (every format) multiplied with bfloat16 x on this process's path:
+    AVX512-BF16 dot products where the level has them, their emulation with FMAs below, which is to
+    give the same bits."""
+    import hashlib
+
+    import torch
+
+    from shoal.model.invariant_linear import InvariantLinear
+
+    torch.manual_seed(5)
+    digest = hashlib.sha256()
+    for kind in ("q8_0", "q4_0", "q4_1", *K_QUANTS):
+        columns = 512 if kind in K_QUANTS else 576
+        linear = InvariantLinear([quantized(torch.randn(70, columns), kind)], [torch.randn(70)], 16, True)
+        for rows in (1, 7, 40):
+            digest.update(linear(torch.randn(rows, columns).bfloat16()).view(torch.int16).numpy().tobytes())
+    return digest.hexdigest()

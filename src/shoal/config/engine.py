@@ -20,8 +20,8 @@ class EngineConfig:
     the device is used. itl_target_ms turns on the adaptive batch size. share_weights keeps the
     memory-mapped weights shared between the host's workers instead of repacking a private copy for
     faster CPU matrix multiplies. keep_quantized runs a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K
-    matrices as they are on CPUs (the native kernels, private packed weights; dtype "auto" is then
-    float32 for the activations); False dequantizes them to dtype. batch_invariant=False gives up
+    matrices as they are on CPUs (the native kernels, private packed weights); False dequantizes
+    them to dtype. batch_invariant=False gives up
     batch invariance for torch's own kernels: one plain multiply per projection over the whole batch,
     on the weights where they lie (GGUF matrices dequantized), each layer as torch code; it exists
     to measure what invariance costs (benchmarks/batch_invariance_cost.py). attention_kernel picks

@@ -37,13 +37,12 @@ def keeps_quantized(config: EngineConfig, device: torch.device) -> bool:
 
 
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
-    """auto: float32 around quantized weights (closer to the float32 reference than bfloat16, at no
-    cost in weight bytes); else bfloat16 where the hardware computes it natively (CUDA; CPUs whose
-    effective features, under SHOAL_CPU_ISA, include AVX512-BF16 or AMX), else float32."""
+    """auto: bfloat16 where the hardware computes it natively (CUDA; CPUs whose effective features,
+    under SHOAL_CPU_ISA, include AVX512-BF16 or AMX), else float32. Quantized weights stay exact
+    either way: against bfloat16 activations their blocks run as bf16 dot products of exact
+    integers, at twice float32's multiply-adds per instruction (csrc/linear_cpu.cpp)."""
     if config.dtype != "auto":
         return getattr(torch, config.dtype)
-    if keeps_quantized(config, device):
-        return torch.float32
     if device.type == "cuda" or effective_cpu_features().native_bf16:
         return torch.bfloat16
     return torch.float32

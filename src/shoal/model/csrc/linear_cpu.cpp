@@ -13,7 +13,12 @@
 // each pair of k (VDPBF16PS's order, emulated with two FMAs where the instruction is not used);
 // quantized blocks keep two chains (k < 16 and k >= 16) of x*q, added and scaled into the running
 // sum once per block (q4_1 and q4_k then add m * sum(x over the block); q6_k scales the two chains
-// apart, its halves having scales of their own). Where the CPU has AMX, bf16 weights run on its
+// apart, its halves having scales of their own). Quantized blocks against bfloat16 x run as bf16 dot
+// products instead: a block's integer values are exact in bfloat16, so each block is one chain of
+// its 16 pairs of k (pair j: k = j and j + 16; q6_k: j and j + 8 within each half), each pair adding
+// its second product then its first (VDPBF16PS's order, two FMAs where the instruction is not used),
+// scaled into the running sum as above: the weights stay quantized and exact, and the multiply-adds
+// run at bfloat16's rate. Where the CPU has AMX, bf16 weights run on its
 // tiles instead, for every row count (amx_run): one path per format and machine, never two for one
 // matrix. The vector width follows the compiler flags (AVX-512 or AVX2); the flags are the effective
 // instruction set's (cpu_features), so forcing a narrower set builds and runs the narrower path.
@@ -37,6 +42,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 namespace shoal {
 namespace {
@@ -48,6 +54,13 @@ namespace {
 #else
 #define SHOAL_BF16_DOT 0
 #endif
+// Quantized blocks against bf16 x use VDPBF16PS wherever the CPU has it, AMX machines included (their
+// tiles take bf16 weights only).
+#if defined(__AVX512BF16__)
+#define SHOAL_QUANTIZED_BF16_DOT 1
+#else
+#define SHOAL_QUANTIZED_BF16_DOT 0
+#endif
 // Where AMX is present, bf16 weights run on its tiles for every row count (amx_run below).
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define SHOAL_AMX 1
@@ -56,7 +69,8 @@ namespace {
 #endif
 
 // What one call multiplies. x rows are float32 (`xf`, row stride ldx) for every format but bf16
-// with hardware dot products, which reads bf16 pairs (`xpairs`, one uint32 per pair of k).
+// with hardware dot products, which reads bf16 pairs (`xpairs`, one uint32 per pair of k: adjacent
+// k for bf16 weights, each quantized block's pairs in their order for quantized ones).
 struct Problem {
   Format format;
   int64_t m, n, k;
@@ -65,6 +79,7 @@ struct Problem {
   const float* xf;
   const uint32_t* xpairs;
   int64_t ldx;         // floats (or pairs) per row of x
+  bool block_pairs;    // quantized weights against bf16 x: the pairs path (tile_quantized_pairs)
   const float* xsums;  // q4_1: [m][k / 32] sums of x over each block
   const float* bias;   // [n padded to a panel] or null
   void* out;           // [m][ldo] results in x's dtype, from column 0 of this pointer
@@ -183,6 +198,109 @@ void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R]
   }
 }
 
+// The two k of pair j (0 to 15) of a quantized block on the pairs path: a byte's two nibbles, k = j
+// and j + 16; where the halves are scaled apart (q6_k), k = j and j + 8 within each half.
+inline int64_t first_k(const BlockLayout& layout, int64_t j) { return layout.two_scales ? j / 8 * 16 + j % 8 : j; }
+inline int64_t second_k(const BlockLayout& layout, int64_t j) { return first_k(layout, j) + (layout.two_scales ? 8 : 16); }
+
+#if SHOAL_QUANTIZED_BF16_DOT
+// Pair j of a quantized block's 16 columns as VDPBF16PS reads them: per column, the bf16 value of
+// k = first_k(j) in the low half and of second_k(j) in the high half (exact: small integers).
+inline __m512i pair_lanes(const BlockLayout& layout, const uint8_t* block, int64_t j) {
+  // bf16 bits of the integers 0 to 15, in a lane's low half, and in its high half.
+  const __m512 integers = _mm512_cvtepi32_ps(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+  const __m512i high_mask = _mm512_set1_epi32(static_cast<int>(0xffff0000u));
+  const uint8_t* values = block + layout.scale_bytes;
+  if (layout.nibbles) {
+    const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(values + j * kPanel)));
+    const __m512i low = _mm512_permutexvar_epi32(bytes, _mm512_srli_epi32(_mm512_castps_si512(integers), 16));
+    const __m512i high = _mm512_permutexvar_epi32(_mm512_srli_epi32(bytes, 4), _mm512_castps_si512(integers));
+    return _mm512_or_si512(low, _mm512_and_si512(high, high_mask));
+  }
+  const int8_t* q = reinterpret_cast<const int8_t*>(values);
+  const __m128i* first = reinterpret_cast<const __m128i*>(q + first_k(layout, j) * kPanel);
+  const __m128i* second = reinterpret_cast<const __m128i*>(q + second_k(layout, j) * kPanel);
+  const __m512i a = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(first))));
+  const __m512i c = _mm512_castps_si512(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(second))));
+  return _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_and_si512(c, high_mask));
+}
+#endif
+
+// Quantized blocks against x rounded to bfloat16: per block, one chain over its 16 pairs (the
+// second product, then the first), from zero; a block's chain is scaled into the running sum (d, then
+// m * sum(x over the block)), or, for q6_k, each half's chain with that half's d. With `expanded`
+// ([P][blocks][16 pairs][16 columns], pair_lanes of each block), the lanes are read from there
+// instead of expanded again: the same values, so the same bits.
+template <int R, int P>
+void tile_quantized_pairs(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R][P], const uint32_t* expanded) {
+  const BlockLayout layout = block_layout(pr.format);
+  const int64_t block_bytes = layout.bytes(), blocks = pr.k / kBlock;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* w[P];
+    for (int p = 0; p < P; ++p) {
+      w[p] = panel_at(pr, panel + p) + b * block_bytes;
+      if (expanded) continue;
+      for (int64_t line = 0; line < block_bytes; line += 64)  // the block kPrefetchBlocks ahead
+        _mm_prefetch(reinterpret_cast<const char*>(w[p] + kPrefetchBlocks * block_bytes + line), _MM_HINT_T0);
+    }
+    Vec chain[R][P];
+    for (int64_t half = 0; half < 2; ++half) {  // pairs 0-7, then 8-15
+      if (half == 0 || layout.two_scales)
+        for (int r = 0; r < R; ++r)
+          for (int p = 0; p < P; ++p) chain[r][p] = Vec::zero();
+#pragma GCC unroll 8
+      for (int64_t j = half * 8; j < half * 8 + 8; ++j) {
+#if SHOAL_QUANTIZED_BF16_DOT
+        __m512bh wj[P];
+        for (int p = 0; p < P; ++p)
+          wj[p] = (__m512bh)(expanded ? _mm512_loadu_si512(expanded + ((p * blocks + b) * kBlock / 2 + j) * kPanel)
+                                      : pair_lanes(layout, w[p], j));
+        for (int r = 0; r < R; ++r) {
+          const int xj_bits = static_cast<int>(pr.xpairs[(row + r) * pr.ldx + b * kBlock / 2 + j]);
+          const __m512bh xj = (__m512bh)_mm512_set1_epi32(xj_bits);
+          for (int p = 0; p < P; ++p) chain[r][p].v = _mm512_dpbf16_ps(chain[r][p].v, wj[p], xj);
+        }
+#else
+        const int64_t first = first_k(layout, j), second = second_k(layout, j);
+        Vec wf[P], ws[P];
+        for (int p = 0; p < P; ++p) {
+          const uint8_t* values = w[p] + layout.scale_bytes;
+          if (layout.nibbles) {
+            Vec::nibbles(values + j * kPanel, wf[p], ws[p]);
+          } else {
+            const int8_t* q = reinterpret_cast<const int8_t*>(values);
+            wf[p] = Vec::int8s(q + first * kPanel);
+            ws[p] = Vec::int8s(q + second * kPanel);
+          }
+        }
+        for (int r = 0; r < R; ++r) {
+          const float* xr = pr.xf + (row + r) * pr.ldx + b * kBlock;
+          const Vec xa = Vec::broadcast(xr[first]), xb = Vec::broadcast(xr[second]);
+          for (int p = 0; p < P; ++p) chain[r][p] = Vec::fma(xa, wf[p], Vec::fma(xb, ws[p], chain[r][p]));
+        }
+#endif
+      }
+      if (half == 0 && !layout.two_scales) continue;
+      for (int p = 0; p < P; ++p) {  // a block's chain (or a half's) into the running sums
+        Vec scale, minimum = Vec::zero();
+        if (layout.two_scales) {
+          scale = Vec::load(reinterpret_cast<const float*>(w[p]) + half * kPanel);
+        } else if (layout.float_scales) {
+          scale = Vec::load(reinterpret_cast<const float*>(w[p]));
+          minimum = Vec::load(reinterpret_cast<const float*>(w[p]) + kPanel);
+        } else {
+          scale = Vec::halves(reinterpret_cast<const uint16_t*>(w[p]));
+          if (layout.minimum) minimum = Vec::halves(reinterpret_cast<const uint16_t*>(w[p]) + kPanel);
+        }
+        for (int r = 0; r < R; ++r) {
+          acc[r][p] = Vec::fma(scale, chain[r][p], acc[r][p]);
+          if (layout.minimum) acc[r][p] = Vec::fma(minimum, Vec::broadcast(pr.xsums[(row + r) * blocks + b]), acc[r][p]);
+        }
+      }
+    }
+  }
+}
+
 // Writes one row's sums of one panel (plus bias) to the output, in the output's dtype (16-bit
 // results rounded to nearest even); columns past N are dropped. With a residual, the rounded result
 // and the residual are added and rounded again: what adding the two tensors would give.
@@ -228,7 +346,7 @@ inline void store_row(const Problem& pr, int64_t row, int64_t panel, Vec sum) {
 }
 
 template <int R, int P>
-void tile(const Problem& pr, int64_t row, int64_t panel) {
+void tile(const Problem& pr, int64_t row, int64_t panel, const uint32_t* expanded) {
   Vec acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = Vec::zero();
@@ -236,7 +354,13 @@ void tile(const Problem& pr, int64_t row, int64_t panel) {
     case kF32: tile_float<R, P, float>(pr, row, panel, acc); break;
     case kF16: tile_float<R, P, uint16_t>(pr, row, panel, acc); break;
     case kBF16: tile_bf16<R, P>(pr, row, panel, acc); break;
-    default: tile_quantized<R, P>(pr, row, panel, acc); break;
+    default:
+      if (pr.block_pairs) {
+        tile_quantized_pairs<R, P>(pr, row, panel, acc, expanded);
+      } else {
+        tile_quantized<R, P>(pr, row, panel, acc);
+      }
+      break;
   }
   for (int p = 0; p < P; ++p)
     for (int r = 0; r < R; ++r) store_row(pr, row + r, panel + p, acc[r][p]);
@@ -251,34 +375,57 @@ struct Blocking {
   int tall, wide;
 };
 
-Blocking blocking(Format format, int64_t m) {
+Blocking blocking(const Problem& pr) {
 #if defined(__AVX512F__)
-  if (format >= kQ8_0) return m == 1 ? Blocking{1, 2} : Blocking{6, 1};
+  if (pr.block_pairs) return pr.m == 1 ? Blocking{1, 4} : Blocking{6, 2};  // a chain and a sum per tile element
+  if (pr.format >= kQ8_0) return pr.m == 1 ? Blocking{1, 2} : Blocking{6, 1};
   return {6, 4};
 #else
-  if (format >= kQ8_0) return m == 1 ? Blocking{1, 2} : Blocking{2, 1};
+  if (pr.format >= kQ8_0) return pr.m == 1 ? Blocking{1, 2} : Blocking{2, 1};
   return {2, 2};
 #endif
 }
 
+#if SHOAL_QUANTIZED_BF16_DOT
+// The pairs path's lanes of `count` panels from `panel` ([count][blocks][16 pairs][16 columns]), in a
+// buffer of this thread's, for the row tiles of a chunk to share.
+const uint32_t* expand_panels(const Problem& pr, int64_t panel, int count) {
+  thread_local std::vector<uint32_t> buffer;
+  const BlockLayout layout = block_layout(pr.format);
+  const int64_t blocks = pr.k / kBlock, per_panel = blocks * (kBlock / 2) * kPanel;
+  buffer.resize(count * per_panel);
+  for (int p = 0; p < count; ++p)
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block = panel_at(pr, panel + p) + b * layout.bytes();
+      for (int64_t j = 0; j < kBlock / 2; ++j)
+        _mm512_storeu_si512(buffer.data() + p * per_panel + (b * kBlock / 2 + j) * kPanel, pair_lanes(layout, block, j));
+    }
+  return buffer.data();
+}
+#endif
+
 template <int P>
 void panel_group(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int tall) {
+  const uint32_t* expanded = nullptr;
+#if SHOAL_QUANTIZED_BF16_DOT
+  if (pr.block_pairs && rows > 2 * tall) expanded = expand_panels(pr, panel, P);  // three row tiles or more read them
+#endif
   for (int64_t end = row + rows; row < end;) {
     const int64_t left = std::min<int64_t>(end - row, tall);
     switch (left) {
-      case 1: tile<1, P>(pr, row, panel); break;
-      case 2: tile<2, P>(pr, row, panel); break;
-      case 3: tile<3, P>(pr, row, panel); break;
-      case 4: tile<4, P>(pr, row, panel); break;
-      case 5: tile<5, P>(pr, row, panel); break;
-      default: tile<6, P>(pr, row, panel); break;
+      case 1: tile<1, P>(pr, row, panel, expanded); break;
+      case 2: tile<2, P>(pr, row, panel, expanded); break;
+      case 3: tile<3, P>(pr, row, panel, expanded); break;
+      case 4: tile<4, P>(pr, row, panel, expanded); break;
+      case 5: tile<5, P>(pr, row, panel, expanded); break;
+      default: tile<6, P>(pr, row, panel, expanded); break;
     }
     row += std::min<int64_t>(left, 6);
   }
 }
 
 void rows_block(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int64_t panels) {
-  const Blocking shape = blocking(pr.format, pr.m);
+  const Blocking shape = blocking(pr);
   while (panels > 0) {
     if (panels >= 4 && shape.wide >= 4) {
       panel_group<4>(pr, row, rows, panel, shape.tall);
@@ -294,13 +441,15 @@ void rows_block(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int
 }
 
 // At most this many rows' x stay in cache while a thread walks its panels. 64 decoding rows are one
-// chunk, whose panels the threads share out: each weight is read from memory once.
+// chunk, whose panels the threads share out: each weight is read from memory once. The pairs path
+// reads half the bytes of x a row, and expands each panel's weights once a chunk: twice the rows.
 constexpr int64_t kRowChunk = 64;
+constexpr int64_t kPairsRowChunk = 128;
 
 // Tasks are (row chunk, panel) pairs, chunk-major; a thread takes a contiguous range of them.
 void run(const Problem& pr) {
-  const int64_t panels = (pr.n + kPanel - 1) / kPanel;
-  const int64_t chunks = (pr.m + kRowChunk - 1) / kRowChunk, chunk_rows = (pr.m + chunks - 1) / chunks;
+  const int64_t panels = (pr.n + kPanel - 1) / kPanel, limit = pr.block_pairs ? kPairsRowChunk : kRowChunk;
+  const int64_t chunks = (pr.m + limit - 1) / limit, chunk_rows = (pr.m + chunks - 1) / chunks;
   at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t task = begin; task < end;) {
       const int64_t chunk = task / panels, panel = task % panels;
@@ -394,6 +543,70 @@ void amx_run(const Problem& pr) {
 }
 #endif
 
+// Sums of x over each block of 32 k, [M][K / 32] float32, from x's [M, K] rows (float32 with any
+// row stride, or contiguous bfloat16). With `tree` (the pairs path), each as one fixed tree: the two
+// halves of the block added lane by lane, then the lanes (Vec::sum); else one chain from k = 0.
+at::Tensor block_sums(const at::Tensor& x, bool tree) {
+  const int64_t m = x.size(0), blocks = x.size(1) / kBlock, ldx = x.stride(0);
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(tree || !bf16, "block_sums: bfloat16 rows are summed as a tree");
+  at::Tensor sums = at::empty({m, blocks}, x.options().dtype(at::kFloat));
+  float* s = sums.data_ptr<float>();
+  const uint16_t* halves = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
+  const float* floats = bf16 ? nullptr : x.data_ptr<float>();
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t b = 0; b < blocks; ++b) {
+        const int64_t at = r * ldx + b * kBlock;
+        if (bf16) {
+          const uint16_t* block = halves + at;
+          s[r * blocks + b] = Vec::add(Vec::bfloats(block), Vec::bfloats(block + kLanes)).sum();
+          continue;
+        }
+        const float* block = floats + at;
+        if (tree) {
+          s[r * blocks + b] = Vec::add(Vec::load(block), Vec::load(block + kLanes)).sum();
+          continue;
+        }
+        float total = 0.f;
+        for (int64_t i = 0; i < kBlock; ++i) total += block[i];
+        s[r * blocks + b] = total;
+      }
+  });
+  return sums;
+}
+
+#if SHOAL_QUANTIZED_BF16_DOT
+// The pairs path with hardware dot products: x's bf16 rows rearranged into each block's pairs (pair j
+// holds k = first_k(j) in its low half and second_k(j) in its high half), and the blocks' sums.
+void multiply_block_pairs(const at::Tensor& x, Problem& pr) {
+  const BlockLayout layout = block_layout(pr.format);
+  const int64_t m = pr.m, k = pr.k;
+  uint16_t order[kBlock];  // lane 2j takes k first_k(j), lane 2j + 1 second_k(j)
+  for (int64_t j = 0; j < kBlock / 2; ++j) order[2 * j] = first_k(layout, j), order[2 * j + 1] = second_k(layout, j);
+  const __m512i index = _mm512_loadu_si512(order);
+  const at::Tensor xc = x.contiguous();
+  at::Tensor pairs = at::empty({m, k / 2}, x.options().dtype(at::kInt));
+  const uint16_t* source = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
+  uint32_t* target = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
+  at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r)
+      for (int64_t b = 0; b < k / kBlock; ++b) {
+        const __m512i block = _mm512_loadu_si512(source + r * k + b * kBlock);
+        _mm512_storeu_si512(target + r * (k / 2) + b * kBlock / 2, _mm512_permutexvar_epi16(index, block));
+      }
+  });
+  at::Tensor xsums;
+  if (layout.minimum) {
+    xsums = block_sums(xc, true);
+    pr.xsums = xsums.data_ptr<float>();
+  }
+  pr.xpairs = target;
+  pr.ldx = k / 2;
+  run(pr);
+}
+#endif
+
 // out[:, 0 : n] (row stride ldo) = x @ W.T (+ bias) (+ residual) for one packed matrix.
 void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int64_t n, const at::Tensor& bias,
               void* out, int64_t ldo, const void* residual, int64_t ldr) {
@@ -406,7 +619,15 @@ void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int6
   pr.out_type = x.scalar_type();
   pr.bias = bias.defined() ? bias.data_ptr<float>() : nullptr;
   // x as the kernel reads it: bf16 pairs for hardware bf16 dot products, float32 otherwise; a
-  // copy only where x is not in that form already (an odd K is padded with one zero).
+  // copy only where x is not in that form already (an odd K is padded with one zero). Quantized
+  // weights against bf16 x take the pairs path, with each block's pairs in their order.
+  pr.block_pairs = format >= kQ8_0 && x.scalar_type() == at::kBFloat16;
+#if SHOAL_QUANTIZED_BF16_DOT
+  if (pr.block_pairs) {
+    multiply_block_pairs(x, pr);
+    return;
+  }
+#endif
 #if SHOAL_AMX
   const bool amx = format == kBF16 && x.scalar_type() == at::kBFloat16 && amx_permitted();
 #else
@@ -436,16 +657,8 @@ void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int6
   }
   at::Tensor xsums;
   if (format >= kQ8_0 && block_layout(format).minimum) {
-    const int64_t blocks = k / kBlock;
-    xsums = at::empty({m, blocks}, x.options().dtype(at::kFloat));
-    float* s = xsums.data_ptr<float>();
-    for (int64_t r = 0; r < m; ++r)
-      for (int64_t b = 0; b < blocks; ++b) {
-        float total = 0.f;
-        for (int64_t i = 0; i < kBlock; ++i) total += pr.xf[r * pr.ldx + b * kBlock + i];
-        s[r * blocks + b] = total;
-      }
-    pr.xsums = s;
+    xsums = block_sums(xk, pr.block_pairs);
+    pr.xsums = xsums.data_ptr<float>();
   }
 #if SHOAL_AMX
   if (amx) {
