@@ -3,12 +3,20 @@ a multi-turn chat workload with shared system prompts, over 3+ real workers; the
 too, as `ROUTER:POLICY` (`smg:cache_aware` for SGLang's Model Gateway, `vllm-router:cache_aware`),
 each installed in its own venv (peer_venv) and run in front of the same shoal workers.
 
-Per router, fresh workers and a fresh router are started (so no router inherits another's caches),
-then conversations run concurrently, each turn waiting for the previous reply (which joins the
-history). Reported per policy: the workers' prefix-cache hit rate (hit tokens / queried tokens, from
-their /metrics), time to first token p50/p99 as the client sees it, and completion tokens/s.
+Per router, fresh workers and a fresh router are started (so no router inherits another's caches);
+a warm-up run of other conversations over the same system prompts places them and makes the
+workers' first calls (--no-warmup leaves it out), then the measured conversations run concurrently,
+each turn waiting for the previous reply (which joins the history). Reported per policy: the workers' prefix-cache hit rate (hit tokens / queried tokens, from
+their /metrics), time to first token p50/p99 as the client sees it, completion tokens/s and the
+run's wall time; with --repeats N, the runs of the policies interleave and the medians are reported.
 
     .venv/bin/python benchmarks/routing_quality.py [--workers 3] [--policies cost,round_robin,smg:cache_aware]
+
+Under KV pressure (each worker's cache holds only a few conversations), against both peers' routers:
+
+    .venv/bin/python benchmarks/routing_quality.py --workers 2 --kv-cache 48MiB --system-prompts 6 \
+        --conversations 12 --turns 4 --concurrency 4 \
+        --policies cost,cache_aware,round_robin,smg:cache_aware,vllm-router:cache_aware
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ import json
 import os
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
+from cpu_name import cpu_description
 from peer_venv import peer_program
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -78,14 +88,17 @@ def system_prompt(topic: str, rng: random.Random) -> str:
     return f"You are an expert assistant on {topic}. {facts}"
 
 
-def make_conversations(args) -> list[tuple[str, list[str]]]:
+def make_conversations(args, questions_seed: int) -> list[tuple[str, list[str]]]:
+    """Conversations over the run's system prompts (from --seed), with questions of their own (from
+    questions_seed): a warm-up and the measured run share the system prompts, nothing else."""
     rng = random.Random(args.seed)
     systems = [system_prompt(topic, rng) for topic in TOPICS[: args.system_prompts]]
+    asked = random.Random(questions_seed)
     return [
         (
             systems[i % len(systems)],
             [
-                f"Question {turn + 1} of conversation {i}: tell me something about item {rng.randrange(10_000)}."
+                f"Question {turn + 1} of conversation {i}: tell me something about item {asked.randrange(10_000)}."
                 for turn in range(args.turns)
             ],
         )
@@ -169,7 +182,7 @@ def router_command(name: str, port: int, urls: list[str]) -> tuple[list[str], st
     return ([program, "launch", *common] if peer == "smg" else [program, *common]), "/health"
 
 
-def measure(policy: str, conversations, args) -> dict:
+def measure(policy: str, args) -> dict:
     env = {**os.environ}
     workers, urls = [], []
     try:
@@ -200,8 +213,10 @@ def measure(policy: str, conversations, args) -> dict:
         workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         router_url = f"http://127.0.0.1:{port}"
         wait_for(router_url + ready_path, workers[-1])
+        if args.warmup:  # the system prompts placed by this router, and the first calls made
+            asyncio.run(run_conversations(router_url, make_conversations(args, args.seed + 1000), args))
         hits_before, queries_before = prefix_counters(urls)
-        result = asyncio.run(run_conversations(router_url, conversations, args))
+        result = asyncio.run(run_conversations(router_url, make_conversations(args, args.seed), args))
         hits, queries = prefix_counters(urls)
         result["prefix_hit_rate"] = (hits - hits_before) / max(1.0, queries - queries_before)
         speeds = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_s", "capability")
@@ -227,18 +242,36 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=6)
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument(
+        "--warmup",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first a run of other conversations over the same system prompts, not measured",
+    )
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each policy, interleaved; medians reported")
     args = parser.parse_args()
-    conversations = make_conversations(args)
-    results = {}
-    for policy in args.policies.split(","):
-        results[policy] = measure(policy, conversations, args)
-        r = results[policy]
-        print(
-            f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
-            f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.0f} s)",
-            flush=True,
-        )
-    policies = list(results)
+    policies = args.policies.split(",")
+    runs: dict[str, list[dict]] = {policy: [] for policy in policies}
+    for repeat in range(args.repeats):
+        for policy in policies[repeat % len(policies) :] + policies[: repeat % len(policies)]:
+            r = measure(policy, args)
+            runs[policy].append(r)
+            print(
+                f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
+                f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.1f} s)",
+                flush=True,
+            )
+    keys = ("prefix_hit_rate", "ttft_p50_s", "ttft_p99_s", "tokens_per_s", "seconds")
+    results = {
+        policy: {key: statistics.median(r[key] for r in measured) for key in keys} for policy, measured in runs.items()
+    }
+    if args.repeats > 1:
+        print(f"medians of {args.repeats} runs ({cpu_description()}):")
+        for policy, r in results.items():
+            print(
+                f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
+                f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s, wall {r['seconds']:.1f} s"
+            )
     if "round_robin" in results and policies[0] != "round_robin":
         base, rr = results[policies[0]], results["round_robin"]
         print(
@@ -248,7 +281,8 @@ def main() -> int:
     RESULTS.mkdir(exist_ok=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     out = RESULTS / f"routing-quality-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
-    out.write_text(json.dumps({"args": vars(args), "commit": commit, "results": results}, indent=2))
+    record = {"args": vars(args), "commit": commit, "cpu": cpu_description(), "results": results, "runs": runs}
+    out.write_text(json.dumps(record, indent=2))
     print(f"results: {out}")
     return 0
 

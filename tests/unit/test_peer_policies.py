@@ -25,9 +25,14 @@ def request(text: str = TEXT, prompt_tokens: int = 100) -> RouteRequest:
     )
 
 
-def context(matched: dict[str, int], recorded: dict[str, int] | None = None) -> RoutingContext:
+def context(
+    matched: dict[str, int], recorded: dict[str, int] | None = None, placed: dict[str, int] | None = None
+) -> RoutingContext:
+    """Blocks matched (believed cached), the index's sizes, and blocks placed (matched unless given)."""
     sizes = recorded or {}
-    return RoutingContext(random.Random(0), 0, matched, {}, lambda worker_id: sizes.get(worker_id, 0))
+    return RoutingContext(
+        random.Random(0), 0, matched, {}, lambda worker_id: sizes.get(worker_id, 0), placed or matched
+    )
 
 
 def test_the_peers_policies_are_registered_by_name():
@@ -48,6 +53,10 @@ def test_sglang_follows_a_prefix_of_at_least_30_percent_else_the_smallest_record
     # 64 over but not 1.5 times as many: still balanced enough
     close = [worker("a", running=200), worker("b", running=140)]
     assert policy.choose(req, close, context({"a": blocks})).worker_id == "a"
+    # Its record is a tree far larger than a worker's cache: a prefix sent to "a", evicted there since
+    # by the index's reckoning, still takes the request to "a".
+    evicted = context({}, {"a": 50, "b": 40, "c": 10}, placed={"a": blocks})
+    assert policy.choose(req, [a, b, c], evicted).worker_id == "a"
 
 
 def test_llm_d_scores_prefix_three_queue_two_and_kv_utilisation_two():

@@ -1,5 +1,5 @@
 """Routing policies on synthetic worker views: each routes as specified, and all respect the hard
-constraints (model, health, context, KV room)."""
+constraints (model, health, context, KV capacity)."""
 
 from __future__ import annotations
 
@@ -29,21 +29,30 @@ def request(prompt_tokens: int = 100, decode: int = 50, text: str = "", **fields
     )
 
 
-def test_eligibility_filters_model_health_context_and_prefers_free_kv():
+def test_eligibility_filters_model_health_context_and_whole_cache_not_free_room():
     workers = [
         worker("sick", healthy=False),
         worker("other", models=frozenset({"x"})),
         worker("short", max_model_len=100),
+        worker("small", free_kv_tokens=50, kv_capacity_tokens=50),
         worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000),
         worker("roomy", free_kv_tokens=5_000, kv_capacity_tokens=10_000),
     ]
-    assert [w.worker_id for w in eligible(request(), workers)] == ["roomy"]
-    # Nobody has the room free now: those whose whole cache could hold it queue it.
-    tiny = [
-        worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000),
-        worker("small", free_kv_tokens=0, kv_capacity_tokens=50),
-    ]
-    assert [w.worker_id for w in eligible(request(), tiny)] == ["full"]
+    # "full" queues the request until a running one ends: whether its cache is worth the wait is
+    # the policy's to weigh.
+    assert [w.worker_id for w in eligible(request(), workers)] == ["full", "roomy"]
+
+
+def test_cost_counts_the_wait_for_kv_room_like_the_wait_for_a_batch_slot():
+    running = dict(running=2, outstanding_decode_tokens=200, decode_step_s=0.02, prefill_tokens_per_s=1000.0)
+    roomy = worker("roomy", free_kv_tokens=5_000, kv_capacity_tokens=10_000, **running)
+    full = worker("full", free_kv_tokens=10, kv_capacity_tokens=10_000, **running)
+    fleet = [roomy, full]
+    per_token = 0.02  # the step while two run, above (2 + 1) / the default decode rate's share
+    waited = estimated_seconds(request(), full, fleet, RoutingContext()) - estimated_seconds(
+        request(), roomy, fleet, RoutingContext()
+    )
+    assert waited == pytest.approx(200 / 2 * max(per_token, 3 / 100.0))
 
 
 def test_a_request_too_long_by_estimate_for_every_worker_goes_to_the_largest_which_counts_exactly():

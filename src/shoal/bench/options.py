@@ -97,6 +97,13 @@ def add_workload_arguments(parser: argparse.ArgumentParser) -> argparse._Argumen
         help=f"a system prompt shared by all requests (default: {MULTI_TURN_SYSTEM_PROMPT_TOKENS} "
         "for multi-turn, else none)",
     )
+    workload.add_argument(
+        "--system-prompts",
+        type=int,
+        metavar="N",
+        default=1,
+        help="distinct system prompts of that length, conversation i taking number i mod N (multi-turn; default 1)",
+    )
     workload.add_argument("--turns", type=int, metavar="N", default=3, help="turns per conversation (multi-turn)")
     workload.add_argument(
         "--long-fraction",
@@ -142,6 +149,7 @@ def workload_config(args: argparse.Namespace) -> WorkloadConfig:
         prompt_tokens=args.prompt_tokens,
         output_tokens=args.output_tokens,
         system_prompt_tokens=system_tokens,
+        system_prompts=args.system_prompts,
         turns=args.turns,
         long_fraction=args.long_fraction,
         long_prompt_tokens=args.long_prompt_tokens,

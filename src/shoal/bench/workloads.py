@@ -2,9 +2,10 @@
 simulator alike.
 
 - `synthetic`: single-turn chats with prompt and output lengths from distributions.
-- `multi-turn`: conversations that share one system prompt; turn k's messages are turn k-1's plus
-  its answer and a new user message. Turn k may be sent only once turn k-1's answer has arrived; a
-  live client puts the real answers in place of the generated ones (`with_answers`).
+- `multi-turn`: conversations over `system_prompts` system prompts (conversation i has number
+  i mod N); turn k's messages are turn k-1's plus its answer and a new user message. Turn k may be
+  sent only once turn k-1's answer has arrived; a live client puts the real answers in place of the
+  generated ones (`with_answers`).
 - `long-prompt`: single-turn chats of which exactly round(fraction · N) have long prompts.
 
 Each kind of randomness (prompt lengths, output lengths, words, the long-prompt mix, arrivals) has
@@ -47,7 +48,8 @@ class BenchRequest:
 @dataclass(frozen=True)
 class WorkloadConfig:
     """What to generate: `requests` ≥ 1 in all; `prompt_tokens` is each new user message's length;
-    `system_prompt_tokens` the shared system prompt's (0: none); `turns` ≥ 1 per conversation
+    `system_prompt_tokens` the shared system prompt's (0: none), of which multi-turn conversations
+    have `system_prompts` ≥ 1 distinct ones; `turns` ≥ 1 per conversation
     (multi-turn: ceil(requests / turns) conversations, the last turns cut to make `requests`);
     `long_fraction` in [0, 1] of the requests get `long_prompt_tokens` (long-prompt)."""
 
@@ -56,6 +58,7 @@ class WorkloadConfig:
     prompt_tokens: LengthDistribution = Fixed(256)
     output_tokens: LengthDistribution = Fixed(128)
     system_prompt_tokens: int = 0
+    system_prompts: int = 1
     turns: int = 3
     long_fraction: float = 0.1
     long_prompt_tokens: LengthDistribution = Fixed(2048)
@@ -72,6 +75,8 @@ class WorkloadConfig:
             raise ValueError("the long-prompt fraction must be between 0 and 1")
         if self.system_prompt_tokens < 0:
             raise ValueError("the system prompt cannot have fewer than 0 tokens")
+        if self.system_prompts < 1:
+            raise ValueError("there must be at least 1 system prompt")
 
     def as_dict(self) -> dict:
         """For reports: lengths in their command-line form."""
@@ -81,6 +86,7 @@ class WorkloadConfig:
             "prompt_tokens": str(self.prompt_tokens),
             "output_tokens": str(self.output_tokens),
             "system_prompt_tokens": self.system_prompt_tokens,
+            "system_prompts": self.system_prompts,
             "turns": self.turns,
             "long_fraction": self.long_fraction,
             "long_prompt_tokens": str(self.long_prompt_tokens),
@@ -104,10 +110,13 @@ def build_workload(config: WorkloadConfig, arrivals: ArrivalProcess) -> list[Ben
         purpose: random.Random(f"{config.seed}/{purpose}")
         for purpose in ("prompts", "outputs", "words", "mix", "arrivals")
     }
-    system = words(rngs["words"], config.system_prompt_tokens)
-    prefix = ({"role": "system", "content": system},) if system else ()
+    count = config.system_prompts if config.kind == "multi-turn" else 1
+    systems = [words(rngs["words"], config.system_prompt_tokens) for _ in range(count)]
+    prefixes = [({"role": "system", "content": system},) if system else () for system in systems]
     drafts = (
-        _conversations(config, prefix, rngs) if config.kind == "multi-turn" else _single_turns(config, prefix, rngs)
+        _conversations(config, prefixes, rngs)
+        if config.kind == "multi-turn"
+        else _single_turns(config, prefixes[0], rngs)
     )
     times = arrivals.times(len(drafts), rngs["arrivals"])
     return [
@@ -130,13 +139,13 @@ def _single_turns(config: WorkloadConfig, prefix: tuple[Message, ...], rngs: Ran
     return drafts
 
 
-def _conversations(config: WorkloadConfig, prefix: tuple[Message, ...], rngs: Randoms) -> list[_Draft]:
+def _conversations(config: WorkloadConfig, prefixes: list[tuple[Message, ...]], rngs: Randoms) -> list[_Draft]:
     """Turn-major order (every conversation's turn 0, then every turn 1, ...), cut at `requests`.
     The generated answers are `max_tokens` words long, so the estimates assume full-length answers."""
     count = math.ceil(config.requests / config.turns)
     histories = []
     for conversation in range(count):
-        messages, turns = prefix, []
+        messages, turns = prefixes[conversation % len(prefixes)], []
         for turn in range(config.turns):
             question = words(rngs["words"], config.prompt_tokens.sample(rngs["prompts"]))
             messages = (*messages, {"role": "user", "content": question})

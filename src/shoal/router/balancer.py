@@ -18,19 +18,29 @@ from shoal.router.worker_roles import Phase, decode_tokens_on, for_phase
 
 class Placement(msgspec.Struct, frozen=True):
     """A routing decision: the worker, the ticket of its in-flight entry, and the prompt tokens
-    estimated to be found in its prefix cache; the candidates and context it was chosen from."""
+    estimated to be found in its prefix cache; the candidates and context it was chosen from; the
+    prompt's blocks recorded in the prefix index for the worker, and the capacity they were
+    recorded under."""
 
     worker: WorkerState
     ticket: int
     cached_tokens: int
     candidates: tuple[WorkerView, ...] = ()
     context: RoutingContext = msgspec.field(default_factory=RoutingContext)
+    blocks: tuple[bytes, ...] = ()
+    capacity_blocks: int = 0
 
 
 class Balancer:
     """Invariant: every Placement returned has an in-flight entry on its worker until `release`.
     `placed`, when set, hears of every record made in the prefix index (a router group tells its
-    other members)."""
+    other members).
+
+    A request's prompt blocks are recorded for its worker when it is placed, and again when it is
+    released: the worker frees them as the request ends, so they are its most recently freed blocks,
+    the last its cache evicts (least recently freed first). A conversation's next turn, sent as the
+    last one ends, finds its history recorded where it is still cached, however many other prompts
+    the worker was sent while the turn ran."""
 
     def __init__(self, policy: Policy, membership: Membership, seed: int | None = None):
         self.policy = policy
@@ -60,19 +70,26 @@ class Balancer:
             for w in candidates
             if w.kv_tier_tokens and matched[w.worker_id]
         }
-        context = RoutingContext(self.rng, self.decisions, matched, in_tier, self.prefix_index.size)
+        index = self.prefix_index
+        placed = index.placed_blocks(request.prefix_blocks, [w.worker_id for w in candidates])
+        context = RoutingContext(
+            self.rng, self.decisions, matched, in_tier, index.size, placed, index.eviction_pressure
+        )
         self.decisions += 1
         chosen = candidates[0] if len(candidates) == 1 else self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)
         capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
         capacity_blocks = self._index_blocks(request, capacity_tokens)
-        self.prefix_index.record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
-        if self.placed is not None:
-            self.placed(chosen.worker_id, request.prefix_blocks, capacity_blocks)
+        self._record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))
-        return Placement(state, ticket, cached, tuple(candidates), context)
+        return Placement(state, ticket, cached, tuple(candidates), context, request.prefix_blocks, capacity_blocks)
+
+    def _record(self, worker_id: str, blocks: tuple[bytes, ...], capacity_blocks: int) -> None:
+        self.prefix_index.record(worker_id, blocks, capacity_blocks)
+        if self.placed is not None:
+            self.placed(worker_id, blocks, capacity_blocks)
 
     @staticmethod
     def _index_blocks(request: RouteRequest, tokens: int | None) -> int:
@@ -81,6 +98,8 @@ class Balancer:
 
     def release(self, placement: Placement) -> None:
         placement.worker.finish(placement.ticket)
+        if self.membership.workers.get(placement.worker.worker_id) is placement.worker:  # not gone since
+            self._record(placement.worker.worker_id, placement.blocks, placement.capacity_blocks)
 
     def forget(self, worker_id: str) -> None:
         self.prefix_index.forget(worker_id)

@@ -87,13 +87,18 @@ class RoutingContext:
     """Everything a policy may use besides the request and the views: a random source (power of
     two choices), the router's request counter (round robin) and each worker's matched prefix length
     for this request, in blocks (cache-aware, cost), and how many of those are likely below its
-    paged cache, in its KV tier. Built fresh per decision by the balancer."""
+    paged cache, in its KV tier; how many leading blocks were last sent to each worker, whether
+    still cached there or not (prefix_index.placed_blocks: affinity), and how hard each worker's
+    cache has been evicting lately (prefix_index.eviction_pressure). Built fresh per decision by
+    the balancer."""
 
     rng: random.Random = field(default_factory=random.Random)
     sequence_number: int = 0
     matched_blocks: dict[str, int] = field(default_factory=dict)
     tier_blocks: dict[str, int] = field(default_factory=dict)  # of the matched, those likely in its KV tier
     recorded_blocks: Callable[[str], int] = lambda worker_id: 0  # the prefix index's size for a worker
+    placed_blocks: dict[str, int] = field(default_factory=dict)  # leading blocks last sent there, cached or not
+    eviction_pressure: Callable[[str], float] = lambda worker_id: 0.0  # prefix_index.eviction_pressure
 
     def cached_tokens(self, request: RouteRequest, worker: WorkerView) -> int:
         """Estimated prompt tokens the worker already holds in its prefix cache."""

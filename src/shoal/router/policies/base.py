@@ -18,9 +18,10 @@ class Policy(Protocol):
 
 
 def eligible(request: RouteRequest, workers: Sequence[WorkerView]) -> list[WorkerView]:
-    """Healthy workers serving the model whose context window holds prompt + expected output.
-    Among them, those whose free KV memory holds the request now are preferred; if none has the
-    room free, those whose whole KV cache could hold it (they will queue it).
+    """Healthy workers serving the model whose context window and whole KV cache hold prompt +
+    expected output. A worker without the room free now is eligible: it queues the request until
+    a running one ends, and whether that is worth it (its cache may hold most of the prompt) is
+    the policy's to weigh, not a filter's.
 
     The router only estimates token counts: a request too long, by that estimate, for every
     serving worker's window or whole KV cache goes to the workers with the largest of them, which
@@ -30,11 +31,15 @@ def eligible(request: RouteRequest, workers: Sequence[WorkerView]) -> list[Worke
     in_window = [w for w in serving if w.max_model_len is None or request.total_tokens <= w.max_model_len]
     if not in_window:
         return _largest(serving, lambda w: w.max_model_len)
-    room_now = [w for w in in_window if w.free_kv_tokens is None or w.free_kv_tokens >= request.total_tokens]
-    if room_now:
-        return room_now
     fits = [w for w in in_window if w.kv_capacity_tokens is None or w.kv_capacity_tokens >= request.total_tokens]
     return fits or _largest(in_window, lambda w: w.kv_capacity_tokens)
+
+
+def lacks_kv_room(request: RouteRequest, worker: WorkerView) -> bool:
+    """Whether the worker's free KV cache (free blocks, those caching a prefix included: they are
+    given up on demand) is known to be too small for the request now, so it waits for a running
+    request to end."""
+    return worker.free_kv_tokens is not None and worker.free_kv_tokens < request.total_tokens
 
 
 def _largest(workers: list[WorkerView], size) -> list[WorkerView]:

@@ -2,8 +2,8 @@
 
 When the fleet is imbalanced (the busiest worker has more than `balance_abs_threshold` requests
 over the idlest and more than `balance_rel_threshold` times as many), load wins: the least loaded
-worker gets the request. Otherwise the worker holding the longest cached prefix gets it if at least
-`cache_threshold` of the prompt's blocks match and that worker is not overloaded; a cache miss goes
+worker gets the request. Otherwise the worker the longest prefix was sent to (`affinity_blocks`)
+gets it if at least `cache_threshold` of the prompt's blocks match and that worker is not overloaded; a cache miss goes
 to the least loaded worker that is not overloaded, never to an overloaded one. A block likely in a
 worker's KV tier counts for the share of its prefill that copying it back saves (tier_cost).
 """
@@ -18,8 +18,15 @@ from shoal.router.tier_cost import effective_matched_blocks
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 
-def _prefill_rate(worker: WorkerView) -> float:
-    return worker.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S
+def affinity_blocks(worker: WorkerView, context: RoutingContext) -> float:
+    """The prompt's leading blocks last sent to the worker: those believed cached at their worth
+    (tier blocks at the share of the prefill they save), the rest, likely evicted, in full, as
+    SGLang's record of what it sent keeps them. Under KV pressure this keeps a prefix's requests
+    together instead of treating every evicted prefix as new."""
+    prefill = worker.prefill_tokens_per_s or DEFAULT_PREFILL_TOKENS_PER_S
+    matched = context.matched_blocks.get(worker.worker_id, 0)
+    placed = context.placed_blocks.get(worker.worker_id, matched)
+    return effective_matched_blocks(worker, context, prefill) + placed - matched
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,7 @@ class CacheAware:
         least_loaded = min(workers, key=lambda w: (w.load, w.outstanding_tokens, w.worker_id))
         if any(self.overloaded(w, least_loaded.load) for w in workers):
             return least_loaded
-        value = {w.worker_id: effective_matched_blocks(w, context, _prefill_rate(w)) for w in workers}
+        value = {w.worker_id: affinity_blocks(w, context) for w in workers}
         best = max(workers, key=lambda w: (value[w.worker_id], -w.load, w.worker_id))
         matched = value[best.worker_id]
         if request.prefix_blocks and matched >= self.cache_threshold * len(request.prefix_blocks):

@@ -4,8 +4,9 @@ Workers batch continuously: a new request does not wait for the running ones to 
 their batch and every sequence's steps get slower. So for a worker, the estimate is
 
     time = work queued ahead of this request's prefill  (outstanding prompt tokens / prefill speed,
-           plus, when the batch is full, the wait for a slot: a running request's remaining
-           decode tokens x per-token time)
+           plus, when the batch is full or the free KV cache cannot hold the request, the wait
+           for a running request to end: a running request's remaining decode tokens x per-token
+           time)
          + this request's uncached prompt tokens / prefill speed
          + its expected decode tokens x per-token time
 
@@ -34,7 +35,19 @@ too slow would starve it for good. A conversation is never moved off its cache t
 
 Estimates are noisy (speeds move with batch size and with whatever else shares the machine), so
 affinity gets a margin: the worker holding the longest cached prefix keeps the request unless
-another is estimated faster by more than the margin. Without it, identical workers trade
+another is estimated faster by more than the margin. Where no worker is believed to hold more of
+the prompt than the others, the worker the longest prefix was last sent to is its home: when caches
+hold only a few conversations, each evicts what it was sent a while ago, and a prefix sent back to
+where it went before keeps a system prompt's conversations together, where the next ones find it
+cached, instead of spreading every prefix over every cache. Under such KV pressure the margin
+widens with the home's eviction pressure (how many times over its cache it was sent blocks it could
+not keep lately, up to 4; PRESSURE_MARGIN per time): a request moved off its home there recomputes
+its prefix in a cache that has no room for it, evicting as much of what that cache's own requests
+come back for, and leaves its copy at home as dead weight; an estimate that looks faster now pays
+for it in the turns that follow. A cache that holds its traffic has no pressure and the margin
+above. In the simulator, two workers whose caches hold about two conversations each, six system
+prompts, four conversations at a time: hit rate 0.40 with the noise margin alone, 0.54 with it,
+as SGLang's rule, at a lower TTFT p99. Without it, identical workers trade
 conversations on noise and every trade re-computes a whole history; with too wide a one,
 conversations stay on workers whose caches overflow. The margin is the two workers' decode step
 noise added (how far each one's steps fall from the step it reports, relative to it), at least
@@ -66,6 +79,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shoal.router.policies.base import lacks_kv_room
 from shoal.router.tier_cost import tier_seconds
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 from shoal.router.worker_roles import decode_tokens_on
@@ -152,7 +166,7 @@ def estimated_seconds(
         ahead = turns_waited(worker) * max(worker.service_s or own, worker.busy_s or 0.0)
     else:
         ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
-        if worker.max_num_seqs and worker.load >= worker.max_num_seqs:
+        if (worker.max_num_seqs and worker.load >= worker.max_num_seqs) or lacks_kv_room(request, worker):
             ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
     return ahead + own + running * prefill
 
@@ -176,13 +190,16 @@ def queues_blind(worker: WorkerView) -> bool:
 
 # The decode step noise taken for a worker that does not report it (a peer engine).
 UNREPORTED_STEP_NOISE = 0.125
+# The margin a home's eviction pressure adds, per time its cache was sent more than it could keep.
+PRESSURE_MARGIN = 0.5
 
 
-def affinity_margin(home: WorkerView, fastest: WorkerView, least: float) -> float:
+def affinity_margin(home: WorkerView, fastest: WorkerView, least: float, pressure: float = 0.0) -> float:
     """How much faster than `home` another worker must be estimated to take its request: the two
-    workers' step noise added, at least `least`."""
+    workers' step noise added, at least `least`, and at least PRESSURE_MARGIN times the home's
+    eviction pressure."""
     noise = sum(UNREPORTED_STEP_NOISE if w.decode_step_noise is None else w.decode_step_noise for w in (home, fastest))
-    return max(least, noise)
+    return max(least, noise, PRESSURE_MARGIN * pressure)
 
 
 @dataclass(frozen=True)
@@ -194,11 +211,18 @@ class CostPolicy:
         candidates = [w for w in workers if not queues_blind(w)] or workers
         estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in candidates}
         fastest = min(candidates, key=lambda w: (estimates[w.worker_id], w.worker_id))
-        home = max(candidates, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -estimates[w.worker_id]))
+        home = max(candidates, key=lambda w: (*affinity(w, context), -estimates[w.worker_id]))
         if (
-            context.matched_blocks.get(home.worker_id, 0) > context.matched_blocks.get(fastest.worker_id, 0)
+            affinity(home, context) > affinity(fastest, context)
             and estimates[home.worker_id]
-            <= (1 + affinity_margin(home, fastest, self.min_affinity_margin)) * estimates[fastest.worker_id]
+            <= (1 + affinity_margin(home, fastest, self.min_affinity_margin, context.eviction_pressure(home.worker_id)))
+            * estimates[fastest.worker_id]
         ):
             return home
         return fastest
+
+
+def affinity(worker: WorkerView, context: RoutingContext) -> tuple[int, int]:
+    """What ties a request to a worker: the prefix it is believed to hold, then the prefix last sent
+    there (which a cache too small for its traffic may have evicted since)."""
+    return context.matched_blocks.get(worker.worker_id, 0), context.placed_blocks.get(worker.worker_id, 0)

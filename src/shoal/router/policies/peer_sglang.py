@@ -6,7 +6,8 @@ more than `balance_rel_threshold` (1.5) times as many, the least loaded worker g
 Otherwise the worker whose record (a radix tree of what it was sent) shares the longest prefix with
 the request gets it when that share reaches `cache_threshold` (0.3) of the request; below that, the
 worker with the smallest record (the most room to cache). Here the record is the router's prefix
-index, by blocks of text, as for shoal's own policies.
+index, by blocks of text, as for shoal's own policies; its tree is far larger than a worker's cache,
+so what it was sent counts whether or not the cache still holds it (`placed_blocks`).
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ class SGLangCacheAware:
         idlest = min(w.load for w in workers)
         if busiest - idlest > self.balance_abs_threshold and busiest > idlest * self.balance_rel_threshold:
             return min(workers, key=lambda w: (w.load, w.worker_id))
-        best = max(workers, key=lambda w: (context.matched_blocks.get(w.worker_id, 0), -w.load, w.worker_id))
-        matched = context.matched_blocks.get(best.worker_id, 0)
+        best = max(workers, key=lambda w: (context.placed_blocks.get(w.worker_id, 0), -w.load, w.worker_id))
+        matched = context.placed_blocks.get(best.worker_id, 0)
         if request.prefix_blocks and matched >= self.cache_threshold * len(request.prefix_blocks):
             return best
         return min(workers, key=lambda w: (context.recorded_blocks(w.worker_id), w.load, w.worker_id))
