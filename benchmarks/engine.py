@@ -16,6 +16,8 @@ One run, one machine, one model (SmolLM2-135M-Instruct from the GGUF bundled in 
 Usage:
     .venv/bin/python benchmarks/engine.py                  # default run (shoal bfloat16 and q4_1, c = 1,8,32,64)
     .venv/bin/python benchmarks/engine.py --dtypes bfloat16,float32,q4_1   # q4_1: the GGUF's blocks as they are
+    .venv/bin/python benchmarks/engine.py --dtypes gguf_bf16 --new-tokens 256 --prompt-tokens 900
+        # gguf_bf16: the GGUF's blocks against bfloat16 activations, `auto` on CPUs with bf16 dot products
     .venv/bin/python benchmarks/engine.py --quick          # c = 1,8 and 32 new tokens, to iterate
 
 Results are printed and written to benchmarks/results/engine-<timestamp>.json.
@@ -29,6 +31,7 @@ import gc
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -123,10 +126,13 @@ TOPICS = [
 
 
 class PromptPool:
-    """Hands out chat-templated prompts as token ids, never the same message twice."""
+    """Hands out chat-templated prompts as token ids, never the same message twice. With
+    `prompt_tokens`, each message goes on with words of a document of its own (seeded by its index)
+    until the prompt has about that many tokens."""
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, prompt_tokens: int | None = None):
         self.tokenizer = tokenizer
+        self.prompt_tokens = prompt_tokens
         self.next_index = 0
 
     def message(self, i: int) -> str:
@@ -134,13 +140,25 @@ class PromptPool:
         text = TASKS[i % len(TASKS)].format(TOPICS[(i // len(TASKS)) % len(TOPICS)])
         return text if i < combos else f"{text} (#{i // combos})"
 
+    def prompt(self, message: str) -> list[int]:
+        text = self.tokenizer.apply_chat_template([{"role": "user", "content": message}], add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
     def take(self, n: int) -> list[list[int]]:
         out = []
         for _ in range(n):
-            text = self.tokenizer.apply_chat_template(
-                [{"role": "user", "content": self.message(self.next_index)}], add_generation_prompt=True
-            )
-            out.append(self.tokenizer.encode(text, add_special_tokens=False))
+            message = self.message(self.next_index)
+            prompt = self.prompt(message)
+            if self.prompt_tokens and len(prompt) < self.prompt_tokens:
+                words = random.Random(self.next_index).choices(
+                    TOPICS + [t.split()[0] for t in TASKS], k=self.prompt_tokens
+                )
+                for _ in range(8):  # a few rounds of trimming to the length wanted
+                    prompt = self.prompt(f"{message} Context: {' '.join(words)}")
+                    if len(prompt) <= self.prompt_tokens:
+                        break
+                    words = words[: max(1, len(words) * self.prompt_tokens // len(prompt) - 1)]
+            out.append(prompt)
             self.next_index += 1
         return out
 
@@ -208,6 +226,15 @@ def shoal_run(llm: Any, prompts: list[list[int]], new_tokens: int, tag: str) -> 
     return m, [outputs[r] for r in ids]
 
 
+# Formats other than a dtype the weights are dequantized to: the GGUF's quantized blocks as they are,
+# against float32 activations (q4_1) or bfloat16 ones (gguf_bf16: `auto` on CPUs with bf16 dot products).
+SHOAL_FORMATS = {
+    "q4_1": {"dtype": "float32", "keep_quantized": True},
+    "gguf_bf16": {"dtype": "bfloat16", "keep_quantized": True},
+}
+GGUF_FORMATS = tuple(SHOAL_FORMATS)
+
+
 def bench_shoal(
     dtype: str,
     args: argparse.Namespace,
@@ -218,11 +245,9 @@ def bench_shoal(
     from shoal import LLM
 
     def new_engine() -> Any:
-        # q4_1: the GGUF's quantized blocks as they are, float32 activations; else dequantized to dtype.
-        weights = {"dtype": "float32", "keep_quantized": True} if dtype == "q4_1" else {"dtype": dtype}
         return LLM(
             MODEL,
-            **{"keep_quantized": False, **weights},
+            **{"keep_quantized": False, **SHOAL_FORMATS.get(dtype, {"dtype": dtype})},
             device="cpu",
             kv_cache_bytes=args.kv_cache_bytes,
             max_num_seqs=args.max_num_seqs,
@@ -688,12 +713,13 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
                 )
             vt[c] = entry
         vc = out["vs_ceilings"][dtype] = {}
-        bw = ceil.get("bandwidth", {}).get("gguf_q4_1" if dtype == "q4_1" else dtype, {})
+        bw = ceil.get("bandwidth", {}).get("gguf_q4_1" if dtype in GGUF_FORMATS else dtype, {})
         if 1 in runs and "ceiling_tok_s" in bw:
             vc["c1_gen_over_bandwidth_ceiling"] = runs[1]["gen_tok_s"] / bw["ceiling_tok_s"]
             if "per_tensor_ceiling_tok_s" in bw:
                 vc["c1_gen_over_per_tensor_ceiling"] = runs[1]["gen_tok_s"] / bw["per_tensor_ceiling_tok_s"]
-        gemm = ceil.get("gemm", {}).get("float32" if dtype == "q4_1" else dtype, {})  # q4_1 multiplies in float32
+        compute = {"q4_1": "float32", "gguf_bf16": "bfloat16"}.get(dtype, dtype)  # the multiply-adds' type
+        gemm = ceil.get("gemm", {}).get(compute, {})
         top = max(runs)
         if "roofline_tok_s" in gemm:
             vc[f"c{top}_gen_over_gemm_roofline"] = runs[top]["gen_tok_s"] / gemm["roofline_tok_s"]
@@ -732,7 +758,7 @@ def compute_ratios(results: dict[str, Any], args: argparse.Namespace) -> dict[st
             0.70,
         )
         target("c=64 gen tok/s >= 0.5x GEMM roofline", vc.get("c64_gen_over_gemm_roofline"), 0.5)
-        if dtype == "bfloat16":
+        if dtype in ("bfloat16", "gguf_bf16"):
             for c in runs:
                 target(f"c={c} e2e tok/s >= 1.2x vLLM CPU bfloat16", vv.get(c), 1.2)
         if dtype == "q4_1":
@@ -794,6 +820,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--concurrency", default="1,8,32,64", help="comma-separated numbers of concurrent requests")
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request")
+    p.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=None,
+        help="prompts of about this many tokens (default: short chat prompts)",
+    )
     p.add_argument("--dtypes", default="bfloat16,q4_1", help="shoal formats, comma-separated (bfloat16,float32,q4_1)")
     p.add_argument("--hf-dtypes", default="float32,bfloat16", help="transformers dtypes ('' to skip)")
     p.add_argument("--skip-hf", action="store_true")
@@ -954,7 +986,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = ModelShape.from_config(ckpt.config)
     tokenizer = ckpt.tokenizer
     eos_id = (list(tokenizer.eos_token_ids) or list(ckpt.config.eos_token_ids))[0]
-    pool = PromptPool(tokenizer)
+    pool = PromptPool(tokenizer, args.prompt_tokens)
     prompts_for = {c: pool.take(c) for c in args.concurrency}  # the measured prompts, shared by all engines
     all_prompts = [p for c in args.concurrency for p in prompts_for[c]]
     lens = [len(p) for p in all_prompts]
