@@ -6,8 +6,9 @@ import httpx
 import openai
 import pytest
 
+from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from tests.support.waiting import wait_for
-from tests.support.workers import MODEL, scrape
+from tests.support.workers import MODEL, scrape, start_worker, tiny_worker_args
 
 
 @pytest.fixture
@@ -307,3 +308,24 @@ def test_a_final_message_that_cannot_be_continued_is_a_400(worker_url, messages,
     body = {"model": MODEL, "messages": messages, **extra}
     response = httpx.post(worker_url + "/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 400 and "continue_final_message" in response.json()["error"]["message"]
+
+
+def test_keep_alives_go_only_to_clients_that_ask_for_them(tiny_model_dir, shoal_cache_dir):
+    """Steps of 0.7 s leave a stream silent past the worker's keep-alive interval: a router (asking
+    with the header) hears what the engine is on; any other client gets the tokens alone."""
+    process, url = start_worker(tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=700), shoal_cache_dir)
+    body = {"model": MODEL, "prompt": "hello", "max_tokens": 3, "ignore_eos": True, "stream": True}
+    try:
+        lines = {}
+        for asked in (False, True):
+            headers = {KEEP_ALIVE_HEADER: "1"} if asked else {}
+            with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=60) as response:
+                lines[asked] = list(response.iter_lines())
+        assert not [line for line in lines[False] if line.startswith(":")]
+        assert [line for line in lines[True] if line.startswith(": keep-alive {")]
+        assert sum(line.startswith("data: {") for line in lines[False]) == sum(
+            line.startswith("data: {") for line in lines[True]
+        )
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

@@ -73,3 +73,23 @@ def test_logprobs_are_raw_model_logprobs():
 def test_position_seed_mixes_both_inputs():
     seeds = {position_seed(s, p) for s in range(20) for p in range(20)}
     assert len(seeds) == 400 and all(0 <= v < 2**63 for v in seeds)
+
+
+@pytest.mark.parametrize("vocab", [50, 1000, 49152])
+def test_a_draw_inverts_the_cumulative_distribution_at_the_rows_uniform(vocab):
+    """The native kernel's token is where u times the total weight falls in the running sum of
+    softmax(logits / T) (float64 reference; a token's bounds allow the float32 weights' rounding);
+    tokens at -inf are never drawn."""
+    from shoal.engine.sampler import _draw_rows
+
+    torch.manual_seed(vocab)
+    logits = torch.randn(64, vocab) * 3
+    logits[:, ::7] = float("-inf")
+    rows = [row(SamplingParams(temperature=0.5 + i / 64), seed=i, position=3 * i) for i in range(64)]
+    tokens = _draw_rows(logits, rows).tolist()
+    for i, (token, r) in enumerate(zip(tokens, rows)):
+        weights = torch.softmax(logits[i].double() / r.params.temperature, -1)
+        cumulative = weights.cumsum(-1)
+        u = position_seed(r.seed, r.position) / 2**63
+        below = float(cumulative[token - 1]) if token else 0.0
+        assert token % 7 and below - 1e-5 <= u <= float(cumulative[token]) + 1e-5, (i, token, u)

@@ -1,9 +1,12 @@
 """Token selection: penalties, temperature, top-k/top-p/min-p, and reproducible randomness.
 
-The random draw for the token at absolute position p of a request depends only on (seed, p): a
-fresh generator is seeded from both, and sampling is an exponential race (argmax of p_i / E_i with
-E_i ~ Exp(1)), which is equivalent to drawing from p. Together with batch-invariant logits, a
-request yields the same tokens alone, batched, preempted, or resumed from a prefix elsewhere.
+The random draw for the token at absolute position p of a request depends only on (seed, p) and the
+row's logits: a uniform u in [0, 1) is mixed from both (SplitMix64), and the token is the inverse of
+the cumulative distribution of softmax(logits / temperature) at u, over the tokens the filters keep
+(filtered ones are -inf). Every drawing row of a step goes to one native call (csrc/categorical_cpu.cpp:
+each row's weights summed in one fixed order, so its token depends on that row alone). Together with
+batch-invariant logits, a request yields the same tokens alone, batched, preempted, or resumed from
+a prefix elsewhere.
 """
 
 from __future__ import annotations
@@ -56,7 +59,18 @@ def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:
     greedy = logits if len(plain) == len(rows) else logits[plain]  # no copy when every row is greedy
     picked = dict(zip(plain, _argmax_rows(greedy).tolist())) if plain else {}
     picked.update((i, row.only_token) for i, row in enumerate(rows) if _is_forced(row))
-    return [SampledToken(picked[i]) if i in picked else _sample_row(logits[i], row) for i, row in enumerate(rows)]
+    chosen = [i for i in range(len(rows)) if i not in picked]
+    scores = {i: _scores(logits[i], rows[i]) for i in chosen if not _is_plain_draw(rows[i])}
+    greedy_rows = [i for i in chosen if rows[i].params.greedy]
+    if greedy_rows:
+        best = _argmax_rows(torch.stack([scores[i] for i in greedy_rows]))
+        picked.update(zip(greedy_rows, best.tolist()))
+    drawn = [i for i in chosen if not rows[i].params.greedy]
+    if drawn:
+        every = len(drawn) == len(rows) and not scores  # the logits as they are: no copy
+        table = logits if every else torch.stack([scores.get(i, logits[i]) for i in drawn])
+        picked.update(zip(drawn, _draw_rows(table, [rows[i] for i in drawn]).tolist()))
+    return [_with_logprobs(logits[i], row, picked[i]) for i, row in enumerate(rows)]
 
 
 def _is_forced(row: SamplingRow) -> bool:
@@ -71,13 +85,11 @@ def _argmax_rows(logits: torch.Tensor) -> torch.Tensor:
     return kernels.argmax_rows(logits) if kernels is not None else logits.argmax(dim=-1)
 
 
-def _is_plain_greedy(row: SamplingRow) -> bool:
-    """Greedy with nothing that alters the logits: a row-wise argmax is the whole job."""
+def _unaltered(row: SamplingRow) -> bool:
+    """Nothing changes the row's logits: no penalty, banned token or grammar mask."""
     p = row.params
     return (
-        p.greedy
-        and p.logprobs is None
-        and not row.banned_token_ids
+        not row.banned_token_ids
         and row.allowed is None
         and p.repetition_penalty == 1.0
         and not p.presence_penalty
@@ -85,20 +97,36 @@ def _is_plain_greedy(row: SamplingRow) -> bool:
     )
 
 
-def _sample_row(logits: torch.Tensor, row: SamplingRow) -> SampledToken:
+def _is_plain_greedy(row: SamplingRow) -> bool:
+    """Greedy with nothing that alters the logits: a row-wise argmax is the whole job."""
+    return row.params.greedy and row.params.logprobs is None and _unaltered(row)
+
+
+def _is_plain_draw(row: SamplingRow) -> bool:
+    """A draw at a temperature from the logits as they are: no filter to apply first."""
+    p = row.params
+    return not p.greedy and _unaltered(row) and p.top_k <= 0 and p.top_p >= 1.0 and p.min_p <= 0.0
+
+
+def _scores(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
+    """The row's logits after penalties, banned tokens and the grammar's mask; for a draw, also -inf
+    for every token top-k, top-p and min-p drop (the distribution they leave, renormalized)."""
     params = row.params
-    raw_logprobs = torch.log_softmax(logits, dim=-1) if params.logprobs is not None else None
-    logits = _apply_penalties(logits.clone(), row)
+    scores = _apply_penalties(logits.clone(), row)
     if row.banned_token_ids:
-        logits[list(row.banned_token_ids)] = float("-inf")
+        scores[list(row.banned_token_ids)] = float("-inf")
     if row.allowed is not None:
-        logits = torch.where(row.allowed, logits, float("-inf"))
+        scores = torch.where(row.allowed, scores, float("-inf"))
     if params.greedy:
-        token = int(_argmax_rows(logits.unsqueeze(0))[0])
-    else:
-        token = _draw(_filtered_probs(logits, params), row.seed, row.position)
-    if raw_logprobs is None:
+        return scores
+    return scores.masked_fill(_dropped(scores, params), float("-inf"))
+
+
+def _with_logprobs(logits: torch.Tensor, row: SamplingRow, token: int) -> SampledToken:
+    params = row.params
+    if params.logprobs is None:
         return SampledToken(token)
+    raw_logprobs = torch.log_softmax(logits, dim=-1)
     top = {}
     if params.logprobs:
         values, ids = raw_logprobs.topk(params.logprobs)
@@ -124,23 +152,45 @@ def _apply_penalties(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
     return logits
 
 
-def _filtered_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    logits = logits / params.temperature
-    if params.top_k > 0 and params.top_k < logits.shape[-1]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
+def _dropped(scores: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """bool [vocab]: the tokens top-k, top-p and min-p leave out at the row's temperature (top-p
+    keeps the fewest most probable tokens whose mass reaches top_p)."""
+    scaled = scores / params.temperature
+    dropped = torch.zeros_like(scores, dtype=torch.bool)
+    if 0 < params.top_k < scores.shape[-1]:
+        dropped |= scaled < torch.topk(scaled, params.top_k).values[-1]
+    probs = torch.softmax(scaled.masked_fill(dropped, float("-inf")), dim=-1)
     if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True, stable=True)
-        before = sorted_probs.cumsum(-1) - sorted_probs
-        drop = order[before > params.top_p]
-        probs[drop] = 0.0
+        dropped = torch.ones_like(dropped)  # the nucleus lies within what top-k kept
+        dropped[_nucleus(probs, params.top_p)] = False
     if params.min_p > 0.0:
-        probs = probs.masked_fill(probs < params.min_p * probs.max(), 0.0)
-    return probs
+        dropped |= probs < params.min_p * probs.max()
+    return dropped
 
 
-def _draw(probs: torch.Tensor, seed: int, position: int) -> int:
-    generator = torch.Generator(device="cpu").manual_seed(position_seed(seed, position))
-    noise = torch.empty(probs.shape[-1], dtype=torch.float32).exponential_(generator=generator)
-    return int(torch.argmax(probs.cpu() / noise))
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The indices of the fewest most probable tokens whose mass reaches top_p (ties in the order
+    torch.topk gives them). The most probable few hundred usually hold it: only where they do not
+    are more, up to the whole vocabulary, sorted."""
+    k = min(probs.shape[-1], 256)
+    while True:
+        values, order = torch.topk(probs, k)
+        before = values.cumsum(-1) - values
+        if bool(before[-1] > top_p) or k == probs.shape[-1]:
+            return order[before <= top_p]
+        k = min(probs.shape[-1], 8 * k)
+
+
+def _draw_rows(scores: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """One token per row of `scores` (float32 [len(rows), vocab], -inf where filtered), drawn at the
+    row's temperature at its uniform for (seed, position): the native kernel, else the same
+    inverse-CDF draw in torch (summed in torch's order, so its tokens may differ in the last place)."""
+    inverse = torch.tensor([1.0 / row.params.temperature for row in rows], dtype=torch.float32)
+    uniforms = torch.tensor([position_seed(row.seed, row.position) / 2**63 for row in rows], dtype=torch.float64)
+    scores = scores.float().contiguous().cpu()
+    kernels = load_native_kernels()
+    if kernels is not None:
+        return kernels.sample_rows(scores, inverse, uniforms)
+    weights = torch.softmax(scores * inverse[:, None], dim=-1).double().cumsum(-1)
+    targets = uniforms[:, None] * weights[:, -1:]
+    return torch.searchsorted(weights, targets, right=True).clamp(max=scores.shape[-1] - 1).squeeze(-1)

@@ -1,7 +1,8 @@
 """shoal's C++ CPU kernels (csrc/), one library: the batch-invariant matrix multiply
 (`torch.classes.shoal.PackedLinear`), the row-wise paged attention (`torch.ops.shoal.paged_attention_rows`),
-the fused decoder layer (`torch.classes.shoal.DecoderLayer`), its RMSNorm (`torch.ops.shoal.rms_norm_rows`)
-and the greedy choice over logits (`torch.ops.shoal.argmax_rows`).
+the fused decoder layer (`torch.classes.shoal.DecoderLayer`), its RMSNorm (`torch.ops.shoal.rms_norm_rows`),
+the greedy choice over logits (`torch.ops.shoal.argmax_rows`) and the random one
+(`torch.ops.shoal.sample_rows`).
 
 They need AVX2, FMA and F16C (x86-64-v3). They are compiled on first use for the effective
 instruction set (the machine's own, `-march=native`, unless SHOAL_CPU_ISA caps it, see cpu_features)

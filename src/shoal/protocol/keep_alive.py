@@ -1,10 +1,15 @@
-"""The keep-alive a worker sends on a silent stream: an SSE comment, so OpenAI clients (which skip
-comments) never see it, carrying what the router needs to tell a busy worker from a hung one.
+"""The keep-alive a worker sends on a silent stream: an SSE comment carrying what the router needs
+to tell a busy worker from a hung one.
 
 On the wire: `: keep-alive {"busy_s": 1.2, "step_s": 3.4}` and a blank line. `busy_s` is how long
 the worker's engine has been on its current step (or command), `step_s` how long that step is
 expected to take (absent outside a step or before the engine knows its speed). A bare
-`: keep-alive` (what the router relays to its own clients) carries no figures.
+`: keep-alive` (what the router sends its own clients) carries no figures.
+
+Comments are valid SSE, but some clients mishandle them (vLLM's benchmark client strips each read
+and then loses the event boundaries after a comment). So a worker sends keep-alives only on a
+request carrying REQUEST_HEADER (routers do), and a router sends its client a bare one only after
+CLIENT_INTERVAL_S of silence, which is what keeps idle proxies from cutting a held stream.
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import msgspec
 
 PREFIX = b": keep-alive"
+REQUEST_HEADER = "x-shoal-keep-alive"
+CLIENT_INTERVAL_S = 15.0
 
 
 class KeepAlive(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

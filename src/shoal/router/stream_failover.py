@@ -41,7 +41,8 @@ from starlette.background import BackgroundTask
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.errors import error_body
-from shoal.protocol.keep_alive import BARE
+from shoal.protocol.keep_alive import BARE, CLIENT_INTERVAL_S
+from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.kv_handoff import ACCEPTS_KV_HANDOFF, HANDOFF_HEADER, MAX_HANDOFFS, Handoff
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.balancer import Balancer, Placement
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 
 
 # How often a stream waiting for a worker to continue on sends the client a keep-alive.
-CLIENT_KEEP_ALIVE_S = 1.0
 
 
 class StreamFailover:
@@ -99,7 +99,7 @@ class StreamFailover:
             if try_number:
                 await asyncio.sleep(self._backoff(try_number))
             worker = attempt.placement.worker
-            outgoing = dict(forwarded)
+            outgoing = {**forwarded, KEEP_ALIVE_HEADER: "1"}  # the keep-alives that tell busy from hung
             if _may_hand_off(attempt, worker, resuming):
                 outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF
             attempt.telemetry.attempt(worker.worker_id, worker.url, attempt.continuation(worker), outgoing)
@@ -446,7 +446,7 @@ class StreamFailover:
         while none can take it (every one tried, down or busy); yields keep-alives for the client
         meanwhile. attempt.upstream stays None if no worker took it by then."""
         now = time.monotonic()
-        deadline, keep_alive_at = now + wait_s, now + CLIENT_KEEP_ALIVE_S
+        deadline, keep_alive_at = now + wait_s, now + CLIENT_INTERVAL_S
         while True:
             attempt.placement = self._place(attempt, tried)
             if attempt.placement is not None and await self.open(attempt, path, headers, tried):
@@ -455,7 +455,7 @@ class StreamFailover:
             if now >= deadline:
                 return
             if now >= keep_alive_at:
-                keep_alive_at = now + CLIENT_KEEP_ALIVE_S
+                keep_alive_at = now + CLIENT_INTERVAL_S
                 yield BARE
             await asyncio.sleep(0.05)
 

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from shoal.protocol.keep_alive import BARE, parse_keep_alive
+from shoal.protocol.keep_alive import BARE, CLIENT_INTERVAL_S, parse_keep_alive
 from shoal.protocol.kv_handoff import Handoff, handoff_of
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.config import FailoverSettings
@@ -121,12 +121,13 @@ async def relay(
     ticket: int,
     event_ids: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Yields the worker's events (one SSE event a chunk), updating progress, the worker's latency
+    """Yields the worker's events (one SSE event a chunk), and a bare keep-alive when the client has
+    been sent nothing for CLIENT_INTERVAL_S, updating progress, the worker's latency
     figures and, at the first token, what it serves at once (the request's `ticket`); raises
     StreamBroken if it stops short, HandedOff at a handoff event. With `event_ids` each event gets
     an SSE `id:` and the same id as `event_id` in its JSON (for clients that do not show SSE ids)."""
     resumed = progress.response_id is not None  # a migration or a resumed stream: one response id
-    last = time.monotonic()
+    last = client_heard = time.monotonic()  # the last token; the last thing the client was sent
     first = True
     stated_step_s: float | None = None  # the step time the worker last stated, since its last token
     while True:
@@ -152,7 +153,9 @@ async def relay(
                     f"{keep_alive.step_s or 'unknown'} s (limit {limit:.1f} s)",
                     timed_out=True,
                 )
-            yield BARE
+            if time.monotonic() - client_heard >= CLIENT_INTERVAL_S:
+                client_heard = time.monotonic()
+                yield BARE
             continue
         payload = data_of(line)
         if payload is None:
@@ -162,7 +165,7 @@ async def relay(
                 raise StreamBroken("the stream ended without a finish reason", connection_lost=True)
             yield DONE
             return
-        now = time.monotonic()
+        now = client_heard = time.monotonic()
         worker.last_seen = now  # events flowing are contact, whether or not polls answer
         try:
             event = json_data(payload)

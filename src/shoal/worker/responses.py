@@ -1,7 +1,8 @@
 """Completion and chat completion responses from engine streams: one JSON body, or server-sent
 events. Every choice carries its token ids and seed, so a router can resume the request elsewhere
-(prompt + token ids, same seed). A stream with nothing to send for KEEP_ALIVE_S gets a keep-alive
-comment saying what the engine is busy with, so a router tells a long step from a hung worker."""
+(prompt + token ids, same seed). A stream whose request asked for keep-alives (a router's) gets one
+after KEEP_ALIVE_S with nothing to send: a comment saying what the engine is busy with, so a router
+tells a long step from a hung worker."""
 
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ async def respond(
     tool_use: ToolUse | None = None,
     kv: KVMobility | None = None,
     handoff: Callable[[int], Handoff | None] | None = None,
+    keep_alive: bool = False,
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
     response. A chat request with `tool_use` has its tool calls read from its output, and forced
     by a grammar where tool_choice asks for a call. With `kv`, the KV named by `kv_source` is
-    imported first; a stream is handed off when `handoff` (given the tokens sent) says."""
+    imported first; a stream is handed off when `handoff` (given the tokens sent) says; with
+    `keep_alive` (the request asked for them) a silent stream gets keep-alives."""
     try:
         response = await _respond(
             engine,
@@ -64,6 +67,7 @@ async def respond(
             tool_use,
             kv,
             handoff,
+            keep_alive,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -86,6 +90,7 @@ async def _respond(
     tool_use: ToolUse | None,
     kv: KVMobility | None,
     handoff: Callable[[int], Handoff | None] | None,
+    keep_alive: bool,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -137,7 +142,18 @@ async def _respond(
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
             _sse(
-                engine, streams, firsts, meta, choices, len(prompt_ids), include_usage, render, resumed, trace, handoff
+                engine,
+                streams,
+                firsts,
+                meta,
+                choices,
+                len(prompt_ids),
+                include_usage,
+                render,
+                resumed,
+                trace,
+                handoff,
+                KEEP_ALIVE_S if keep_alive else None,
             ),
             media_type="text/event-stream",
             background=BackgroundTask(trace.end),
@@ -224,9 +240,10 @@ async def _sse(
     resumed: int,
     trace: WorkerRequestSpan,
     handoff: Callable[[int], Handoff | None] | None = None,
+    keep_alive_s: float | None = None,
 ):
-    """Merges the choices' outputs into SSE chunks, with a keep-alive after every KEEP_ALIVE_S
-    without one; abandoning it (client gone) aborts every choice. Usage counts the `resumed`
+    """Merges the choices' outputs into SSE chunks, with a keep-alive after every keep_alive_s
+    without one (None: none); abandoning it (client gone) aborts every choice. Usage counts the `resumed`
     tokens too: the client's completion includes them. A chat chunk whose text was read for tool
     calls says how many characters of raw text it stands for (`text_chars`), which is what a
     router resumes from. A one-choice stream with `handoff` asks it, after each chunk and
@@ -262,7 +279,7 @@ async def _sse(
         remaining = len(streams)
         while remaining:
             try:
-                index, output = await asyncio.wait_for(queue.get(), KEEP_ALIVE_S)
+                index, output = await asyncio.wait_for(queue.get(), keep_alive_s)
             except TimeoutError:
                 yield _keep_alive(engine)
                 if handoff and (moved := handoff(completion_tokens - resumed)):

@@ -23,6 +23,7 @@ from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import ModelNotFoundError, ShoalError, error_body
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
+from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
@@ -226,6 +227,7 @@ def create_app(
             trace=traced(request),
             kv=kv,
             handoff=kv.handoffs_for(request.headers, body),
+            keep_alive=KEEP_ALIVE_HEADER in request.headers,
         )
 
     @app.post("/v1/chat/completions")
@@ -248,6 +250,7 @@ def create_app(
             tool_use=tool_use,
             kv=kv,
             handoff=kv.handoffs_for(request.headers, body),
+            keep_alive=KEEP_ALIVE_HEADER in request.headers,
         )
 
     return app

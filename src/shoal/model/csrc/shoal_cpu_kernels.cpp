@@ -5,3 +5,4 @@
 #include "linear_packing_cpu.cpp"
 #include "decoder_layer_cpu.cpp"
 #include "argmax_cpu.cpp"
+#include "categorical_cpu.cpp"
