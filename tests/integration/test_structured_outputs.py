@@ -153,17 +153,33 @@ def test_regex_choice_and_grammars(fleet, constraint, check):
 
 
 def test_required_and_named_tool_calls_match_their_schemas(fleet):
+    """With one call allowed, `required` always ends in a call that matches its schema. With
+    parallel calls, the grammar allows any number, and a random model may go on calling until
+    max_tokens: every call it finished matches its schema."""
     url, _ = fleet
+    finished = 0
     for seed in range(4):
-        reply = client(url).chat.completions.create(
-            model=MODEL, messages=ASK, tools=[WEATHER, TIME], tool_choice="required", seed=seed, max_tokens=400
-        )
-        choice = reply.choices[0]
-        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
-        for call in choice.message.tool_calls:
-            schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
-            jsonschema.validate(json.loads(call.function.arguments), schema)
-            assert call.id.startswith("call_") and call.type == "function"
+        for parallel in (False, True):
+            reply = client(url).chat.completions.create(
+                model=MODEL,
+                messages=ASK,
+                tools=[WEATHER, TIME],
+                tool_choice="required",
+                parallel_tool_calls=parallel,
+                seed=seed,
+                max_tokens=400,
+            )
+            choice = reply.choices[0]
+            calls = choice.message.tool_calls or []
+            if not parallel:
+                assert choice.finish_reason == "tool_calls" and len(calls) == 1, (seed, choice)
+            finished += choice.finish_reason == "tool_calls"
+            complete = calls if choice.finish_reason == "tool_calls" else calls[:-1]  # the last may be cut
+            for call in complete:
+                schema = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]["function"]["parameters"]
+                jsonschema.validate(json.loads(call.function.arguments), schema)
+                assert call.id.startswith("call_") and call.type == "function"
+    assert finished > 4  # every single call, and some of the parallel ones
     named = client(url).chat.completions.create(
         model=MODEL,
         messages=ASK,
