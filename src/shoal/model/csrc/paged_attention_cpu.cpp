@@ -1,10 +1,12 @@
-// Causal attention over the paged KV cache, one query row at a time, for CPUs.
+// Causal attention over the paged KV cache, one query row's operations at a time, for CPUs.
 //
 // Each output row (token t, query head h) is computed by the same fixed sequence of operations
 // over its keys 0..position[t] and never reads another row's data: keys are taken 16 positions at a
 // time, in order; a tile's scores are dot products of 16-lane partial sums, the running maximum and
 // the softmax sum and numerator are rescaled once per tile (online softmax), the tile's weights are
-// added to the sum as one 16-lane sum, and each key's value is added in key order. The tile boundaries are absolute positions, so a row's bits
+// added to the sum as one 16-lane sum, and each key's value is added in key order. Consecutive
+// tokens of one sequence (a prompt's chunk) share a task, so each tile's keys are loaded once for
+// them, each token running its own operations. The tile boundaries are absolute positions, so a row's bits
 // do not depend on the batch, the chunking of the prompt, or how many other tokens the step
 // computes: batch invariance by construction. Registered as torch.ops.shoal.paged_attention_rows;
 // the fused decoder layer calls paged_attention_into.
@@ -50,84 +52,20 @@ inline void store(const float* values, int64_t dim, at::ScalarType type, void* o
 
 // The running softmax of G query heads (consecutive, sharing one KV head) of one token: per head the
 // largest score so far, the sum of e^(score - max) and the numerator sum of e^(score - max) * value.
-// Each key's K and V lanes are widened once and used by all G heads.
-template <int G, typename cache_t>
+template <int G>
 struct Heads {
   const float* q;  // [G, dim]
-  int64_t dim;
-  float scale;
-  float* acc;  // [G, dim]
+  float* acc;      // [G, dim]
   float running_max[G], total[G];
 
-  void reset() {
+  void reset(int64_t dim) {
     std::fill(acc, acc + G * dim, 0.f);
     std::fill(running_max, running_max + G, -std::numeric_limits<float>::infinity());
     std::fill(total, total + G, 0.f);
   }
 
-  // Adds the keys of one tile: count present keys first, the rest (up to 16) any readable rows.
-  // Per head: each score is the 16-lane partial sums of q . k over whole lanes (Vec::sums), then the
-  // rest of dim in order, times scale; the running max becomes max(old, tile max); the old sums are
-  // multiplied by e^(old max - new max); the tile's e^(score - max) (0 for absent keys) are added to
-  // the softmax sum as one Vec::sum, and each, times its key's value, to the numerator, key after key.
-  void add_tile(const cache_t* const (&keys)[kLanes], const cache_t* const (&values)[kLanes], int64_t count) {
-    const int64_t whole = dim / kLanes * kLanes;
-    Vec partial[G][kLanes];
-    for (int i = 0; i < kLanes; ++i) {
-      Vec sum[G];
-      for (int g = 0; g < G; ++g) sum[g] = Vec::zero();
-      for (int64_t d = 0; d < whole; d += kLanes) {
-        const Vec k = load_lanes(keys[i] + d);
-        for (int g = 0; g < G; ++g) sum[g] = Vec::fma(Vec::load(q + g * dim + d), k, sum[g]);
-      }
-      for (int g = 0; g < G; ++g) partial[g][i] = sum[g];
-    }
-    Vec scores[G];
-    float shifts[kLanes] = {};
-    for (int g = 0; g < G; ++g) {
-      scores[g] = Vec::sums(partial[g]);
-      if (whole < dim) {
-        float lanes[kLanes];
-        scores[g].store(lanes);
-        for (int i = 0; i < kLanes; ++i)
-          for (int64_t d = whole; d < dim; ++d) lanes[i] += q[g * dim + d] * static_cast<float>(keys[i][d]);
-        scores[g] = Vec::load(lanes);
-      }
-      scores[g] = Vec::mul(scores[g], Vec::broadcast(scale)).first_lanes(count, -std::numeric_limits<float>::infinity());
-      const float new_max = std::max(running_max[g], scores[g].max_lane());
-      shifts[g] = running_max[g] - new_max;  // -inf for the first tile: its sums are rescaled by 0
-      running_max[g] = new_max;
-    }
-    float shrink[kLanes], weights[G][kLanes];
-    exp(Vec::load(shifts)).store(shrink);
-    for (int g = 0; g < G; ++g) {
-      const Vec w = exp(Vec::sub(scores[g], Vec::broadcast(running_max[g])));
-      w.store(weights[g]);
-      total[g] = total[g] * shrink[g] + w.sum();
-    }
-    int64_t d = 0;
-    for (; d < whole; d += kLanes) {
-      Vec sum[G];
-      for (int g = 0; g < G; ++g) {
-        sum[g] = Vec::load(acc + g * dim + d);
-        if (shrink[g] != 1.f) sum[g] = Vec::mul(sum[g], Vec::broadcast(shrink[g]));
-      }
-      for (int64_t i = 0; i < count; ++i) {
-        const Vec v = load_lanes(values[i] + d);
-        for (int g = 0; g < G; ++g) sum[g] = Vec::fma(Vec::broadcast(weights[g][i]), v, sum[g]);
-      }
-      for (int g = 0; g < G; ++g) sum[g].store(acc + g * dim + d);
-    }
-    for (; d < dim; ++d)
-      for (int g = 0; g < G; ++g) {
-        float sum = shrink[g] != 1.f ? acc[g * dim + d] * shrink[g] : acc[g * dim + d];
-        for (int64_t i = 0; i < count; ++i) sum += weights[g][i] * static_cast<float>(values[i][d]);
-        acc[g * dim + d] = sum;
-      }
-  }
-
   // Head g's output, numerator / sum (times 1 / sum), to out in its dtype.
-  void finish(int g, at::ScalarType type, void* out) {
+  void finish(int g, int64_t dim, at::ScalarType type, void* out) {
     float* a = acc + g * dim;
     const Vec inverse = Vec::broadcast(1.f / total[g]);
     int64_t d = 0;
@@ -136,6 +74,100 @@ struct Heads {
     store(a, dim, type, out);
   }
 };
+
+// Adds one tile of keys to N tokens of one sequence (their G heads each): counts[n] present keys for
+// token n, the rest (up to 16) any readable rows. Each key's K and V lanes are widened once and used
+// by all N x G heads; every head's own operations are those it would run alone: each score is the
+// 16-lane partial sums of q . k over whole lanes (Vec::sums), then the rest of dim in order, times
+// scale; the running max becomes max(old, tile max); the old sums are multiplied by e^(old max - new
+// max); the tile's e^(score - max) (0 for absent keys) are added to the softmax sum as one Vec::sum,
+// and each, times its key's value, to the numerator, key after key.
+template <int N, int G, typename cache_t>
+void add_tile(Heads<G>* const* rows, const int64_t* counts, const cache_t* const (&keys)[kLanes],
+              const cache_t* const (&values)[kLanes], int64_t dim, float scale) {
+  const int64_t whole = dim / kLanes * kLanes;
+  const float* qs[N];  // held in registers: the heads' own pointers would be reloaded at every multiply-add
+  float* accs[N];
+  for (int n = 0; n < N; ++n) qs[n] = rows[n]->q, accs[n] = rows[n]->acc;
+  Vec partial[N][G][kLanes];
+  for (int i = 0; i < kLanes; ++i) {
+    Vec sum[N][G];
+    for (int n = 0; n < N; ++n)
+      for (int g = 0; g < G; ++g) sum[n][g] = Vec::zero();
+    for (int64_t d = 0; d < whole; d += kLanes) {
+      const Vec k = load_lanes(keys[i] + d);
+      for (int n = 0; n < N; ++n)
+        for (int g = 0; g < G; ++g) sum[n][g] = Vec::fma(Vec::load(qs[n] + g * dim + d), k, sum[n][g]);
+    }
+    for (int n = 0; n < N; ++n)
+      for (int g = 0; g < G; ++g) partial[n][g][i] = sum[n][g];
+  }
+  float weights[N][G][kLanes], shrink[N][kLanes];
+  for (int n = 0; n < N; ++n) {
+    Heads<G>& h = *rows[n];
+    Vec scores[G];
+    float shifts[kLanes] = {};
+    for (int g = 0; g < G; ++g) {
+      scores[g] = Vec::sums(partial[n][g]);
+      if (whole < dim) {
+        float lanes[kLanes];
+        scores[g].store(lanes);
+        for (int i = 0; i < kLanes; ++i)
+          for (int64_t d = whole; d < dim; ++d) lanes[i] += qs[n][g * dim + d] * static_cast<float>(keys[i][d]);
+        scores[g] = Vec::load(lanes);
+      }
+      scores[g] =
+          Vec::mul(scores[g], Vec::broadcast(scale)).first_lanes(counts[n], -std::numeric_limits<float>::infinity());
+      const float new_max = std::max(h.running_max[g], scores[g].max_lane());
+      shifts[g] = h.running_max[g] - new_max;  // -inf for the first tile: its sums are rescaled by 0
+      h.running_max[g] = new_max;
+    }
+    exp(Vec::load(shifts)).store(shrink[n]);
+    for (int g = 0; g < G; ++g) {
+      const Vec w = exp(Vec::sub(scores[g], Vec::broadcast(h.running_max[g])));
+      w.store(weights[n][g]);
+      h.total[g] = h.total[g] * shrink[n][g] + w.sum();
+    }
+  }
+  int64_t most = 0;
+  for (int n = 0; n < N; ++n) most = std::max(most, counts[n]);
+  int64_t d = 0;
+  for (; d < whole; d += kLanes) {
+    Vec sum[N][G];
+    for (int n = 0; n < N; ++n)
+      for (int g = 0; g < G; ++g) {
+        sum[n][g] = Vec::load(accs[n] + g * dim + d);
+        if (shrink[n][g] != 1.f) sum[n][g] = Vec::mul(sum[n][g], Vec::broadcast(shrink[n][g]));
+      }
+    if (N == 1) {  // one token: every key it is given is present up to its count
+      for (int64_t i = 0; i < counts[0]; ++i) {
+        const Vec v = load_lanes(values[i] + d);
+        for (int g = 0; g < G; ++g) sum[0][g] = Vec::fma(Vec::broadcast(weights[0][g][i]), v, sum[0][g]);
+      }
+    } else {
+      for (int64_t i = 0; i < most; ++i) {
+        const Vec v = load_lanes(values[i] + d);
+        for (int n = 0; n < N; ++n) {
+          if (i >= counts[n]) continue;
+          for (int g = 0; g < G; ++g) sum[n][g] = Vec::fma(Vec::broadcast(weights[n][g][i]), v, sum[n][g]);
+        }
+      }
+    }
+    for (int n = 0; n < N; ++n)
+      for (int g = 0; g < G; ++g) sum[n][g].store(accs[n] + g * dim + d);
+  }
+  for (; d < dim; ++d)
+    for (int n = 0; n < N; ++n)
+      for (int g = 0; g < G; ++g) {
+        float* a = accs[n] + g * dim + d;
+        float sum = shrink[n][g] != 1.f ? *a * shrink[n][g] : *a;
+        for (int64_t i = 0; i < counts[n]; ++i) sum += weights[n][g][i] * static_cast<float>(values[i][d]);
+        *a = sum;
+      }
+}
+
+// Tokens of one sequence that share a task: up to this many consecutive ones (a prompt's chunk).
+constexpr int kTokensPerTask = 4;
 
 struct Layout {
   const int64_t* block_tables;
@@ -148,53 +180,87 @@ struct Layout {
   float scale;
 };
 
-// Tasks of G query heads each (all of one KV head's, or one), keys 16 positions a tile (tiles at
-// multiples of 16, whatever the block size).
+// Tasks of G query heads each (all of one KV head's, or one) for up to kTokensPerTask consecutive
+// tokens of one sequence, keys 16 positions a tile (tiles at multiples of 16, whatever the block
+// size). A tile's keys are loaded once for the task's tokens that see any of them.
 template <int G, typename cache_t>
 void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, const Layout& l) {
   const int64_t group = l.heads / l.kv_heads, tasks_per_token = l.heads / G;
   const int64_t element = c10::elementSize(l.out_type);
-  auto token_of = [&](int64_t task) { return task / tasks_per_token; };
-  auto first_head_of = [&](int64_t task) { return task % tasks_per_token * G; };
-  auto visible_of = [&](int64_t task) { return l.positions[token_of(task)] + 1; };
-  auto slot_of = [&](int64_t task, int64_t j) {  // the cache row of key j of the task's sequence and KV head
-    const int64_t* table = l.block_tables + l.token_sequences[token_of(task)] * l.table_width;
-    return (table[j / l.block_size] * l.kv_heads + first_head_of(task) / group) * l.block_size + j % l.block_size;
+  std::vector<int64_t> runs;  // the first token of each run of consecutive tokens of one sequence
+  for (int64_t t = 0; t < l.tokens; ++t)
+    if (runs.empty() || t - runs.back() == kTokensPerTask || l.token_sequences[t] != l.token_sequences[t - 1] ||
+        l.positions[t] != l.positions[t - 1] + 1)
+      runs.push_back(t);
+  runs.push_back(l.tokens);
+  const int64_t run_count = static_cast<int64_t>(runs.size()) - 1;
+  auto slot_of = [&](int64_t t, int64_t head, int64_t j) {  // the cache row of key j of token t's sequence
+    const int64_t* table = l.block_tables + l.token_sequences[t] * l.table_width;
+    return (table[j / l.block_size] * l.kv_heads + head / group) * l.block_size + j % l.block_size;
   };
   // The cache rows are read once per step, from memory: the next tile's (the next task's first tile
   // after a task's last) are fetched into L2 while this one is computed.
-  auto prefetch = [&](int64_t task, int64_t first, int64_t last) {
-    for (int64_t j = first; j < std::min(visible_of(task), last); ++j) {
-      const int64_t slot = slot_of(task, j);
+  auto prefetch = [&](int64_t t, int64_t head, int64_t first, int64_t last) {
+    for (int64_t j = first; j < std::min(l.positions[t] + 1, last); ++j) {
+      const int64_t slot = slot_of(t, head, j);
       prefetch_row(k_cache + slot * l.dim, l.dim * sizeof(cache_t));
       prefetch_row(v_cache + slot * l.v_stride, l.v_stride * sizeof(cache_t));
     }
   };
-  at::parallel_for(0, l.tokens * tasks_per_token, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(G * l.dim);
+  // Later tokens of a prompt see more keys: runs are handed out first, last, second, second to last
+  // ..., so each thread's contiguous range of tasks holds early and late ones alike.
+  auto run_of = [&](int64_t task) {
+    const int64_t k = task / tasks_per_token;
+    return k % 2 == 0 ? k / 2 : run_count - 1 - k / 2;
+  };
+  at::parallel_for(0, run_count * tasks_per_token, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(kTokensPerTask * G * l.dim);
+    Heads<G> heads[kTokensPerTask];
+    Heads<G>* rows[kTokensPerTask];
+    int64_t counts[kTokensPerTask];
     const cache_t* keys[kLanes];
     const cache_t* values[kLanes];
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = token_of(task), first_head = first_head_of(task), visible = visible_of(task);
-      Heads<G, cache_t> heads{q + (t * l.heads + first_head) * l.dim, l.dim, l.scale, acc.data()};
-      heads.reset();
-      if (task == begin) prefetch(task, 0, kLanes);
+      const int64_t run = run_of(task), first_head = task % tasks_per_token * G;
+      const int64_t first_token = runs[run], tokens = runs[run + 1] - first_token;
+      const int64_t last_token = first_token + tokens - 1, visible = l.positions[last_token] + 1;
+      for (int64_t n = 0; n < tokens; ++n) {
+        heads[n].q = q + ((first_token + n) * l.heads + first_head) * l.dim;
+        heads[n].acc = acc.data() + n * G * l.dim;
+        heads[n].reset(l.dim);
+      }
+      if (task == begin) prefetch(last_token, first_head, 0, kLanes);
       for (int64_t first = 0; first < visible; first += kLanes) {
         const int64_t count = std::min<int64_t>(kLanes, visible - first);
         for (int64_t i = 0; i < kLanes; ++i) {
-          const int64_t slot = slot_of(task, first + std::min(i, count - 1));  // absent keys: the last present one
+          const int64_t slot = slot_of(last_token, first_head, first + std::min(i, count - 1));  // absent: the last present
           keys[i] = k_cache + slot * l.dim;
           values[i] = v_cache + slot * l.v_stride;
         }
         if (first + kLanes < visible) {
-          prefetch(task, first + kLanes, first + 2 * kLanes);
+          prefetch(last_token, first_head, first + kLanes, first + 2 * kLanes);
         } else if (task + 1 < end) {
-          prefetch(task + 1, 0, kLanes);
+          const int64_t next = runs[run_of(task + 1) + 1] - 1;
+          prefetch(next, (task + 1) % tasks_per_token * G, 0, kLanes);
         }
-        heads.add_tile(keys, values, count);
+        int present = 0;  // the run's tokens that see keys of this tile: its first ones see fewer
+        for (int64_t n = 0; n < tokens; ++n) {
+          const int64_t seen = std::min<int64_t>(kLanes, l.positions[first_token + n] + 1 - first);
+          if (seen <= 0) continue;
+          rows[present] = &heads[n];
+          counts[present++] = seen;
+        }
+        switch (present) {
+          case 1: add_tile<1>(rows, counts, keys, values, l.dim, l.scale); break;
+          case 2: add_tile<2>(rows, counts, keys, values, l.dim, l.scale); break;
+          case 3: add_tile<3>(rows, counts, keys, values, l.dim, l.scale); break;
+          default: add_tile<4>(rows, counts, keys, values, l.dim, l.scale); break;
+        }
       }
-      for (int g = 0; g < G; ++g)
-        heads.finish(g, l.out_type, l.out + t * l.out_row_bytes + (first_head + g) * l.dim * element);
+      for (int64_t n = 0; n < tokens; ++n)
+        for (int g = 0; g < G; ++g)
+          heads[n].finish(g, l.dim, l.out_type,
+                          l.out + (first_token + n) * l.out_row_bytes + (first_head + g) * l.dim * element);
     }
   });
 }
@@ -205,7 +271,7 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
 template <typename cache_t>
 void attend_grouped(const float* q, const cache_t* k_cache, const cache_t* v_cache, const Layout& l) {
   const int64_t group = l.heads / l.kv_heads;
-  if (l.tokens * l.kv_heads < 4 * at::get_num_threads()) return attend<1>(q, k_cache, v_cache, l);
+  if (l.tokens * l.kv_heads < 4 * at::get_num_threads()) return attend<1>(q, k_cache, v_cache, l);  // decode: more tasks
   switch (group) {
     case 1: return attend<1>(q, k_cache, v_cache, l);
     case 2: return attend<2>(q, k_cache, v_cache, l);
