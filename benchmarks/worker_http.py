@@ -1,4 +1,6 @@
-"""Throughput and latency of one worker through HTTP against the same engine in-process.
+"""Throughput and latency of one worker through HTTP against the same engine in-process, and
+against the engine stepped offline (`--sides http,offline`: what a served stream costs over the
+offline engine's; `--concurrency 1` for one stream).
 
 Both sides run the same workload: N streaming requests, at most C in flight, each a fixed list of
 prompt token ids and a fixed number of new tokens (greedy, EOS ignored). In-process, the requests go
@@ -7,6 +9,8 @@ is the client (httpx, server-sent events). Reported per side: generated tokens/s
 and time to first token and inter-token latency percentiles as the consumer sees them.
 
     .venv/bin/python benchmarks/worker_http.py [--concurrency 32] [--requests 96] [--repeats 2]
+    .venv/bin/python benchmarks/worker_http.py --sides http,offline --concurrency 1 --requests 4 \
+        --prompt-tokens 300 --max-tokens 256 --repeats 3
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from cpu_name import cpu_description
 
 from shoal.percentile import percentiles
 
@@ -188,6 +193,43 @@ def measure_in_process(args, prompts: list[list[int]]) -> dict:
         engine.shutdown()
 
 
+def measure_offline(args, prompts: list[list[int]]) -> dict:
+    """The engine stepped by this process's own loop (as `LLM.generate` does), at most
+    `concurrency` requests in it, the next added as one finishes; a token's time is its step's end."""
+    from shoal.config.engine import EngineConfig
+    from shoal.engine.calibration import calibrate
+    from shoal.engine.engine import LLMEngine
+    from shoal.engine.sampling_params import SamplingParams
+    from shoal.sizes import parse_kv_cache
+
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, **parse_kv_cache(args.kv_cache)))
+    calibrate(engine)
+
+    def run(batch: list[list[int]], max_tokens: int) -> RunResult:
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        pending, timings, live = list(enumerate(batch)), {}, 0
+        started = time.perf_counter()
+        while pending or engine.has_unfinished_requests():
+            while pending and live < args.concurrency:
+                index, prompt = pending.pop(0)
+                timings[str(index)] = RequestTiming(time.perf_counter())
+                engine.add_request(str(index), prompt, params)
+                live += 1
+            outputs = engine.step()
+            now = time.perf_counter()
+            for output in outputs:
+                timings[output.request_id].token_times.extend(now for _ in output.new_token_ids)
+                live -= output.finished
+        seconds = time.perf_counter() - started
+        return RunResult(sum(len(t.token_times) for t in timings.values()), seconds, list(timings.values()))
+
+    run(prompts[: args.concurrency], 8)
+    return run(prompts, args.max_tokens).summary()
+
+
+SIDES = {"http": measure_http, "in_process": measure_in_process, "offline": measure_offline}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -197,13 +239,15 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=96)
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=2, help="alternating HTTP / in-process pairs")
+    parser.add_argument("--repeats", type=int, default=2, help="rounds of the sides, alternating")
+    parser.add_argument("--sides", default="http,in_process", help=f"of {','.join(SIDES)}")
     args = parser.parse_args()
     prompts = make_prompts(args.requests, args.prompt_tokens, 100, 10000)
+    sides = args.sides.split(",")
     runs = []
     for repeat in range(args.repeats):
-        for side, measure in (("http", measure_http), ("in_process", measure_in_process)):
-            summary = measure(args, prompts)
+        for side in sides:
+            summary = SIDES[side](args, prompts)
             runs.append({"side": side, "repeat": repeat, **summary})
             print(
                 f"{side:>10} #{repeat}: {summary['tokens_per_s']:.1f} tok/s, TTFT p50 "
@@ -211,9 +255,14 @@ def main() -> int:
                 f"{summary['itl_s']['p50'] * 1e3:.1f} ms p99 {summary['itl_s']['p99'] * 1e3:.1f} ms",
                 flush=True,
             )
-    best = {side: max(r["tokens_per_s"] for r in runs if r["side"] == side) for side in ("http", "in_process")}
-    ratio = best["http"] / best["in_process"]
-    print(f"HTTP / in-process tokens/s (best of {args.repeats} each): {ratio:.3f}")
+    best = {side: max(r["tokens_per_s"] for r in runs if r["side"] == side) for side in sides}
+    itl = {side: statistics.median(r["itl_s"]["p50"] for r in runs if r["side"] == side) for side in sides}
+    for side in sides[1:]:
+        print(
+            f"{sides[0]} / {side}: tokens/s {best[sides[0]] / best[side]:.3f} (best of {args.repeats} each), "
+            f"ITL p50 {itl[sides[0]] / itl[side]:.3f} (median of {args.repeats})"
+        )
+    print(f"CPU: {cpu_description()}")
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"worker-http-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -224,9 +273,10 @@ def main() -> int:
                 "commit": commit,
                 "python": platform.python_version(),
                 "cpus": os.cpu_count(),
+                "cpu": cpu_description(),
                 "runs": runs,
                 "best_tokens_per_s": best,
-                "http_over_in_process": ratio,
+                "median_itl_p50_s": itl,
             },
             indent=2,
         )
