@@ -9,26 +9,28 @@ random weights, so every call streams its weights from memory as a decode step d
   CPU has them), Q8_0 and Q4_1 weights.
 
 `stream` is the time to read each format's packed weights once (a sum over them, per tensor): the
-floor for one row. Best of --repeats. Usage:
+floor for one row. Best of --repeats. The bf16 GEMM peak is the best bf16 kernel at its best row
+count; `--prefill N` also times the engine's prefill of an N-token prompt against it. Usage:
 
-    .venv/bin/python benchmarks/linear_kernels.py [--rows 1,8,32,64] [--repeats 7]
+    .venv/bin/python benchmarks/linear_kernels.py [--rows 1,8,32,64] [--repeats 7] [--prefill 1024]
 """
 
 from __future__ import annotations
 
 import argparse
-import subprocess
 import time
 
 import gguf
 import numpy as np
 import torch
+from cpu_name import cpu_description
 
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
 
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # (N, K) of one SmolLM2 layer
 LAYERS = 30
+MACS_PER_ROW = LAYERS * sum(n * k for n, k in SHAPES)  # one row through every layer's projections
 
 
 def quantized(weight: torch.Tensor, kind: str) -> QuantizedWeight:
@@ -59,6 +61,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,8,32,64")
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--prefill", type=int, default=0, help="also the engine's prefill of a prompt of N tokens")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     torch.manual_seed(0)
@@ -85,10 +88,9 @@ def main() -> None:
             for kind in ("q8_0", "q4_1")
         },
     }
-    cpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    model = next((line.split(":", 1)[1].strip() for line in cpu.splitlines() if line.startswith("Model name")), "?")
-    print(f"CPU: {model}; torch threads {torch.get_num_threads()}; {LAYERS} layers of {SHAPES}")
+    print(f"CPU: {cpu_description()}; torch threads {torch.get_num_threads()}; {LAYERS} layers of {SHAPES}")
     print(f"{'kernel':22s} {'MB':>7s} {'stream ms':>9s} " + " ".join(f"{'M=' + str(m):>9s}" for m in rows))
+    peak = 0.0
     for name, (layers, dtype, _) in kernels.items():
         sizes = [weight_bytes(layer) for layer in layers]
         # As many bytes as each layer's weights take, in buffers of their own, summed as floats.
@@ -104,6 +106,41 @@ def main() -> None:
                 run = lambda: [layer(xs[k]) for layer, (_, k) in zip(layers, SHAPES * LAYERS)]  # noqa: E731
             cells.append(best_ms(run, args.repeats))
         print(f"{name:22s} {megabytes:7.1f} {stream:9.2f} " + " ".join(f"{c:9.2f}" for c in cells), flush=True)
+        if dtype == torch.bfloat16 and kind is None:
+            peak = max(peak, max(MACS_PER_ROW * m / (c / 1e3) for m, c in zip(rows, cells)))
+    print(f"bf16 GEMM peak here: {peak / 1e9:.0f} G multiply-adds/s (the best bf16 kernel's best row count)")
+    if args.prefill:
+        prefill(args.prefill, peak, args.repeats)
+
+
+def prefill(prompt_tokens: int, peak: float, repeats: int) -> None:
+    """The engine's prefill (its defaults: `auto` dtype, the bundled GGUF's blocks) of one prompt of
+    `prompt_tokens` random token ids, as multiply-adds a second against `peak`: the projections'
+    (every token), attention's (each token over the keys before it) and the LM head's (the last)."""
+    from shoal import LLM, SamplingParams
+
+    llm = LLM()
+    config = llm.engine.model.config
+    heads, dim, vocab = config.num_heads, config.head_dim, config.vocab_size
+    macs = (
+        prompt_tokens * MACS_PER_ROW
+        + LAYERS * heads * dim * 2 * prompt_tokens * (prompt_tokens + 1) // 2
+        + config.hidden_size * vocab
+    )
+    params = SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True)
+    generator = torch.Generator().manual_seed(1)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first warms up
+        prompt = torch.randint(1000, vocab - 1000, (prompt_tokens,), generator=generator).tolist()
+        started = time.perf_counter()
+        llm.generate([prompt], params)
+        best = min(best, time.perf_counter() - started)
+    rate = macs / best
+    print(
+        f"prefill of {prompt_tokens} tokens ({llm.engine.dtype}, {llm.engine.model.layers[0].qkv.description}): "
+        f"{best * 1e3:.0f} ms, {prompt_tokens / best:.0f} tokens/s, {rate / 1e9:.0f} G multiply-adds/s = "
+        f"{rate / peak:.0%} of the bf16 GEMM peak"
+    )
 
 
 if __name__ == "__main__":
