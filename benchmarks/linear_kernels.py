@@ -91,7 +91,7 @@ def main() -> None:
     print(f"CPU: {cpu_description()}; torch threads {torch.get_num_threads()}; {LAYERS} layers of {SHAPES}")
     print(f"{'kernel':22s} {'MB':>7s} {'stream ms':>9s} " + " ".join(f"{'M=' + str(m):>9s}" for m in rows))
     peak = 0.0
-    for name, (layers, dtype, _) in kernels.items():
+    for name, (layers, dtype, kind) in kernels.items():
         sizes = [weight_bytes(layer) for layer in layers]
         # As many bytes as each layer's weights take, in buffers of their own, summed as floats.
         floats = [torch.ones(size // 4) for size in sizes]

@@ -150,8 +150,7 @@ void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R]
     const uint8_t* w[P];
     for (int p = 0; p < P; ++p) {
       w[p] = panel_at(pr, panel + p) + b * block_bytes;
-      for (int64_t line = 0; line < block_bytes; line += 64)  // the block kPrefetchBlocks ahead
-        _mm_prefetch(reinterpret_cast<const char*>(w[p] + kPrefetchBlocks * block_bytes + line), _MM_HINT_T0);
+      prefetch_lines<Prefetch::kNear>(w[p] + kPrefetchBlocks * block_bytes, block_bytes);  // kPrefetchBlocks ahead
     }
     Vec low[R][P], high[R][P];
     for (int r = 0; r < R; ++r)
@@ -240,8 +239,7 @@ void tile_quantized_pairs(const Problem& pr, int64_t row, int64_t panel, Vec (&a
     for (int p = 0; p < P; ++p) {
       w[p] = panel_at(pr, panel + p) + b * block_bytes;
       if (expanded) continue;
-      for (int64_t line = 0; line < block_bytes; line += 64)  // the block kPrefetchBlocks ahead
-        _mm_prefetch(reinterpret_cast<const char*>(w[p] + kPrefetchBlocks * block_bytes + line), _MM_HINT_T0);
+      prefetch_lines<Prefetch::kNear>(w[p] + kPrefetchBlocks * block_bytes, block_bytes);  // kPrefetchBlocks ahead
     }
     Vec chain[R][P];
     for (int64_t half = 0; half < 2; ++half) {  // pairs 0-7, then 8-15
@@ -497,10 +495,8 @@ void amx_tiles(const Problem& pr, int64_t row, int blocks, int64_t panel, int pa
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t step = 0; step < steps; ++step) {
-    for (int line = 0; line < 1024; line += 64) {  // the weights two steps ahead
-      _mm_prefetch(reinterpret_cast<const char*>(b0 + (step + 2) * 1024 + line), _MM_HINT_T0);
-      if (panels == 2) _mm_prefetch(reinterpret_cast<const char*>(b1 + (step + 2) * 1024 + line), _MM_HINT_T0);
-    }
+    prefetch_lines<Prefetch::kNear>(b0 + (step + 2) * 1024, 1024);  // the weights two steps ahead
+    if (panels == 2) prefetch_lines<Prefetch::kNear>(b1 + (step + 2) * 1024, 1024);
     _tile_loadd(4, a + step * 64, lda);
     _tile_loadd(6, b0 + step * 1024, 64);
     _tile_dpbf16ps(0, 4, 6);

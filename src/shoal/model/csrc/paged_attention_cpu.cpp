@@ -33,12 +33,6 @@ inline Vec load_lanes(const float* p) { return Vec::load(p); }
 inline Vec load_lanes(const c10::BFloat16* p) { return Vec::bfloats(reinterpret_cast<const uint16_t*>(p)); }
 inline Vec load_lanes(const c10::Half* p) { return Vec::halves(reinterpret_cast<const uint16_t*>(p)); }
 
-// Asks for a cache row in L2 (without waiting for it).
-inline void prefetch_row(const void* row, int64_t bytes) {
-  const char* p = static_cast<const char*>(row);
-  for (int64_t offset = 0; offset < bytes; offset += 64) _mm_prefetch(p + offset, _MM_HINT_T1);
-}
-
 // Writes `dim` floats to out, converted to its dtype (16-bit rounded to nearest even).
 inline void store(const float* values, int64_t dim, at::ScalarType type, void* out) {
   if (type == at::kFloat) {
@@ -203,8 +197,8 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
   auto prefetch = [&](int64_t t, int64_t head, int64_t first, int64_t last) {
     for (int64_t j = first; j < std::min(l.positions[t] + 1, last); ++j) {
       const int64_t slot = slot_of(t, head, j);
-      prefetch_row(k_cache + slot * l.dim, l.dim * sizeof(cache_t));
-      prefetch_row(v_cache + slot * l.v_stride, l.v_stride * sizeof(cache_t));
+      prefetch_lines<Prefetch::kFar>(k_cache + slot * l.dim, l.dim * sizeof(cache_t));
+      prefetch_lines<Prefetch::kFar>(v_cache + slot * l.v_stride, l.v_stride * sizeof(cache_t));
     }
   };
   // Later tokens of a prompt see more keys: runs are handed out first, last, second, second to last

@@ -16,6 +16,19 @@ namespace shoal {
 
 constexpr int kLanes = 16;
 
+// Asks for the cache lines of [start, start + bytes) without waiting for them: into L1 and L2
+// (kNear) or into L2 (kFar). The empty asm statement matters: GCC deletes a loop of nothing but
+// _mm_prefetch calls as one without effects, and with it every prefetch.
+enum class Prefetch { kNear, kFar };
+template <Prefetch level>
+inline void prefetch_lines(const void* start, int64_t bytes) {
+  const char* p = static_cast<const char*>(start);
+  for (int64_t offset = 0; offset < bytes; offset += 64) {
+    _mm_prefetch(p + offset, level == Prefetch::kNear ? _MM_HINT_T0 : _MM_HINT_T1);
+    asm volatile("");  // keeps the loop
+  }
+}
+
 struct Vec {
 #if defined(__AVX512F__)
   __m512 v;
