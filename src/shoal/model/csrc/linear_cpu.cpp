@@ -142,31 +142,41 @@ void tile_bf16(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R][P]) 
 #endif
 }
 
+// Where block b of panels panel .. panel + P - 1 starts; with `ahead`, the blocks kPrefetchBlocks on
+// are asked for.
+template <int P>
+inline void block_starts(const Problem& pr, int64_t panel, int64_t b, int64_t block_bytes, bool ahead,
+                         const uint8_t* (&w)[P]) {
+  for (int p = 0; p < P; ++p) {
+    w[p] = panel_at(pr, panel + p) + b * block_bytes;
+    if (ahead) prefetch_lines<Prefetch::kNear>(w[p] + kPrefetchBlocks * block_bytes, block_bytes);
+  }
+}
+
+// A quantized block's 16 columns at k = first and k = second, widened to floats: byte row j's two
+// nibbles (k = j and j + 16) for 4-bit blocks, else the two int8 rows.
+inline void block_values(const BlockLayout& layout, const uint8_t* block, int64_t j, int64_t first, int64_t second,
+                         Vec& at_first, Vec& at_second) {
+  const uint8_t* values = block + layout.scale_bytes;
+  if (layout.nibbles) return Vec::nibbles(values + j * kPanel, at_first, at_second);
+  const int8_t* q = reinterpret_cast<const int8_t*>(values);
+  at_first = Vec::int8s(q + first * kPanel);
+  at_second = Vec::int8s(q + second * kPanel);
+}
+
 template <int R, int P>
 void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R][P]) {
   const BlockLayout layout = block_layout(pr.format);
   const int64_t block_bytes = layout.bytes(), blocks = pr.k / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* w[P];
-    for (int p = 0; p < P; ++p) {
-      w[p] = panel_at(pr, panel + p) + b * block_bytes;
-      prefetch_lines<Prefetch::kNear>(w[p] + kPrefetchBlocks * block_bytes, block_bytes);  // kPrefetchBlocks ahead
-    }
+    block_starts(pr, panel, b, block_bytes, true, w);
     Vec low[R][P], high[R][P];
     for (int r = 0; r < R; ++r)
       for (int p = 0; p < P; ++p) low[r][p] = high[r][p] = Vec::zero();
     for (int64_t j = 0; j < kBlock / 2; ++j) {
       Vec wl[P], wh[P];
-      for (int p = 0; p < P; ++p) {
-        const uint8_t* values = w[p] + layout.scale_bytes;
-        if (layout.nibbles) {
-          Vec::nibbles(values + j * kPanel, wl[p], wh[p]);
-        } else {
-          const int8_t* q = reinterpret_cast<const int8_t*>(values);
-          wl[p] = Vec::int8s(q + j * kPanel);
-          wh[p] = Vec::int8s(q + (j + kBlock / 2) * kPanel);
-        }
-      }
+      for (int p = 0; p < P; ++p) block_values(layout, w[p], j, j, j + kBlock / 2, wl[p], wh[p]);
       for (int r = 0; r < R; ++r) {
         const float* xr = pr.xf + (row + r) * pr.ldx + b * kBlock;
         const Vec xl = Vec::broadcast(xr[j]), xh = Vec::broadcast(xr[j + kBlock / 2]);
@@ -236,11 +246,7 @@ void tile_quantized_pairs(const Problem& pr, int64_t row, int64_t panel, Vec (&a
   const int64_t block_bytes = layout.bytes(), blocks = pr.k / kBlock;
   for (int64_t b = 0; b < blocks; ++b) {
     const uint8_t* w[P];
-    for (int p = 0; p < P; ++p) {
-      w[p] = panel_at(pr, panel + p) + b * block_bytes;
-      if (expanded) continue;
-      prefetch_lines<Prefetch::kNear>(w[p] + kPrefetchBlocks * block_bytes, block_bytes);  // kPrefetchBlocks ahead
-    }
+    block_starts(pr, panel, b, block_bytes, !expanded, w);
     Vec chain[R][P];
     for (int64_t half = 0; half < 2; ++half) {  // pairs 0-7, then 8-15
       if (half == 0 || layout.two_scales)
@@ -261,16 +267,7 @@ void tile_quantized_pairs(const Problem& pr, int64_t row, int64_t panel, Vec (&a
 #else
         const int64_t first = first_k(layout, j), second = second_k(layout, j);
         Vec wf[P], ws[P];
-        for (int p = 0; p < P; ++p) {
-          const uint8_t* values = w[p] + layout.scale_bytes;
-          if (layout.nibbles) {
-            Vec::nibbles(values + j * kPanel, wf[p], ws[p]);
-          } else {
-            const int8_t* q = reinterpret_cast<const int8_t*>(values);
-            wf[p] = Vec::int8s(q + first * kPanel);
-            ws[p] = Vec::int8s(q + second * kPanel);
-          }
-        }
+        for (int p = 0; p < P; ++p) block_values(layout, w[p], j, first, second, wf[p], ws[p]);
         for (int r = 0; r < R; ++r) {
           const float* xr = pr.xf + (row + r) * pr.ldx + b * kBlock;
           const Vec xa = Vec::broadcast(xr[first]), xb = Vec::broadcast(xr[second]);
