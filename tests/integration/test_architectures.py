@@ -40,19 +40,40 @@ VARIANTS = {
     "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
 }
+# Windows shorter than the 120-token prompt, and not a multiple of the kernels' 16-key tiles.
+WINDOWED = {
+    "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=21)),
+    "qwen2-window-from-layer-1": (
+        "Qwen2Config",
+        "Qwen2ForCausalLM",
+        dict(use_sliding_window=True, sliding_window=21, max_window_layers=1),
+    ),
+}
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
+    assert logit_difference(VARIANTS[variant], tmp_path, shoal_cache_dir) <= 1e-3
+
+
+@pytest.mark.parametrize("kernel", ["rows", "tiles"])
+@pytest.mark.parametrize("variant", sorted(WINDOWED))
+def test_sliding_windows_match_transformers(variant, kernel, tmp_path, shoal_cache_dir):
+    assert logit_difference(WINDOWED[variant], tmp_path, shoal_cache_dir, kernel) <= 1e-3
+
+
+def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto") -> float:
+    """The largest logit difference from transformers over a 120-token prompt, for a tiny random
+    model of `variant` (config class, model class, config fields)."""
     import transformers
 
-    config_cls, model_cls, extra = VARIANTS[variant]
+    config_cls, model_cls, extra = variant
     torch.manual_seed(7)
     config = getattr(transformers, config_cls)(**COMMON, **extra)
     reference = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():
         for p in reference.parameters():
             p.normal_(0, 0.2)
-    reference.save_pretrained(tmp_path)
-    write_tiny_tokenizer(tmp_path)
-    assert max_logit_difference(reference, tmp_path, shoal_cache_dir, list(range(3, 123))) <= 1e-3
+    reference.save_pretrained(directory)
+    write_tiny_tokenizer(directory)
+    return max_logit_difference(reference, directory, cache_dir, list(range(3, 123)), kernel)

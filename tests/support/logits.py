@@ -25,15 +25,22 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
         runner.attention_tile_height,
         engine.device,
         with_tiles=engine.model.attention_uses_tiles,
+        window=config.sliding_window,
     )
     hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta)
     return engine.model.compute_logits(hidden)
 
 
-def max_logit_difference(reference, model_dir, cache_dir, ids: list[int]) -> float:
+def max_logit_difference(reference, model_dir, cache_dir, ids: list[int], attention_kernel: str = "auto") -> float:
     """Largest |shoal - transformers| logit over a prompt, for a tiny checkpoint directory."""
     llm = LLM(
-        str(model_dir), dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4, cache_dir=str(cache_dir)
+        str(model_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_bytes=1 << 20,
+        block_size=4,
+        cache_dir=str(cache_dir),
+        attention_kernel=attention_kernel,
     )
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits[0]

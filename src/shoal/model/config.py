@@ -48,10 +48,28 @@ class LlamaConfig:
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
     architecture: str = "llama"
+    # Each layer's sliding window (the keys a token sees, itself included), 0 for full attention;
+    # empty: every layer full.
+    attention_windows: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}")
+        if self.attention_windows and len(self.attention_windows) != self.num_layers:
+            raise ValueError(f"{len(self.attention_windows)} attention windows for {self.num_layers} layers")
+        if any(window < 0 for window in self.attention_windows):
+            raise ValueError(f"attention windows must be 0 (full) or positive: {self.attention_windows}")
+        if len(set(self.attention_windows) - {0}) > 1:
+            raise ValueError(f"one sliding window size per model, not {sorted(set(self.attention_windows) - {0})}")
+
+    @property
+    def sliding_window(self) -> int:
+        """The window of the model's windowed layers, 0 if none has one."""
+        return max(self.attention_windows, default=0)
+
+    def window(self, layer: int) -> int:
+        """Layer `layer`'s sliding window, 0 for full attention."""
+        return self.attention_windows[layer] if self.attention_windows else 0
 
     @property
     def num_queries_per_kv(self) -> int:
@@ -81,4 +99,26 @@ class LlamaConfig:
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
             architecture=model_type,
+            attention_windows=hf_attention_windows(raw),
         )
+
+
+def hf_attention_windows(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Each layer's sliding window from a Hugging Face config, as transformers applies it: `layer_types`
+    where given ("sliding_attention" layers get `sliding_window`); else Qwen2's `use_sliding_window`
+    from layer `max_window_layers` on; else `sliding_window` on every layer (Mistral)."""
+    window = raw.get("sliding_window")
+    if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window"):
+        window = None
+    if not window:
+        return ()
+    layers = raw["num_hidden_layers"]
+    types = raw.get("layer_types")
+    if types is not None:
+        if len(types) != layers:
+            raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {layers}")
+        return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types)
+    if raw.get("model_type") == "qwen2":
+        first = raw.get("max_window_layers", layers)
+        return tuple(int(window) if i >= first else 0 for i in range(layers))
+    return (int(window),) * layers

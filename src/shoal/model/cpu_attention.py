@@ -11,11 +11,23 @@ from shoal.model.paged_attention import AttentionMetadata
 
 
 def row_paged_attention(
-    kernel: ModuleType, q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float
+    kernel: ModuleType,
+    q: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Same contract as `tiled_paged_attention`: q [T, H, D] rotated; returns [T, H * D] in q's dtype."""
     k_cache, v_cache = cache
     out = kernel.paged_attention_rows(
-        q.float().contiguous(), k_cache, v_cache, meta.block_tables, meta.token_sequences, meta.token_positions, scale
+        q.float().contiguous(),
+        k_cache,
+        v_cache,
+        meta.block_tables,
+        meta.token_sequences,
+        meta.token_positions,
+        scale,
+        window,
     )
     return out.view(q.shape[0], -1).to(q.dtype)

@@ -59,8 +59,8 @@ def load_hf_config(model_dir: str | Path) -> LlamaConfig:
     model_type = raw.get("model_type", "llama")
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ModelLoadError(f"{model_dir}: model_type {model_type!r} is not supported ({SUPPORTED_MODEL_TYPES})")
-    if raw.get("mlp_bias") or raw.get("use_sliding_window"):
-        raise ModelLoadError(f"{model_dir}: mlp_bias / use_sliding_window are not supported")
+    if raw.get("mlp_bias"):
+        raise ModelLoadError(f"{model_dir}: mlp_bias is not supported")
     try:
         config = LlamaConfig.from_hf(raw)
     except (KeyError, TypeError, ValueError) as exc:

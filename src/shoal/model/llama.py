@@ -31,7 +31,7 @@ from shoal.model.rope import RotaryEmbedding, apply_rotary
 from shoal.model.sharding import TensorParallel, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]
+AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int], torch.Tensor]
 
 
 def kv_bytes_per_token_per_layer(config: LlamaConfig, bytes_per_value: int) -> int:
@@ -61,10 +61,13 @@ class DecoderLayer:
         tensor_parallel: TensorParallel | None,
         rope: RotaryEmbedding,
         fuse: bool,
+        window: int,
     ):
-        """fuse: run the layer as one native object when its projections are all native."""
+        """fuse: run the layer as one native object when its projections are all native; window: its
+        attention's sliding window, 0 for none."""
         self.config = config
         self.attention = attention
+        self.window = window
         self.tensor_parallel = tensor_parallel
         # (units, columns per unit) of each gathered activation: whole KV-head groups, or columns.
         self.gather_shapes = {
@@ -104,6 +107,7 @@ class DecoderLayer:
                 config.num_kv_heads,
                 config.head_dim,
                 config.rms_norm_eps,
+                window,
             )
         # This rank's columns of the hidden state (the outputs of its o_proj and down_proj).
         self.hidden_columns = slice(*tensor_parallel.split(model_config.hidden_size)) if tensor_parallel else None
@@ -125,7 +129,7 @@ class DecoderLayer:
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
-        heads = self._gathered(self.attention(q, cache, meta, self.scale), "heads")
+        heads = self._gathered(self.attention(q, cache, meta, self.scale, self.window), "heads")
         hidden = hidden + self._gathered(self.o(heads), "hidden")
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
         activation = self._gathered(nn.functional.silu(gate) * up, "intermediate")
@@ -203,6 +207,7 @@ class LlamaModel:
                 tensor_parallel,
                 self.rope,
                 fuse=not self.attention_uses_tiles,
+                window=config.window(i),
             )
             for i in self.layer_range
         ]

@@ -31,6 +31,8 @@ class AttentionMetadata:
         use token T (an extra zero query) and head 0.
     tile_blocks: [W, B] block table of the tile's sequence, padded with block 0 (always masked).
     score_bias: [W, B, 1, R, block_size] 0 where a tile row may see a key, -inf elsewhere.
+    window, window_score_bias: the sliding window the step was built for (0: none), and score_bias
+        for the layers that have it (keys more than window - 1 before the row's position hidden too).
     """
 
     slot_rows: torch.Tensor
@@ -41,6 +43,8 @@ class AttentionMetadata:
     row_heads: torch.Tensor | None = None
     tile_blocks: torch.Tensor | None = None
     score_bias: torch.Tensor | None = None
+    window: int = 0
+    window_score_bias: torch.Tensor | None = None
 
 
 def build_attention_metadata(
@@ -53,8 +57,10 @@ def build_attention_metadata(
     tile_height: int,
     device: torch.device,
     with_tiles: bool = True,
+    window: int = 0,
 ) -> AttentionMetadata:
-    """Describes a step in which sequence i computes query_lens[i] tokens from start_positions[i]."""
+    """Describes a step in which sequence i computes query_lens[i] tokens from start_positions[i];
+    `window`: the model's sliding window (0: none), for the tiles of its windowed layers."""
     slot_rows: list[int] = []
     token_sequences: list[int] = []
     token_positions: list[int] = []
@@ -73,7 +79,11 @@ def build_attention_metadata(
         return torch.tensor(values, dtype=torch.int64, device=device)
 
     meta = AttentionMetadata(
-        as_tensor(slot_rows), as_tensor(padded_tables), as_tensor(token_sequences), as_tensor(token_positions)
+        as_tensor(slot_rows),
+        as_tensor(padded_tables),
+        as_tensor(token_sequences),
+        as_tensor(token_positions),
+        window=window,
     )
     if not with_tiles:
         return meta
@@ -94,14 +104,19 @@ def build_attention_metadata(
             tile_tables.append(table)
         first_token += length
     key_positions = torch.arange(width * block_size, device=device).view(1, width, 1, 1, block_size)
-    visible = key_positions <= as_tensor(row_positions).view(-1, 1, 1, tile_height, 1)
-    score_bias = torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
+    positions = as_tensor(row_positions).view(-1, 1, 1, tile_height, 1)
+    visible = key_positions <= positions
+
+    def bias(visible: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
+
     return dataclasses.replace(
         meta,
         row_tokens=as_tensor(row_tokens),
         row_heads=as_tensor(row_heads),
         tile_blocks=as_tensor(tile_tables),
-        score_bias=score_bias,
+        score_bias=bias(visible),
+        window_score_bias=bias(visible & (key_positions > positions - window)) if window else None,
     )
 
 
@@ -128,9 +143,10 @@ def write_kv(
 
 
 def tiled_paged_attention(
-    q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float
+    q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float, window: int = 0
 ) -> torch.Tensor:
-    """q: [T, H, D] (already rotated). Returns [T, H * D] in q's dtype; math in float32.
+    """q: [T, H, D] (already rotated). Returns [T, H * D] in q's dtype; math in float32. `window`: the
+    layer's sliding window (0: none), the one `meta` was built for.
 
     Shapes: W tiles of R rows, B blocks of bs keys. Batch dims are ordered (W, B, Hkv) so the
     gathered cache blocks feed the multiplies without being copied into another layout.
@@ -141,7 +157,10 @@ def tiled_paged_attention(
     grouped = torch.cat([q, q.new_zeros(1, heads, head_dim)]).view(tokens + 1, kv_heads, heads // kv_heads, head_dim)
     tiles = grouped[meta.row_tokens, :, meta.row_heads].float().transpose(1, 2).unsqueeze(1)  # [W, 1, Hkv, R, D]
     keys = k_cache[meta.tile_blocks].float()  # [W, B, Hkv, bs, D]
-    scores = torch.matmul(tiles, keys.transpose(-1, -2)).mul_(scale).add_(meta.score_bias)  # [W, B, Hkv, R, bs]
+    if window and window != meta.window:
+        raise ValueError(f"a layer with a window of {window} in a step built for {meta.window}")
+    score_bias = meta.window_score_bias if window else meta.score_bias
+    scores = torch.matmul(tiles, keys.transpose(-1, -2)).mul_(scale).add_(score_bias)  # [W, B, Hkv, R, bs]
     probs = scores.sub_(scores.amax(dim=(1, 4), keepdim=True)).exp_()
     values = v_cache[meta.tile_blocks].float()  # [W, B, Hkv, bs, D + 1]
     weighted = torch.matmul(probs, values).cumsum(1)[:, -1]  # [W, Hkv, R, D + 1]; last column: softmax sum

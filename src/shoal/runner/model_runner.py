@@ -104,4 +104,5 @@ class ModelRunner:
             tile_height=self.attention_tile_height,
             device=self.model.device,
             with_tiles=self.model.attention_uses_tiles,
+            window=self.model.config.sliding_window,
         )

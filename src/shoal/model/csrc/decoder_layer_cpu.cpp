@@ -198,7 +198,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
                   c10::intrusive_ptr<PackedLinear> gate_up, c10::intrusive_ptr<PackedLinear> down,
                   at::Tensor input_norm, at::Tensor post_attention_norm, at::Tensor cos, at::Tensor signed_sin,
-                  int64_t heads, int64_t kv_heads, int64_t head_dim, double eps)
+                  int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, int64_t window)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
         gate_up_(std::move(gate_up)),
@@ -210,7 +210,8 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         heads_(heads),
         kv_heads_(kv_heads),
         dim_(head_dim),
-        eps_(static_cast<float>(eps)) {
+        eps_(static_cast<float>(eps)),
+        window_(window) {
     TORCH_CHECK(qkv_->out_features() == (heads + 2 * kv_heads) * head_dim, "DecoderLayer: qkv has ",
                 qkv_->out_features(), " outputs, not (", heads, " + 2 x ", kv_heads, ") x ", head_dim);
     TORCH_CHECK(gate_up_->out_features() % 2 == 0, "DecoderLayer: gate_up must have an even number of outputs");
@@ -251,7 +252,8 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
                           q.data_ptr<float>());
     });
     auto out = at::empty({tokens, heads_ * dim_}, hidden.options());
-    paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, 1.0 / std::sqrt(dim_), out);
+    paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, 1.0 / std::sqrt(dim_), window_,
+                         out);
     return out;
   }
 
@@ -302,6 +304,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   at::Tensor input_norm_, post_attention_norm_, cos_, signed_sin_;
   int64_t heads_, kv_heads_, dim_;
   float eps_;
+  int64_t window_;  // the attention's sliding window (paged_attention_into), 0 for none
 };
 
 }  // namespace shoal
@@ -310,7 +313,7 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
                        c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>, at::Tensor,
-                       at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double>())
+                       at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)

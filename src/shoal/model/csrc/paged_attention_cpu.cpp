@@ -1,7 +1,8 @@
 // Causal attention over the paged KV cache, one query row's operations at a time, for CPUs.
 //
 // Each output row (token t, query head h) is computed by the same fixed sequence of operations
-// over its keys 0..position[t] and never reads another row's data: keys are taken 16 positions at a
+// over its keys (0..position[t], or the last `window` of them with a sliding window) and never reads
+// another row's data: keys are taken 16 positions at a
 // time, in order; a tile's scores are dot products of 16-lane partial sums, the running maximum and
 // the softmax sum and numerator are rescaled once per tile (online softmax), the tile's weights are
 // added to the sum as one 16-lane sum, and each key's value is added in key order. Consecutive
@@ -69,15 +70,16 @@ struct Heads {
   }
 };
 
-// Adds one tile of keys to N tokens of one sequence (their G heads each): counts[n] present keys for
-// token n, the rest (up to 16) any readable rows. Each key's K and V lanes are widened once and used
+// Adds one tile of keys to N tokens of one sequence (their G heads each): token n sees keys
+// lows[n] .. counts[n] - 1 of it (keys below lows[n] are before its sliding window), the rest (up to
+// 16) are any readable rows. Each key's K and V lanes are widened once and used
 // by all N x G heads; every head's own operations are those it would run alone: each score is the
 // 16-lane partial sums of q . k over whole lanes (Vec::sums), then the rest of dim in order, times
 // scale; the running max becomes max(old, tile max); the old sums are multiplied by e^(old max - new
 // max); the tile's e^(score - max) (0 for absent keys) are added to the softmax sum as one Vec::sum,
 // and each, times its key's value, to the numerator, key after key.
 template <int N, int G, typename cache_t>
-void add_tile(Heads<G>* const* rows, const int64_t* counts, const cache_t* const (&keys)[kLanes],
+void add_tile(Heads<G>* const* rows, const int64_t* lows, const int64_t* counts, const cache_t* const (&keys)[kLanes],
               const cache_t* const (&values)[kLanes], int64_t dim, float scale) {
   const int64_t whole = dim / kLanes * kLanes;
   const float* qs[N];  // held in registers: the heads' own pointers would be reloaded at every multiply-add
@@ -112,6 +114,12 @@ void add_tile(Heads<G>* const* rows, const int64_t* counts, const cache_t* const
       }
       scores[g] =
           Vec::mul(scores[g], Vec::broadcast(scale)).first_lanes(counts[n], -std::numeric_limits<float>::infinity());
+      if (lows[n] > 0) {  // the tile where the window starts
+        float lanes[kLanes];
+        scores[g].store(lanes);
+        std::fill(lanes, lanes + lows[n], -std::numeric_limits<float>::infinity());
+        scores[g] = Vec::load(lanes);
+      }
       const float new_max = std::max(h.running_max[g], scores[g].max_lane());
       shifts[g] = h.running_max[g] - new_max;  // -inf for the first tile: its sums are rescaled by 0
       h.running_max[g] = new_max;
@@ -172,11 +180,16 @@ struct Layout {
   at::ScalarType out_type;
   int64_t tokens, heads, kv_heads, block_size, dim, v_stride, table_width;
   float scale;
+  int64_t window;  // keys a token sees, itself included; 0: all before it
+
+  // The first key token t sees.
+  int64_t first_key(int64_t t) const { return window > 0 ? std::max<int64_t>(0, positions[t] - window + 1) : 0; }
 };
 
 // Tasks of G query heads each (all of one KV head's, or one) for up to kTokensPerTask consecutive
 // tokens of one sequence, keys 16 positions a tile (tiles at multiples of 16, whatever the block
-// size). A tile's keys are loaded once for the task's tokens that see any of them.
+// size), from the tile of the first token's first key. A tile's keys are loaded once for the task's
+// tokens that see any of them.
 template <int G, typename cache_t>
 void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, const Layout& l) {
   const int64_t group = l.heads / l.kv_heads, tasks_per_token = l.heads / G;
@@ -211,7 +224,7 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
     std::vector<float> acc(kTokensPerTask * G * l.dim);
     Heads<G> heads[kTokensPerTask];
     Heads<G>* rows[kTokensPerTask];
-    int64_t counts[kTokensPerTask];
+    int64_t lows[kTokensPerTask], counts[kTokensPerTask];
     const cache_t* keys[kLanes];
     const cache_t* values[kLanes];
     for (int64_t task = begin; task < end; ++task) {
@@ -223,32 +236,37 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
         heads[n].acc = acc.data() + n * G * l.dim;
         heads[n].reset(l.dim);
       }
-      if (task == begin) prefetch(last_token, first_head, 0, kLanes);
-      for (int64_t first = 0; first < visible; first += kLanes) {
+      const int64_t lowest = l.first_key(first_token), start = lowest / kLanes * kLanes;
+      if (task == begin) prefetch(last_token, first_head, start, start + kLanes);
+      for (int64_t first = start; first < visible; first += kLanes) {
         const int64_t count = std::min<int64_t>(kLanes, visible - first);
-        for (int64_t i = 0; i < kLanes; ++i) {
-          const int64_t slot = slot_of(last_token, first_head, first + std::min(i, count - 1));  // absent: the last present
+        for (int64_t i = 0; i < kLanes; ++i) {  // absent keys: the nearest present one
+          const int64_t slot = slot_of(last_token, first_head, std::clamp(first + i, lowest, first + count - 1));
           keys[i] = k_cache + slot * l.dim;
           values[i] = v_cache + slot * l.v_stride;
         }
         if (first + kLanes < visible) {
           prefetch(last_token, first_head, first + kLanes, first + 2 * kLanes);
         } else if (task + 1 < end) {
-          const int64_t next = runs[run_of(task + 1) + 1] - 1;
-          prefetch(next, (task + 1) % tasks_per_token * G, 0, kLanes);
+          const int64_t next_run = run_of(task + 1), next = runs[next_run + 1] - 1;
+          const int64_t next_start = l.first_key(runs[next_run]) / kLanes * kLanes;
+          prefetch(next, (task + 1) % tasks_per_token * G, next_start, next_start + kLanes);
         }
-        int present = 0;  // the run's tokens that see keys of this tile: its first ones see fewer
-        for (int64_t n = 0; n < tokens; ++n) {
+        int present = 0;  // the run's tokens that see keys of this tile: its first ones see fewer, its last
+        for (int64_t n = 0; n < tokens; ++n) {  // ones (with a window) may see none of an early tile
           const int64_t seen = std::min<int64_t>(kLanes, l.positions[first_token + n] + 1 - first);
-          if (seen <= 0) continue;
+          const int64_t low = std::max<int64_t>(0, l.first_key(first_token + n) - first);
+          if (seen <= 0 || low >= seen) continue;
           rows[present] = &heads[n];
+          lows[present] = low;
           counts[present++] = seen;
         }
         switch (present) {
-          case 1: add_tile<1>(rows, counts, keys, values, l.dim, l.scale); break;
-          case 2: add_tile<2>(rows, counts, keys, values, l.dim, l.scale); break;
-          case 3: add_tile<3>(rows, counts, keys, values, l.dim, l.scale); break;
-          default: add_tile<4>(rows, counts, keys, values, l.dim, l.scale); break;
+          case 0: break;
+          case 1: add_tile<1>(rows, lows, counts, keys, values, l.dim, l.scale); break;
+          case 2: add_tile<2>(rows, lows, counts, keys, values, l.dim, l.scale); break;
+          case 3: add_tile<3>(rows, lows, counts, keys, values, l.dim, l.scale); break;
+          default: add_tile<4>(rows, lows, counts, keys, values, l.dim, l.scale); break;
         }
       }
       for (int64_t n = 0; n < tokens; ++n)
@@ -283,7 +301,7 @@ void attend_grouped(const float* q, const cache_t* k_cache, const cache_t* v_cac
 
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& token_sequences,
-                          const at::Tensor& positions, double scale, const at::Tensor& out) {
+                          const at::Tensor& positions, double scale, int64_t window, const at::Tensor& out) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T, H, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches differ in dtype");
@@ -297,6 +315,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
   auto sequences = token_sequences.contiguous();
   auto pos = positions.contiguous();
   TORCH_CHECK(sequences.size(0) == tokens && pos.size(0) == tokens, "one sequence and position per token");
+  TORCH_CHECK(window >= 0, "the sliding window must be 0 (none) or positive, got ", window);
   const int64_t block_size = k_cache.size(2), width = tables.size(1), blocks = k_cache.size(0);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t s = sequences.data_ptr<int64_t>()[t], p = pos.data_ptr<int64_t>()[t];
@@ -310,7 +329,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
   const int64_t row_bytes = out.stride(0) * out.element_size();
   const Layout layout{tables.data_ptr<int64_t>(), sequences.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), target,
                       row_bytes, out.scalar_type(), tokens, heads, k_cache.size(1), k_cache.size(2), dim,
-                      v_cache.size(3), tables.size(1), static_cast<float>(scale)};
+                      v_cache.size(3), tables.size(1), static_cast<float>(scale), window};
   auto run = [&](auto* cache_type) {
     using cache_t = std::remove_pointer_t<decltype(cache_type)>;
     attend_grouped<cache_t>(q.data_ptr<float>(), static_cast<const cache_t*>(k_cache.data_ptr()),
@@ -330,9 +349,9 @@ namespace {
 
 // Returns [T, H, D] float32 (see paged_attention_into).
 at::Tensor paged_attention_rows(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                                at::Tensor token_sequences, at::Tensor positions, double scale) {
+                                at::Tensor token_sequences, at::Tensor positions, double scale, int64_t window) {
   auto out = at::empty_like(q);
-  shoal::paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale,
+  shoal::paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale, window,
                               out.view({q.size(0), -1}));
   return out;
 }
