@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import gguf
@@ -10,6 +11,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
 
+from shoal.model.config import RopeScaling
 from shoal.model.errors import ModelLoadError
 from shoal.model.gguf_loader import (
     dequantize_tensor,
@@ -21,6 +23,7 @@ from shoal.model.gguf_loader import (
 )
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.registry import resolve_model
+from shoal.model.rope import inverse_frequencies
 
 HIDDEN, HEADS, KV_HEADS, HEAD_DIM, INTER, LAYERS, VOCAB = 64, 4, 2, 16, 96, 2, 40
 
@@ -258,6 +261,34 @@ def test_dequantize_k_quants_against_ggml_reference(tmp_path: Path, qtype: Q, re
     np.testing.assert_allclose(out, np.array(expected, dtype=np.float32).reshape(out.shape), rtol=1e-6, atol=1e-6)
 
 
+def llama_cpp_llama3_rope_factors(base: float, factor: float, low: float, high: float, old_context: int):
+    """convert_hf_to_gguf.py's LlamaModel rope_freqs for Llama 3.1-style scaling."""
+    factors = []
+    for frequency in 1.0 / (base ** (np.arange(0, HEAD_DIM, 2, dtype=np.float32) / HEAD_DIM)):
+        wavelength = 2 * math.pi / frequency
+        if wavelength < old_context / high:
+            factors.append(1.0)
+        elif wavelength > old_context / low:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelength - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(factors, dtype=np.float32)
+
+
+def test_rope_freqs_of_a_llama3_gguf_give_llama3_frequencies(tmp_path: Path) -> None:
+    weights = random_hf_weights(np.random.default_rng(6), bias=False, tied=True)
+    factors = llama_cpp_llama3_rope_factors(500000.0, 8.0, 1.0, 4.0, 256)
+    assert len(set(factors.tolist())) > 2, "the shape should have low, high and smoothed frequencies"
+    path = write_model_gguf(tmp_path / "m.gguf", "llama", weights, extra_tensors={"rope_freqs.weight": factors})
+    config, state = load_gguf(path)
+    assert config.rope_scaling.rope_type == "frequency_factors" and "rope_freqs.weight" not in state
+    llama3 = RopeScaling("llama3", 8.0, 1.0, 4.0, 256)
+    expected = inverse_frequencies(HEAD_DIM, 500000.0, llama3, 256)
+    actual = inverse_frequencies(HEAD_DIM, config.rope_theta, config.rope_scaling, 256)
+    torch.testing.assert_close(actual, expected, rtol=1e-6, atol=0)
+
+
 def test_unsupported_inputs_raise_model_load_error(tmp_path: Path) -> None:
     weights = random_hf_weights(np.random.default_rng(5), bias=False, tied=True)
     with pytest.raises(ModelLoadError, match="architecture 'gemma'"):
@@ -265,7 +296,7 @@ def test_unsupported_inputs_raise_model_load_error(tmp_path: Path) -> None:
     extra = {"blk.0.attn_q_norm.weight": np.ones(HEAD_DIM, np.float32)}
     with pytest.raises(ModelLoadError, match="attn_q_norm"):
         load_gguf(write_model_gguf(tmp_path / "b.gguf", "llama", weights, extra_tensors=extra))
-    rope_freqs = {"rope_freqs.weight": np.ones(HEAD_DIM // 2, np.float32)}
+    rope_freqs = {"rope_freqs.weight": np.ones(HEAD_DIM // 2 + 1, np.float32)}
     with pytest.raises(ModelLoadError, match="rope_freqs"):
         load_gguf(write_model_gguf(tmp_path / "c.gguf", "llama", weights, extra_tensors=rope_freqs))
     del weights["model.layers.1.mlp.up_proj.weight"]

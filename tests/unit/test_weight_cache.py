@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from shoal.model import loader as loader_module
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.loader import load_checkpoint
 from shoal.model.quantized_weight import QuantizedWeight
-from shoal.model.weight_cache import CACHE_DTYPES, WeightCache
+from shoal.model.weight_cache import CACHE_DTYPES, WeightCache, config_from_json, config_to_json
 
 linux_only = pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs /proc (Linux)")
 
@@ -165,3 +166,12 @@ def test_quantized_entry_keeps_blocks_and_is_a_separate_entry(tmp_path: Path, so
     assert cache.load([source], torch.float32) is None  # the dequantized entry is another one
     loaded = cache.load([source], torch.float32, quantized=True).weights["q"]
     assert (loaded.kind, loaded.columns) == ("q4_1", 64) and torch.equal(loaded.blocks, blocks)
+
+
+def test_a_config_with_windows_and_rope_factors_round_trips():
+    config = dataclasses.replace(
+        CONFIG,
+        attention_windows=(21,),
+        rope_scaling=RopeScaling("frequency_factors", frequency_factors=(1.0, 2.5)),
+    )
+    assert config_from_json(config_to_json(config)) == config

@@ -9,13 +9,16 @@ from typing import Any
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling as in Hugging Face's `rope_scaling` (types: linear, llama3, dynamic)."""
+    """RoPE frequency scaling as in Hugging Face's `rope_scaling` (types: linear, llama3, dynamic), or
+    per-pair divisors of the inverse frequencies (type frequency_factors: a GGUF file's rope_freqs
+    tensor, which llama.cpp's converter writes for Llama 3.1+ scaling)."""
 
     rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    frequency_factors: tuple[float, ...] = ()
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any] | None) -> RopeScaling:

@@ -96,14 +96,20 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-def _rope_scaling(meta: dict[str, Any], arch: str, tensor_names: set[str]) -> RopeScaling:
-    if "rope_freqs.weight" in tensor_names:
-        raise ModelLoadError(
-            "per-dimension rope_freqs (Llama 3.1-style scaling) in a GGUF file is not supported; "
-            "load the Hugging Face checkpoint instead"
-        )
+# Not a decoder weight: the per-pair RoPE frequency divisors (RopeScaling.frequency_factors).
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str, tensors: dict[str, ReaderTensor], head_dim: int) -> RopeScaling:
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if ROPE_FREQS in tensors:
+        if kind != "none" or factor is not None:
+            raise ModelLoadError(f"{ROPE_FREQS} together with rope scaling type {kind!r} is not supported")
+        factors = dequantize_tensor(tensors[ROPE_FREQS]).reshape(-1)
+        if factors.shape[0] != head_dim // 2 or not np.all(np.isfinite(factors) & (factors > 0)):
+            raise ModelLoadError(f"{ROPE_FREQS} must hold {head_dim // 2} positive factors, has {factors.shape[0]}")
+        return RopeScaling(rope_type="frequency_factors", frequency_factors=tuple(float(f) for f in factors))
     if kind == "none" and factor is None:
         return RopeScaling()
     if kind in ("none", "linear") and factor is not None:
@@ -150,7 +156,7 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
             max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
             rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
             rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_scaling=_rope_scaling(meta, arch, set(tensors)),
+            rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
             attention_bias="blk.0.attn_q.bias" in tensors,
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
@@ -212,6 +218,8 @@ def gguf_state_dict(
     permuted = config.architecture in _PERMUTED_ARCHITECTURES
     weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
+        if tensor.name == ROPE_FREQS:  # read into the config
+            continue
         name = hf_tensor_name(tensor.name)
         kept = quantized_tensor(tensor) if keep_quantized else None
         rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))

@@ -17,6 +17,10 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
         return inv_freq
     if kind == "linear":
         return inv_freq / scaling.factor
+    if kind == "frequency_factors":
+        if len(scaling.frequency_factors) != head_dim // 2:
+            raise ValueError(f"{len(scaling.frequency_factors)} RoPE frequency factors for head_dim {head_dim}")
+        return inv_freq / torch.tensor(scaling.frequency_factors, dtype=torch.float32)
     if kind == "dynamic":
         # NTK-aware scaling evaluated at the full context length, so positions never depend on batch contents.
         base = theta * (

@@ -48,7 +48,9 @@ def config_to_json(config: LlamaConfig) -> str:
 def config_from_json(text: str) -> LlamaConfig:
     """Inverse of `config_to_json`."""
     raw = json.loads(text)
-    raw["rope_scaling"] = RopeScaling(**raw["rope_scaling"])
+    raw["rope_scaling"] = RopeScaling(
+        **{**raw["rope_scaling"], "frequency_factors": tuple(raw["rope_scaling"]["frequency_factors"])}
+    )
     raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
     raw["attention_windows"] = tuple(raw["attention_windows"])
     return LlamaConfig(**raw)
