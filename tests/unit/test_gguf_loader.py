@@ -360,3 +360,15 @@ def test_k_quant_matrices_are_kept_as_their_blocks(tmp_path: Path, qtype: Q) -> 
     assert kept is not None and kept.kind == qtype.name.lower() and kept.shape == (3, 512)
     assert torch.equal(kept.blocks, torch.from_numpy(raw))
     assert torch.equal(kept.dequantize(), torch.from_numpy(dequantize_tensor(tensor)))
+
+
+def test_a_tensor_type_without_a_native_kernel_is_widened_with_a_log_line(tmp_path: Path, caplog) -> None:
+    weights = random_hf_weights(np.random.default_rng(7), bias=False, tied=True)
+    reader = open_gguf(write_model_gguf(tmp_path / "m.gguf", "llama", weights, qtype=Q.Q5_0))
+    with caplog.at_level("WARNING", logger="shoal.model.gguf_loader"):
+        state = gguf_state_dict(reader, gguf_config(reader), torch.float32, keep_quantized=True)
+    assert not any(isinstance(t, QuantizedWeight) for t in state.values())
+    widened = [r.getMessage() for r in caplog.records if "Q5_0" in r.getMessage()]
+    assert len(widened) == 1 + 7 * LAYERS, widened[:3]  # the embedding and every layer's matrices
+    assert any(m.startswith("GGUF tensor blk.0.attn_q.weight: ggml type Q5_0") for m in widened)
+    assert all("bytes instead of" in m for m in widened)

@@ -8,6 +8,7 @@ llama.cpp's rotary permutation of llama-arch checkpoints is undone.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,10 @@ from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.errors import ModelLoadError
 from shoal.model.layout import check_state_dict
 from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
+
+log = logging.getLogger(__name__)
+# ggml types that are plain floats: loading them dense widens nothing the file chose to compress.
+_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
 # llama.cpp's converter interleaves the rotary halves of q/k rows for these (LlamaModel.permute).
@@ -223,6 +228,15 @@ def gguf_state_dict(
         name = hf_tensor_name(tensor.name)
         kept = quantized_tensor(tensor) if keep_quantized else None
         rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
+        if keep_quantized and kept is None and tensor.tensor_type not in _FLOAT_TYPES:
+            log.warning(
+                "GGUF tensor %s: ggml type %s has no native kernel; widened to %s: %s bytes instead of %s",
+                tensor.name,
+                tensor.tensor_type.name,
+                dtype,
+                f"{rows.numel() * dtype.itemsize:,}",
+                f"{int(tensor.n_bytes):,}",
+            )
         if permuted and ".self_attn.q_proj." in name:
             rows = unpermute_rotary_rows(rows, config.num_heads)
         elif permuted and ".self_attn.k_proj." in name:
