@@ -294,7 +294,7 @@ def test_unsupported_inputs_raise_model_load_error(tmp_path: Path) -> None:
     with pytest.raises(ModelLoadError, match="architecture 'gemma'"):
         load_gguf(write_model_gguf(tmp_path / "a.gguf", "gemma", weights))
     extra = {"blk.0.attn_q_norm.weight": np.ones(HEAD_DIM, np.float32)}
-    with pytest.raises(ModelLoadError, match="attn_q_norm"):
+    with pytest.raises(ModelLoadError, match="unexpected tensors .*q_norm"):
         load_gguf(write_model_gguf(tmp_path / "b.gguf", "llama", weights, extra_tensors=extra))
     rope_freqs = {"rope_freqs.weight": np.ones(HEAD_DIM // 2 + 1, np.float32)}
     with pytest.raises(ModelLoadError, match="rope_freqs"):
@@ -372,3 +372,21 @@ def test_a_tensor_type_without_a_native_kernel_is_widened_with_a_log_line(tmp_pa
     assert len(widened) == 1 + 7 * LAYERS, widened[:3]  # the embedding and every layer's matrices
     assert any(m.startswith("GGUF tensor blk.0.attn_q.weight: ggml type Q5_0") for m in widened)
     assert all("bytes instead of" in m for m in widened)
+
+
+def test_a_qwen3_gguf_loads_its_per_head_query_and_key_norms_unpermuted(tmp_path: Path) -> None:
+    rng = np.random.default_rng(8)
+    weights = random_hf_weights(rng, bias=False, tied=True)
+    norms = {
+        f"blk.{i}.attn_{which}_norm.weight": rng.standard_normal(HEAD_DIM).astype(np.float32)
+        for i in range(LAYERS)
+        for which in "qk"
+    }
+    config, state = load_gguf(write_model_gguf(tmp_path / "q.gguf", "qwen3", weights, extra_tensors=norms))
+    assert config.architecture == "qwen3" and config.qk_norm
+    for i in range(LAYERS):
+        for which in "qk":
+            expected = torch.from_numpy(norms[f"blk.{i}.attn_{which}_norm.weight"])
+            assert torch.equal(state[f"model.layers.{i}.self_attn.{which}_norm.weight"], expected)
+    name = "model.layers.1.self_attn.q_proj.weight"
+    assert torch.equal(state[name], torch.from_numpy(weights[name]))  # qwen files keep HF row order

@@ -47,6 +47,8 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     attention_bias: bool = False
+    # Per-head RMSNorm of the queries and keys before RoPE (Qwen3): weights q_norm and k_norm [head_dim].
+    qk_norm: bool = False
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -98,6 +100,7 @@ class LlamaConfig:
             rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
             attention_bias=raw.get("attention_bias", model_type == "qwen2"),
+            qk_norm=model_type == "qwen3",
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,

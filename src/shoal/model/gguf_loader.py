@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 # ggml types that are plain floats: loading them dense widens nothing the file chose to compress.
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2")
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # llama.cpp's converter interleaves the rotary halves of q/k rows for these (LlamaModel.permute).
 _PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
@@ -47,6 +47,8 @@ _LAYER_NAMES = {
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
     "attn_output.bias": "self_attn.o_proj.bias",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
@@ -163,6 +165,7 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
             rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
             attention_bias="blk.0.attn_q.bias" in tensors,
+            qk_norm=arch == "qwen3",
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids)),

@@ -21,7 +21,7 @@ from shoal.model.errors import ModelLoadError
 from shoal.model.layout import check_state_dict, optional_shapes, required_shapes
 from shoal.model.tokenizer import Tokenizer
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _INDEX_FILE = "model.safetensors.index.json"
 # Files besides the weights that change what a load produces; their identities key the weight cache.
 _METADATA_FILES = (

@@ -35,6 +35,10 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                 p + "mlp.down_proj.weight": (hidden, inter),
             }
         )
+        if config.qk_norm:
+            shapes.update(
+                {p + "self_attn.q_norm.weight": (config.head_dim,), p + "self_attn.k_norm.weight": (config.head_dim,)}
+            )
         if config.attention_bias:
             shapes.update(
                 {

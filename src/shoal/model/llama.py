@@ -16,6 +16,7 @@ kernel or the C++ row kernel. Either way a token's hidden states never depend on
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,8 @@ from shoal.model.rope import RotaryEmbedding, apply_rotary
 from shoal.model.sharding import TensorParallel, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+log = logging.getLogger(__name__)
+
 AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int], torch.Tensor]
 
 
@@ -91,12 +94,13 @@ class DecoderLayer:
         self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
         self.input_norm = weights[prefix + "input_layernorm.weight"]
         self.post_attention_norm = weights[prefix + "post_attention_layernorm.weight"]
+        self.qk_norms = (weights[attn + "q_norm.weight"], weights[attn + "k_norm.weight"]) if config.qk_norm else None
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.head_dim**-0.5
         projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
-        if fuse and all(p.backend == "native" for p in projections):
+        if fuse and all(p.backend == "native" for p in projections) and self.qk_norms is None:
             self.native = torch.classes.shoal.DecoderLayer(
                 *(p.packed for p in projections),
                 self.input_norm,
@@ -125,8 +129,12 @@ class DecoderLayer:
         tokens = hidden.shape[0]
         qkv = self.qkv(rms_norm(hidden, self.input_norm, cfg.rms_norm_eps))
         # q and k are rotated together: one pass over the [T, H + Hkv, D] view.
-        qk = apply_rotary(qkv[:, : self.q_size + self.kv_size].reshape(tokens, -1, cfg.head_dim), *rope_tables)
-        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        qk = qkv[:, : self.q_size + self.kv_size].reshape(tokens, -1, cfg.head_dim)
+        if self.qk_norms is not None:
+            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+            q_norm, k_norm = self.qk_norms
+            qk = torch.cat([rms_norm(q, q_norm, cfg.rms_norm_eps), rms_norm(k, k_norm, cfg.rms_norm_eps)], dim=1)
+        q, k = apply_rotary(qk, *rope_tables).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
         heads = self._gathered(self.attention(q, cache, meta, self.scale, self.window), "heads")
@@ -194,6 +202,8 @@ class LlamaModel:
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
         self.rope = RotaryEmbedding(config).to(self.device)
+        if config.qk_norm and not self.attention_uses_tiles:
+            log.info("per-head q/k norms: the layers run their torch path, not the fused native layer")
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
             DecoderLayer(
