@@ -39,10 +39,11 @@ VARIANTS = {
     "linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
-    "qwen3-qk-norm": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
 }
-# Windows shorter than the 120-token prompt, and not a multiple of the kernels' 16-key tiles.
-WINDOWED = {
+# Variants of the layer itself, on both paths: the fused native layer (rows) and the torch layer
+# (tiles). Windows are shorter than the 120-token prompt, and not a multiple of the 16-key tiles.
+LAYER_VARIANTS = {
+    "qwen3-qk-norm": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=21)),
     "qwen2-window-from-layer-1": (
         "Qwen2Config",
@@ -58,9 +59,9 @@ def test_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
 
 
 @pytest.mark.parametrize("kernel", ["rows", "tiles"])
-@pytest.mark.parametrize("variant", sorted(WINDOWED))
-def test_sliding_windows_match_transformers(variant, kernel, tmp_path, shoal_cache_dir):
-    assert logit_difference(WINDOWED[variant], tmp_path, shoal_cache_dir, kernel) <= 1e-3
+@pytest.mark.parametrize("variant", sorted(LAYER_VARIANTS))
+def test_layer_variants_match_transformers_on_both_paths(variant, kernel, tmp_path, shoal_cache_dir):
+    assert logit_difference(LAYER_VARIANTS[variant], tmp_path, shoal_cache_dir, kernel) <= 1e-3
 
 
 def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto") -> float:

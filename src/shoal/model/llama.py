@@ -16,7 +16,6 @@ kernel or the C++ row kernel. Either way a token's hidden states never depend on
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable
 
 import torch
@@ -32,8 +31,6 @@ from shoal.model.rope import RotaryEmbedding, apply_rotary
 from shoal.model.sharding import TensorParallel, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
-log = logging.getLogger(__name__)
-
 AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int], torch.Tensor]
 
 
@@ -100,7 +97,7 @@ class DecoderLayer:
         self.scale = config.head_dim**-0.5
         projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
-        if fuse and all(p.backend == "native" for p in projections) and self.qk_norms is None:
+        if fuse and all(p.backend == "native" for p in projections):
             self.native = torch.classes.shoal.DecoderLayer(
                 *(p.packed for p in projections),
                 self.input_norm,
@@ -112,6 +109,7 @@ class DecoderLayer:
                 config.head_dim,
                 config.rms_norm_eps,
                 window,
+                *(self.qk_norms or (torch.empty(0), torch.empty(0))),
             )
         # This rank's columns of the hidden state (the outputs of its o_proj and down_proj).
         self.hidden_columns = slice(*tensor_parallel.split(model_config.hidden_size)) if tensor_parallel else None
@@ -202,8 +200,6 @@ class LlamaModel:
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
         self.rope = RotaryEmbedding(config).to(self.device)
-        if config.qk_norm and not self.attention_uses_tiles:
-            log.info("per-head q/k norms: the layers run their torch path, not the fused native layer")
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
             DecoderLayer(

@@ -1,6 +1,7 @@
 // One Llama decoder layer on CPUs, with no Python between its operations:
 //
-//   attention: RMSNorm -> QKV projection -> RoPE on q and k -> K/V written to the paged cache ->
+//   attention: RMSNorm -> QKV projection -> (per-head q/k RMSNorm) -> RoPE on q and k -> K/V written
+//              to the paged cache ->
 //              paged attention                                        (this rank's heads)
 //   output:    residual + O projection                                 (fused into its epilogue)
 //   mlp:       RMSNorm -> gate/up projection -> SiLU(gate) * up        (this rank's columns)
@@ -75,31 +76,48 @@ void for_each_dtype(at::ScalarType type, F&& body) {
 }
 
 // out[t] = weight * round(x[t] / sqrt(mean(x[t]^2) + eps)), both products rounded to the dtype.
+// One row of it (o may be the row itself: each element is read before it is written).
+template <typename T>
+void rms_norm_row(const T* row, const T* weight, float eps, T* o, int64_t width) {
+  using E = Element<T>;
+  Vec squares = Vec::zero();
+  int64_t c = 0;
+  for (; c + kLanes <= width; c += kLanes) {
+    const Vec v = E::read16(row + c);
+    squares = Vec::fma(v, v, squares);
+  }
+  float total = squares.sum();
+  for (; c < width; ++c) total += E::read(row + c) * E::read(row + c);
+  const float inverse = 1.f / std::sqrt(total / static_cast<float>(width) + eps);
+  const Vec scale = Vec::broadcast(inverse);
+  for (c = 0; c + kLanes <= width; c += kLanes)
+    E::write16(o + c, Vec::mul(E::read16(weight + c), E::round16(Vec::mul(E::read16(row + c), scale))));
+  for (; c < width; ++c) {
+    T normed;
+    E::write(&normed, E::read(row + c) * inverse);
+    E::write(o + c, E::read(weight + c) * E::read(&normed));
+  }
+}
+
 template <typename T>
 void rms_norm(const T* x, int64_t ldx, const T* weight, float eps, T* out, int64_t rows, int64_t width) {
-  using E = Element<T>;
   at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* row = x + r * ldx;
-      Vec squares = Vec::zero();
-      int64_t c = 0;
-      for (; c + kLanes <= width; c += kLanes) {
-        const Vec v = E::read16(row + c);
-        squares = Vec::fma(v, v, squares);
+    for (int64_t r = begin; r < end; ++r) rms_norm_row(x + r * ldx, weight, eps, out + r * width, width);
+  });
+}
+
+// Per-head RMSNorm of the q and k heads of qkv [T, (H + 2 Hkv) * D], in place (Qwen3's q_norm and
+// k_norm, before RoPE).
+template <typename T>
+void norm_query_key_heads(T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_weight,
+                          const T* k_weight, float eps) {
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t h = 0; h < heads + kv_heads; ++h) {
+        T* head = qkv + t * width + h * dim;
+        rms_norm_row(head, h < heads ? q_weight : k_weight, eps, head, dim);
       }
-      float total = squares.sum();
-      for (; c < width; ++c) total += E::read(row + c) * E::read(row + c);
-      const float inverse = 1.f / std::sqrt(total / static_cast<float>(width) + eps);
-      const Vec scale = Vec::broadcast(inverse);
-      T* o = out + r * width;
-      for (c = 0; c + kLanes <= width; c += kLanes)
-        E::write16(o + c, Vec::mul(E::read16(weight + c), E::round16(Vec::mul(E::read16(row + c), scale))));
-      for (; c < width; ++c) {
-        T normed;
-        E::write(&normed, E::read(row + c) * inverse);
-        E::write(o + c, E::read(weight + c) * E::read(&normed));
-      }
-    }
   });
 }
 
@@ -198,7 +216,8 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
                   c10::intrusive_ptr<PackedLinear> gate_up, c10::intrusive_ptr<PackedLinear> down,
                   at::Tensor input_norm, at::Tensor post_attention_norm, at::Tensor cos, at::Tensor signed_sin,
-                  int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, int64_t window)
+                  int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm,
+                  at::Tensor k_norm)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
         gate_up_(std::move(gate_up)),
@@ -211,13 +230,17 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         kv_heads_(kv_heads),
         dim_(head_dim),
         eps_(static_cast<float>(eps)),
-        window_(window) {
+        window_(window),
+        q_norm_(q_norm.contiguous()),
+        k_norm_(k_norm.contiguous()) {
     TORCH_CHECK(qkv_->out_features() == (heads + 2 * kv_heads) * head_dim, "DecoderLayer: qkv has ",
                 qkv_->out_features(), " outputs, not (", heads, " + 2 x ", kv_heads, ") x ", head_dim);
     TORCH_CHECK(gate_up_->out_features() % 2 == 0, "DecoderLayer: gate_up must have an even number of outputs");
     TORCH_CHECK(cos_.scalar_type() == at::kFloat && signed_sin_.scalar_type() == at::kFloat &&
                     cos_.size(1) == head_dim && signed_sin_.sizes() == cos_.sizes(),
                 "DecoderLayer: RoPE tables must be float32 [positions, head_dim]");
+    TORCH_CHECK(q_norm_.numel() == k_norm_.numel() && (q_norm_.numel() == 0 || q_norm_.numel() == head_dim),
+                "DecoderLayer: q and k norms must both be [head_dim], or both empty");
   }
 
   // The attention output [T, heads * D] of this rank's heads for hidden [T, hidden]; writes the
@@ -246,6 +269,12 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     auto q = at::empty({tokens, heads_, dim_}, hidden.options().dtype(at::kFloat));
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
+      if (q_norm_.numel() > 0) {
+        TORCH_CHECK(q_norm_.scalar_type() == hidden.scalar_type() && k_norm_.scalar_type() == hidden.scalar_type(),
+                    "DecoderLayer: q/k norms must be in the activations' dtype");
+        norm_query_key_heads<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, q_norm_.data_ptr<T>(),
+                                k_norm_.data_ptr<T>(), eps_);
+      }
       rotate_and_store<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, cos_.data_ptr<float>(),
                           signed_sin_.data_ptr<float>(), positions.data_ptr<int64_t>(),
                           slot_rows.data_ptr<int64_t>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
@@ -305,6 +334,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   int64_t heads_, kv_heads_, dim_;
   float eps_;
   int64_t window_;  // the attention's sliding window (paged_attention_into), 0 for none
+  at::Tensor q_norm_, k_norm_;  // per-head q and k RMSNorm weights [D], or empty
 };
 
 }  // namespace shoal
@@ -313,7 +343,8 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
                        c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>, at::Tensor,
-                       at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t>())
+                       at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t, at::Tensor,
+                       at::Tensor>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)
