@@ -6,6 +6,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.model.families.family import Family
+
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -52,7 +54,7 @@ class LlamaConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    architecture: str = "llama"
+    architecture: str = "llama"  # the model family's name (shoal.model.families)
     # Each layer's sliding window (the keys a token sees, itself included), 0 for full attention;
     # empty: every layer full.
     attention_windows: tuple[int, ...] = ()
@@ -81,12 +83,11 @@ class LlamaConfig:
         return self.num_heads // self.num_kv_heads
 
     @classmethod
-    def from_hf(cls, raw: dict[str, Any]) -> LlamaConfig:
-        """Builds the config from a Hugging Face config.json dict (Llama, Mistral, Qwen2 and kin)."""
+    def from_hf(cls, raw: dict[str, Any], family: Family) -> LlamaConfig:
+        """Builds the config from a Hugging Face config.json dict of a model of `family`."""
         heads = raw["num_attention_heads"]
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        model_type = raw.get("model_type", "llama")
         return cls(
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -99,32 +100,11 @@ class LlamaConfig:
             rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
             rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
             rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
-            attention_bias=raw.get("attention_bias", model_type == "qwen2"),
-            qk_norm=model_type == "qwen3",
+            attention_bias=raw.get("attention_bias", family.attention_bias),
+            qk_norm=family.qk_norm,
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
-            architecture=model_type,
-            attention_windows=hf_attention_windows(raw),
+            architecture=family.name,
+            attention_windows=family.windows(raw),
         )
-
-
-def hf_attention_windows(raw: dict[str, Any]) -> tuple[int, ...]:
-    """Each layer's sliding window from a Hugging Face config, as transformers applies it: `layer_types`
-    where given ("sliding_attention" layers get `sliding_window`); else Qwen2's `use_sliding_window`
-    from layer `max_window_layers` on; else `sliding_window` on every layer (Mistral)."""
-    window = raw.get("sliding_window")
-    if raw.get("model_type") == "qwen2" and not raw.get("use_sliding_window"):
-        window = None
-    if not window:
-        return ()
-    layers = raw["num_hidden_layers"]
-    types = raw.get("layer_types")
-    if types is not None:
-        if len(types) != layers:
-            raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {layers}")
-        return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types)
-    if raw.get("model_type") == "qwen2":
-        first = raw.get("max_window_layers", layers)
-        return tuple(int(window) if i >= first else 0 for i in range(layers))
-    return (int(window),) * layers

@@ -20,6 +20,7 @@ from gguf.gguf_reader import ReaderField, ReaderTensor
 
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.errors import ModelLoadError
+from shoal.model.families import family_named, family_of_gguf_architecture
 from shoal.model.layout import check_state_dict
 from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
 
@@ -27,9 +28,6 @@ log = logging.getLogger(__name__)
 # ggml types that are plain floats: loading them dense widens nothing the file chose to compress.
 _FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-# llama.cpp's converter interleaves the rotary halves of q/k rows for these (LlamaModel.permute).
-_PERMUTED_ARCHITECTURES = ("llama", "mistral")
 
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -128,8 +126,7 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
     """The architecture described by the file's `{arch}.*` and `tokenizer.ggml.*` keys and its tensor list."""
     meta = gguf_metadata(reader) if metadata is None else metadata
     arch = meta.get("general.architecture")
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (supported: {SUPPORTED_ARCHITECTURES})")
+    family = family_of_gguf_architecture(arch, f"GGUF {reader.data.filename}")
 
     def need(key: str) -> Any:
         if f"{arch}.{key}" not in meta:
@@ -165,11 +162,11 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
             rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
             rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
             attention_bias="blk.0.attn_q.bias" in tensors,
-            qk_norm=arch == "qwen3",
+            qk_norm=family.qk_norm,
             tie_word_embeddings="output.weight" not in tensors,
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids)),
-            architecture=arch,
+            architecture=family.name,
         )
     except ValueError as exc:
         raise ModelLoadError(f"inconsistent GGUF architecture metadata: {exc}") from exc
@@ -223,7 +220,7 @@ def gguf_state_dict(
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Every tensor of the file, renamed, dequantized (unless kept quantized), un-permuted and cast;
     validated against `config`."""
-    permuted = config.architecture in _PERMUTED_ARCHITECTURES
+    permuted = family_named(config.architecture).gguf_rows_permuted
     weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:  # read into the config

@@ -18,10 +18,10 @@ from tokenizers import Tokenizer as Backend
 
 from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
+from shoal.model.families import family_of_hf_model_type
 from shoal.model.layout import check_state_dict, optional_shapes, required_shapes
 from shoal.model.tokenizer import Tokenizer
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _INDEX_FILE = "model.safetensors.index.json"
 # Files besides the weights that change what a load produces; their identities key the weight cache.
 _METADATA_FILES = (
@@ -56,13 +56,11 @@ def load_hf_config(model_dir: str | Path) -> LlamaConfig:
     """config.json as a LlamaConfig, with generation_config.json's EOS ids appended."""
     model_dir = Path(model_dir)
     raw = _read_json(model_dir / "config.json")
-    model_type = raw.get("model_type", "llama")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(f"{model_dir}: model_type {model_type!r} is not supported ({SUPPORTED_MODEL_TYPES})")
+    family = family_of_hf_model_type(raw.get("model_type", "llama"), str(model_dir))
     if raw.get("mlp_bias"):
         raise ModelLoadError(f"{model_dir}: mlp_bias is not supported")
     try:
-        config = LlamaConfig.from_hf(raw)
+        config = LlamaConfig.from_hf(raw, family)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{model_dir}/config.json is not a usable decoder config: {exc!r}") from exc
     eos = tuple(dict.fromkeys([*config.eos_token_ids, *generation_eos_ids(model_dir)]))

@@ -1,0 +1,37 @@
+"""What a model family declares: the names its files go by and how its config and tensors differ
+from the Llama layout the decoder runs. One family per module of this package; `shoal.model.families`
+is the registry the loaders ask."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+# A family's per-layer sliding windows from a Hugging Face config.json (0: full attention).
+WindowRule = Callable[[dict[str, Any]], tuple[int, ...]]
+
+
+def no_windows(raw: dict[str, Any]) -> tuple[int, ...]:
+    """Full attention on every layer."""
+    return ()
+
+
+@dataclass(frozen=True)
+class Family:
+    """Invariant: no two registered families share an HF model_type or a GGUF architecture.
+
+    gguf_rows_permuted: llama.cpp's converter reorders the q and k rows of this family's files
+        (LlamaModel.permute), which the GGUF loader undoes.
+    attention_bias: q/k/v biases when config.json does not say (`attention_bias`).
+    qk_norm: per-head RMSNorm of queries and keys before RoPE (q_norm, k_norm weights).
+    windows: the per-layer sliding windows of its config.json.
+    """
+
+    name: str
+    hf_model_types: tuple[str, ...]
+    gguf_architectures: tuple[str, ...]
+    gguf_rows_permuted: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+    windows: WindowRule = no_windows

@@ -1,0 +1,34 @@
+"""Per-layer sliding windows as transformers reads them from config.json (0: full attention)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _layer_types(raw: dict[str, Any], window: int) -> tuple[int, ...] | None:
+    """`layer_types` where config.json has it: "sliding_attention" layers get `window`."""
+    types = raw.get("layer_types")
+    if types is None:
+        return None
+    layers = raw["num_hidden_layers"]
+    if len(types) != layers:
+        raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {layers}")
+    return tuple(window if kind == "sliding_attention" else 0 for kind in types)
+
+
+def every_layer(raw: dict[str, Any]) -> tuple[int, ...]:
+    """`sliding_window` on every layer when set (Mistral)."""
+    window = raw.get("sliding_window")
+    if not window:
+        return ()
+    return _layer_types(raw, int(window)) or (int(window),) * raw["num_hidden_layers"]
+
+
+def from_max_window_layers(raw: dict[str, Any]) -> tuple[int, ...]:
+    """With `use_sliding_window`, `sliding_window` from layer `max_window_layers` on (Qwen2, Qwen3)."""
+    window = raw.get("sliding_window")
+    if not raw.get("use_sliding_window") or not window:
+        return ()
+    layers = raw["num_hidden_layers"]
+    first = raw.get("max_window_layers", layers)
+    return _layer_types(raw, int(window)) or tuple(int(window) if i >= first else 0 for i in range(layers))

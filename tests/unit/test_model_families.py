@@ -1,0 +1,46 @@
+"""The family registry: each family is found by its names, an unknown one is a clear error, and
+each family reads its sliding windows from config.json as transformers does."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.model.errors import ModelLoadError
+from shoal.model.families import (
+    FAMILIES,
+    family_named,
+    family_of_gguf_architecture,
+    family_of_hf_model_type,
+)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.name)
+def test_each_family_is_found_by_each_of_its_names(family):
+    assert family_named(family.name) is family
+    for model_type in family.hf_model_types:
+        assert family_of_hf_model_type(model_type, "config.json") is family
+    for architecture in family.gguf_architectures:
+        assert family_of_gguf_architecture(architecture, "model.gguf") is family
+
+
+def test_an_unknown_family_is_an_error_naming_the_file_and_the_name():
+    with pytest.raises(ModelLoadError, match=r"models/x: model_type 'gemma9' is not supported"):
+        family_of_hf_model_type("gemma9", "models/x")
+    with pytest.raises(ModelLoadError, match=r"GGUF m.gguf: GGUF architecture 'gemma9' is not supported"):
+        family_of_gguf_architecture("gemma9", "GGUF m.gguf")
+
+
+def windows(model_type: str, **raw) -> tuple[int, ...]:
+    return family_of_hf_model_type(model_type, "config.json").windows({"num_hidden_layers": 4, **raw})
+
+
+def test_sliding_windows_are_read_per_family():
+    assert windows("llama", sliding_window=64) == ()
+    assert windows("mistral", sliding_window=64) == (64, 64, 64, 64)
+    assert windows("mistral", sliding_window=None) == ()
+    assert windows("qwen2", sliding_window=64, max_window_layers=2) == ()  # use_sliding_window is off
+    assert windows("qwen2", use_sliding_window=True, sliding_window=64, max_window_layers=2) == (0, 0, 64, 64)
+    layer_types = ["sliding_attention", "full_attention"] * 2
+    assert windows("qwen3", use_sliding_window=True, sliding_window=8, layer_types=layer_types) == (8, 0, 8, 0)
+    with pytest.raises(ValueError, match="layer_types names 2 layers"):
+        windows("mistral", sliding_window=8, layer_types=layer_types[:2])
