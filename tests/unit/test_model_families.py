@@ -44,3 +44,11 @@ def test_sliding_windows_are_read_per_family():
     assert windows("qwen3", use_sliding_window=True, sliding_window=8, layer_types=layer_types) == (8, 0, 8, 0)
     with pytest.raises(ValueError, match="layer_types names 2 layers"):
         windows("mistral", sliding_window=8, layer_types=layer_types[:2])
+
+
+def test_smollm3_leaves_rope_out_of_every_fourth_layer_unless_it_names_them():
+    rotary = family_of_hf_model_type("smollm3", "config.json").rotary
+    assert rotary({"num_hidden_layers": 8}) == (True, True, True, False) * 2
+    assert rotary({"num_hidden_layers": 3, "no_rope_layers": [1, 0, 1]}) == (True, False, True)
+    with pytest.raises(ValueError, match="no_rope_layers names 2 layers"):
+        rotary({"num_hidden_layers": 3, "no_rope_layers": [1, 0]})

@@ -58,6 +58,8 @@ class LlamaConfig:
     # Each layer's sliding window (the keys a token sees, itself included), 0 for full attention;
     # empty: every layer full.
     attention_windows: tuple[int, ...] = ()
+    # Whether each layer applies RoPE (SmolLM3 leaves it out of some); empty: every layer does.
+    rotary_layers: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -66,6 +68,8 @@ class LlamaConfig:
             raise ValueError(f"{len(self.attention_windows)} attention windows for {self.num_layers} layers")
         if any(window < 0 for window in self.attention_windows):
             raise ValueError(f"attention windows must be 0 (full) or positive: {self.attention_windows}")
+        if self.rotary_layers and len(self.rotary_layers) != self.num_layers:
+            raise ValueError(f"{len(self.rotary_layers)} rotary flags for {self.num_layers} layers")
         if len(set(self.attention_windows) - {0}) > 1:
             raise ValueError(f"one sliding window size per model, not {sorted(set(self.attention_windows) - {0})}")
 
@@ -73,6 +77,10 @@ class LlamaConfig:
     def sliding_window(self) -> int:
         """The window of the model's windowed layers, 0 if none has one."""
         return max(self.attention_windows, default=0)
+
+    def rotary(self, layer: int) -> bool:
+        """Whether layer `layer` applies RoPE to its queries and keys."""
+        return self.rotary_layers[layer] if self.rotary_layers else True
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window, 0 for full attention."""
@@ -107,4 +115,5 @@ class LlamaConfig:
             eos_token_ids=eos_ids,
             architecture=family.name,
             attention_windows=family.windows(raw),
+            rotary_layers=family.rotary(raw),
         )

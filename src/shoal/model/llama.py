@@ -62,12 +62,14 @@ class DecoderLayer:
         rope: RotaryEmbedding,
         fuse: bool,
         window: int,
+        rotary: bool,
     ):
         """fuse: run the layer as one native object when its projections are all native; window: its
-        attention's sliding window, 0 for none."""
+        attention's sliding window, 0 for none; rotary: whether it applies RoPE."""
         self.config = config
         self.attention = attention
         self.window = window
+        self.rotary = rotary
         self.tensor_parallel = tensor_parallel
         # (units, columns per unit) of each gathered activation: whole KV-head groups, or columns.
         self.gather_shapes = {
@@ -110,6 +112,7 @@ class DecoderLayer:
                 config.rms_norm_eps,
                 window,
                 *(self.qk_norms or (torch.empty(0), torch.empty(0))),
+                rotary,
             )
         # This rank's columns of the hidden state (the outputs of its o_proj and down_proj).
         self.hidden_columns = slice(*tensor_parallel.split(model_config.hidden_size)) if tensor_parallel else None
@@ -132,7 +135,9 @@ class DecoderLayer:
             q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             q_norm, k_norm = self.qk_norms
             qk = torch.cat([rms_norm(q, q_norm, cfg.rms_norm_eps), rms_norm(k, k_norm, cfg.rms_norm_eps)], dim=1)
-        q, k = apply_rotary(qk, *rope_tables).split([cfg.num_heads, cfg.num_kv_heads], dim=1)
+        if self.rotary:
+            qk = apply_rotary(qk, *rope_tables)
+        q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
         heads = self._gathered(self.attention(q, cache, meta, self.scale, self.window), "heads")
@@ -214,6 +219,7 @@ class LlamaModel:
                 self.rope,
                 fuse=not self.attention_uses_tiles,
                 window=config.window(i),
+                rotary=config.rotary(i),
             )
             for i in self.layer_range
         ]

@@ -122,13 +122,14 @@ void norm_query_key_heads(T* qkv, int64_t tokens, int64_t heads, int64_t kv_head
 }
 
 // RoPE (half-split layout: x * cos + roll(x, D/2) * signed_sin, each product rounded, then the sum)
-// on the q and k heads of qkv [T, (H + 2 Hkv) * D], each rotated head rounded to the dtype; keys and
+// on the q and k heads of qkv [T, (H + 2 Hkv) * D], each rotated head rounded to the dtype (without
+// `rotary`, the heads as they are: a layer without RoPE); keys and
 // values go to their cache rows (slot_rows[t * Hkv + h] in the caches viewed as rows of D and D + 1),
 // queries to q [T, H, D] as float32.
 template <typename T>
 void rotate_and_store(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, const float* cos,
                       const float* signed_sin, const int64_t* positions, const int64_t* slot_rows, T* k_cache,
-                      T* v_cache, float* q) {
+                      T* v_cache, float* q, bool rotary) {
   using E = Element<T>;
   const int64_t width = (heads + 2 * kv_heads) * dim, half = dim / 2;
   const bool whole_lanes = half % kLanes == 0;
@@ -140,7 +141,9 @@ void rotate_and_store(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_he
       const float* s = signed_sin + positions[t] * dim;
       for (int64_t h = 0; h < heads + kv_heads; ++h) {
         const T* x = row + h * dim;
-        int64_t d = 0;
+        int64_t d = rotary ? 0 : dim;
+        if (!rotary)
+          for (int64_t e = 0; e < dim; ++e) rotated[e] = E::read(x + e);
         for (; whole_lanes && d < dim; d += kLanes) {
           const Vec partner = E::read16(x + (d < half ? d + half : d - half));
           const Vec a = Vec::mul(E::read16(x + d), Vec::load(c + d)), b = Vec::mul(partner, Vec::load(s + d));
@@ -217,7 +220,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
                   c10::intrusive_ptr<PackedLinear> gate_up, c10::intrusive_ptr<PackedLinear> down,
                   at::Tensor input_norm, at::Tensor post_attention_norm, at::Tensor cos, at::Tensor signed_sin,
                   int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm,
-                  at::Tensor k_norm)
+                  at::Tensor k_norm, bool rotary)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
         gate_up_(std::move(gate_up)),
@@ -232,7 +235,8 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         eps_(static_cast<float>(eps)),
         window_(window),
         q_norm_(q_norm.contiguous()),
-        k_norm_(k_norm.contiguous()) {
+        k_norm_(k_norm.contiguous()),
+        rotary_(rotary) {
     TORCH_CHECK(qkv_->out_features() == (heads + 2 * kv_heads) * head_dim, "DecoderLayer: qkv has ",
                 qkv_->out_features(), " outputs, not (", heads, " + 2 x ", kv_heads, ") x ", head_dim);
     TORCH_CHECK(gate_up_->out_features() % 2 == 0, "DecoderLayer: gate_up must have an even number of outputs");
@@ -278,7 +282,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
       rotate_and_store<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, cos_.data_ptr<float>(),
                           signed_sin_.data_ptr<float>(), positions.data_ptr<int64_t>(),
                           slot_rows.data_ptr<int64_t>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
-                          q.data_ptr<float>());
+                          q.data_ptr<float>(), rotary_);
     });
     auto out = at::empty({tokens, heads_ * dim_}, hidden.options());
     paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, 1.0 / std::sqrt(dim_), window_,
@@ -335,6 +339,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   float eps_;
   int64_t window_;  // the attention's sliding window (paged_attention_into), 0 for none
   at::Tensor q_norm_, k_norm_;  // per-head q and k RMSNorm weights [D], or empty
+  bool rotary_;                 // whether the layer applies RoPE
 };
 
 }  // namespace shoal
@@ -344,7 +349,7 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
                        c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>, at::Tensor,
                        at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t, at::Tensor,
-                       at::Tensor>())
+                       at::Tensor, bool>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)

@@ -10,10 +10,17 @@ from typing import Any
 
 # A family's per-layer sliding windows from a Hugging Face config.json (0: full attention).
 WindowRule = Callable[[dict[str, Any]], tuple[int, ...]]
+# Whether each layer applies RoPE, from config.json (empty: every layer does).
+RotaryRule = Callable[[dict[str, Any]], tuple[bool, ...]]
 
 
 def no_windows(raw: dict[str, Any]) -> tuple[int, ...]:
     """Full attention on every layer."""
+    return ()
+
+
+def rotary_everywhere(raw: dict[str, Any]) -> tuple[bool, ...]:
+    """RoPE on every layer."""
     return ()
 
 
@@ -26,6 +33,7 @@ class Family:
     attention_bias: q/k/v biases when config.json does not say (`attention_bias`).
     qk_norm: per-head RMSNorm of queries and keys before RoPE (q_norm, k_norm weights).
     windows: the per-layer sliding windows of its config.json.
+    rotary: which layers apply RoPE, from its config.json.
     """
 
     name: str
@@ -35,3 +43,4 @@ class Family:
     attention_bias: bool = False
     qk_norm: bool = False
     windows: WindowRule = no_windows
+    rotary: RotaryRule = rotary_everywhere

@@ -16,6 +16,12 @@ def _layer_types(raw: dict[str, Any], window: int) -> tuple[int, ...] | None:
     return tuple(window if kind == "sliding_attention" else 0 for kind in types)
 
 
+def from_layer_types(raw: dict[str, Any]) -> tuple[int, ...]:
+    """`sliding_window` on the layers `layer_types` names "sliding_attention" (SmolLM3)."""
+    window = raw.get("sliding_window")
+    return (_layer_types(raw, int(window)) or ()) if window else ()
+
+
 def every_layer(raw: dict[str, Any]) -> tuple[int, ...]:
     """`sliding_window` on every layer when set (Mistral)."""
     window = raw.get("sliding_window")
