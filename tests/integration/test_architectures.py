@@ -44,6 +44,11 @@ VARIANTS = {
 # (tiles). Windows are shorter than the 120-token prompt, and not a multiple of the 16-key tiles.
 LAYER_VARIANTS = {
     "qwen3-qk-norm": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=16, tie_word_embeddings=True)),
+    "granite-multipliers": (
+        "GraniteConfig",
+        "GraniteForCausalLM",
+        dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
+    ),
     "smollm3-no-rope-layer-1": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layer_interval=2, pad_token_id=0)),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=21)),
     "qwen2-window-from-layer-1": (

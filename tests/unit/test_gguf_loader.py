@@ -96,6 +96,7 @@ def write_model_gguf(
     weights: dict[str, np.ndarray],
     qtype: Q = Q.F32,
     extra_tensors: dict[str, np.ndarray] | None = None,
+    extra_keys: dict[str, float] | None = None,
 ) -> Path:
     """A GGUF as llama.cpp's converter writes it: q/k rows permuted for llama, 2-D weights in `qtype`."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -110,10 +111,12 @@ def write_model_gguf(
     w.add_rope_dimension_count(HEAD_DIM)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    for key, value in (extra_keys or {}).items():
+        w.add_float32(key, value)
     for name, value in weights.items():
-        if arch == "llama" and ".q_proj." in name:
+        if arch in ("llama", "granite") and ".q_proj." in name:
             value = llama_cpp_permute(value, HEADS)
-        elif arch == "llama" and ".k_proj." in name:
+        elif arch in ("llama", "granite") and ".k_proj." in name:
             value = llama_cpp_permute(value, KV_HEADS)
         if value.ndim == 2 and qtype != Q.F32:
             w.add_tensor(gguf_name(name), gguf.quants.quantize(value, qtype), raw_dtype=qtype)
@@ -390,3 +393,14 @@ def test_a_qwen3_gguf_loads_its_per_head_query_and_key_norms_unpermuted(tmp_path
             assert torch.equal(state[f"model.layers.{i}.self_attn.{which}_norm.weight"], expected)
     name = "model.layers.1.self_attn.q_proj.weight"
     assert torch.equal(state[name], torch.from_numpy(weights[name]))  # qwen files keep HF row order
+
+
+def test_a_granite_gguf_carries_its_multipliers_and_permuted_rows(tmp_path: Path) -> None:
+    weights = random_hf_weights(np.random.default_rng(9), bias=False, tied=True)
+    keys = {"granite.embedding_scale": 12.0, "granite.residual_scale": 0.22, "granite.attention.scale": 0.0078125}
+    keys["granite.logit_scale"] = 8.0
+    config, state = load_gguf(write_model_gguf(tmp_path / "g.gguf", "granite", weights, extra_keys=keys))
+    assert (config.architecture, config.embedding_multiplier, config.residual_multiplier) == ("granite", 12.0, 0.22)
+    assert (config.attention_multiplier, config.logits_scaling) == (0.0078125, 8.0)
+    name = "model.layers.0.self_attn.k_proj.weight"
+    assert torch.equal(state[name], torch.from_numpy(weights[name]))  # un-permuted as llama's

@@ -60,6 +60,12 @@ class LlamaConfig:
     attention_windows: tuple[int, ...] = ()
     # Whether each layer applies RoPE (SmolLM3 leaves it out of some); empty: every layer does.
     rotary_layers: tuple[bool, ...] = ()
+    # Granite's multipliers: of the embeddings, of each attention and MLP output before it joins the
+    # residual stream, the attention's score scale (None: head_dim ** -0.5), and the logits' divisor.
+    embedding_multiplier: float = 1.0
+    residual_multiplier: float = 1.0
+    attention_multiplier: float | None = None
+    logits_scaling: float = 1.0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -77,6 +83,17 @@ class LlamaConfig:
     def sliding_window(self) -> int:
         """The window of the model's windowed layers, 0 if none has one."""
         return max(self.attention_windows, default=0)
+
+    @property
+    def attention_scale(self) -> float:
+        """What attention scores are multiplied by."""
+        return self.attention_multiplier if self.attention_multiplier is not None else self.head_dim**-0.5
+
+    @property
+    def unscaled_layers(self) -> bool:
+        """Attention scores scaled by head_dim ** -0.5 and outputs added to the residual as they are
+        (what the fused native layer runs)."""
+        return self.attention_multiplier is None and self.residual_multiplier == 1.0
 
     def rotary(self, layer: int) -> bool:
         """Whether layer `layer` applies RoPE to its queries and keys."""
@@ -116,4 +133,8 @@ class LlamaConfig:
             architecture=family.name,
             attention_windows=family.windows(raw),
             rotary_layers=family.rotary(raw),
+            embedding_multiplier=raw.get("embedding_multiplier", 1.0),
+            residual_multiplier=raw.get("residual_multiplier", 1.0),
+            attention_multiplier=raw.get("attention_multiplier"),
+            logits_scaling=raw.get("logits_scaling", 1.0),
         )

@@ -16,6 +16,7 @@ kernel or the C++ row kernel. Either way a token's hidden states never depend on
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable
 
 import torch
@@ -31,6 +32,8 @@ from shoal.model.rope import RotaryEmbedding, apply_rotary
 from shoal.model.sharding import TensorParallel, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
+log = logging.getLogger(__name__)
+
 AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int], torch.Tensor]
 
 
@@ -96,10 +99,10 @@ class DecoderLayer:
         self.qk_norms = (weights[attn + "q_norm.weight"], weights[attn + "k_norm.weight"]) if config.qk_norm else None
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
-        self.scale = config.head_dim**-0.5
+        self.scale = config.attention_scale
         projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
-        if fuse and all(p.backend == "native" for p in projections):
+        if fuse and config.unscaled_layers and all(p.backend == "native" for p in projections):
             self.native = torch.classes.shoal.DecoderLayer(
                 *(p.packed for p in projections),
                 self.input_norm,
@@ -141,10 +144,15 @@ class DecoderLayer:
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
         heads = self._gathered(self.attention(q, cache, meta, self.scale, self.window), "heads")
-        hidden = hidden + self._gathered(self.o(heads), "hidden")
+        hidden = hidden + self._scaled(self._gathered(self.o(heads), "hidden"))
         gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
         activation = self._gathered(nn.functional.silu(gate) * up, "intermediate")
-        return hidden + self._gathered(self.down(activation), "hidden")
+        return hidden + self._scaled(self._gathered(self.down(activation), "hidden"))
+
+    def _scaled(self, output: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP output as it joins the residual stream (Granite's residual multiplier)."""
+        multiplier = self.config.residual_multiplier
+        return output if multiplier == 1.0 else output * multiplier
 
     def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
@@ -205,6 +213,8 @@ class LlamaModel:
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
         self.rope = RotaryEmbedding(config).to(self.device)
+        if not config.unscaled_layers and not self.attention_uses_tiles:
+            log.info("attention or residual multipliers: the layers run their torch path, not the fused native layer")
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
             DecoderLayer(
@@ -257,7 +267,12 @@ class LlamaModel:
         """inputs: [T] token ids if this holds the embedding, else [T, H] hidden states from the
         previous layers; positions: [T]. Writes the tokens' K/V into `caches`; returns the hidden
         states [T, H] after the last layer held (not normalised: see compute_logits)."""
-        hidden = self.embed_tokens(inputs) if self.has_embedding else inputs.to(self.dtype)
+        if self.has_embedding:
+            hidden = self.embed_tokens(inputs)
+            if self.config.embedding_multiplier != 1.0:
+                hidden = hidden * self.config.embedding_multiplier
+        else:
+            hidden = inputs.to(self.dtype)
         rope_tables = self.rope.tables(positions)
         for layer, cache in zip(self.layers, caches):
             hidden = layer.forward(hidden, rope_tables, cache, meta)
@@ -273,6 +288,8 @@ class LlamaModel:
             else rms_norm(hidden, self.norm, eps)
         )
         logits = self.lm_head(normed).float()
+        if self.config.logits_scaling != 1.0:
+            logits = logits / self.config.logits_scaling
         if self.tensor_parallel is None:
             return logits
         return self.tensor_parallel.all_gather_columns(logits, self.config.vocab_size)

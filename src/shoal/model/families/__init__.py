@@ -5,10 +5,17 @@ Adding a family is a module declaring its `FAMILY` (see family.Family) and a lin
 from __future__ import annotations
 
 from shoal.model.errors import ModelLoadError
-from shoal.model.families import llama, mistral, qwen2, qwen3, smollm3
+from shoal.model.families import granite, llama, mistral, qwen2, qwen3, smollm3
 from shoal.model.families.family import Family
 
-FAMILIES: tuple[Family, ...] = (llama.FAMILY, mistral.FAMILY, qwen2.FAMILY, qwen3.FAMILY, smollm3.FAMILY)
+FAMILIES: tuple[Family, ...] = (
+    llama.FAMILY,
+    mistral.FAMILY,
+    qwen2.FAMILY,
+    qwen3.FAMILY,
+    smollm3.FAMILY,
+    granite.FAMILY,
+)
 
 _BY_NAME = {family.name: family for family in FAMILIES}
 _BY_HF_TYPE = {model_type: family for family in FAMILIES for model_type in family.hf_model_types}
