@@ -52,3 +52,13 @@ def test_smollm3_leaves_rope_out_of_every_fourth_layer_unless_it_names_them():
     assert rotary({"num_hidden_layers": 3, "no_rope_layers": [1, 0, 1]}) == (True, False, True)
     with pytest.raises(ValueError, match="no_rope_layers names 2 layers"):
         rotary({"num_hidden_layers": 3, "no_rope_layers": [1, 0]})
+
+
+def test_tensor_parallelism_refuses_norms_over_whole_projections():
+    from shoal.model.config import LlamaConfig
+    from shoal.model.sharding import check_shardable
+
+    config = LlamaConfig(64, 64, 96, 2, 4, 2, 16, qk_norm="projection", norms_after=True, architecture="olmo2")
+    check_shardable(config, 1)
+    with pytest.raises(ValueError, match="olmo2's norms over whole q/k projections"):
+        check_shardable(config, 2)

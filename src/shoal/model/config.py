@@ -49,8 +49,13 @@ class LlamaConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     attention_bias: bool = False
-    # Per-head RMSNorm of the queries and keys before RoPE (Qwen3): weights q_norm and k_norm [head_dim].
-    qk_norm: bool = False
+    # RMSNorm of the queries and keys before RoPE: "head" per head, weights q_norm and k_norm [head_dim]
+    # (Qwen3); "projection" over each whole projection, [heads * head_dim] (OLMo 2); "" none.
+    qk_norm: str = ""
+    # The attention and MLP outputs are normalised before the residual add (post_attention_layernorm,
+    # post_feedforward_layernorm) and their inputs are not (OLMo 2); else the inputs are
+    # (input_layernorm, post_attention_layernorm).
+    norms_after: bool = False
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -74,6 +79,8 @@ class LlamaConfig:
             raise ValueError(f"{len(self.attention_windows)} attention windows for {self.num_layers} layers")
         if any(window < 0 for window in self.attention_windows):
             raise ValueError(f"attention windows must be 0 (full) or positive: {self.attention_windows}")
+        if self.qk_norm not in ("", "head", "projection"):
+            raise ValueError(f"qk_norm must be '', 'head' or 'projection', not {self.qk_norm!r}")
         if self.rotary_layers and len(self.rotary_layers) != self.num_layers:
             raise ValueError(f"{len(self.rotary_layers)} rotary flags for {self.num_layers} layers")
         if len(set(self.attention_windows) - {0}) > 1:
@@ -90,10 +97,16 @@ class LlamaConfig:
         return self.attention_multiplier if self.attention_multiplier is not None else self.head_dim**-0.5
 
     @property
-    def unscaled_layers(self) -> bool:
-        """Attention scores scaled by head_dim ** -0.5 and outputs added to the residual as they are
-        (what the fused native layer runs)."""
-        return self.attention_multiplier is None and self.residual_multiplier == 1.0
+    def fused_layer_runs_it(self) -> bool:
+        """Whether the fused native layer runs this model's layers: norms before attention and MLP,
+        q/k norms (if any) per head, scores scaled by head_dim ** -0.5 and outputs added to the
+        residual as they are."""
+        return (
+            not self.norms_after
+            and self.qk_norm != "projection"
+            and self.attention_multiplier is None
+            and self.residual_multiplier == 1.0
+        )
 
     def rotary(self, layer: int) -> bool:
         """Whether layer `layer` applies RoPE to its queries and keys."""
@@ -127,6 +140,7 @@ class LlamaConfig:
             rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
             attention_bias=raw.get("attention_bias", family.attention_bias),
             qk_norm=family.qk_norm,
+            norms_after=family.norms_after,
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,

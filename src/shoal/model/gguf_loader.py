@@ -163,6 +163,7 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
             rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm=family.qk_norm,
+            norms_after=family.norms_after,
             embedding_multiplier=_f32(meta.get(f"{arch}.embedding_scale", 1.0)),
             residual_multiplier=_f32(meta.get(f"{arch}.residual_scale", 1.0)),
             attention_multiplier=_f32(meta[f"{arch}.attention.scale"]) if f"{arch}.attention.scale" in meta else None,

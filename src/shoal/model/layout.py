@@ -24,7 +24,6 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes.update(
             {
-                p + "input_layernorm.weight": (hidden,),
                 p + "post_attention_layernorm.weight": (hidden,),
                 p + "self_attn.q_proj.weight": (q_rows, hidden),
                 p + "self_attn.k_proj.weight": (kv_rows, hidden),
@@ -35,10 +34,12 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                 p + "mlp.down_proj.weight": (hidden, inter),
             }
         )
+        other_norm = "post_feedforward_layernorm" if config.norms_after else "input_layernorm"
+        shapes[f"{p}{other_norm}.weight"] = (hidden,)
         if config.qk_norm:
-            shapes.update(
-                {p + "self_attn.q_norm.weight": (config.head_dim,), p + "self_attn.k_norm.weight": (config.head_dim,)}
-            )
+            per_head = config.qk_norm == "head"
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim if per_head else q_rows,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim if per_head else kv_rows,)
         if config.attention_bias:
             shapes.update(
                 {

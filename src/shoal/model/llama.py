@@ -94,19 +94,24 @@ class DecoderLayer:
             [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]], None, tile_rows, prepack
         )
         self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
-        self.input_norm = weights[prefix + "input_layernorm.weight"]
-        self.post_attention_norm = weights[prefix + "post_attention_layernorm.weight"]
+        # Before attention and MLP (Llama), or after them (norms_after: OLMo 2).
+        first, second = (
+            ("post_attention_layernorm", "post_feedforward_layernorm")
+            if config.norms_after
+            else ("input_layernorm", "post_attention_layernorm")
+        )
+        self.first_norm, self.second_norm = weights[f"{prefix}{first}.weight"], weights[f"{prefix}{second}.weight"]
         self.qk_norms = (weights[attn + "q_norm.weight"], weights[attn + "k_norm.weight"]) if config.qk_norm else None
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.attention_scale
         projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
-        if fuse and config.unscaled_layers and all(p.backend == "native" for p in projections):
+        if fuse and config.fused_layer_runs_it and all(p.backend == "native" for p in projections):
             self.native = torch.classes.shoal.DecoderLayer(
                 *(p.packed for p in projections),
-                self.input_norm,
-                self.post_attention_norm,
+                self.first_norm,
+                self.second_norm,
                 rope.cos,
                 rope.signed_sin,
                 config.num_heads,
@@ -129,30 +134,36 @@ class DecoderLayer:
     ) -> torch.Tensor:
         if self.native is not None:
             return self._native_forward(hidden, cache, meta)
-        cfg = self.config
+        cfg, eps = self.config, self.config.rms_norm_eps
         tokens = hidden.shape[0]
-        qkv = self.qkv(rms_norm(hidden, self.input_norm, cfg.rms_norm_eps))
-        # q and k are rotated together: one pass over the [T, H + Hkv, D] view.
-        qk = qkv[:, : self.q_size + self.kv_size].reshape(tokens, -1, cfg.head_dim)
+        qkv = self.qkv(hidden if cfg.norms_after else rms_norm(hidden, self.first_norm, eps))
+        qk = qkv[:, : self.q_size + self.kv_size]
         if self.qk_norms is not None:
-            q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
             q_norm, k_norm = self.qk_norms
-            qk = torch.cat([rms_norm(q, q_norm, cfg.rms_norm_eps), rms_norm(k, k_norm, cfg.rms_norm_eps)], dim=1)
+            # Per head: over [T, heads, D] views; over the projection: over [T, heads * D].
+            unit = (-1, cfg.head_dim) if cfg.qk_norm == "head" else (-1,)
+            q, k = qk.split([self.q_size, self.kv_size], dim=1)
+            q, k = rms_norm(q.reshape(tokens, *unit), q_norm, eps), rms_norm(k.reshape(tokens, *unit), k_norm, eps)
+            qk = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1)], dim=1)
+        # q and k are rotated together: one pass over the [T, H + Hkv, D] view.
+        qk = qk.reshape(tokens, -1, cfg.head_dim)
         if self.rotary:
             qk = apply_rotary(qk, *rope_tables)
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
         heads = self._gathered(self.attention(q, cache, meta, self.scale, self.window), "heads")
-        hidden = hidden + self._scaled(self._gathered(self.o(heads), "hidden"))
-        gate, up = self.gate_up(rms_norm(hidden, self.post_attention_norm, cfg.rms_norm_eps)).chunk(2, dim=1)
+        hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.first_norm)
+        gate, up = self.gate_up(hidden if cfg.norms_after else rms_norm(hidden, self.second_norm, eps)).chunk(2, dim=1)
         activation = self._gathered(nn.functional.silu(gate) * up, "intermediate")
-        return hidden + self._scaled(self._gathered(self.down(activation), "hidden"))
+        return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.second_norm)
 
-    def _scaled(self, output: torch.Tensor) -> torch.Tensor:
-        """An attention or MLP output as it joins the residual stream (Granite's residual multiplier)."""
-        multiplier = self.config.residual_multiplier
-        return output if multiplier == 1.0 else output * multiplier
+    def _joining(self, output: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
+        """An attention or MLP output as it joins the residual stream: normalised (norms_after) and
+        times Granite's residual multiplier."""
+        cfg = self.config
+        output = rms_norm(output, norm, cfg.rms_norm_eps) if cfg.norms_after else output
+        return output if cfg.residual_multiplier == 1.0 else output * cfg.residual_multiplier
 
     def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
@@ -213,8 +224,8 @@ class LlamaModel:
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
         self.rope = RotaryEmbedding(config).to(self.device)
-        if not config.unscaled_layers and not self.attention_uses_tiles:
-            log.info("attention or residual multipliers: the layers run their torch path, not the fused native layer")
+        if not config.fused_layer_runs_it and not self.attention_uses_tiles:
+            log.info("%s: the layers run their torch path, not the fused native layer", config.architecture)
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
             DecoderLayer(

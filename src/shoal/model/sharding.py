@@ -70,6 +70,8 @@ def check_shardable(config: LlamaConfig, size: int) -> None:
     """Raises ValueError if the model cannot be split over `size` ranks (each needs a KV head)."""
     if size > config.num_kv_heads:
         raise ValueError(f"tensor_parallel_size {size} exceeds the model's {config.num_kv_heads} KV heads")
+    if size > 1 and config.qk_norm == "projection":
+        raise ValueError(f"tensor parallelism does not split {config.architecture}'s norms over whole q/k projections")
 
 
 def shard_weights(

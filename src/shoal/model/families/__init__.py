@@ -5,7 +5,7 @@ Adding a family is a module declaring its `FAMILY` (see family.Family) and a lin
 from __future__ import annotations
 
 from shoal.model.errors import ModelLoadError
-from shoal.model.families import granite, llama, mistral, qwen2, qwen3, smollm3
+from shoal.model.families import granite, llama, mistral, olmo2, qwen2, qwen3, smollm3
 from shoal.model.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -15,6 +15,7 @@ FAMILIES: tuple[Family, ...] = (
     qwen3.FAMILY,
     smollm3.FAMILY,
     granite.FAMILY,
+    olmo2.FAMILY,
 )
 
 _BY_NAME = {family.name: family for family in FAMILIES}

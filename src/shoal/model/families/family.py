@@ -31,7 +31,7 @@ class Family:
     gguf_rows_permuted: llama.cpp's converter reorders the q and k rows of this family's files
         (LlamaModel.permute), which the GGUF loader undoes.
     attention_bias: q/k/v biases when config.json does not say (`attention_bias`).
-    qk_norm: per-head RMSNorm of queries and keys before RoPE (q_norm, k_norm weights).
+    qk_norm, norms_after: as LlamaConfig's.
     windows: the per-layer sliding windows of its config.json.
     rotary: which layers apply RoPE, from its config.json.
     """
@@ -41,6 +41,7 @@ class Family:
     gguf_architectures: tuple[str, ...]
     gguf_rows_permuted: bool = False
     attention_bias: bool = False
-    qk_norm: bool = False
+    qk_norm: str = ""
+    norms_after: bool = False
     windows: WindowRule = no_windows
     rotary: RotaryRule = rotary_everywhere

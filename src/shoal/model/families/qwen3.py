@@ -7,6 +7,6 @@ FAMILY = Family(
     name="qwen3",
     hf_model_types=("qwen3",),
     gguf_architectures=("qwen3",),
-    qk_norm=True,
+    qk_norm="head",
     windows=from_max_window_layers,
 )
