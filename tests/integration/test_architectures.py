@@ -50,6 +50,7 @@ LAYER_VARIANTS = {
         dict(embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.1, logits_scaling=4.0),
     ),
     "olmo2-norms-after": ("Olmo2Config", "Olmo2ForCausalLM", dict(pad_token_id=0)),
+    "phi3-fused-projections": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     "smollm3-no-rope-layer-1": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layer_interval=2, pad_token_id=0)),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=21)),
     "qwen2-window-from-layer-1": (

@@ -4,6 +4,7 @@ each family reads its sliding windows from config.json as transformers does."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from shoal.model.errors import ModelLoadError
 from shoal.model.families import (
@@ -62,3 +63,32 @@ def test_tensor_parallelism_refuses_norms_over_whole_projections():
     check_shardable(config, 1)
     with pytest.raises(ValueError, match="olmo2's norms over whole q/k projections"):
         check_shardable(config, 2)
+
+
+def test_rope_that_shoal_does_not_compute_is_refused_not_approximated():
+    from shoal.model.config import RopeScaling
+    from shoal.model.hf_loader import config_from_hf
+
+    with pytest.raises(ValueError, match="'longrope' is not supported"):
+        RopeScaling.from_hf({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]})
+    with pytest.raises(ValueError, match="partial rotary embeddings"):
+        RopeScaling.from_hf({"rope_type": "default", "partial_rotary_factor": 0.75})
+    raw = dict(vocab_size=8, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
+    with pytest.raises(ValueError, match="partial rotary embeddings"):
+        config_from_hf({**raw, "partial_rotary_factor": 0.75}, family_of_hf_model_type("phi3", "config.json"))
+
+
+def test_phi3_splits_its_fused_projections():
+    from shoal.model.config import LlamaConfig
+
+    phi3 = family_of_hf_model_type("phi3", "config.json")
+    config = LlamaConfig(8, 64, 96, 1, 4, 2, 16, architecture="phi3")
+    qkv = torch.arange((64 + 2 * 32) * 3.0).view(128, 3)
+    parts = phi3.unfuse("model.layers.0.self_attn.qkv_proj.weight", qkv, config)
+    assert [tuple(t.shape) for t in parts.values()] == [(64, 3), (32, 3), (32, 3)]
+    assert torch.equal(torch.cat(list(parts.values())), qkv) and "model.layers.0.self_attn.k_proj.weight" in parts
+    gate_up = torch.arange(192.0).view(192, 1)
+    parts = phi3.unfuse("model.layers.0.mlp.gate_up_proj.weight", gate_up, config)
+    assert torch.equal(parts["model.layers.0.mlp.gate_proj.weight"], gate_up[:96])
+    with pytest.raises(ValueError, match="not 64 \\+ 2 x 32"):
+        phi3.unfuse("model.layers.0.self_attn.qkv_proj.weight", qkv[:100], config)

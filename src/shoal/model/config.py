@@ -6,8 +6,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from shoal.model.families.family import Family
-
 
 @dataclass(frozen=True)
 class RopeScaling:
@@ -24,9 +22,15 @@ class RopeScaling:
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any] | None) -> RopeScaling:
+        """Raises ValueError for a type shoal does not compute (longrope, yarn, ...) or partial rotary
+        embeddings, rather than rotating by other frequencies than the model's."""
         if not raw:
             return cls()
         rope_type = raw.get("rope_type", raw.get("type", "default"))
+        if rope_type not in ("default", "linear", "llama3", "dynamic"):
+            raise ValueError(f"rope scaling type {rope_type!r} is not supported")
+        if raw.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"partial rotary embeddings (factor {raw['partial_rotary_factor']}) are not supported")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
         kwargs["rope_type"] = rope_type
@@ -119,36 +123,3 @@ class LlamaConfig:
     @property
     def num_queries_per_kv(self) -> int:
         return self.num_heads // self.num_kv_heads
-
-    @classmethod
-    def from_hf(cls, raw: dict[str, Any], family: Family) -> LlamaConfig:
-        """Builds the config from a Hugging Face config.json dict of a model of `family`."""
-        heads = raw["num_attention_heads"]
-        eos = raw.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-        return cls(
-            vocab_size=raw["vocab_size"],
-            hidden_size=raw["hidden_size"],
-            intermediate_size=raw["intermediate_size"],
-            num_layers=raw["num_hidden_layers"],
-            num_heads=heads,
-            num_kv_heads=raw.get("num_key_value_heads") or heads,
-            head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
-            max_position_embeddings=raw.get("max_position_embeddings", 2048),
-            rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
-            rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-            rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
-            attention_bias=raw.get("attention_bias", family.attention_bias),
-            qk_norm=family.qk_norm,
-            norms_after=family.norms_after,
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            architecture=family.name,
-            attention_windows=family.windows(raw),
-            rotary_layers=family.rotary(raw),
-            embedding_multiplier=raw.get("embedding_multiplier", 1.0),
-            residual_multiplier=raw.get("residual_multiplier", 1.0),
-            attention_multiplier=raw.get("attention_multiplier"),
-            logits_scaling=raw.get("logits_scaling", 1.0),
-        )

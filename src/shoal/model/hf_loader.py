@@ -16,9 +16,10 @@ from safetensors import safe_open
 from tokenizers import AddedToken
 from tokenizers import Tokenizer as Backend
 
-from shoal.model.config import LlamaConfig
+from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.errors import ModelLoadError
-from shoal.model.families import family_of_hf_model_type
+from shoal.model.families import family_named, family_of_hf_model_type
+from shoal.model.families.family import Family
 from shoal.model.layout import check_state_dict, optional_shapes, required_shapes
 from shoal.model.tokenizer import Tokenizer
 
@@ -52,6 +53,41 @@ def generation_eos_ids(model_dir: Path) -> list[int]:
     return _eos_list(_read_json(path).get("eos_token_id")) if path.is_file() else []
 
 
+def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
+    """The LlamaConfig of a Hugging Face config.json dict of a model of `family`."""
+    heads = raw["num_attention_heads"]
+    if raw.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError(f"partial rotary embeddings (factor {raw['partial_rotary_factor']}) are not supported")
+    eos = raw.get("eos_token_id")
+    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+    return LlamaConfig(
+        vocab_size=raw["vocab_size"],
+        hidden_size=raw["hidden_size"],
+        intermediate_size=raw["intermediate_size"],
+        num_layers=raw["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        max_position_embeddings=raw.get("max_position_embeddings", 2048),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
+        rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
+        attention_bias=raw.get("attention_bias", family.attention_bias),
+        qk_norm=family.qk_norm,
+        norms_after=family.norms_after,
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_ids=eos_ids,
+        architecture=family.name,
+        attention_windows=family.windows(raw),
+        rotary_layers=family.rotary(raw),
+        embedding_multiplier=raw.get("embedding_multiplier", 1.0),
+        residual_multiplier=raw.get("residual_multiplier", 1.0),
+        attention_multiplier=raw.get("attention_multiplier"),
+        logits_scaling=raw.get("logits_scaling", 1.0),
+    )
+
+
 def load_hf_config(model_dir: str | Path) -> LlamaConfig:
     """config.json as a LlamaConfig, with generation_config.json's EOS ids appended."""
     model_dir = Path(model_dir)
@@ -60,7 +96,7 @@ def load_hf_config(model_dir: str | Path) -> LlamaConfig:
     if raw.get("mlp_bias"):
         raise ModelLoadError(f"{model_dir}: mlp_bias is not supported")
     try:
-        config = LlamaConfig.from_hf(raw, family)
+        config = config_from_hf(raw, family)
     except (KeyError, TypeError, ValueError) as exc:
         raise ModelLoadError(f"{model_dir}/config.json is not a usable decoder config: {exc!r}") from exc
     eos = tuple(dict.fromkeys([*config.eos_token_ids, *generation_eos_ids(model_dir)]))
@@ -94,13 +130,15 @@ def load_hf_state_dict(
 ) -> dict[str, torch.Tensor]:
     """The decoder's tensors from all shards, cast to `dtype` and validated against `config`."""
     wanted = set(required_shapes(config)) | set(optional_shapes(config))
+    family = family_named(config.architecture)
     weights: dict[str, torch.Tensor] = {}
     for path in hf_weight_files(model_dir):
         try:
             with safe_open(str(path), framework="pt") as shard:
                 for name in shard.keys():
-                    if name in wanted:
-                        weights[name] = shard.get_tensor(name).to(dtype).contiguous()
+                    if name in wanted or name.endswith(family.fused_tensors):
+                        for piece, tensor in family.unfuse(name, shard.get_tensor(name), config).items():
+                            weights[piece] = tensor.to(dtype).contiguous()
         except (OSError, ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"cannot read safetensors file {path}: {exc}") from exc
     check_state_dict(config, weights, source=str(model_dir))

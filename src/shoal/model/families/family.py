@@ -6,12 +6,19 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from shoal.model.config import LlamaConfig
 
 # A family's per-layer sliding windows from a Hugging Face config.json (0: full attention).
 WindowRule = Callable[[dict[str, Any]], tuple[int, ...]]
 # Whether each layer applies RoPE, from config.json (empty: every layer does).
 RotaryRule = Callable[[dict[str, Any]], tuple[bool, ...]]
+# A checkpoint tensor's pieces in the decoder's names (a fused projection split in its parts).
+Unfuse = Callable[[str, torch.Tensor, "LlamaConfig"], dict[str, torch.Tensor]]
 
 
 def no_windows(raw: dict[str, Any]) -> tuple[int, ...]:
@@ -24,6 +31,11 @@ def rotary_everywhere(raw: dict[str, Any]) -> tuple[bool, ...]:
     return ()
 
 
+def as_named(name: str, tensor: torch.Tensor, config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """The tensor as the file names it."""
+    return {name: tensor}
+
+
 @dataclass(frozen=True)
 class Family:
     """Invariant: no two registered families share an HF model_type or a GGUF architecture.
@@ -34,6 +46,8 @@ class Family:
     qk_norm, norms_after: as LlamaConfig's.
     windows: the per-layer sliding windows of its config.json.
     rotary: which layers apply RoPE, from its config.json.
+    fused_tensors, unfuse: name suffixes of a checkpoint's fused tensors, and how any tensor of its
+        files becomes the decoder's (Phi-3's qkv_proj and gate_up_proj split in their parts).
     """
 
     name: str
@@ -45,3 +59,5 @@ class Family:
     norms_after: bool = False
     windows: WindowRule = no_windows
     rotary: RotaryRule = rotary_everywhere
+    fused_tensors: tuple[str, ...] = ()
+    unfuse: Unfuse = as_named
