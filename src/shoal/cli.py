@@ -238,6 +238,40 @@ def bench(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def inspect(args: argparse.Namespace) -> int:
+    """Prints what a model is and whether shoal runs it, without loading its weights; 1 if it does not."""
+    import json
+
+    from shoal.model.errors import ModelLoadError
+    from shoal.model.inspection import inspect_model
+
+    try:
+        report = inspect_model(args.model)
+    except ModelLoadError as exc:
+        print(f"shoal inspect: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        config = report.config
+        print(
+            json.dumps(
+                {
+                    "model": report.source,
+                    "format": report.format,
+                    "parameters": report.parameters,
+                    "weight_bytes": report.weight_bytes,
+                    "tensor_types": report.tensor_types,
+                    "family": config.architecture if config else None,
+                    "kv_bytes_per_token_16bit": report.kv_bytes_per_token(2) if config else None,
+                    "runs": config is not None,
+                    "refusal": report.refusal,
+                }
+            )
+        )
+    else:
+        print("\n".join(report.lines()))
+    return 0 if report.config is not None else 1
+
+
 def simulate(args: argparse.Namespace) -> int:
     from shoal.simulate.command import run
 
@@ -357,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     add_bench_arguments(bench_parser)
     bench_parser.set_defaults(run=bench)
+    inspect_parser = commands.add_parser(
+        "inspect", help="what a model is (family, parameters, tensor types, KV bytes) and whether it runs here"
+    )
+    inspect_parser.add_argument("model", help="a built-in model name, a .gguf file or a Hugging Face directory")
+    inspect_parser.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    inspect_parser.set_defaults(run=inspect)
     simulate_parser = commands.add_parser(
         "simulate", help="simulate a fleet behind the router's policies; compare them at any scale"
     )
