@@ -19,6 +19,7 @@ from shoal.engine.grammar import GrammarCompiler
 from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
 from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, open_tier
 from shoal.engine.kv_transfer import KVBlocks, export_prefix, import_blocks
+from shoal.engine.memory_fit import check_fits
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -99,9 +100,10 @@ class LLMEngine:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config)
         self.dtype = resolve_dtype(config, self.device)
-        self.checkpoint = checkpoint or load_checkpoint(
-            config.model, self.dtype, config.cache_dir, keeps_quantized(config, self.device)
-        )
+        keep_quantized = keeps_quantized(config, self.device)
+        if checkpoint is None:  # refused before any weight is read, with the figures
+            check_fits(config.model, self.dtype, keep_quantized, config.kv_cache_bytes or 0, self.device)
+        self.checkpoint = checkpoint or load_checkpoint(config.model, self.dtype, config.cache_dir, keep_quantized)
         model_config = self.checkpoint.config
         self.tokenizer = self.checkpoint.tokenizer
         self.max_model_len = config.max_model_len or model_config.max_position_embeddings
