@@ -25,6 +25,13 @@ class TensorInfo(NamedTuple):
     bytes: int
 
 
+class GGUFHeader(NamedTuple):
+    """The tensors, and the byte where the file's data must end (the last tensor's end)."""
+
+    tensors: list[TensorInfo]
+    data_end: int
+
+
 def _read(stream: BinaryIO, fmt: str) -> int:
     size = struct.calcsize(fmt)
     data = stream.read(size)
@@ -53,9 +60,9 @@ def _skip_value(stream: BinaryIO, value_type: int) -> None:
         raise ModelLoadError(f"GGUF file {stream.name}: unknown metadata value type {value_type}")
 
 
-def gguf_tensor_infos(path: str | Path) -> list[TensorInfo]:
-    """Every tensor the file's header lists. ModelLoadError for a file that is not GGUF v2/v3 or whose
-    header is cut short or names an unknown tensor type."""
+def read_gguf_header(path: str | Path) -> GGUFHeader:
+    """Every tensor the file's header lists, and where its data ends. ModelLoadError for a file that
+    is not GGUF v2/v3 or whose header is cut short or names an unknown tensor type."""
     with open(path, "rb") as stream:
         if stream.read(4) != b"GGUF":
             raise ModelLoadError(f"{path} is not a GGUF file")
@@ -63,15 +70,20 @@ def gguf_tensor_infos(path: str | Path) -> list[TensorInfo]:
         if version not in (2, 3):
             raise ModelLoadError(f"{path}: GGUF version {version} is not supported")
         tensors, values = _read(stream, "<Q"), _read(stream, "<Q")
+        alignment = 32  # llama.cpp's default; general.alignment overrides it
         for _ in range(values):
-            _skip_string(stream)
-            _skip_value(stream, _read(stream, "<I"))
-        infos = []
+            key = stream.read(_read(stream, "<Q"))
+            value_type = _read(stream, "<I")
+            if key == b"general.alignment" and value_type == 4:
+                alignment = _read(stream, "<I")
+            else:
+                _skip_value(stream, value_type)
+        infos, end = [], 0
         for _ in range(tensors):
             name = stream.read(_read(stream, "<Q")).decode("utf-8", errors="replace")
             dims = [_read(stream, "<Q") for _ in range(_read(stream, "<I"))]
             type_id = _read(stream, "<I")
-            _read(stream, "<Q")  # the tensor's offset in the data section
+            offset = _read(stream, "<Q")  # in the data section
             try:
                 kind = GGMLQuantizationType(type_id)
             except ValueError as exc:
@@ -79,4 +91,6 @@ def gguf_tensor_infos(path: str | Path) -> list[TensorInfo]:
             elements = math.prod(dims)
             block, block_bytes = GGML_QUANT_SIZES[kind]
             infos.append(TensorInfo(name, kind.name, elements, elements // block * block_bytes))
-        return infos
+            end = max(end, offset + infos[-1].bytes)
+        data_start = -(-stream.tell() // alignment) * alignment
+        return GGUFHeader(infos, data_start + end)

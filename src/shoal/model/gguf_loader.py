@@ -21,6 +21,7 @@ from gguf.gguf_reader import ReaderField, ReaderTensor
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.errors import ModelLoadError
 from shoal.model.families import family_named, family_of_gguf_architecture
+from shoal.model.gguf_header import read_gguf_header
 from shoal.model.layout import check_state_dict
 from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
 
@@ -54,10 +55,21 @@ _LAYER_NAMES = {
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
-    """Opens (memory-maps) a GGUF file; a missing or malformed file raises ModelLoadError."""
+    """Opens (memory-maps) a GGUF file; a missing, malformed or truncated file raises ModelLoadError
+    naming the file and what is wrong (its header is scanned first: gguf's reader fails on a cut file
+    with an IndexError or a reshape message)."""
+    try:
+        data_end = read_gguf_header(path).data_end
+        size = Path(path).stat().st_size
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
+    if size < data_end:
+        raise ModelLoadError(
+            f"GGUF file {path} is truncated: its tensors end at byte {data_end:,}, the file has {size:,}"
+        )
     try:
         return GGUFReader(str(path), "r")
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, IndexError) as exc:
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
 
 

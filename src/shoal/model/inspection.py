@@ -13,7 +13,7 @@ from safetensors import safe_open
 
 from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
-from shoal.model.gguf_header import gguf_tensor_infos
+from shoal.model.gguf_header import read_gguf_header
 from shoal.model.gguf_loader import gguf_config, open_gguf
 from shoal.model.hf_loader import hf_weight_files, load_hf_config
 from shoal.model.llama import kv_bytes_per_token_per_layer
@@ -88,7 +88,7 @@ def inspect_model(name_or_path: str, with_config: bool = True) -> ModelReport:
     Without `with_config`, the tensors alone (config and refusal unset): what a fit check needs."""
     source = resolve_model(name_or_path)
     if source.kind == "gguf":
-        tensors = gguf_tensor_infos(source.path)
+        tensors = read_gguf_header(source.path).tensors
         report = ModelReport(
             source=name_or_path,
             format="gguf",
