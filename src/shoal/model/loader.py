@@ -10,6 +10,7 @@ import torch
 
 from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
+from shoal.model.families import family_named
 from shoal.model.gguf_loader import gguf_config, gguf_metadata, gguf_state_dict, open_gguf
 from shoal.model.hf_loader import hf_source_files, load_hf, load_hf_tokenizer
 from shoal.model.quantized_weight import QuantizedWeight
@@ -41,9 +42,20 @@ def _convert(source: ModelSource, dtype: torch.dtype, keep_quantized: bool) -> t
         metadata = gguf_metadata(reader)
         config = gguf_config(reader, metadata)
         weights = gguf_state_dict(reader, config, dtype, keep_quantized)
-        return config, weights, Tokenizer.from_gguf_metadata(metadata)
-    config, weights = load_hf(source.path, dtype)
-    return config, weights, load_hf_tokenizer(source.path)
+        tokenizer = Tokenizer.from_gguf_metadata(metadata)
+    else:
+        config, weights = load_hf(source.path, dtype)
+        tokenizer = load_hf_tokenizer(source.path)
+    return config, weights, _with_family_template(tokenizer, config, source)
+
+
+def _with_family_template(tokenizer: Tokenizer, config: LlamaConfig, source: ModelSource) -> Tokenizer:
+    """A file without a chat template gets its family's, logged; one with a template keeps it."""
+    family = family_named(config.architecture)
+    if tokenizer.has_chat_template or family.chat_template is None:
+        return tokenizer
+    logger.info("%s has no chat template: using the %s family's default", source.path, family.name)
+    return tokenizer.with_default_chat_template(family.chat_template)
 
 
 def load_checkpoint(

@@ -52,6 +52,19 @@ class Tokenizer:
         self._bos_id = backend.token_to_id(bos) if bos is not None else None
         self._eos_ids = self._collect_eos_ids()
 
+    @property
+    def has_chat_template(self) -> bool:
+        return "default" in self._templates
+
+    def with_default_chat_template(self, source: str) -> Tokenizer:
+        """This tokenizer with `source` as its default chat template (its other templates kept)."""
+        return Tokenizer(
+            self._backend,
+            special_tokens=self._special_tokens,
+            chat_template={**self._templates, "default": source},
+            extra_eos_ids=self._extra_eos_ids,
+        )
+
     def _collect_eos_ids(self) -> tuple[int, ...]:
         ids: list[int] = []
         eos = self._special_tokens["eos_token"]

@@ -48,6 +48,8 @@ class Family:
     rotary: which layers apply RoPE, from its config.json.
     fused_tensors, unfuse: name suffixes of a checkpoint's fused tensors, and how any tensor of its
         files becomes the decoder's (Phi-3's qkv_proj and gate_up_proj split in their parts).
+    chat_template: the Jinja chat template for a file that carries none (None: such a file's chats
+        are refused).
     """
 
     name: str
@@ -61,3 +63,4 @@ class Family:
     rotary: RotaryRule = rotary_everywhere
     fused_tensors: tuple[str, ...] = ()
     unfuse: Unfuse = as_named
+    chat_template: str | None = None

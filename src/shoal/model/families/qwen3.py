@@ -1,5 +1,6 @@
 """Qwen3 (dense): per-head RMSNorm of queries and keys before RoPE, no q/k/v biases."""
 
+from shoal.model.families.chat_templates import CHATML
 from shoal.model.families.family import Family
 from shoal.model.families.windows import from_max_window_layers
 
@@ -8,5 +9,6 @@ FAMILY = Family(
     hf_model_types=("qwen3",),
     gguf_architectures=("qwen3",),
     qk_norm="head",
+    chat_template=CHATML,
     windows=from_max_window_layers,
 )

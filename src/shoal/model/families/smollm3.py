@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.model.families.chat_templates import CHATML
 from shoal.model.families.family import Family
 from shoal.model.families.windows import from_layer_types
 
@@ -26,6 +27,7 @@ FAMILY = Family(
     name="smollm3",
     hf_model_types=("smollm3",),
     gguf_architectures=(),
+    chat_template=CHATML,
     windows=from_layer_types,
     rotary=rotary_layers,
 )

@@ -1,0 +1,32 @@
+"""A model file without a chat template chats with its family's, and says so; one with a template
+keeps its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+from shoal.model.loader import load_checkpoint
+
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+
+
+def test_a_file_without_a_template_gets_its_familys_and_a_log_line(tiny_model_dir, tmp_path, caplog):
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_model_dir, bare)
+    settings = json.loads((bare / "tokenizer_config.json").read_text())
+    settings.pop("chat_template")
+    (bare / "tokenizer_config.json").write_text(json.dumps(settings))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    with caplog.at_level(logging.INFO, logger="shoal.model.loader"):
+        tokenizer = load_checkpoint(str(bare), cache_dir=tmp_path / "cache").tokenizer
+    assert tokenizer.apply_chat_template(MESSAGES) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert any("has no chat template: using the llama family's default" in r.getMessage() for r in caplog.records)
+
+
+def test_a_file_with_a_template_keeps_it(tiny_model_dir, tmp_path):
+    tokenizer = load_checkpoint(str(tiny_model_dir), cache_dir=tmp_path / "cache").tokenizer
+    assert "<|im_start|>" not in tokenizer.apply_chat_template(MESSAGES)
