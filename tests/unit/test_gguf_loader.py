@@ -123,7 +123,10 @@ def write_model_gguf(
         else:
             w.add_tensor(gguf_name(name), value)
     for name, value in (extra_tensors or {}).items():
-        w.add_tensor(name, value)
+        if value.ndim == 2 and qtype != Q.F32:
+            w.add_tensor(name, gguf.quants.quantize(value, qtype), raw_dtype=qtype)
+        else:
+            w.add_tensor(name, value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -404,3 +407,31 @@ def test_a_granite_gguf_carries_its_multipliers_and_permuted_rows(tmp_path: Path
     assert (config.attention_multiplier, config.logits_scaling) == (0.0078125, 8.0)
     name = "model.layers.0.self_attn.k_proj.weight"
     assert torch.equal(state[name], torch.from_numpy(weights[name]))  # un-permuted as llama's
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0])
+def test_a_phi3_gguf_splits_its_fused_projections_blocks_included(tmp_path: Path, qtype) -> None:
+    weights = random_hf_weights(np.random.default_rng(10), bias=False, tied=True)
+    fused = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        qkv = [weights.pop(f"{p}self_attn.{x}_proj.weight") for x in "qkv"]
+        gate_up = [weights.pop(f"{p}mlp.{x}_proj.weight") for x in ("gate", "up")]
+        fused[f"blk.{i}.attn_qkv.weight"] = np.concatenate(qkv)
+        fused[f"blk.{i}.ffn_up.weight"] = np.concatenate(gate_up)
+    reader = open_gguf(write_model_gguf(tmp_path / "p.gguf", "phi3", weights, qtype=qtype, extra_tensors=fused))
+    config = gguf_config(reader)
+    state = gguf_state_dict(reader, config, torch.float32, keep_quantized=qtype != Q.F32)
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        qkv = torch.cat([dense(state[f"{p}self_attn.{x}_proj.weight"]) for x in "qkv"])
+        gate_up = torch.cat([dense(state[f"{p}mlp.{x}_proj.weight"]) for x in ("gate", "up")])
+        expected = [fused[f"blk.{i}.{n}.weight"] for n in ("attn_qkv", "ffn_up")]
+        if qtype != Q.F32:  # the file's blocks, dequantized
+            expected = [gguf.quants.dequantize(gguf.quants.quantize(e, qtype), qtype) for e in expected]
+        assert torch.equal(qkv, torch.from_numpy(expected[0])) and torch.equal(gate_up, torch.from_numpy(expected[1]))
+        assert isinstance(state[f"{p}self_attn.k_proj.weight"], QuantizedWeight) == (qtype != Q.F32)
+
+
+def dense(weight) -> torch.Tensor:
+    return weight.dequantize() if isinstance(weight, QuantizedWeight) else weight

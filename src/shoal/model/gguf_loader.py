@@ -21,6 +21,7 @@ from gguf.gguf_reader import ReaderField, ReaderTensor
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.errors import ModelLoadError
 from shoal.model.families import family_named, family_of_gguf_architecture
+from shoal.model.families.family import Family
 from shoal.model.gguf_header import read_gguf_header
 from shoal.model.layout import check_state_dict
 from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
@@ -189,13 +190,14 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
         raise ModelLoadError(f"inconsistent GGUF architecture metadata: {exc}") from exc
 
 
-def hf_tensor_name(gguf_name: str) -> str:
-    """Maps a llama.cpp tensor name (`blk.3.attn_q.weight`) to its Hugging Face name."""
+def hf_tensor_name(gguf_name: str, family: Family) -> str:
+    """Maps a llama.cpp tensor name (`blk.3.attn_q.weight`) to its Hugging Face name in `family`."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    layer_names = {**_LAYER_NAMES, **family.gguf_layer_names}
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
     raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no counterpart in the Llama-family decoder")
 
 
@@ -237,12 +239,13 @@ def gguf_state_dict(
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
     """Every tensor of the file, renamed, dequantized (unless kept quantized), un-permuted and cast;
     validated against `config`."""
-    permuted = family_named(config.architecture).gguf_rows_permuted
+    family = family_named(config.architecture)
+    permuted = family.gguf_rows_permuted
     weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
         if tensor.name == ROPE_FREQS:  # read into the config
             continue
-        name = hf_tensor_name(tensor.name)
+        name = hf_tensor_name(tensor.name, family)
         kept = quantized_tensor(tensor) if keep_quantized else None
         rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
         if keep_quantized and kept is None and tensor.tensor_type not in _FLOAT_TYPES:
@@ -258,7 +261,12 @@ def gguf_state_dict(
             rows = unpermute_rotary_rows(rows, config.num_heads)
         elif permuted and ".self_attn.k_proj." in name:
             rows = unpermute_rotary_rows(rows, config.num_kv_heads)
-        weights[name] = QuantizedWeight(rows, kept.kind, kept.columns) if kept is not None else rows.to(dtype)
+        try:  # a fused matrix split by rows: blocks too, each row's blocks being its own
+            pieces = family.unfuse(name, rows, config)
+        except ValueError as exc:
+            raise ModelLoadError(f"GGUF {reader.data.filename}: {exc}") from exc
+        for piece, part in pieces.items():
+            weights[piece] = QuantizedWeight(part, kept.kind, kept.columns) if kept is not None else part.to(dtype)
     check_state_dict(config, weights, source=f"GGUF {reader.data.filename}")
     return weights
 

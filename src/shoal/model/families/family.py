@@ -4,8 +4,8 @@ is the registry the loaders ask."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -50,6 +50,8 @@ class Family:
         files becomes the decoder's (Phi-3's qkv_proj and gate_up_proj split in their parts).
     chat_template: the Jinja chat template for a file that carries none (None: such a file's chats
         are refused).
+    gguf_layer_names: this family's llama.cpp layer tensor names where they differ from Llama's
+        (`attn_qkv.weight` -> `self_attn.qkv_proj.weight`), before `unfuse`.
     """
 
     name: str
@@ -64,3 +66,4 @@ class Family:
     fused_tensors: tuple[str, ...] = ()
     unfuse: Unfuse = as_named
     chat_template: str | None = None
+    gguf_layer_names: Mapping[str, str] = field(default_factory=dict)

@@ -1,6 +1,7 @@
 """Phi-3 and Phi-3.5 (mini, medium): Llama's layer with q/k/v in one projection (qkv_proj) and gate/up
-in another (gate_up_proj, gate first), split when loaded. Not yet: longrope scaling, Phi-4-mini's
-partial rotary embeddings (both refused when config.json asks for them), GGUF files."""
+in another (gate_up_proj, gate first), split when loaded, from Hugging Face files or GGUF (llama.cpp's
+attn_qkv and fused ffn_up). Not yet: longrope scaling, Phi-4-mini's partial rotary embeddings (both
+refused: config.json's rope type or factor, a GGUF's rope_factors tensors)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,8 @@ def unfuse(name: str, tensor: torch.Tensor, config: LlamaConfig) -> dict[str, to
 FAMILY = Family(
     name="phi3",
     hf_model_types=("phi3",),
-    gguf_architectures=(),
+    gguf_architectures=("phi3",),
     fused_tensors=(QKV, GATE_UP),
     unfuse=unfuse,
+    gguf_layer_names={"attn_qkv.weight": QKV, "ffn_up.weight": GATE_UP},
 )
