@@ -90,6 +90,9 @@ def random_hf_weights(rng: np.random.Generator, bias: bool, tied: bool) -> dict[
     return {name: rng.standard_normal(shape).astype(np.float32) for name, shape in shapes.items()}
 
 
+PERMUTED = ("llama", "granite", "smollm3")  # llama.cpp's converter permutes their q/k rows
+
+
 def write_model_gguf(
     path: Path,
     arch: str,
@@ -114,9 +117,9 @@ def write_model_gguf(
     for key, value in (extra_keys or {}).items():
         w.add_float32(key, value)
     for name, value in weights.items():
-        if arch in ("llama", "granite") and ".q_proj." in name:
+        if arch in PERMUTED and ".q_proj." in name:
             value = llama_cpp_permute(value, HEADS)
-        elif arch in ("llama", "granite") and ".k_proj." in name:
+        elif arch in PERMUTED and ".k_proj." in name:
             value = llama_cpp_permute(value, KV_HEADS)
         if value.ndim == 2 and qtype != Q.F32:
             w.add_tensor(gguf_name(name), gguf.quants.quantize(value, qtype), raw_dtype=qtype)
@@ -435,3 +438,30 @@ def test_a_phi3_gguf_splits_its_fused_projections_blocks_included(tmp_path: Path
 
 def dense(weight) -> torch.Tensor:
     return weight.dequantize() if isinstance(weight, QuantizedWeight) else weight
+
+
+def test_an_olmo2_gguf_has_norms_after_and_over_whole_projections(tmp_path: Path) -> None:
+    rng = np.random.default_rng(11)
+    weights = random_hf_weights(rng, bias=False, tied=True)
+    extra = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        del weights[p + "input_layernorm.weight"], weights[p + "post_attention_layernorm.weight"]
+        sizes = {"post_attention_norm": HIDDEN, "post_ffw_norm": HIDDEN, "attn_q_norm": HEADS * HEAD_DIM}
+        sizes["attn_k_norm"] = KV_HEADS * HEAD_DIM
+        extra.update({f"blk.{i}.{n}.weight": rng.standard_normal(size).astype(np.float32) for n, size in sizes.items()})
+    config, state = load_gguf(write_model_gguf(tmp_path / "o.gguf", "olmo2", weights, extra_tensors=extra))
+    assert config.norms_after and config.qk_norm == "projection"
+    expected = torch.from_numpy(extra["blk.1.post_ffw_norm.weight"])
+    assert torch.equal(state["model.layers.1.post_feedforward_layernorm.weight"], expected)
+    assert state["model.layers.0.self_attn.q_norm.weight"].shape == (HEADS * HEAD_DIM,)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    assert torch.equal(state[name], torch.from_numpy(weights[name]))  # not permuted
+
+
+def test_a_smollm3_gguf_leaves_rope_out_of_every_fourth_layer_as_llama_cpp_does(tmp_path: Path) -> None:
+    weights = random_hf_weights(np.random.default_rng(12), bias=False, tied=True)
+    config, state = load_gguf(write_model_gguf(tmp_path / "s.gguf", "smollm3", weights))
+    assert config.architecture == "smollm3" and config.rotary_layers == (True,) * LAYERS  # 4th: none of 2
+    name = "model.layers.1.self_attn.k_proj.weight"
+    assert torch.equal(state[name], torch.from_numpy(weights[name]))  # un-permuted as llama's

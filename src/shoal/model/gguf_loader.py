@@ -177,6 +177,7 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
             attention_bias="blk.0.attn_q.bias" in tensors,
             qk_norm=family.qk_norm,
             norms_after=family.norms_after,
+            rotary_layers=family.rotary({"num_hidden_layers": int(need("block_count"))}),
             embedding_multiplier=_f32(meta.get(f"{arch}.embedding_scale", 1.0)),
             residual_multiplier=_f32(meta.get(f"{arch}.residual_scale", 1.0)),
             attention_multiplier=_f32(meta[f"{arch}.attention.scale"]) if f"{arch}.attention.scale" in meta else None,

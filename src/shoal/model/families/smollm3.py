@@ -1,5 +1,5 @@
-"""SmolLM3: Llama's layout with no RoPE on some layers (`no_rope_layers`, by default every fourth).
-Its GGUF files are not read yet."""
+"""SmolLM3: Llama's layout with no RoPE on some layers (`no_rope_layers`, by default every fourth: a
+GGUF file has no key for them, llama.cpp too takes every fourth)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ def rotary_layers(raw: dict[str, Any]) -> tuple[bool, ...]:
 FAMILY = Family(
     name="smollm3",
     hf_model_types=("smollm3",),
-    gguf_architectures=(),
+    gguf_architectures=("smollm3",),
+    gguf_rows_permuted=True,
     chat_template=CHATML,
     windows=from_layer_types,
     rotary=rotary_layers,
