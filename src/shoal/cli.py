@@ -251,22 +251,7 @@ def inspect(args: argparse.Namespace) -> int:
         print(f"shoal inspect: {exc}", file=sys.stderr)
         return 2
     if args.json:
-        config = report.config
-        print(
-            json.dumps(
-                {
-                    "model": report.source,
-                    "format": report.format,
-                    "parameters": report.parameters,
-                    "weight_bytes": report.weight_bytes,
-                    "tensor_types": report.tensor_types,
-                    "family": config.architecture if config else None,
-                    "kv_bytes_per_token_16bit": report.kv_bytes_per_token(2) if config else None,
-                    "runs": config is not None,
-                    "refusal": report.refusal,
-                }
-            )
-        )
+        print(json.dumps(report.summary()))
     else:
         print("\n".join(report.lines()))
     return 0 if report.config is not None else 1

@@ -7,8 +7,9 @@ import torch
 
 from shoal.model.inspection import inspect_model
 from shoal.runner.memory import free_memory_bytes
+from shoal.sizes import UNITS
 
-GIB = 2**30
+GIB = UNITS["GIB"]
 
 
 def check_fits(model: str, dtype: torch.dtype, keep_quantized: bool, kv_cache_bytes: int, device: torch.device) -> None:

@@ -56,8 +56,9 @@ def generation_eos_ids(model_dir: Path) -> list[int]:
 def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
     """The LlamaConfig of a Hugging Face config.json dict of a model of `family`."""
     heads = raw["num_attention_heads"]
-    if raw.get("partial_rotary_factor", 1.0) != 1.0:
-        raise ValueError(f"partial rotary embeddings (factor {raw['partial_rotary_factor']}) are not supported")
+    rope = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+    if "partial_rotary_factor" in raw:  # older configs state it beside the rope settings
+        rope.setdefault("partial_rotary_factor", raw["partial_rotary_factor"])
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     return LlamaConfig(
@@ -71,7 +72,7 @@ def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
         rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
-        rope_scaling=RopeScaling.from_hf(raw.get("rope_scaling") or raw.get("rope_parameters")),
+        rope_scaling=RopeScaling.from_hf(rope),
         attention_bias=raw.get("attention_bias", family.attention_bias),
         qk_norm=family.qk_norm,
         norms_after=family.norms_after,

@@ -4,10 +4,12 @@ headers (no weight is read)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 from safetensors import safe_open
 
@@ -24,13 +26,21 @@ from shoal.model.registry import resolve_model
 _SAFETENSORS_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1}
 
 
-def _sizes(entries: Iterable[tuple[str, int, int]]) -> dict[str, tuple[int, int]]:
+class TypeTotals(NamedTuple):
+    """The tensors of one type: how many, their elements and their bytes on disk."""
+
+    tensors: int
+    elements: int
+    bytes: int
+
+
+def _totals(entries: Iterable[tuple[str, int, int]]) -> dict[str, TypeTotals]:
     """(type, elements, bytes) of each tensor, summed per type."""
-    sizes: dict[str, tuple[int, int]] = {}
+    totals: dict[str, TypeTotals] = {}
     for kind, elements, size in entries:
-        total = sizes.get(kind, (0, 0))
-        sizes[kind] = (total[0] + elements, total[1] + size)
-    return sizes
+        count, total_elements, total_bytes = totals.get(kind, TypeTotals(0, 0, 0))
+        totals[kind] = TypeTotals(count + 1, total_elements + elements, total_bytes + size)
+    return totals
 
 
 @dataclass(frozen=True)
@@ -40,13 +50,23 @@ class ModelReport:
 
     source: str
     format: str  # "gguf" or "hf"
-    parameters: int
-    weight_bytes: int
-    tensor_types: dict[str, int] = field(default_factory=dict)  # type name -> tensors of it
-    # type name -> (elements, bytes on disk) of the tensors of that type
-    type_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    types: dict[str, TypeTotals]  # per tensor type name
     config: LlamaConfig | None = None
     refusal: str | None = None
+
+    @property
+    def parameters(self) -> int:
+        return sum(t.elements for t in self.types.values())
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of the weights on disk."""
+        return sum(t.bytes for t in self.types.values())
+
+    @property
+    def tensor_types(self) -> dict[str, int]:
+        """Type name -> tensors of that type."""
+        return {name: t.tensors for name, t in self.types.items()}
 
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
         """KV-cache bytes a token takes over all layers (16-bit cache by default)."""
@@ -57,9 +77,22 @@ class ModelReport:
         """The least memory the loaded weights take: blocks of the natively run GGUF types as they are
         (with keep_quantized), every other tensor at `bytes_per_value` an element."""
         kept = {kind.name for kind in GGML_TYPES.values()} if keep_quantized and self.format == "gguf" else set()
-        return sum(
-            size if name in kept else elements * bytes_per_value for name, (elements, size) in self.type_sizes.items()
-        )
+        return sum(t.bytes if name in kept else t.elements * bytes_per_value for name, t in self.types.items())
+
+    def summary(self) -> dict[str, object]:
+        """The report as one JSON-ready object."""
+        config = self.config
+        return {
+            "model": self.source,
+            "format": self.format,
+            "parameters": self.parameters,
+            "weight_bytes": self.weight_bytes,
+            "tensor_types": self.tensor_types,
+            "family": config.architecture if config else None,
+            "kv_bytes_per_token_16bit": self.kv_bytes_per_token(2) if config else None,
+            "runs": config is not None,
+            "refusal": self.refusal,
+        }
 
     def lines(self) -> list[str]:
         """The report as text, a fact a line."""
@@ -82,44 +115,32 @@ class ModelReport:
         ]
 
 
+def _safetensors_entries(model_dir: Path) -> list[tuple[str, int, int]]:
+    """(dtype, elements, bytes) of every tensor of a Hugging Face directory, from the file headers."""
+    entries = []
+    for path in hf_weight_files(model_dir):
+        with safe_open(str(path), framework="pt") as shard:
+            for name in shard.keys():
+                piece = shard.get_slice(name)
+                elements = math.prod(piece.get_shape())
+                entries.append((piece.get_dtype(), elements, elements * _SAFETENSORS_BYTES.get(piece.get_dtype(), 4)))
+    return entries
+
+
 def inspect_model(name_or_path: str, with_config: bool = True) -> ModelReport:
     """The report of a built-in model name, a .gguf file or a Hugging Face directory. Raises
     ModelLoadError only when there is no model there; one shoal cannot run is a report that says so.
     Without `with_config`, the tensors alone (config and refusal unset): what a fit check needs."""
     source = resolve_model(name_or_path)
     if source.kind == "gguf":
-        tensors = read_gguf_header(source.path).tensors
-        report = ModelReport(
-            source=name_or_path,
-            format="gguf",
-            parameters=sum(t.elements for t in tensors),
-            weight_bytes=sum(t.bytes for t in tensors),
-            tensor_types=dict(Counter(t.type_name for t in tensors)),
-            type_sizes=_sizes(tensor[1:] for tensor in tensors),
-        )
-        read_config = lambda: gguf_config(open_gguf(source.path))  # noqa: E731
+        entries = [(t.type_name, t.elements, t.bytes) for t in read_gguf_header(source.path).tensors]
     else:
-        entries = []
-        for path in hf_weight_files(source.path):
-            with safe_open(str(path), framework="pt") as shard:
-                for name in shard.keys():
-                    piece = shard.get_slice(name)
-                    elements = math.prod(piece.get_shape())
-                    entries.append(
-                        (piece.get_dtype(), elements, elements * _SAFETENSORS_BYTES.get(piece.get_dtype(), 4))
-                    )
-        report = ModelReport(
-            name_or_path,
-            "hf",
-            parameters=sum(elements for _, elements, _ in entries),
-            weight_bytes=sum(size for _, _, size in entries),
-            tensor_types=dict(Counter(kind for kind, _, _ in entries)),
-            type_sizes=_sizes(entries),
-        )
-        read_config = lambda: load_hf_config(source.path)  # noqa: E731
+        entries = _safetensors_entries(source.path)
+    report = ModelReport(name_or_path, source.kind, _totals(entries))
     if not with_config:
         return report
     try:
-        return ModelReport(**{**report.__dict__, "config": read_config()})
+        config = gguf_config(open_gguf(source.path)) if source.kind == "gguf" else load_hf_config(source.path)
     except ModelLoadError as exc:
-        return ModelReport(**{**report.__dict__, "refusal": str(exc)})
+        return dataclasses.replace(report, refusal=str(exc))
+    return dataclasses.replace(report, config=config)

@@ -64,9 +64,6 @@ from shoal.router.views import RouteRequest
 log = logging.getLogger(__name__)
 
 
-# How often a stream waiting for a worker to continue on sends the client a keep-alive.
-
-
 class StreamFailover:
     """Invariant: at any time the request holds at most one placement; it is released when the
     worker is abandoned or the stream ends, and `done` runs exactly once at the end. An open
