@@ -185,9 +185,12 @@ def test_the_router_knows_each_engine_and_reads_vllm_s_load_from_its_metrics(rou
     server = needs_vllm(vllm)
     assert (worker(router, server.url)["engine"], worker(router, server.url)["load_source"]) == ("vllm", "prometheus")
     assert worker(router, server.url)["served_concurrency"] is None  # its load is reported, not learned
-    # A request sent to vLLM directly, past the router: only vLLM's own metrics can show it.
-    with httpx.stream("POST", server.url + "/v1/chat/completions", json={**chat_body("direct", 400)}, timeout=120):
-        wait_for(lambda: worker(router, server.url)["running"] >= 1, 20)
+    # A request sent to vLLM directly, past the router: only vLLM's own metrics can show it. It runs
+    # its full length (a story that ends early would finish between two polls), and a busy machine
+    # may hold it in vLLM's queue for a while, which its metrics report as waiting.
+    body = {**chat_body("direct", 400), "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json=body, timeout=120):
+        wait_for(lambda: worker(router, server.url)["running"] + worker(router, server.url)["waiting"] >= 1, 60)
     assert worker(router, server.url)["in_flight"] == 0
 
 
