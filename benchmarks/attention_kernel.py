@@ -69,7 +69,7 @@ def main() -> None:
     def step() -> None:
         for keys, values in calls:
             kernels.paged_attention_rows(
-                q, keys, values, meta.block_tables, meta.token_sequences, meta.token_positions, HEAD_DIM**-0.5, 0
+                q, keys, values, meta.block_tables, meta.token_sequences, meta.token_positions, HEAD_DIM**-0.5, 0, 0.0
             )
 
     def read() -> None:

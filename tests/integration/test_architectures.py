@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.support.logits import max_logit_difference
-from tests.support.tiny_model import write_tiny_tokenizer
+from tests.support.tiny_model import write_random_family_model
 
 COMMON = dict(
     vocab_size=128,
@@ -53,6 +52,33 @@ LAYER_VARIANTS = {
     "phi3-fused-projections": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
     "smollm3-no-rope-layer-1": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layer_interval=2, pad_token_id=0)),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=21)),
+    # Every other layer windowed, soft caps on scores and logits, norms before and after, GeGLU.
+    "gemma2": (
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            head_dim=16,
+            sliding_window=21,
+            num_hidden_layers=3,
+            attn_logit_softcapping=2.0,
+            final_logit_softcapping=1.5,
+        ),
+    ),
+    # Layers 0-1 local (their own RoPE base), layer 2 global with linear RoPE scaling; q/k norms.
+    "gemma3": (
+        "Gemma3TextConfig",
+        "Gemma3ForCausalLM",
+        dict(
+            head_dim=16,
+            sliding_window=21,
+            num_hidden_layers=3,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            rope_parameters={
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            },
+        ),
+    ),
     "qwen2-window-from-layer-1": (
         "Qwen2Config",
         "Qwen2ForCausalLM",
@@ -69,21 +95,21 @@ def test_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
 @pytest.mark.parametrize("kernel", ["rows", "tiles"])
 @pytest.mark.parametrize("variant", sorted(LAYER_VARIANTS))
 def test_layer_variants_match_transformers_on_both_paths(variant, kernel, tmp_path, shoal_cache_dir):
-    assert logit_difference(LAYER_VARIANTS[variant], tmp_path, shoal_cache_dir, kernel) <= 1e-3
+    paths = []
+
+    def record_paths(llm) -> None:
+        paths.extend("native" if layer.native is not None else "torch" for layer in llm.engine.model.layers)
+
+    assert logit_difference(LAYER_VARIANTS[variant], tmp_path, shoal_cache_dir, kernel, record_paths) <= 1e-3
+    # The rows kernel comes with the fused native layer, for every variant but OLMo 2's q/k norms
+    # over whole projections; the tiles kernel with the torch layer.
+    fused = kernel == "rows" and not variant.startswith("olmo2")
+    assert set(paths) == {"native" if fused else "torch"}
 
 
-def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto") -> float:
+def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto", inspect=None) -> float:
     """The largest logit difference from transformers over a 120-token prompt, for a tiny random
     model of `variant` (config class, model class, config fields)."""
-    import transformers
-
-    config_cls, model_cls, extra = variant
-    torch.manual_seed(7)
-    config = getattr(transformers, config_cls)(**COMMON, **extra)
-    reference = getattr(transformers, model_cls)(config).eval()
-    with torch.no_grad():
-        for p in reference.parameters():
-            p.normal_(0, 0.2)
-    reference.save_pretrained(directory)
-    write_tiny_tokenizer(directory)
-    return max_logit_difference(reference, directory, cache_dir, list(range(3, 123)), kernel)
+    config_class, model_class, extra = variant
+    reference = write_random_family_model(directory, config_class, model_class, {**COMMON, **extra})
+    return max_logit_difference(reference, directory, cache_dir, list(range(3, 123)), kernel, inspect)

@@ -18,6 +18,7 @@ from shoal.llm import LLM
 from tests.support.fleet import admin, router_config, start
 from tests.support.prompts import TEXT_PROMPTS
 from tests.support.routers import stop
+from tests.support.tiny_model import write_random_family_model
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
@@ -47,6 +48,32 @@ def test_every_degree_gives_the_single_process_tokens_and_logprobs_on_smollm2(dt
     single = generated(**run, dtype=dtype)
     for size in (2, 3):
         assert generated(**run, dtype=dtype, tensor_parallel_size=size) == single, size
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_tp2_gives_the_single_process_tokens_on_gemma_3s_layer(dtype, shoal_cache_dir, tmp_path):
+    """Norms after attention and the MLP need whole rows: each rank projects its columns, they are
+    gathered, then joined, as one process joins them; q/k norms and the local layers' RoPE base."""
+    fields = dict(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        sliding_window=5,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    write_random_family_model(tmp_path, "Gemma3TextConfig", "Gemma3ForCausalLM", fields)
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=8, ignore_eos=True, logprobs=2)
+        for i in range(4)
+    ]
+    run = dict(model=str(tmp_path), prompts=TEXT_PROMPTS[:4], cache_dir=shoal_cache_dir, params=params)
+    assert generated(**run, dtype=dtype, tensor_parallel_size=2) == generated(**run, dtype=dtype)
 
 
 def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):

@@ -31,8 +31,11 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     return engine.model.compute_logits(hidden)
 
 
-def max_logit_difference(reference, model_dir, cache_dir, ids: list[int], attention_kernel: str = "auto") -> float:
-    """Largest |shoal - transformers| logit over a prompt, for a tiny checkpoint directory."""
+def max_logit_difference(
+    reference, model_dir, cache_dir, ids: list[int], attention_kernel: str = "auto", inspect=None
+) -> float:
+    """Largest |shoal - transformers| logit over a prompt, for a tiny checkpoint directory;
+    `inspect(llm)`, if given, is called on the loaded engine first."""
     llm = LLM(
         str(model_dir),
         dtype="float32",
@@ -42,6 +45,8 @@ def max_logit_difference(reference, model_dir, cache_dir, ids: list[int], attent
         cache_dir=str(cache_dir),
         attention_kernel=attention_kernel,
     )
+    if inspect is not None:
+        inspect(llm)
     with torch.no_grad():
         expected = reference(torch.tensor([ids])).logits[0]
     return (forward_logits(llm, ids) - expected).abs().max().item()

@@ -68,3 +68,19 @@ def write_tiny_model(
     model.save_pretrained(directory)
     write_tiny_tokenizer(directory)
     return directory
+
+
+def write_random_family_model(directory: Path, config_class: str, model_class: str, fields: dict):
+    """A Hugging Face directory of a random model of any family transformers knows (its config and
+    model class names, and config fields), weights drawn from N(0, 0.2), with the tiny tokenizer;
+    returns the transformers model, for reference."""
+    import transformers
+
+    torch.manual_seed(7)
+    reference = getattr(transformers, model_class)(getattr(transformers, config_class)(**fields)).eval()
+    with torch.no_grad():
+        for p in reference.parameters():
+            p.normal_(0, 0.2)
+    reference.save_pretrained(directory)
+    write_tiny_tokenizer(directory)
+    return reference

@@ -30,3 +30,18 @@ def test_a_file_without_a_template_gets_its_familys_and_a_log_line(tiny_model_di
 def test_a_file_with_a_template_keeps_it(tiny_model_dir, tmp_path):
     tokenizer = load_checkpoint(str(tiny_model_dir), cache_dir=tmp_path / "cache").tokenizer
     assert "<|im_start|>" not in tokenizer.apply_chat_template(MESSAGES)
+
+
+def test_gemmas_template_has_model_turns_and_folds_the_system_message_into_the_first_user_turn():
+    from shoal.model.chat_template import compile_chat_template, render_chat_template
+    from shoal.model.families.chat_templates import GEMMA
+
+    turns = [*MESSAGES, {"role": "assistant", "content": " Hello. "}, {"role": "user", "content": "Bye"}]
+    template = compile_chat_template(GEMMA)
+    text = render_chat_template(
+        template, turns, add_generation_prompt=True, tools=None, special_tokens={"bos_token": "<bos>"}
+    )
+    assert text == (
+        "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
+        "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
+    )

@@ -99,7 +99,7 @@ def write_model_gguf(
     weights: dict[str, np.ndarray],
     qtype: Q = Q.F32,
     extra_tensors: dict[str, np.ndarray] | None = None,
-    extra_keys: dict[str, float] | None = None,
+    extra_keys: dict[str, float | int] | None = None,
 ) -> Path:
     """A GGUF as llama.cpp's converter writes it: q/k rows permuted for llama, 2-D weights in `qtype`."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -115,7 +115,7 @@ def write_model_gguf(
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     for key, value in (extra_keys or {}).items():
-        w.add_float32(key, value)
+        w.add_uint32(key, value) if isinstance(value, int) else w.add_float32(key, value)
     for name, value in weights.items():
         if arch in PERMUTED and ".q_proj." in name:
             value = llama_cpp_permute(value, HEADS)
@@ -465,3 +465,52 @@ def test_a_smollm3_gguf_leaves_rope_out_of_every_fourth_layer_as_llama_cpp_does(
     assert config.architecture == "smollm3" and config.rotary_layers == (True,) * LAYERS  # 4th: none of 2
     name = "model.layers.1.self_attn.k_proj.weight"
     assert torch.equal(state[name], torch.from_numpy(weights[name]))  # un-permuted as llama's
+
+
+def gemma_gguf(path: Path, arch: str, rng: np.random.Generator, keys: dict) -> tuple[Path, dict[str, np.ndarray]]:
+    """A Gemma file as llama.cpp's converter writes it: four norms a layer (already 1 + w), per-head
+    q/k norms for Gemma 3, rows as in Hugging Face's files, tied embeddings."""
+    weights = random_hf_weights(rng, bias=False, tied=True)
+    extra = {}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        del weights[p + "input_layernorm.weight"], weights[p + "post_attention_layernorm.weight"]
+        names = ["attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"]
+        extra.update({f"blk.{i}.{n}.weight": rng.standard_normal(HIDDEN).astype(np.float32) for n in names})
+        if arch == "gemma3":
+            extra.update(
+                {f"blk.{i}.attn_{x}_norm.weight": rng.standard_normal(HEAD_DIM).astype(np.float32) for x in "qk"}
+            )
+    return write_model_gguf(path, arch, weights, extra_tensors=extra, extra_keys=keys), extra
+
+
+def test_a_gemma2_gguf_has_four_norms_soft_caps_and_alternating_windows(tmp_path: Path) -> None:
+    keys = {"gemma2.attention.sliding_window": 5, "gemma2.attn_logit_softcapping": 50.0}
+    keys["gemma2.final_logit_softcapping"] = 30.0
+    path, extra = gemma_gguf(tmp_path / "g.gguf", "gemma2", np.random.default_rng(13), keys)
+    config, state = load_gguf(path)
+    assert config.architecture == "gemma2" and config.norms_before and config.norms_after
+    assert (config.attention_softcap, config.logit_softcap, config.mlp_activation) == (50.0, 30.0, "gelu_tanh")
+    assert config.attention_windows == (5, 0)  # llama.cpp's pattern of two: the first layer windowed
+    assert config.embedding_multiplier == pytest.approx(HIDDEN**0.5)
+    assert config.attention_scale == pytest.approx(HEAD_DIM**-0.5)  # head_dim's, as llama.cpp takes it
+    for gguf_norm, hf_norm in [
+        ("ffn_norm", "pre_feedforward_layernorm"),
+        ("post_attention_norm", "post_attention_layernorm"),
+    ]:
+        assert torch.equal(
+            state[f"model.layers.1.{hf_norm}.weight"], torch.from_numpy(extra[f"blk.1.{gguf_norm}.weight"])
+        )
+
+
+def test_a_gemma3_gguf_gives_its_local_layers_their_own_rope_base(tmp_path: Path) -> None:
+    path, _ = gemma_gguf(
+        tmp_path / "g.gguf", "gemma3", np.random.default_rng(14), {"gemma3.attention.sliding_window": 7}
+    )
+    config, state = load_gguf(path)
+    assert (config.qk_norm, config.attention_softcap, config.logit_softcap) == ("head", 0.0, 0.0)
+    assert config.attention_windows == (7, 7)  # five local layers to a global one: both of two local
+    assert (config.window_rope_theta, config.rope_theta) == (10000.0, 500000.0)
+    keys = {"gemma3.attention.sliding_window": 7, "gemma3.rope.freq_base_swa": 20000.0}
+    config, _ = load_gguf(gemma_gguf(tmp_path / "h.gguf", "gemma3", np.random.default_rng(14), keys)[0])
+    assert config.window_rope_theta == 20000.0

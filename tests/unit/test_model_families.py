@@ -47,6 +47,43 @@ def test_sliding_windows_are_read_per_family():
         windows("mistral", sliding_window=8, layer_types=layer_types[:2])
 
 
+def test_gemma_windows_every_layer_but_each_patternth_unless_layer_types_say():
+    assert windows("gemma2", sliding_window=16) == (16, 0, 16, 0)
+    assert windows("gemma3_text", sliding_window=16, num_hidden_layers=7) == (16,) * 5 + (0, 16)
+    assert windows("gemma3_text", sliding_window=16, sliding_window_pattern=2) == (16, 0, 16, 0)
+    layer_types = ["full_attention", "sliding_attention"] * 2
+    assert windows("gemma3_text", sliding_window=16, layer_types=layer_types) == (0, 16, 0, 16)
+
+
+def gemma_config(model_type: str, **raw):
+    from shoal.model.hf_loader import config_from_hf
+
+    base = dict(vocab_size=32, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4)
+    return config_from_hf({**base, "head_dim": 16, **raw}, family_of_hf_model_type(model_type, "config.json"))
+
+
+def test_gemma_configs_carry_their_scales_caps_and_rope_bases():
+    config = gemma_config("gemma2", query_pre_attn_scalar=144, attn_logit_softcapping=50.0, sliding_window=8)
+    assert (config.attention_scale, config.attention_softcap, config.logit_softcap) == (144**-0.5, 50.0, 0.0)
+    assert config.embedding_multiplier == 8.0 and config.mlp_activation == "gelu_tanh"
+    assert config.norms_before and config.norms_after and config.window_rope_theta == 0.0
+    # Gemma 3 as its published config.json writes RoPE, and as transformers 5 does.
+    old = gemma_config(
+        "gemma3_text", rope_theta=1e6, rope_local_base_freq=1e4, rope_scaling={"rope_type": "linear", "factor": 8.0}
+    )
+    new = gemma_config(
+        "gemma3_text",
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+    )
+    for config in (old, new):
+        assert (config.rope_theta, config.window_rope_theta, config.rope_scaling.factor) == (1e6, 1e4, 8.0)
+    with pytest.raises(ValueError, match="MLP activation 'relu'"):
+        gemma_config("gemma2", hidden_activation="relu")
+
+
 def test_smollm3_leaves_rope_out_of_every_fourth_layer_unless_it_names_them():
     rotary = family_of_hf_model_type("smollm3", "config.json").rotary
     assert rotary({"num_hidden_layers": 8}) == (True, True, True, False) * 2
@@ -59,7 +96,9 @@ def test_tensor_parallelism_refuses_norms_over_whole_projections():
     from shoal.model.config import LlamaConfig
     from shoal.model.sharding import check_shardable
 
-    config = LlamaConfig(64, 64, 96, 2, 4, 2, 16, qk_norm="projection", norms_after=True, architecture="olmo2")
+    config = LlamaConfig(
+        64, 64, 96, 2, 4, 2, 16, qk_norm="projection", norms_before=False, norms_after=True, architecture="olmo2"
+    )
     check_shardable(config, 1)
     with pytest.raises(ValueError, match="olmo2's norms over whole q/k projections"):
         check_shardable(config, 2)

@@ -56,10 +56,18 @@ class LlamaConfig:
     # RMSNorm of the queries and keys before RoPE: "head" per head, weights q_norm and k_norm [head_dim]
     # (Qwen3); "projection" over each whole projection, [heads * head_dim] (OLMo 2); "" none.
     qk_norm: str = ""
-    # The attention and MLP outputs are normalised before the residual add (post_attention_layernorm,
-    # post_feedforward_layernorm) and their inputs are not (OLMo 2); else the inputs are
-    # (input_layernorm, post_attention_layernorm).
+    # Where the layer's RMSNorms sit (layout.layer_norm_names): before attention and the MLP (Llama),
+    # after them, on their outputs before the residual add (OLMo 2), or both (Gemma).
+    norms_before: bool = True
     norms_after: bool = False
+    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh approximation).
+    mlp_activation: str = "silu"
+    # Gemma 2's soft caps: scores and logits become cap * tanh(x / cap); 0 for none.
+    attention_softcap: float = 0.0
+    logit_softcap: float = 0.0
+    # The RoPE base of the sliding-window layers (Gemma 3's local layers, without scaling); 0: those
+    # layers rotate as the others do.
+    window_rope_theta: float = 0.0
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -87,6 +95,12 @@ class LlamaConfig:
             raise ValueError(f"qk_norm must be '', 'head' or 'projection', not {self.qk_norm!r}")
         if self.rotary_layers and len(self.rotary_layers) != self.num_layers:
             raise ValueError(f"{len(self.rotary_layers)} rotary flags for {self.num_layers} layers")
+        if not (self.norms_before or self.norms_after):
+            raise ValueError("a layer needs its norms before or after attention and the MLP")
+        if self.mlp_activation not in ("silu", "gelu_tanh"):
+            raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', not {self.mlp_activation!r}")
+        if self.attention_softcap < 0 or self.logit_softcap < 0:
+            raise ValueError("soft caps must be 0 (none) or positive")
         if len(set(self.attention_windows) - {0}) > 1:
             raise ValueError(f"one sliding window size per model, not {sorted(set(self.attention_windows) - {0})}")
 
@@ -102,15 +116,9 @@ class LlamaConfig:
 
     @property
     def fused_layer_runs_it(self) -> bool:
-        """Whether the fused native layer runs this model's layers: norms before attention and MLP,
-        q/k norms (if any) per head, scores scaled by head_dim ** -0.5 and outputs added to the
-        residual as they are."""
-        return (
-            not self.norms_after
-            and self.qk_norm != "projection"
-            and self.attention_multiplier is None
-            and self.residual_multiplier == 1.0
-        )
+        """Whether the fused native layer runs this model's layers: any but those with q/k norms over
+        whole projections (OLMo 2)."""
+        return self.qk_norm != "projection"
 
     def rotary(self, layer: int) -> bool:
         """Whether layer `layer` applies RoPE to its queries and keys."""

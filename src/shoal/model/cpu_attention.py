@@ -17,6 +17,7 @@ def row_paged_attention(
     meta: AttentionMetadata,
     scale: float,
     window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """Same contract as `tiled_paged_attention`: q [T, H, D] rotated; returns [T, H * D] in q's dtype."""
     k_cache, v_cache = cache
@@ -29,5 +30,6 @@ def row_paged_attention(
         meta.token_positions,
         scale,
         window,
+        softcap,
     )
     return out.view(q.shape[0], -1).to(q.dtype)

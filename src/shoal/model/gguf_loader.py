@@ -156,37 +156,43 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
     rope_dim = meta.get(f"{arch}.rope.dimension_count")
     if rope_dim is not None and int(rope_dim) != head_dim:
         raise ModelLoadError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+    layers = int(need("block_count"))
+    # The keys of config.json a family's window and RoPE rules read, as the file states them.
+    hf_like = {"num_hidden_layers": layers, "sliding_window": meta.get(f"{arch}.attention.sliding_window")}
     eos_ids = [
         meta[key]
         for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id")
         if key in meta
     ]
+    fields: dict[str, Any] = dict(
+        vocab_size=int(tensors["token_embd.weight"].shape[1]),
+        hidden_size=hidden,
+        intermediate_size=_uniform(need("feed_forward_length"), f"{arch}.feed_forward_length"),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
+        rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
+        rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        qk_norm=family.qk_norm,
+        norms_before=family.norms_before,
+        norms_after=family.norms_after,
+        attention_windows=family.windows(hf_like),
+        rotary_layers=family.rotary(hf_like),
+        embedding_multiplier=_f32(meta.get(f"{arch}.embedding_scale", 1.0)),
+        residual_multiplier=_f32(meta.get(f"{arch}.residual_scale", 1.0)),
+        attention_multiplier=_f32(meta[f"{arch}.attention.scale"]) if f"{arch}.attention.scale" in meta else None,
+        logits_scaling=_f32(meta.get(f"{arch}.logit_scale", 1.0)),
+        tie_word_embeddings="output.weight" not in tensors,
+        bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids)),
+        architecture=family.name,
+    )
     try:
-        return LlamaConfig(
-            vocab_size=int(tensors["token_embd.weight"].shape[1]),
-            hidden_size=hidden,
-            intermediate_size=_uniform(need("feed_forward_length"), f"{arch}.feed_forward_length"),
-            num_layers=int(need("block_count")),
-            num_heads=heads,
-            num_kv_heads=kv_heads,
-            head_dim=head_dim,
-            max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
-            rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-            rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
-            attention_bias="blk.0.attn_q.bias" in tensors,
-            qk_norm=family.qk_norm,
-            norms_after=family.norms_after,
-            rotary_layers=family.rotary({"num_hidden_layers": int(need("block_count"))}),
-            embedding_multiplier=_f32(meta.get(f"{arch}.embedding_scale", 1.0)),
-            residual_multiplier=_f32(meta.get(f"{arch}.residual_scale", 1.0)),
-            attention_multiplier=_f32(meta[f"{arch}.attention.scale"]) if f"{arch}.attention.scale" in meta else None,
-            logits_scaling=_f32(meta.get(f"{arch}.logit_scale", 1.0)),
-            tie_word_embeddings="output.weight" not in tensors,
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids)),
-            architecture=family.name,
-        )
+        return LlamaConfig(**{**fields, **family.gguf_settings(meta, arch, fields)})
     except ValueError as exc:
         raise ModelLoadError(f"inconsistent GGUF architecture metadata: {exc}") from exc
 

@@ -56,12 +56,16 @@ def generation_eos_ids(model_dir: Path) -> list[int]:
 def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
     """The LlamaConfig of a Hugging Face config.json dict of a model of `family`."""
     heads = raw["num_attention_heads"]
-    rope = dict(raw.get("rope_scaling") or raw.get("rope_parameters") or {})
+    rope_parameters = raw.get("rope_parameters") or {}
+    # transformers 5 gives models with two kinds of layers their RoPE per kind (Gemma 3); the
+    # windowed layers' own base is the family's setting (window_rope_theta).
+    rope_parameters = rope_parameters.get("full_attention", rope_parameters)
+    rope = dict(raw.get("rope_scaling") or rope_parameters)
     if "partial_rotary_factor" in raw:  # older configs state it beside the rope settings
         rope.setdefault("partial_rotary_factor", raw["partial_rotary_factor"])
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    return LlamaConfig(
+    fields: dict[str, Any] = dict(
         vocab_size=raw["vocab_size"],
         hidden_size=raw["hidden_size"],
         intermediate_size=raw["intermediate_size"],
@@ -71,10 +75,11 @@ def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
         head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
-        rope_theta=raw.get("rope_theta", (raw.get("rope_parameters") or {}).get("rope_theta", 10000.0)),
+        rope_theta=raw.get("rope_theta", rope_parameters.get("rope_theta", 10000.0)),
         rope_scaling=RopeScaling.from_hf(rope),
         attention_bias=raw.get("attention_bias", family.attention_bias),
         qk_norm=family.qk_norm,
+        norms_before=family.norms_before,
         norms_after=family.norms_after,
         tie_word_embeddings=raw.get("tie_word_embeddings", False),
         bos_token_id=raw.get("bos_token_id"),
@@ -87,6 +92,7 @@ def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
         attention_multiplier=raw.get("attention_multiplier"),
         logits_scaling=raw.get("logits_scaling", 1.0),
     )
+    return LlamaConfig(**{**fields, **family.hf_settings(raw)})
 
 
 def load_hf_config(model_dir: str | Path) -> LlamaConfig:
@@ -139,6 +145,8 @@ def load_hf_state_dict(
                 for name in shard.keys():
                     if name in wanted or name.endswith(family.fused_tensors):
                         for piece, tensor in family.unfuse(name, shard.get_tensor(name), config).items():
+                            if family.norm_offset and piece.endswith("norm.weight"):
+                                tensor = tensor.float() + family.norm_offset
                             weights[piece] = tensor.to(dtype).contiguous()
         except (OSError, ValueError, RuntimeError) as exc:
             raise ModelLoadError(f"cannot read safetensors file {path}: {exc}") from exc

@@ -3,11 +3,37 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 import torch
 
 from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
+
+
+@dataclass(frozen=True)
+class LayerNorms:
+    """The names of a layer's RMSNorm weights by place (None where the model has none): before and
+    after attention, before and after the MLP."""
+
+    before_attention: str | None
+    after_attention: str | None
+    before_mlp: str | None
+    after_mlp: str | None
+
+    def names(self) -> list[str]:
+        return [n for n in (self.before_attention, self.after_attention, self.before_mlp, self.after_mlp) if n]
+
+
+def layer_norms(config: LlamaConfig) -> LayerNorms:
+    """Llama: input_layernorm, post_attention_layernorm (before the MLP). OLMo 2:
+    post_attention_layernorm and post_feedforward_layernorm (after each). Gemma, both: the MLP's
+    input norm is then pre_feedforward_layernorm."""
+    if not config.norms_after:
+        return LayerNorms("input_layernorm", None, "post_attention_layernorm", None)
+    before_mlp = "pre_feedforward_layernorm" if config.norms_before else None
+    before_attention = "input_layernorm" if config.norms_before else None
+    return LayerNorms(before_attention, "post_attention_layernorm", before_mlp, "post_feedforward_layernorm")
 
 
 def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
@@ -24,7 +50,6 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
         p = f"model.layers.{i}."
         shapes.update(
             {
-                p + "post_attention_layernorm.weight": (hidden,),
                 p + "self_attn.q_proj.weight": (q_rows, hidden),
                 p + "self_attn.k_proj.weight": (kv_rows, hidden),
                 p + "self_attn.v_proj.weight": (kv_rows, hidden),
@@ -34,8 +59,7 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                 p + "mlp.down_proj.weight": (hidden, inter),
             }
         )
-        other_norm = "post_feedforward_layernorm" if config.norms_after else "input_layernorm"
-        shapes[f"{p}{other_norm}.weight"] = (hidden,)
+        shapes.update({f"{p}{norm}.weight": (hidden,) for norm in layer_norms(config).names()})
         if config.qk_norm:
             per_head = config.qk_norm == "head"
             shapes[p + "self_attn.q_norm.weight"] = (config.head_dim if per_head else q_rows,)

@@ -25,6 +25,7 @@ from torch import nn
 from shoal.model.config import LlamaConfig
 from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
+from shoal.model.layout import layer_norms
 from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.quantized_weight import QuantizedWeight
@@ -34,7 +35,12 @@ from shoal.model.sharding import TensorParallel, shard_weights
 KVCache = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
 
-AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int], torch.Tensor]
+AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int, float], torch.Tensor]
+# The MLP's gate activations (LlamaConfig.mlp_activation).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": nn.functional.silu,
+    "gelu_tanh": functools.partial(nn.functional.gelu, approximate="tanh"),
+}
 
 
 def kv_bytes_per_token_per_layer(config: LlamaConfig, bytes_per_value: int) -> int:
@@ -71,6 +77,7 @@ class DecoderLayer:
         attention's sliding window, 0 for none; rotary: whether it applies RoPE."""
         self.config = config
         self.attention = attention
+        self.rope = rope
         self.window = window
         self.rotary = rotary
         self.tensor_parallel = tensor_parallel
@@ -94,13 +101,15 @@ class DecoderLayer:
             [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]], None, tile_rows, prepack
         )
         self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
-        # Before attention and MLP (Llama), or after them (norms_after: OLMo 2).
-        first, second = (
-            ("post_attention_layernorm", "post_feedforward_layernorm")
-            if config.norms_after
-            else ("input_layernorm", "post_attention_layernorm")
-        )
-        self.first_norm, self.second_norm = weights[f"{prefix}{first}.weight"], weights[f"{prefix}{second}.weight"]
+        norms = layer_norms(config)
+
+        def norm(name: str | None) -> torch.Tensor | None:
+            return weights[f"{prefix}{name}.weight"] if name else None
+
+        self.before_attention, self.after_attention = norm(norms.before_attention), norm(norms.after_attention)
+        self.before_mlp, self.after_mlp = norm(norms.before_mlp), norm(norms.after_mlp)
+        self.activation = ACTIVATIONS[config.mlp_activation]
+        self.norms = (self.before_attention, self.after_attention, self.before_mlp, self.after_mlp)
         self.qk_norms = (weights[attn + "q_norm.weight"], weights[attn + "k_norm.weight"]) if config.qk_norm else None
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
@@ -108,10 +117,10 @@ class DecoderLayer:
         projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
         if fuse and config.fused_layer_runs_it and all(p.backend == "native" for p in projections):
+            none = torch.empty(0)
             self.native = torch.classes.shoal.DecoderLayer(
                 *(p.packed for p in projections),
-                self.first_norm,
-                self.second_norm,
+                [none if n is None else n for n in self.norms],
                 rope.cos,
                 rope.signed_sin,
                 config.num_heads,
@@ -119,8 +128,12 @@ class DecoderLayer:
                 config.head_dim,
                 config.rms_norm_eps,
                 window,
-                *(self.qk_norms or (torch.empty(0), torch.empty(0))),
+                *(self.qk_norms or (none, none)),
                 rotary,
+                self.scale,
+                config.attention_softcap,
+                config.mlp_activation == "gelu_tanh",
+                config.residual_multiplier,
             )
         # This rank's columns of the hidden state (the outputs of its o_proj and down_proj).
         self.hidden_columns = slice(*tensor_parallel.split(model_config.hidden_size)) if tensor_parallel else None
@@ -136,7 +149,7 @@ class DecoderLayer:
             return self._native_forward(hidden, cache, meta)
         cfg, eps = self.config, self.config.rms_norm_eps
         tokens = hidden.shape[0]
-        qkv = self.qkv(hidden if cfg.norms_after else rms_norm(hidden, self.first_norm, eps))
+        qkv = self.qkv(self._normed(hidden, self.before_attention))
         qk = qkv[:, : self.q_size + self.kv_size]
         if self.qk_norms is not None:
             q_norm, k_norm = self.qk_norms
@@ -152,27 +165,38 @@ class DecoderLayer:
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
-        heads = self._gathered(self.attention(q, cache, meta, self.scale, self.window), "heads")
-        hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.first_norm)
-        gate, up = self.gate_up(hidden if cfg.norms_after else rms_norm(hidden, self.second_norm, eps)).chunk(2, dim=1)
-        activation = self._gathered(nn.functional.silu(gate) * up, "intermediate")
-        return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.second_norm)
+        attended = self.attention(q, cache, meta, self.scale, self.window, cfg.attention_softcap)
+        heads = self._gathered(attended, "heads")
+        hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.after_attention)
+        gate, up = self.gate_up(self._normed(hidden, self.before_mlp)).chunk(2, dim=1)
+        activation = self._gathered(self.activation(gate) * up, "intermediate")
+        return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.after_mlp)
 
-    def _joining(self, output: torch.Tensor, norm: torch.Tensor) -> torch.Tensor:
-        """An attention or MLP output as it joins the residual stream: normalised (norms_after) and
-        times Granite's residual multiplier."""
-        cfg = self.config
-        output = rms_norm(output, norm, cfg.rms_norm_eps) if cfg.norms_after else output
-        return output if cfg.residual_multiplier == 1.0 else output * cfg.residual_multiplier
+    def _normed(self, hidden: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+        """An attention or MLP input: normalised where the model has a norm before it."""
+        return hidden if norm is None else rms_norm(hidden, norm, self.config.rms_norm_eps)
+
+    def _joining(self, output: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+        """An attention or MLP output as it joins the residual stream: normalised where the model
+        has a norm after it, and times Granite's residual multiplier."""
+        output = self._normed(output, norm)
+        multiplier = self.config.residual_multiplier
+        return output if multiplier == 1.0 else output * multiplier
 
     def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
         if self.tensor_parallel is None:
             return self.native.forward(hidden, *layout)
-        heads = self._gathered(self.native.attention(hidden, *layout), "heads")
-        hidden = self._gathered(self.native.output(heads, hidden[:, self.hidden_columns]), "hidden")
-        activation = self._gathered(self.native.mlp(hidden), "intermediate")
-        return self._gathered(self.native.down(activation, hidden[:, self.hidden_columns]), "hidden")
+        native, columns = self.native, self.hidden_columns
+        heads = self._gathered(native.attention(hidden, *layout), "heads")
+        if self.config.norms_after:  # normalised over whole rows: gathered, then joined
+            hidden = native.join_attention(self._gathered(native.project_output(heads), "hidden"), hidden)
+        else:
+            hidden = self._gathered(native.output(heads, hidden[:, columns]), "hidden")
+        activation = self._gathered(native.mlp(hidden), "intermediate")
+        if self.config.norms_after:
+            return native.join_mlp(self._gathered(native.project_down(activation), "hidden"), hidden)
+        return self._gathered(native.down(activation, hidden[:, columns]), "hidden")
 
     def _gathered(self, part: torch.Tensor, columns: str) -> torch.Tensor:
         """This rank's columns of an activation joined with every other rank's (itself without TP)."""
@@ -224,6 +248,10 @@ class LlamaModel:
         attention = self._pick_attention(attention_kernel)
         self.attention_uses_tiles = attention is tiled_paged_attention
         self.rope = RotaryEmbedding(config).to(self.device)
+        # Gemma 3's local layers rotate by a base of their own.
+        self.window_rope = (
+            RotaryEmbedding(config, for_windows=True).to(self.device) if config.window_rope_theta else None
+        )
         if not config.fused_layer_runs_it and not self.attention_uses_tiles:
             log.info("%s: the layers run their torch path, not the fused native layer", config.architecture)
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
@@ -237,7 +265,7 @@ class LlamaModel:
                 attention,
                 model_config,
                 tensor_parallel,
-                self.rope,
+                self.window_rope if self.window_rope is not None and config.window(i) else self.rope,
                 fuse=not self.attention_uses_tiles,
                 window=config.window(i),
                 rotary=config.rotary(i),
@@ -284,9 +312,11 @@ class LlamaModel:
                 hidden = hidden * self.config.embedding_multiplier
         else:
             hidden = inputs.to(self.dtype)
-        rope_tables = self.rope.tables(positions)
+        tables = {id(self.rope): self.rope.tables(positions)}
+        if self.window_rope is not None:
+            tables[id(self.window_rope)] = self.window_rope.tables(positions)
         for layer, cache in zip(self.layers, caches):
-            hidden = layer.forward(hidden, rope_tables, cache, meta)
+            hidden = layer.forward(hidden, tables[id(layer.rope)], cache, meta)
         return hidden
 
     @torch.inference_mode()
@@ -301,6 +331,9 @@ class LlamaModel:
         logits = self.lm_head(normed).float()
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
+        if self.config.logit_softcap:
+            cap = self.config.logit_softcap
+            logits = torch.tanh(logits / cap) * cap
         if self.tensor_parallel is None:
             return logits
         return self.tensor_parallel.all_gather_columns(logits, self.config.vocab_size)

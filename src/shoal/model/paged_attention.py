@@ -143,10 +143,16 @@ def write_kv(
 
 
 def tiled_paged_attention(
-    q: torch.Tensor, cache: tuple[torch.Tensor, torch.Tensor], meta: AttentionMetadata, scale: float, window: int = 0
+    q: torch.Tensor,
+    cache: tuple[torch.Tensor, torch.Tensor],
+    meta: AttentionMetadata,
+    scale: float,
+    window: int = 0,
+    softcap: float = 0.0,
 ) -> torch.Tensor:
     """q: [T, H, D] (already rotated). Returns [T, H * D] in q's dtype; math in float32. `window`: the
-    layer's sliding window (0: none), the one `meta` was built for.
+    layer's sliding window (0: none), the one `meta` was built for; `softcap`: scaled scores become
+    softcap * tanh(score / softcap) before the mask (0: none).
 
     Shapes: W tiles of R rows, B blocks of bs keys. Batch dims are ordered (W, B, Hkv) so the
     gathered cache blocks feed the multiplies without being copied into another layout.
@@ -160,7 +166,10 @@ def tiled_paged_attention(
     if window and window != meta.window:
         raise ValueError(f"a layer with a window of {window} in a step built for {meta.window}")
     score_bias = meta.window_score_bias if window else meta.score_bias
-    scores = torch.matmul(tiles, keys.transpose(-1, -2)).mul_(scale).add_(score_bias)  # [W, B, Hkv, R, bs]
+    scores = torch.matmul(tiles, keys.transpose(-1, -2)).mul_(scale)  # [W, B, Hkv, R, bs]
+    if softcap:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    scores = scores.add_(score_bias)
     probs = scores.sub_(scores.amax(dim=(1, 4), keepdim=True)).exp_()
     values = v_cache[meta.tile_blocks].float()  # [W, B, Hkv, bs, D + 1]
     weighted = torch.matmul(probs, values).cumsum(1)[:, -1]  # [W, Hkv, R, D + 1]; last column: softmax sum

@@ -46,13 +46,16 @@ class RotaryEmbedding(torch.nn.Module):
     """Precomputed cos and sign-folded sin tables indexed by absolute position.
 
     Uses the Hugging Face half-split layout (rotate_half), which is the layout all loaders produce.
+    for_windows: the tables of the sliding-window layers where the model gives them their own base
+    (config.window_rope_theta, unscaled).
     """
 
-    def __init__(self, config: LlamaConfig):
+    def __init__(self, config: LlamaConfig, for_windows: bool = False):
         super().__init__()
-        inv_freq = inverse_frequencies(
-            config.head_dim, config.rope_theta, config.rope_scaling, config.max_position_embeddings
-        )
+        theta, scaling = config.rope_theta, config.rope_scaling
+        if for_windows and config.window_rope_theta:
+            theta, scaling = config.window_rope_theta, RopeScaling()
+        inv_freq = inverse_frequencies(config.head_dim, theta, scaling, config.max_position_embeddings)
         positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
         emb = torch.cat([freqs, freqs], dim=-1)

@@ -1,11 +1,13 @@
-// One Llama decoder layer on CPUs, with no Python between its operations:
+// One decoder layer on CPUs, with no Python between its operations:
 //
-//   attention: RMSNorm -> QKV projection -> (per-head q/k RMSNorm) -> RoPE on q and k -> K/V written
-//              to the paged cache ->
-//              paged attention                                        (this rank's heads)
-//   output:    residual + O projection                                 (fused into its epilogue)
-//   mlp:       RMSNorm -> gate/up projection -> SiLU(gate) * up        (this rank's columns)
-//   down:      residual + down projection
+//   attention: (RMSNorm) -> QKV projection -> (per-head q/k RMSNorm) -> (RoPE on q and k) -> K/V
+//              written to the paged cache ->
+//              paged attention, scaled and soft-capped                 (this rank's heads)
+//   output:    residual + O projection                                 (fused into its epilogue), or
+//              residual + (RMSNorm of O) x multiplier                  (norms after: Gemma; Granite)
+//   mlp:       (RMSNorm) -> gate/up projection -> act(gate) * up       (SiLU or GELU-tanh; this
+//                                                                       rank's columns)
+//   down:      as output, with the down projection
 //
 // forward() runs the four segments in turn; a tensor-parallel layer calls them one by one and
 // gathers between them (model/sharding.py), so both compute the same bits. Every element is a fixed
@@ -170,15 +172,21 @@ void rotate_and_store(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_he
   });
 }
 
-// out[t, j] = round(round(silu(gate[t, j])) * up[t, j]) for gate_up [T, 2I] = [gate | up], out [T, I];
-// silu(g) = g / (1 + e^-g), 16 lanes at a time (a row's last lanes through a padded copy).
+// The MLP's gate activation on 16 lanes: silu(g) = g / (1 + e^-g), or GELU's tanh approximation
+// g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))).
+inline Vec activate(Vec g, bool gelu) {
+  if (!gelu) return Vec::div(g, Vec::add(Vec::broadcast(1.f), exp(Vec::sub(Vec::zero(), g))));
+  const Vec cubic = Vec::mul(Vec::mul(Vec::mul(g, g), g), Vec::broadcast(0.044715f));
+  const Vec inner = Vec::mul(Vec::add(g, cubic), Vec::broadcast(0.7978845608028654f));
+  return Vec::mul(Vec::mul(g, Vec::broadcast(0.5f)), Vec::add(Vec::broadcast(1.f), tanh(inner)));
+}
+
+// out[t, j] = round(round(act(gate[t, j])) * up[t, j]) for gate_up [T, 2I] = [gate | up], out [T, I];
+// 16 lanes at a time (a row's last lanes through a padded copy).
 template <typename T>
-void silu_and_multiply(const T* gate_up, int64_t tokens, int64_t width, T* out) {
+void activate_and_multiply(const T* gate_up, int64_t tokens, int64_t width, bool gelu, T* out) {
   using E = Element<T>;
-  auto lanes_of = [](Vec g, Vec up) {
-    const Vec activated = E::round16(Vec::div(g, Vec::add(Vec::broadcast(1.f), exp(Vec::sub(Vec::zero(), g)))));
-    return Vec::mul(activated, up);
-  };
+  auto lanes_of = [gelu](Vec g, Vec up) { return Vec::mul(E::round16(activate(g, gelu)), up); };
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* gate = gate_up + t * 2 * width;
@@ -193,6 +201,26 @@ void silu_and_multiply(const T* gate_up, int64_t tokens, int64_t width, T* out) 
         for (int64_t l = 0; j + l < width; ++l) E::write(o + j + l, r[l]);
       }
     }
+  });
+}
+
+// out[t] = round(residual[t] + round(x[t] * multiplier)) (without the inner rounding where the
+// multiplier is 1), x [T, N] contiguous, residual and out [T, >= N] with their own row strides.
+template <typename T>
+void add_to_residual(const T* x, const T* residual, int64_t ldr, float multiplier, T* out, int64_t ldo,
+                     int64_t tokens, int64_t width) {
+  using E = Element<T>;
+  at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t c = 0; c < width; ++c) {
+        float value = E::read(x + t * width + c);
+        if (multiplier != 1.f) {
+          T scaled;
+          E::write(&scaled, value * multiplier);
+          value = E::read(&scaled);
+        }
+        E::write(out + t * ldo + c, E::read(residual + t * ldr + c) + value);
+      }
   });
 }
 
@@ -214,19 +242,21 @@ at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, dou
 
 // A decoder layer's weights and shape; see the file header. `qkv`, `o`, `gate_up` and `down` hold
 // this rank's output columns (all of them without tensor parallelism), the norms and RoPE tables
-// (cos and signed sin, [positions, D] float32) are whole.
+// (cos and signed sin, [positions, D] float32) are whole. `norms` are the RMSNorm weights before
+// attention, after it, before the MLP and after it, each [hidden] or empty (none there); a norm
+// after attention or the MLP covers whole rows, so under tensor parallelism such a layer projects,
+// gathers and joins in separate calls. `scale` multiplies the scores, `softcap` caps them (0: none), `gelu` picks GELU-tanh
+// over SiLU, and `residual_multiplier` scales each output before it joins the residual.
 struct DecoderLayerCpu : torch::CustomClassHolder {
   DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
                   c10::intrusive_ptr<PackedLinear> gate_up, c10::intrusive_ptr<PackedLinear> down,
-                  at::Tensor input_norm, at::Tensor post_attention_norm, at::Tensor cos, at::Tensor signed_sin,
-                  int64_t heads, int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm,
-                  at::Tensor k_norm, bool rotary)
+                  std::vector<at::Tensor> norms, at::Tensor cos, at::Tensor signed_sin, int64_t heads,
+                  int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm, at::Tensor k_norm,
+                  bool rotary, double scale, double softcap, bool gelu, double residual_multiplier)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
         gate_up_(std::move(gate_up)),
         down_(std::move(down)),
-        input_norm_(input_norm.contiguous()),
-        post_attention_norm_(post_attention_norm.contiguous()),
         cos_(cos.contiguous()),
         signed_sin_(signed_sin.contiguous()),
         heads_(heads),
@@ -236,7 +266,15 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         window_(window),
         q_norm_(q_norm.contiguous()),
         k_norm_(k_norm.contiguous()),
-        rotary_(rotary) {
+        rotary_(rotary),
+        scale_(scale),
+        softcap_(softcap),
+        gelu_(gelu),
+        residual_multiplier_(static_cast<float>(residual_multiplier)) {
+    TORCH_CHECK(norms.size() == 4, "DecoderLayer: four norms (before and after attention and the MLP), empty or not");
+    for (auto& norm : norms) norm = norm.contiguous();
+    before_attention_norm_ = norms[0], after_attention_norm_ = norms[1];
+    before_mlp_norm_ = norms[2], after_mlp_norm_ = norms[3];
     TORCH_CHECK(qkv_->out_features() == (heads + 2 * kv_heads) * head_dim, "DecoderLayer: qkv has ",
                 qkv_->out_features(), " outputs, not (", heads, " + 2 x ", kv_heads, ") x ", head_dim);
     TORCH_CHECK(gate_up_->out_features() % 2 == 0, "DecoderLayer: gate_up must have an even number of outputs");
@@ -269,7 +307,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     const int64_t cache_rows = k_cache.numel() / dim_;
     for (int64_t i = 0; i < tokens * kv_heads_; ++i)
       TORCH_CHECK(slots[i] >= 0 && slots[i] < cache_rows, "DecoderLayer: slot row ", slots[i], " is outside the cache");
-    const at::Tensor qkv = qkv_->forward(normed(hidden, input_norm_));
+    const at::Tensor qkv = qkv_->forward(normed(hidden, before_attention_norm_));
     auto q = at::empty({tokens, heads_, dim_}, hidden.options().dtype(at::kFloat));
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
@@ -285,7 +323,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
                           q.data_ptr<float>(), rotary_);
     });
     auto out = at::empty({tokens, heads_ * dim_}, hidden.options());
-    paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, 1.0 / std::sqrt(dim_), window_,
+    paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale_, window_, softcap_,
                          out);
     return out;
   }
@@ -293,24 +331,36 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   // residual + O(heads), for the attention output of every head [T, all heads * D] and residual
   // [T, O's outputs] (this rank's columns of the hidden state).
   at::Tensor output(const at::Tensor& heads, const at::Tensor& residual) const {
-    return plus_projection(*o_, heads, residual);
+    return joined(*o_, heads, after_attention_norm_, residual);
   }
 
-  // SiLU(gate) * up [T, this rank's intermediate columns] for hidden [T, hidden].
+  // Under tensor parallelism with norms after attention and the MLP, which need whole rows: this
+  // rank's columns of the O (down) projection, and, once gathered, the residual plus their norm
+  // times the multiplier; the same operations output() and down() run in one process.
+  at::Tensor project_output(const at::Tensor& heads) const { return o_->forward(heads); }
+  at::Tensor join_attention(const at::Tensor& part, const at::Tensor& residual) const {
+    return join(part, after_attention_norm_, residual);
+  }
+  at::Tensor project_down(const at::Tensor& activation) const { return down_->forward(activation); }
+  at::Tensor join_mlp(const at::Tensor& part, const at::Tensor& residual) const {
+    return join(part, after_mlp_norm_, residual);
+  }
+
+  // act(gate) * up [T, this rank's intermediate columns] for hidden [T, hidden].
   at::Tensor mlp(const at::Tensor& hidden) const {
-    const at::Tensor gate_up = gate_up_->forward(normed(hidden, post_attention_norm_));
+    const at::Tensor gate_up = gate_up_->forward(normed(hidden, before_mlp_norm_));
     const int64_t width = gate_up_->out_features() / 2;
     auto out = at::empty({hidden.size(0), width}, hidden.options());
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      silu_and_multiply<T>(gate_up.data_ptr<T>(), hidden.size(0), width, out.data_ptr<T>());
+      activate_and_multiply<T>(gate_up.data_ptr<T>(), hidden.size(0), width, gelu_, out.data_ptr<T>());
     });
     return out;
   }
 
   // residual + down(activation), for the activation of every intermediate column.
   at::Tensor down(const at::Tensor& activation, const at::Tensor& residual) const {
-    return plus_projection(*down_, activation, residual);
+    return joined(*down_, activation, after_mlp_norm_, residual);
   }
 
   // The whole layer without tensor parallelism: hidden [T, hidden] -> [T, hidden].
@@ -323,23 +373,54 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   }
 
  private:
+  // The RMSNorm of hidden's rows by `weight`, or hidden itself where the weight is empty.
   at::Tensor normed(const at::Tensor& hidden, const at::Tensor& weight) const {
-    return rms_norm_rows(hidden, weight, eps_);
+    return weight.numel() == 0 ? hidden : rms_norm_rows(hidden, weight, eps_);
   }
 
-  static at::Tensor plus_projection(const PackedLinear& projection, const at::Tensor& x, const at::Tensor& residual) {
-    auto out = at::empty({x.size(0), projection.out_features()}, x.options());
-    projection.forward_into(x, out, 0, residual);
+  // residual + the projection of x, normalised by `after_norm` (if not empty) and times the
+  // residual multiplier; the residual add is the projection's epilogue where neither applies.
+  at::Tensor joined(const PackedLinear& projection, const at::Tensor& x, const at::Tensor& after_norm,
+                    const at::Tensor& residual) const {
+    if (after_norm.numel() == 0 && residual_multiplier_ == 1.f) {
+      auto out = at::empty({x.size(0), projection.out_features()}, x.options());
+      projection.forward_into(x, out, 0, residual);
+      return out;
+    }
+    return join(projection.forward(x), after_norm, residual);
+  }
+
+  // residual + (the RMSNorm of part by `after_norm`, if not empty) x the residual multiplier.
+  at::Tensor join(const at::Tensor& part, const at::Tensor& after_norm, const at::Tensor& residual) const {
+    const int64_t tokens = part.size(0), width = part.size(1);
+    TORCH_CHECK(part.is_contiguous() && part.scalar_type() == residual.scalar_type(),
+                "DecoderLayer: a projection's output must be contiguous, in the residual's dtype");
+    TORCH_CHECK(residual.dim() == 2 && residual.size(0) == tokens && residual.size(1) == width &&
+                    residual.stride(1) == 1,
+                "DecoderLayer: the residual must be [T, outputs] with unit column stride");
+    TORCH_CHECK(after_norm.numel() == 0 || after_norm.size(0) == width,
+                "DecoderLayer: a norm after a projection covers whole rows (gathered under tensor parallelism)");
+    const at::Tensor normalised = normed(part, after_norm);
+    auto out = at::empty({tokens, width}, part.options());
+    for_each_dtype(part.scalar_type(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      add_to_residual<T>(normalised.data_ptr<T>(), residual.data_ptr<T>(), residual.stride(0), residual_multiplier_,
+                         out.data_ptr<T>(), out.stride(0), tokens, width);
+    });
     return out;
   }
 
   c10::intrusive_ptr<PackedLinear> qkv_, o_, gate_up_, down_;
-  at::Tensor input_norm_, post_attention_norm_, cos_, signed_sin_;
+  at::Tensor before_attention_norm_, after_attention_norm_, before_mlp_norm_, after_mlp_norm_;
+  at::Tensor cos_, signed_sin_;
   int64_t heads_, kv_heads_, dim_;
   float eps_;
   int64_t window_;  // the attention's sliding window (paged_attention_into), 0 for none
   at::Tensor q_norm_, k_norm_;  // per-head q and k RMSNorm weights [D], or empty
   bool rotary_;                 // whether the layer applies RoPE
+  double scale_, softcap_;      // of the attention scores (paged_attention_into)
+  bool gelu_;                   // GELU-tanh gates the MLP, else SiLU
+  float residual_multiplier_;   // each output's factor before the residual add
 };
 
 }  // namespace shoal
@@ -347,13 +428,17 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
-                       c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>, at::Tensor,
-                       at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t, at::Tensor,
-                       at::Tensor, bool>())
+                       c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
+                       std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t,
+                       at::Tensor, at::Tensor, bool, double, double, bool, double>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)
       .def("down", &shoal::DecoderLayerCpu::down)
+      .def("project_output", &shoal::DecoderLayerCpu::project_output)
+      .def("join_attention", &shoal::DecoderLayerCpu::join_attention)
+      .def("project_down", &shoal::DecoderLayerCpu::project_down)
+      .def("join_mlp", &shoal::DecoderLayerCpu::join_mlp)
       .def("forward", &shoal::DecoderLayerCpu::forward);
   m.def("rms_norm_rows", &shoal::rms_norm_rows);
 }

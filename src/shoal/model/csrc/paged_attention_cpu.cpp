@@ -80,7 +80,7 @@ struct Heads {
 // and each, times its key's value, to the numerator, key after key.
 template <int N, int G, typename cache_t>
 void add_tile(Heads<G>* const* rows, const int64_t* lows, const int64_t* counts, const cache_t* const (&keys)[kLanes],
-              const cache_t* const (&values)[kLanes], int64_t dim, float scale) {
+              const cache_t* const (&values)[kLanes], int64_t dim, float scale, float softcap) {
   const int64_t whole = dim / kLanes * kLanes;
   const float* qs[N];  // held in registers: the heads' own pointers would be reloaded at every multiply-add
   float* accs[N];
@@ -112,8 +112,10 @@ void add_tile(Heads<G>* const* rows, const int64_t* lows, const int64_t* counts,
           for (int64_t d = whole; d < dim; ++d) lanes[i] += qs[n][g * dim + d] * static_cast<float>(keys[i][d]);
         scores[g] = Vec::load(lanes);
       }
-      scores[g] =
-          Vec::mul(scores[g], Vec::broadcast(scale)).first_lanes(counts[n], -std::numeric_limits<float>::infinity());
+      scores[g] = Vec::mul(scores[g], Vec::broadcast(scale));
+      if (softcap > 0.f)
+        scores[g] = Vec::mul(tanh(Vec::div(scores[g], Vec::broadcast(softcap))), Vec::broadcast(softcap));
+      scores[g] = scores[g].first_lanes(counts[n], -std::numeric_limits<float>::infinity());
       if (lows[n] > 0) {  // the tile where the window starts
         float lanes[kLanes];
         scores[g].store(lanes);
@@ -181,6 +183,7 @@ struct Layout {
   int64_t tokens, heads, kv_heads, block_size, dim, v_stride, table_width;
   float scale;
   int64_t window;  // keys a token sees, itself included; 0: all before it
+  float softcap;   // scores become softcap * tanh(score / softcap); 0: as they are
 
   // The first key token t sees.
   int64_t first_key(int64_t t) const { return window > 0 ? std::max<int64_t>(0, positions[t] - window + 1) : 0; }
@@ -263,10 +266,10 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
         }
         switch (present) {
           case 0: break;
-          case 1: add_tile<1>(rows, lows, counts, keys, values, l.dim, l.scale); break;
-          case 2: add_tile<2>(rows, lows, counts, keys, values, l.dim, l.scale); break;
-          case 3: add_tile<3>(rows, lows, counts, keys, values, l.dim, l.scale); break;
-          default: add_tile<4>(rows, lows, counts, keys, values, l.dim, l.scale); break;
+          case 1: add_tile<1>(rows, lows, counts, keys, values, l.dim, l.scale, l.softcap); break;
+          case 2: add_tile<2>(rows, lows, counts, keys, values, l.dim, l.scale, l.softcap); break;
+          case 3: add_tile<3>(rows, lows, counts, keys, values, l.dim, l.scale, l.softcap); break;
+          default: add_tile<4>(rows, lows, counts, keys, values, l.dim, l.scale, l.softcap); break;
         }
       }
       for (int64_t n = 0; n < tokens; ++n)
@@ -301,7 +304,8 @@ void attend_grouped(const float* q, const cache_t* k_cache, const cache_t* v_cac
 
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& token_sequences,
-                          const at::Tensor& positions, double scale, int64_t window, const at::Tensor& out) {
+                          const at::Tensor& positions, double scale, int64_t window, double softcap,
+                          const at::Tensor& out) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T, H, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches differ in dtype");
@@ -316,6 +320,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
   auto pos = positions.contiguous();
   TORCH_CHECK(sequences.size(0) == tokens && pos.size(0) == tokens, "one sequence and position per token");
   TORCH_CHECK(window >= 0, "the sliding window must be 0 (none) or positive, got ", window);
+  TORCH_CHECK(softcap >= 0, "the score soft cap must be 0 (none) or positive, got ", softcap);
   const int64_t block_size = k_cache.size(2), width = tables.size(1), blocks = k_cache.size(0);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t s = sequences.data_ptr<int64_t>()[t], p = pos.data_ptr<int64_t>()[t];
@@ -329,7 +334,8 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
   const int64_t row_bytes = out.stride(0) * out.element_size();
   const Layout layout{tables.data_ptr<int64_t>(), sequences.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), target,
                       row_bytes, out.scalar_type(), tokens, heads, k_cache.size(1), k_cache.size(2), dim,
-                      v_cache.size(3), tables.size(1), static_cast<float>(scale), window};
+                      v_cache.size(3), tables.size(1), static_cast<float>(scale), window,
+                      static_cast<float>(softcap)};
   auto run = [&](auto* cache_type) {
     using cache_t = std::remove_pointer_t<decltype(cache_type)>;
     attend_grouped<cache_t>(q.data_ptr<float>(), static_cast<const cache_t*>(k_cache.data_ptr()),
@@ -349,9 +355,10 @@ namespace {
 
 // Returns [T, H, D] float32 (see paged_attention_into).
 at::Tensor paged_attention_rows(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
-                                at::Tensor token_sequences, at::Tensor positions, double scale, int64_t window) {
+                                at::Tensor token_sequences, at::Tensor positions, double scale, int64_t window,
+                                double softcap) {
   auto out = at::empty_like(q);
-  shoal::paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale, window,
+  shoal::paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale, window, softcap,
                               out.view({q.size(0), -1}));
   return out;
 }

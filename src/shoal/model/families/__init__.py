@@ -5,7 +5,7 @@ Adding a family is a module declaring its `FAMILY` (see family.Family) and a lin
 from __future__ import annotations
 
 from shoal.model.errors import ModelLoadError
-from shoal.model.families import granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3
+from shoal.model.families import gemma2, gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3
 from shoal.model.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -17,6 +17,8 @@ FAMILIES: tuple[Family, ...] = (
     granite.FAMILY,
     olmo2.FAMILY,
     phi3.FAMILY,
+    gemma2.FAMILY,
+    gemma3.FAMILY,
 )
 
 _BY_NAME = {family.name: family for family in FAMILIES}

@@ -21,6 +21,18 @@ RotaryRule = Callable[[dict[str, Any]], tuple[bool, ...]]
 Unfuse = Callable[[str, torch.Tensor, "LlamaConfig"], dict[str, torch.Tensor]]
 
 
+# LlamaConfig fields a family reads from config.json beyond the common ones (Gemma's caps and scales).
+HfSettings = Callable[[dict[str, Any]], dict[str, Any]]
+# The same from a GGUF file: its metadata, its architecture (the `{arch}.` of its keys) and the
+# LlamaConfig fields read so far (hidden_size, num_layers, head_dim, ...).
+GgufSettings = Callable[[dict[str, Any], str, dict[str, Any]], dict[str, Any]]
+
+
+def no_settings(*source: Any) -> dict[str, Any]:
+    """Nothing beyond the common fields."""
+    return {}
+
+
 def no_windows(raw: dict[str, Any]) -> tuple[int, ...]:
     """Full attention on every layer."""
     return ()
@@ -43,7 +55,10 @@ class Family:
     gguf_rows_permuted: llama.cpp's converter reorders the q and k rows of this family's files
         (LlamaModel.permute), which the GGUF loader undoes.
     attention_bias: q/k/v biases when config.json does not say (`attention_bias`).
-    qk_norm, norms_after: as LlamaConfig's.
+    qk_norm, norms_before, norms_after: as LlamaConfig's.
+    norm_offset: added to every RMSNorm weight of its Hugging Face files (Gemma's norms scale by
+        1 + w); llama.cpp's converter has already added it in GGUF files.
+    hf_settings, gguf_settings: its LlamaConfig fields beyond the common ones, from each format.
     windows: the per-layer sliding windows of its config.json.
     rotary: which layers apply RoPE, from its config.json.
     fused_tensors, unfuse: name suffixes of a checkpoint's fused tensors, and how any tensor of its
@@ -60,7 +75,11 @@ class Family:
     gguf_rows_permuted: bool = False
     attention_bias: bool = False
     qk_norm: str = ""
+    norms_before: bool = True
     norms_after: bool = False
+    norm_offset: float = 0.0
+    hf_settings: HfSettings = no_settings
+    gguf_settings: GgufSettings = no_settings
     windows: WindowRule = no_windows
     rotary: RotaryRule = rotary_everywhere
     fused_tensors: tuple[str, ...] = ()

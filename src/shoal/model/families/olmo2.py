@@ -8,6 +8,7 @@ FAMILY = Family(
     hf_model_types=("olmo2",),
     gguf_architectures=("olmo2",),
     qk_norm="projection",
+    norms_before=False,
     norms_after=True,
     gguf_layer_names={
         "post_attention_norm.weight": "post_attention_layernorm.weight",
