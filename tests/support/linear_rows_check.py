@@ -11,28 +11,25 @@ from __future__ import annotations
 ROW_COUNTS = (*range(1, 71), 128, 512)
 # Relative error of the whole product against float64 over the same (dequantized) weights:
 # float32 accumulation, and 16-bit outputs rounded once.
+SMALL_BLOCKS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # blocks of 32 columns
+K_QUANTS = ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")  # blocks of 256 columns
 TOLERANCE = {
     "f32": 1e-5,
-    "q8_0": 1e-5,
-    "q4_0": 1e-5,
-    "q4_1": 1e-5,
-    "q4_k": 1e-5,
-    "q6_k": 1e-5,
+    **{kind: 1e-5 for kind in SMALL_BLOCKS + K_QUANTS},
     "bf16": 4e-3,
     "f16": 5e-4,
     # Quantized blocks against bfloat16 x (bf16 dot products): exact products, 16-bit outputs.
-    "q8_0 bf16 x": 4e-3,
-    "q4_0 bf16 x": 4e-3,
-    "q4_1 bf16 x": 4e-3,
-    "q4_k bf16 x": 4e-3,
-    "q6_k bf16 x": 4e-3,
+    **{f"{kind} bf16 x": 4e-3 for kind in SMALL_BLOCKS + K_QUANTS},
 }
-K_QUANTS = ("q4_k", "q6_k")  # blocks of 256 columns
+# Where each kind's fp16 scales lie in its block (gguf cannot quantize to these kinds).
+RANDOM_BLOCK_SCALES = {"iq4_nl": (0,), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_xs": (0,)}
 
 
 def quantized(weight, kind):
-    """`weight` quantized to `kind`; for the K-quants, which gguf cannot quantize to, random blocks of
-    its shape instead (any bytes are valid blocks once their fp16 scales are finite)."""
+    """`weight` quantized to `kind`; for the kinds gguf cannot quantize to, random blocks of its
+    shape instead (any bytes are valid blocks once their fp16 scales are finite)."""
+    import hashlib
+
     import gguf
     import numpy as np
     import torch
@@ -40,13 +37,14 @@ def quantized(weight, kind):
     from shoal.model.quantized_weight import BLOCKS, GGML_TYPES, QuantizedWeight
 
     rows, columns = weight.shape
-    if kind not in K_QUANTS:
+    if kind not in RANDOM_BLOCK_SCALES:
         blocks = gguf.quants.quantize(weight.numpy(), GGML_TYPES[kind]).view(np.uint8).reshape(rows, -1)
         return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, columns)
     block_columns, block_bytes = BLOCKS[kind]
-    generator = np.random.default_rng(int(weight.abs().sum().item() * 1000) % 2**32)
+    # Seeded by the weight's bytes: a float sum's last bits follow ATen's instruction set.
+    generator = np.random.default_rng(int.from_bytes(hashlib.sha256(weight.numpy().tobytes()).digest()[:8]))
     blocks = generator.integers(0, 256, size=(rows, columns // block_columns, block_bytes), dtype=np.uint8)
-    for offset in (0, 2) if kind == "q4_k" else (208,):  # d and dmin, or d
+    for offset in RANDOM_BLOCK_SCALES[kind]:  # d (and dmin)
         scales = generator.uniform(1, 2, size=blocks.shape[:2]) * 2.0**-8
         blocks[..., offset : offset + 2] = scales.astype(np.float16)[..., None].view(np.uint8)
     return QuantizedWeight(torch.from_numpy(blocks.reshape(rows, -1)), kind, columns)
@@ -67,11 +65,9 @@ def check(in_features: int = 576, out_features: int = 200) -> dict:
         "f32": (dense, torch.float32),
         "bf16": ([w.bfloat16() for w in dense], torch.bfloat16),
         "f16": ([w.half() for w in dense], torch.float16),
-        **{kind: ([quantized(w, kind) for w in dense], torch.float32) for kind in ("q8_0", "q4_0", "q4_1")},
+        **{kind: ([quantized(w, kind) for w in dense], torch.float32) for kind in SMALL_BLOCKS},
         **{kind: ([quantized(w, kind) for w in wide], torch.float32) for kind in K_QUANTS},
-        **{
-            f"{kind} bf16 x": ([quantized(w, kind) for w in dense], torch.bfloat16) for kind in ("q8_0", "q4_0", "q4_1")
-        },
+        **{f"{kind} bf16 x": ([quantized(w, kind) for w in dense], torch.bfloat16) for kind in SMALL_BLOCKS},
         **{f"{kind} bf16 x": ([quantized(w, kind) for w in wide], torch.bfloat16) for kind in K_QUANTS},
     }
     report = {}
@@ -109,7 +105,7 @@ def bf16_pairs_digest() -> str:
 
     torch.manual_seed(5)
     digest = hashlib.sha256()
-    for kind in ("q8_0", "q4_0", "q4_1", *K_QUANTS):
+    for kind in SMALL_BLOCKS + K_QUANTS:
         columns = 512 if kind in K_QUANTS else 576
         linear = InvariantLinear([quantized(torch.randn(70, columns), kind)], [torch.randn(70)], 16, True)
         for rows in (1, 7, 40):

@@ -20,6 +20,7 @@ from shoal.model.gguf_loader import (
     load_gguf,
     open_gguf,
     quantized_tensor,
+    tensor_rows,
 )
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.registry import resolve_model
@@ -248,7 +249,7 @@ def random_k_quant_rows(qtype: Q, rows: int, blocks_per_row: int) -> np.ndarray:
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(4)
     raw = rng.integers(0, 256, (rows, blocks_per_row, block_bytes), dtype=np.uint8)
-    scale_at = (0, 2) if qtype == Q.Q4_K else (208,)
+    scale_at = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_XS: (0,)}.get(qtype, (208,))
     for offset in scale_at:
         scales = rng.uniform(0.01, 0.1, (rows, blocks_per_row, 1)).astype(np.float16)
         raw[:, :, offset : offset + 2] = scales.view(np.uint8)
@@ -346,7 +347,7 @@ def test_smollm2_state_dict_matches_transformers_unpermutation(smollm2_reader: g
         assert torch.equal(weights[hf_key], torch.from_numpy(np.ascontiguousarray(expected)))
 
 
-@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1])
+@pytest.mark.parametrize("qtype", [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1])
 def test_kept_quantized_matrices_hold_the_same_values_as_dequantized_ones(tmp_path: Path, qtype: Q) -> None:
     original = random_hf_weights(np.random.default_rng(3), bias=False, tied=True)
     reader = open_gguf(write_model_gguf(tmp_path / "m.gguf", "llama", original, qtype=qtype))
@@ -361,7 +362,7 @@ def test_kept_quantized_matrices_hold_the_same_values_as_dequantized_ones(tmp_pa
             assert torch.equal(kept[name], dequantized[name]), name
 
 
-@pytest.mark.parametrize("qtype", [Q.Q4_K, Q.Q6_K])
+@pytest.mark.parametrize("qtype", [Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS])
 def test_k_quant_matrices_are_kept_as_their_blocks(tmp_path: Path, qtype: Q) -> None:
     raw = random_k_quant_rows(qtype, rows=3, blocks_per_row=2)
     tensor = _single_tensor_file(tmp_path / "t.gguf", raw, qtype)
@@ -372,15 +373,15 @@ def test_k_quant_matrices_are_kept_as_their_blocks(tmp_path: Path, qtype: Q) -> 
 
 
 def test_a_tensor_type_without_a_native_kernel_is_widened_with_a_log_line(tmp_path: Path, caplog) -> None:
-    weights = random_hf_weights(np.random.default_rng(7), bias=False, tied=True)
-    reader = open_gguf(write_model_gguf(tmp_path / "m.gguf", "llama", weights, qtype=Q.Q5_0))
+    raw = random_k_quant_rows(Q.Q2_K, rows=3, blocks_per_row=2)
+    tensor = _single_tensor_file(tmp_path / "t.gguf", raw, Q.Q2_K)
     with caplog.at_level("WARNING", logger="shoal.model.gguf_loader"):
-        state = gguf_state_dict(reader, gguf_config(reader), torch.float32, keep_quantized=True)
-    assert not any(isinstance(t, QuantizedWeight) for t in state.values())
-    widened = [r.getMessage() for r in caplog.records if "Q5_0" in r.getMessage()]
-    assert len(widened) == 1 + 7 * LAYERS, widened[:3]  # the embedding and every layer's matrices
-    assert any(m.startswith("GGUF tensor blk.0.attn_q.weight: ggml type Q5_0") for m in widened)
-    assert all("bytes instead of" in m for m in widened)
+        rows, kept = tensor_rows(tensor, torch.bfloat16, keep_quantized=True)
+    assert kept is None and torch.equal(rows, torch.from_numpy(dequantize_tensor(tensor)))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"GGUF tensor t: ggml type Q2_K has no native kernel; widened to torch.bfloat16: "
+        f"{3 * 512 * 2:,} bytes instead of {raw.nbytes:,}"
+    ]
 
 
 def test_a_qwen3_gguf_loads_its_per_head_query_and_key_norms_unpermuted(tmp_path: Path) -> None:

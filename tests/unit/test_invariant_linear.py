@@ -9,7 +9,7 @@ import torch
 from shoal.model.cpu_features import resolve_cpu_features
 from shoal.model.invariant_linear import InvariantLinear, default_tile_rows, onednn_runs
 from tests.support.cpu_flags import HASWELL, SAPPHIRE_RAPIDS, ZEN4
-from tests.support.linear_rows_check import TOLERANCE, check, quantized
+from tests.support.linear_rows_check import K_QUANTS, SMALL_BLOCKS, TOLERANCE, check, quantized
 
 CPUS = {"sapphire_rapids": SAPPHIRE_RAPIDS, "zen4": ZEN4, "haswell": HASWELL}
 
@@ -20,6 +20,19 @@ def test_native_rows_are_the_same_bits_for_every_row_count_and_place(in_features
     assert {name: result["differing"] for name, result in report.items()} == {name: [] for name in TOLERANCE}
     for name, result in report.items():
         assert result["relative_error"] < TOLERANCE[name], name
+
+
+@pytest.mark.parametrize("kind", SMALL_BLOCKS + K_QUANTS)
+def test_each_quantized_kind_multiplies_as_ggufs_dequantization(kind):
+    """Rows of the identity times the packed blocks give back their values: within 1e-6 (relative to
+    the largest) of what gguf dequantizes the same blocks to."""
+    columns = 512
+    weight = quantized(torch.randn(48, columns), kind)
+    linear = InvariantLinear([weight], None, 16, True)
+    assert linear.backend == "native" and linear.packed.sources() == [kind]
+    expected = weight.dequantize()
+    got = linear(torch.eye(columns)).T
+    assert (got - expected).abs().max().item() <= 1e-6 * expected.abs().max().item()
 
 
 def test_native_rows_do_not_depend_on_the_thread_count():

@@ -1,7 +1,7 @@
 """Reads a llama.cpp GGUF file into a `LlamaConfig` and a state dict in Hugging Face naming and layout.
 
 Invariants of the produced state dict: tensors are dequantized to the requested dtype (or, when asked,
-matrices in Q8_0/Q4_0/Q4_1/Q4_K/Q6_K stay QuantizedWeight blocks), shaped in torch order (ggml lists dimensions
+matrices in a type the native kernels run (quantized_weight.GGML_TYPES) stay QuantizedWeight blocks), shaped in torch order (ggml lists dimensions
 innermost first, torch outermost first), and q_proj/k_proj rows are in the Hugging Face order, i.e.
 llama.cpp's rotary permutation of llama-arch checkpoints is undone.
 """
@@ -241,6 +241,26 @@ def quantized_tensor(tensor: ReaderTensor) -> QuantizedWeight | None:
     return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, int(tensor.shape[0]))
 
 
+def tensor_rows(
+    tensor: ReaderTensor, dtype: torch.dtype, keep_quantized: bool
+) -> tuple[torch.Tensor, QuantizedWeight | None]:
+    """A tensor's rows: its blocks, where kept quantized and the native kernels run its type, else
+    float32 values; a quantized type they do not run is widened with a log line naming the tensor,
+    its type and the bytes it then takes in `dtype`."""
+    kept = quantized_tensor(tensor) if keep_quantized else None
+    rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
+    if keep_quantized and kept is None and tensor.tensor_type not in _FLOAT_TYPES:
+        log.warning(
+            "GGUF tensor %s: ggml type %s has no native kernel; widened to %s: %s bytes instead of %s",
+            tensor.name,
+            tensor.tensor_type.name,
+            dtype,
+            f"{rows.numel() * dtype.itemsize:,}",
+            f"{int(tensor.n_bytes):,}",
+        )
+    return rows, kept
+
+
 def gguf_state_dict(
     reader: GGUFReader, config: LlamaConfig, dtype: torch.dtype = torch.float32, keep_quantized: bool = False
 ) -> dict[str, torch.Tensor | QuantizedWeight]:
@@ -253,17 +273,7 @@ def gguf_state_dict(
         if tensor.name == ROPE_FREQS:  # read into the config
             continue
         name = hf_tensor_name(tensor.name, family)
-        kept = quantized_tensor(tensor) if keep_quantized else None
-        rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
-        if keep_quantized and kept is None and tensor.tensor_type not in _FLOAT_TYPES:
-            log.warning(
-                "GGUF tensor %s: ggml type %s has no native kernel; widened to %s: %s bytes instead of %s",
-                tensor.name,
-                tensor.tensor_type.name,
-                dtype,
-                f"{rows.numel() * dtype.itemsize:,}",
-                f"{int(tensor.n_bytes):,}",
-            )
+        rows, kept = tensor_rows(tensor, dtype, keep_quantized)
         if permuted and ".self_attn.q_proj." in name:
             rows = unpermute_rotary_rows(rows, config.num_heads)
         elif permuted and ".self_attn.k_proj." in name:

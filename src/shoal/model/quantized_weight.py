@@ -1,5 +1,5 @@
-"""A matrix kept as the GGUF file stores it: rows of GGML blocks of 32 columns (Q8_0, Q4_0, Q4_1) or
-256 (the K-quants Q4_K and Q6_K).
+"""A matrix kept as the GGUF file stores it: rows of GGML blocks of 32 columns (Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ4_NL) or 256 (the K-quants Q3_K, Q4_K, Q5_K, Q6_K, and IQ4_XS).
 
 The native CPU kernel (invariant_linear, csrc/linear_cpu.cpp) multiplies such matrices without
 dequantizing them in memory; everything else sees float values through `dequantize`.
@@ -17,11 +17,17 @@ GGML_TYPES = {
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
     "q4_1": gguf.GGMLQuantizationType.Q4_1,
+    "q5_0": gguf.GGMLQuantizationType.Q5_0,
+    "q5_1": gguf.GGMLQuantizationType.Q5_1,
+    "iq4_nl": gguf.GGMLQuantizationType.IQ4_NL,
+    "q3_k": gguf.GGMLQuantizationType.Q3_K,
     "q4_k": gguf.GGMLQuantizationType.Q4_K,
+    "q5_k": gguf.GGMLQuantizationType.Q5_K,
     "q6_k": gguf.GGMLQuantizationType.Q6_K,
+    "iq4_xs": gguf.GGMLQuantizationType.IQ4_XS,
 }
 # (columns, bytes) of one block.
-BLOCKS = {"q8_0": (32, 34), "q4_0": (32, 18), "q4_1": (32, 20), "q4_k": (256, 144), "q6_k": (256, 210)}
+BLOCKS = {kind: tuple(gguf.GGML_QUANT_SIZES[ggml_type]) for kind, ggml_type in GGML_TYPES.items()}
 
 
 @dataclass(frozen=True)

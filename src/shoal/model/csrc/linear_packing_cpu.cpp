@@ -20,10 +20,24 @@ struct GgmlBlock {
 
 GgmlBlock ggml_block(const std::string& source) {
   if (source == "q8_0") return {32, 34};
-  if (source == "q4_0") return {32, 18};
+  if (source == "q4_0" || source == "iq4_nl") return {32, 18};
   if (source == "q4_1") return {32, 20};
+  if (source == "q5_0") return {32, 22};
+  if (source == "q5_1") return {32, 24};
+  if (source == "q3_k") return {256, 110};
   if (source == "q4_k") return {256, 144};
+  if (source == "q5_k") return {256, 176};
+  if (source == "iq4_xs") return {256, 136};
   return {256, 210};  // q6_k
+}
+
+// IQ4_NL's and IQ4_XS's 16 values, indexed by a nibble (ggml's kvalues_iq4nl).
+constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Q4_K's and Q5_K's 6-bit scale and minimum of sub-block `sub` (0 to 7) from their 12 bytes.
+void k_scale_min(const uint8_t* sc, int sub, int& scale, int& minimum) {
+  scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
+  minimum = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
 }
 
 uint16_t float_to_half_bits(float value) { return c10::Half(value).x; }
@@ -36,12 +50,90 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
   uint8_t* values = o + layout.scale_bytes;
   auto put_half = [&](int index, uint16_t bits) { std::memcpy(o + (index * kPanel + c) * 2, &bits, 2); };
   auto put_float = [&](int index, float value) { std::memcpy(o + (index * kPanel + c) * 4, &value, 4); };
+  auto put_int8 = [&](int64_t k, int value) { values[k * kPanel + c] = static_cast<uint8_t>(static_cast<int8_t>(value)); };
   if (source == "q8_0") {
     const uint8_t* block = row + b * 34;
     uint16_t d;
     std::memcpy(&d, block, 2);
     put_half(0, d);
     for (int64_t i = 0; i < kBlock; ++i) values[i * kPanel + c] = block[2 + i];
+  } else if (source == "q5_0" || source == "q5_1") {
+    // d (fp16), for q5_1 m (fp16), 4 bytes of high bits (bit k of value k), 16 bytes of low nibbles
+    // (byte j: k = j low, j + 16 high); q5_0's value d * (q - 16), q5_1's d * q + m.
+    const bool q5_1 = source == "q5_1";
+    const uint8_t* block = row + b * (q5_1 ? 24 : 22);
+    uint16_t d, m = 0;
+    std::memcpy(&d, block, 2);
+    if (q5_1) std::memcpy(&m, block + 2, 2);
+    uint32_t high;
+    std::memcpy(&high, block + (q5_1 ? 4 : 2), 4);
+    const uint8_t* low = block + (q5_1 ? 8 : 6);
+    for (int64_t k = 0; k < kBlock; ++k) {
+      const int q = (k < 16 ? low[k] & 0xF : low[k - 16] >> 4) | (((high >> k) & 1) << 4);
+      put_int8(k, q5_1 ? q : q - 16);
+    }
+    if (q5_1) {
+      put_float(0, half_to_float(d));
+      put_float(1, half_to_float(m));
+    } else {
+      put_half(0, d);
+    }
+  } else if (source == "iq4_nl") {
+    const uint8_t* block = row + b * 18;
+    uint16_t d;
+    std::memcpy(&d, block, 2);
+    put_half(0, d);
+    for (int64_t k = 0; k < kBlock; ++k) put_int8(k, kIq4Values[k < 16 ? block[2 + k] & 0xF : block[2 + k - 16] >> 4]);
+  } else if (source == "q5_k") {
+    // d, dmin (fp16); Q4_K's 12 bytes of scales and minimums; 32 bytes of high bits (bit `sub` of
+    // byte l is value l of sub-block sub's fifth bit); 128 bytes of nibbles as Q4_K's.
+    const uint8_t* super = row + b / 8 * 176;
+    const int sub = static_cast<int>(b % 8);
+    uint16_t d, dmin;
+    std::memcpy(&d, super, 2);
+    std::memcpy(&dmin, super + 2, 2);
+    int scale, minimum;
+    k_scale_min(super + 4, sub, scale, minimum);
+    put_float(0, half_to_float(d) * static_cast<float>(scale));
+    put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
+    const uint8_t* high = super + 16;
+    const uint8_t* qs = super + 48 + 32 * (sub / 2);
+    for (int64_t l = 0; l < kBlock; ++l)
+      put_int8(l, (sub % 2 ? qs[l] >> 4 : qs[l] & 0xF) | (((high[l] >> sub) & 1) << 4));
+  } else if (source == "q3_k") {
+    // 32 bytes of high-bit masks, 64 of 2-bit values, 12 of 6-bit scales, d (fp16). Value i: half
+    // n = i / 128, j = i % 128 / 32; 2 bits at 2j of byte 32n + i % 32, minus 4 where bit 4n + j of
+    // mask byte i % 32 is clear; scale 8n + 2j (+ 1 for the second 16) minus 32, times d.
+    const uint8_t* super = row + b / 8 * 110;
+    const uint8_t* mask = super;
+    const uint8_t* qs = super + 32;
+    const uint8_t* sc = super + 96;
+    uint16_t d;
+    std::memcpy(&d, super + 108, 2);
+    const int64_t n = b % 8 / 4, j = b % 4;
+    for (int half = 0; half < 2; ++half) {
+      const int64_t s = 8 * n + 2 * j + half;
+      const int scale = (s < 8 ? sc[s] & 0xF : sc[s - 8] >> 4) | (((sc[8 + s % 4] >> (2 * (s / 4))) & 3) << 4);
+      put_float(half, half_to_float(d) * static_cast<float>(scale - 32));
+    }
+    for (int64_t l = 0; l < kBlock; ++l) {
+      const int q = (qs[32 * n + l] >> (2 * j)) & 3;
+      put_int8(l, q - ((mask[l] >> (4 * n + j)) & 1 ? 0 : 4));
+    }
+  } else if (source == "iq4_xs") {
+    // d (fp16), 2 bytes of the scales' high bit pairs, 4 of their low nibbles, 128 of nibbles (16 a
+    // sub-block: byte j, k = j low, j + 16 high) indexing the IQ4 table; sub-block scale ls - 32.
+    const uint8_t* super = row + b / 8 * 136;
+    const int sub = static_cast<int>(b % 8);
+    uint16_t d, scales_high;
+    std::memcpy(&d, super, 2);
+    std::memcpy(&scales_high, super + 2, 2);
+    const int ls = ((super[4 + sub / 2] >> (4 * (sub % 2))) & 0xF) | (((scales_high >> (2 * sub)) & 3) << 4);
+    const float scale = half_to_float(d) * static_cast<float>(ls - 32);
+    put_float(0, scale);
+    put_float(1, scale);
+    const uint8_t* qs = super + 8 + 16 * sub;
+    for (int64_t k = 0; k < kBlock; ++k) put_int8(k, kIq4Values[k < 16 ? qs[k] & 0xF : qs[k - 16] >> 4]);
   } else if (source == "q4_0" || source == "q4_1") {
     const bool q4_1 = source == "q4_1";
     const uint8_t* block = row + b * (q4_1 ? 20 : 18);
@@ -65,9 +157,8 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
     uint16_t d, dmin;
     std::memcpy(&d, super, 2);
     std::memcpy(&dmin, super + 2, 2);
-    const uint8_t* sc = super + 4;
-    const int scale = sub < 4 ? sc[sub] & 63 : (sc[sub + 4] & 0xF) | ((sc[sub - 4] >> 6) << 4);
-    const int minimum = sub < 4 ? sc[sub + 4] & 63 : (sc[sub + 4] >> 4) | ((sc[sub] >> 6) << 4);
+    int scale, minimum;
+    k_scale_min(super + 4, sub, scale, minimum);
     put_float(0, half_to_float(d) * static_cast<float>(scale));
     put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
     const uint8_t* qs = super + 16 + 32 * (sub / 2);
@@ -87,8 +178,7 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
     for (int64_t k = 0; k < kBlock; ++k) {
       const int64_t i = first + k, h = i / 128, j = i % 128;
       const uint8_t low = super[64 * h + j % 64], high = super[128 + 32 * h + j % 32];
-      const int q = ((j < 64 ? low & 0xF : low >> 4) | (((high >> (2 * (j / 32))) & 3) << 4)) - 32;
-      values[k * kPanel + c] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      put_int8(k, ((j < 64 ? low & 0xF : low >> 4) | (((high >> (2 * (j / 32))) & 3) << 4)) - 32);
     }
   }
 }
