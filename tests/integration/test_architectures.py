@@ -19,6 +19,16 @@ COMMON = dict(
     eos_token_id=2,
 )
 
+
+def longrope(pairs: int) -> dict:
+    """Distinct short and long factors for `pairs` rotated pairs."""
+    return {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.25 * i for i in range(pairs)],
+        "long_factor": [2.0 + 0.5 * i for i in range(pairs)],
+    }
+
+
 VARIANTS = {
     "llama-tied": ("LlamaConfig", "LlamaForCausalLM", dict(tie_word_embeddings=True)),
     "llama3-rope": (
@@ -50,6 +60,19 @@ LAYER_VARIANTS = {
     ),
     "olmo2-norms-after": ("Olmo2Config", "Olmo2ForCausalLM", dict(pad_token_id=0)),
     "phi3-fused-projections": ("Phi3Config", "Phi3ForCausalLM", dict(pad_token_id=0)),
+    # longrope's short factors: the engine serves 128 positions, the original context (ENGINE_OPTIONS).
+    "phi3-longrope-short": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(pad_token_id=0, original_max_position_embeddings=128, rope_scaling=longrope(8)),
+    ),
+    # Phi-4-mini's shape: RoPE on 12 of 16 dimensions, and longrope's long factors (the prompt and
+    # the served context both pass the original 64 positions).
+    "phi4-mini-partial-longrope": (
+        "Phi3Config",
+        "Phi3ForCausalLM",
+        dict(pad_token_id=0, partial_rotary_factor=0.75, original_max_position_embeddings=64, rope_scaling=longrope(6)),
+    ),
     "smollm3-no-rope-layer-1": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layer_interval=2, pad_token_id=0)),
     "mistral-window": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=21)),
     # Every other layer windowed, soft caps on scores and logits, norms before and after, GeGLU.
@@ -87,6 +110,10 @@ LAYER_VARIANTS = {
 }
 
 
+# Engine settings a variant runs with.
+ENGINE_OPTIONS = {"phi3-longrope-short": {"max_model_len": 128}}
+
+
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
     assert logit_difference(VARIANTS[variant], tmp_path, shoal_cache_dir) <= 1e-3
@@ -100,16 +127,17 @@ def test_layer_variants_match_transformers_on_both_paths(variant, kernel, tmp_pa
     def record_paths(llm) -> None:
         paths.extend("native" if layer.native is not None else "torch" for layer in llm.engine.model.layers)
 
-    assert logit_difference(LAYER_VARIANTS[variant], tmp_path, shoal_cache_dir, kernel, record_paths) <= 1e-3
+    options = ENGINE_OPTIONS.get(variant, {})
+    assert logit_difference(LAYER_VARIANTS[variant], tmp_path, shoal_cache_dir, kernel, record_paths, **options) <= 1e-3
     # The rows kernel comes with the fused native layer, for every variant but OLMo 2's q/k norms
     # over whole projections; the tiles kernel with the torch layer.
     fused = kernel == "rows" and not variant.startswith("olmo2")
     assert set(paths) == {"native" if fused else "torch"}
 
 
-def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto", inspect=None) -> float:
+def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto", inspect=None, **options) -> float:
     """The largest logit difference from transformers over a 120-token prompt, for a tiny random
     model of `variant` (config class, model class, config fields)."""
     config_class, model_class, extra = variant
     reference = write_random_family_model(directory, config_class, model_class, {**COMMON, **extra})
-    return max_logit_difference(reference, directory, cache_dir, list(range(3, 123)), kernel, inspect)
+    return max_logit_difference(reference, directory, cache_dir, list(range(3, 123)), kernel, inspect, **options)

@@ -32,10 +32,10 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
 
 
 def max_logit_difference(
-    reference, model_dir, cache_dir, ids: list[int], attention_kernel: str = "auto", inspect=None
+    reference, model_dir, cache_dir, ids: list[int], attention_kernel: str = "auto", inspect=None, **options
 ) -> float:
     """Largest |shoal - transformers| logit over a prompt, for a tiny checkpoint directory;
-    `inspect(llm)`, if given, is called on the loaded engine first."""
+    `inspect(llm)`, if given, is called on the loaded engine first; `options`: more engine settings."""
     llm = LLM(
         str(model_dir),
         dtype="float32",
@@ -44,6 +44,7 @@ def max_logit_difference(
         block_size=4,
         cache_dir=str(cache_dir),
         attention_kernel=attention_kernel,
+        **options,
     )
     if inspect is not None:
         inspect(llm)

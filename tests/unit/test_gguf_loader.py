@@ -101,6 +101,7 @@ def write_model_gguf(
     qtype: Q = Q.F32,
     extra_tensors: dict[str, np.ndarray] | None = None,
     extra_keys: dict[str, float | int] | None = None,
+    rope_dim: int = HEAD_DIM,
 ) -> Path:
     """A GGUF as llama.cpp's converter writes it: q/k rows permuted for llama, 2-D weights in `qtype`."""
     w = gguf.GGUFWriter(str(path), arch)
@@ -112,7 +113,7 @@ def write_model_gguf(
     w.add_head_count_kv(KV_HEADS)
     w.add_layer_norm_rms_eps(1e-6)
     w.add_rope_freq_base(500000.0)
-    w.add_rope_dimension_count(HEAD_DIM)
+    w.add_rope_dimension_count(rope_dim)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
     for key, value in (extra_keys or {}).items():
@@ -413,9 +414,10 @@ def test_a_granite_gguf_carries_its_multipliers_and_permuted_rows(tmp_path: Path
     assert torch.equal(state[name], torch.from_numpy(weights[name]))  # un-permuted as llama's
 
 
-@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0])
-def test_a_phi3_gguf_splits_its_fused_projections_blocks_included(tmp_path: Path, qtype) -> None:
-    weights = random_hf_weights(np.random.default_rng(10), bias=False, tied=True)
+def phi3_weights(rng: np.random.Generator) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Phi-3's tensors as llama.cpp's converter writes them: q/k/v fused into attn_qkv, gate and up
+    into ffn_up; the other tensors by their Hugging Face names."""
+    weights = random_hf_weights(rng, bias=False, tied=True)
     fused = {}
     for i in range(LAYERS):
         p = f"model.layers.{i}."
@@ -423,6 +425,12 @@ def test_a_phi3_gguf_splits_its_fused_projections_blocks_included(tmp_path: Path
         gate_up = [weights.pop(f"{p}mlp.{x}_proj.weight") for x in ("gate", "up")]
         fused[f"blk.{i}.attn_qkv.weight"] = np.concatenate(qkv)
         fused[f"blk.{i}.ffn_up.weight"] = np.concatenate(gate_up)
+    return weights, fused
+
+
+@pytest.mark.parametrize("qtype", [Q.F32, Q.Q8_0])
+def test_a_phi3_gguf_splits_its_fused_projections_blocks_included(tmp_path: Path, qtype) -> None:
+    weights, fused = phi3_weights(np.random.default_rng(10))
     reader = open_gguf(write_model_gguf(tmp_path / "p.gguf", "phi3", weights, qtype=qtype, extra_tensors=fused))
     config = gguf_config(reader)
     state = gguf_state_dict(reader, config, torch.float32, keep_quantized=qtype != Q.F32)
@@ -515,3 +523,16 @@ def test_a_gemma3_gguf_gives_its_local_layers_their_own_rope_base(tmp_path: Path
     keys = {"gemma3.attention.sliding_window": 7, "gemma3.rope.freq_base_swa": 20000.0}
     config, _ = load_gguf(gemma_gguf(tmp_path / "h.gguf", "gemma3", np.random.default_rng(14), keys)[0])
     assert config.window_rope_theta == 20000.0
+
+
+def test_a_phi3_gguf_with_longrope_factors_and_partial_rotary_reads_both(tmp_path: Path) -> None:
+    weights, extra = phi3_weights(np.random.default_rng(15))
+    short, long = np.linspace(1.0, 2.0, 6, dtype=np.float32), np.linspace(3.0, 5.0, 6, dtype=np.float32)
+    extra.update({"rope_factors_short.weight": short, "rope_factors_long.weight": long})
+    keys = {"phi3.rope.scaling.original_context_length": 64, "phi3.rope.scaling.attn_factor": 1.25}
+    path = write_model_gguf(tmp_path / "p.gguf", "phi3", weights, extra_tensors=extra, extra_keys=keys, rope_dim=12)
+    config, state = load_gguf(path)
+    assert config.rotary_dim == 12 and config.rope_scaling.rope_type == "longrope"
+    assert config.rope_scaling.short_factor == tuple(short.tolist()) and config.rope_scaling.long_factor == tuple(long)
+    assert (config.rope_scaling.original_max_position_embeddings, config.rope_scaling.attention_factor) == (64, 1.25)
+    assert not any("rope_factors" in name for name in state)

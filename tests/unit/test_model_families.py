@@ -3,6 +3,8 @@ each family reads its sliding windows from config.json as transformers does."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -106,15 +108,47 @@ def test_tensor_parallelism_refuses_norms_over_whole_projections():
 
 def test_rope_that_shoal_does_not_compute_is_refused_not_approximated():
     from shoal.model.config import RopeScaling
-    from shoal.model.hf_loader import config_from_hf
 
-    with pytest.raises(ValueError, match="'longrope' is not supported"):
+    with pytest.raises(ValueError, match="'yarn' is not supported"):
+        RopeScaling.from_hf({"rope_type": "yarn", "factor": 4.0})
+    with pytest.raises(ValueError, match="longrope needs original_max_position_embeddings"):
         RopeScaling.from_hf({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]})
-    with pytest.raises(ValueError, match="partial rotary embeddings"):
-        RopeScaling.from_hf({"rope_type": "default", "partial_rotary_factor": 0.75})
+
+
+def test_longrope_takes_its_long_factors_only_past_its_original_context():
+    from shoal.model.config import RopeScaling
+
+    raw = {"rope_type": "longrope", "short_factor": [1.0, 1.5], "long_factor": [3.0, 4.0]}
+    longrope = RopeScaling.from_hf(raw, original_max_positions=4096)
+    short, long = longrope.for_context(4096, 131072), longrope.for_context(4097, 131072)
+    assert (short.rope_type, short.frequency_factors, long.frequency_factors) == (
+        "frequency_factors",
+        (1.0, 1.5),
+        (3.0, 4.0),
+    )
+    # transformers' attention factor, from the model's context over the original, either way.
+    assert short.attention_factor == long.attention_factor == pytest.approx((1 + math.log(32) / math.log(4096)) ** 0.5)
+    assert RopeScaling().for_context(10, 10) == RopeScaling()
+
+
+def test_partial_rotary_gathers_each_heads_rotated_halves_to_the_front_of_the_decoders():
+    from shoal.model.config import LlamaConfig
+    from shoal.model.hf_loader import config_from_hf
+    from shoal.model.partial_rotary import decoder_order, gather_rotary_dims
+
     raw = dict(vocab_size=8, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4)
-    with pytest.raises(ValueError, match="partial rotary embeddings"):
-        config_from_hf({**raw, "partial_rotary_factor": 0.75}, family_of_hf_model_type("phi3", "config.json"))
+    config = config_from_hf({**raw, "partial_rotary_factor": 0.75}, family_of_hf_model_type("phi3", "config.json"))
+    assert (config.head_dim, config.rotary_dim) == (16, 12)
+    # Rotated pairs (0, 6) .. (5, 11) land on the decoder's (0, 8) .. (5, 13); 12-15 fill the rest.
+    assert decoder_order(16, 12).tolist() == [0, 1, 2, 3, 4, 5, 12, 13, 6, 7, 8, 9, 10, 11, 14, 15]
+    q = torch.arange(32.0).view(32, 1)  # two heads of one column
+    gathered = gather_rotary_dims({"model.layers.0.self_attn.q_proj.weight": q}, config)
+    assert gathered["model.layers.0.self_attn.q_proj.weight"].view(-1).tolist()[16:] == [
+        16 + i for i in decoder_order(16, 12).tolist()
+    ]
+    whole = LlamaConfig(8, 64, 96, 1, 4, 2, 16)
+    weights = {"model.layers.0.self_attn.q_proj.weight": q}
+    assert gather_rotary_dims(weights, whole) is weights
 
 
 def test_phi3_splits_its_fused_projections():

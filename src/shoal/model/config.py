@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """RoPE frequency scaling as in Hugging Face's `rope_scaling` (types: linear, llama3, dynamic), or
-    per-pair divisors of the inverse frequencies (type frequency_factors: a GGUF file's rope_freqs
-    tensor, which llama.cpp's converter writes for Llama 3.1+ scaling)."""
+    """RoPE frequency scaling as in Hugging Face's `rope_scaling` (types: linear, llama3, dynamic,
+    longrope), or per-pair divisors of the inverse frequencies (type frequency_factors: a GGUF file's
+    rope_freqs tensor, which llama.cpp's converter writes for Llama 3.1+ scaling, or longrope's
+    factors once the context is known). attention_factor multiplies cos and sin (longrope's; None:
+    derived from the context as transformers does)."""
 
     rope_type: str = "default"
     factor: float = 1.0
@@ -19,22 +22,49 @@ class RopeScaling:
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
     frequency_factors: tuple[float, ...] = ()
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float | None = None
 
     @classmethod
-    def from_hf(cls, raw: dict[str, Any] | None) -> RopeScaling:
-        """Raises ValueError for a type shoal does not compute (longrope, yarn, ...) or partial rotary
-        embeddings, rather than rotating by other frequencies than the model's."""
+    def from_hf(cls, raw: dict[str, Any] | None, original_max_positions: int | None = None) -> RopeScaling:
+        """Raises ValueError for a type shoal does not compute (yarn, ...), rather than rotating by
+        other frequencies than the model's. original_max_positions: config.json's top-level
+        `original_max_position_embeddings` (Phi-3 states it there)."""
         if not raw:
             return cls()
         rope_type = raw.get("rope_type", raw.get("type", "default"))
-        if rope_type not in ("default", "linear", "llama3", "dynamic"):
+        if rope_type not in ("default", "linear", "llama3", "dynamic", "longrope"):
             raise ValueError(f"rope scaling type {rope_type!r} is not supported")
-        if raw.get("partial_rotary_factor", 1.0) != 1.0:
-            raise ValueError(f"partial rotary embeddings (factor {raw['partial_rotary_factor']}) are not supported")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
         kwargs["rope_type"] = rope_type
+        if rope_type == "longrope":
+            kwargs["short_factor"], kwargs["long_factor"] = tuple(raw["short_factor"]), tuple(raw["long_factor"])
+            kwargs.setdefault("original_max_position_embeddings", original_max_positions)
+            if kwargs["original_max_position_embeddings"] is None:
+                raise ValueError("longrope needs original_max_position_embeddings")
         return cls(**kwargs)
+
+    def for_context(self, positions: int, model_positions: int) -> RopeScaling:
+        """This scaling for a context of `positions` tokens, of a model trained for `model_positions`:
+        longrope becomes its long factors where the context passes the original length, else its short
+        ones (llama.cpp's rule; fixed per engine, so a token's rotation never depends on its batch or
+        sequence length), with its attention factor; any other type stays as it is."""
+        if self.rope_type != "longrope":
+            return self
+        original = self.original_max_position_embeddings
+        attention = self.attention_factor
+        if attention is None:
+            scale = model_positions / original
+            attention = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+        factors = self.long_factor if positions > original else self.short_factor
+        return RopeScaling(
+            rope_type="frequency_factors",
+            original_max_position_embeddings=original,
+            frequency_factors=factors,
+            attention_factor=attention,
+        )
 
 
 @dataclass(frozen=True)
@@ -52,6 +82,9 @@ class LlamaConfig:
     rms_norm_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
+    # The leading dimensions of each head that RoPE rotates (partial rotary embeddings: Phi-4-mini);
+    # 0: all of them. The loaders gather them into the pairs the decoder rotates (partial_rotary).
+    rotary_dim: int = 0
     attention_bias: bool = False
     # RMSNorm of the queries and keys before RoPE: "head" per head, weights q_norm and k_norm [head_dim]
     # (Qwen3); "projection" over each whole projection, [heads * head_dim] (OLMo 2); "" none.
@@ -95,6 +128,8 @@ class LlamaConfig:
             raise ValueError(f"qk_norm must be '', 'head' or 'projection', not {self.qk_norm!r}")
         if self.rotary_layers and len(self.rotary_layers) != self.num_layers:
             raise ValueError(f"{len(self.rotary_layers)} rotary flags for {self.num_layers} layers")
+        if self.rotary_dim and (self.rotary_dim % 2 or self.rotary_dim > self.head_dim):
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
         if not (self.norms_before or self.norms_after):
             raise ValueError("a layer needs its norms before or after attention and the MLP")
         if self.mlp_activation not in ("silu", "gelu_tanh"):

@@ -1,9 +1,10 @@
 """Reads a llama.cpp GGUF file into a `LlamaConfig` and a state dict in Hugging Face naming and layout.
 
 Invariants of the produced state dict: tensors are dequantized to the requested dtype (or, when asked,
-matrices in a type the native kernels run (quantized_weight.GGML_TYPES) stay QuantizedWeight blocks), shaped in torch order (ggml lists dimensions
-innermost first, torch outermost first), and q_proj/k_proj rows are in the Hugging Face order, i.e.
-llama.cpp's rotary permutation of llama-arch checkpoints is undone.
+matrices in a type the native kernels run, quantized_weight.GGML_TYPES, stay QuantizedWeight blocks),
+shaped in torch order (ggml lists dimensions innermost first, torch outermost first), and
+q_proj/k_proj rows are in the Hugging Face order, i.e. llama.cpp's rotary permutation of llama-arch
+checkpoints is undone.
 """
 
 from __future__ import annotations
@@ -114,20 +115,41 @@ def _f32(value: Any) -> float:
     return float(str(np.float32(value)))
 
 
-# Not a decoder weight: the per-pair RoPE frequency divisors (RopeScaling.frequency_factors).
+# Not decoder weights: the per-pair RoPE frequency divisors (RopeScaling.frequency_factors), and
+# longrope's short and long ones (Phi-3).
 ROPE_FREQS = "rope_freqs.weight"
+LONGROPE_FACTORS = ("rope_factors_short.weight", "rope_factors_long.weight")
+ROPE_TENSORS = (ROPE_FREQS, *LONGROPE_FACTORS)
 
 
-def _rope_scaling(meta: dict[str, Any], arch: str, tensors: dict[str, ReaderTensor], head_dim: int) -> RopeScaling:
+def _frequency_factors(tensor: ReaderTensor, pairs: int) -> tuple[float, ...]:
+    factors = dequantize_tensor(tensor).reshape(-1)
+    if factors.shape[0] != pairs or not np.all(np.isfinite(factors) & (factors > 0)):
+        raise ModelLoadError(f"{tensor.name} must hold {pairs} positive factors, has {factors.shape[0]}")
+    return tuple(float(f) for f in factors)
+
+
+def _rope_scaling(meta: dict[str, Any], arch: str, tensors: dict[str, ReaderTensor], rotary_dim: int) -> RopeScaling:
     kind = meta.get(f"{arch}.rope.scaling.type", "none")
     factor = meta.get(f"{arch}.rope.scaling.factor", meta.get(f"{arch}.rope.scale_linear"))
+    if all(name in tensors for name in LONGROPE_FACTORS):
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if original is None:
+            raise ModelLoadError(f"longrope factors without {arch}.rope.scaling.original_context_length")
+        attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+        short, long = (_frequency_factors(tensors[name], rotary_dim // 2) for name in LONGROPE_FACTORS)
+        return RopeScaling(
+            rope_type="longrope",
+            original_max_position_embeddings=int(original),
+            short_factor=short,
+            long_factor=long,
+            attention_factor=_f32(attention) if attention is not None else None,
+        )
     if ROPE_FREQS in tensors:
         if kind != "none" or factor is not None:
             raise ModelLoadError(f"{ROPE_FREQS} together with rope scaling type {kind!r} is not supported")
-        factors = dequantize_tensor(tensors[ROPE_FREQS]).reshape(-1)
-        if factors.shape[0] != head_dim // 2 or not np.all(np.isfinite(factors) & (factors > 0)):
-            raise ModelLoadError(f"{ROPE_FREQS} must hold {head_dim // 2} positive factors, has {factors.shape[0]}")
-        return RopeScaling(rope_type="frequency_factors", frequency_factors=tuple(float(f) for f in factors))
+        factors = _frequency_factors(tensors[ROPE_FREQS], rotary_dim // 2)
+        return RopeScaling(rope_type="frequency_factors", frequency_factors=factors)
     if kind == "none" and factor is None:
         return RopeScaling()
     if kind in ("none", "linear") and factor is not None:
@@ -153,9 +175,7 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
     heads = _uniform(need("attention.head_count"), f"{arch}.attention.head_count")
     kv_heads = _uniform(meta.get(f"{arch}.attention.head_count_kv", heads), f"{arch}.attention.head_count_kv")
     head_dim = int(meta.get(f"{arch}.attention.key_length", hidden // heads))
-    rope_dim = meta.get(f"{arch}.rope.dimension_count")
-    if rope_dim is not None and int(rope_dim) != head_dim:
-        raise ModelLoadError(f"partial rotary embeddings (rope dim {rope_dim} < head dim {head_dim}) are not supported")
+    rotary_dim = int(meta.get(f"{arch}.rope.dimension_count", head_dim))
     layers = int(need("block_count"))
     # The keys of config.json a family's window and RoPE rules read, as the file states them.
     hf_like = {"num_hidden_layers": layers, "sliding_window": meta.get(f"{arch}.attention.sliding_window")}
@@ -175,7 +195,8 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
         max_position_embeddings=int(meta.get(f"{arch}.context_length", 2048)),
         rms_norm_eps=_f32(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=_f32(meta.get(f"{arch}.rope.freq_base", 10000.0)),
-        rope_scaling=_rope_scaling(meta, arch, tensors, head_dim),
+        rope_scaling=_rope_scaling(meta, arch, tensors, rotary_dim),
+        rotary_dim=rotary_dim if rotary_dim != head_dim else 0,
         attention_bias="blk.0.attn_q.bias" in tensors,
         qk_norm=family.qk_norm,
         norms_before=family.norms_before,
@@ -270,7 +291,7 @@ def gguf_state_dict(
     permuted = family.gguf_rows_permuted
     weights: dict[str, torch.Tensor | QuantizedWeight] = {}
     for tensor in reader.tensors:
-        if tensor.name == ROPE_FREQS:  # read into the config
+        if tensor.name in ROPE_TENSORS:  # read into the config
             continue
         name = hf_tensor_name(tensor.name, family)
         rows, kept = tensor_rows(tensor, dtype, keep_quantized)

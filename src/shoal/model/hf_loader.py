@@ -61,8 +61,9 @@ def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
     # windowed layers' own base is the family's setting (window_rope_theta).
     rope_parameters = rope_parameters.get("full_attention", rope_parameters)
     rope = dict(raw.get("rope_scaling") or rope_parameters)
-    if "partial_rotary_factor" in raw:  # older configs state it beside the rope settings
-        rope.setdefault("partial_rotary_factor", raw["partial_rotary_factor"])
+    head_dim = raw.get("head_dim") or raw["hidden_size"] // heads
+    # Older configs state the partial rotary factor beside the rope settings, newer ones within them.
+    partial = rope.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
     eos = raw.get("eos_token_id")
     eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
     fields: dict[str, Any] = dict(
@@ -72,11 +73,12 @@ def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
         num_layers=raw["num_hidden_layers"],
         num_heads=heads,
         num_kv_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or raw["hidden_size"] // heads,
+        head_dim=head_dim,
         max_position_embeddings=raw.get("max_position_embeddings", 2048),
         rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
         rope_theta=raw.get("rope_theta", rope_parameters.get("rope_theta", 10000.0)),
-        rope_scaling=RopeScaling.from_hf(rope),
+        rope_scaling=RopeScaling.from_hf(rope, raw.get("original_max_position_embeddings")),
+        rotary_dim=int(head_dim * partial) if partial != 1.0 else 0,
         attention_bias=raw.get("attention_bias", family.attention_bias),
         qk_norm=family.qk_norm,
         norms_before=family.norms_before,

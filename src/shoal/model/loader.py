@@ -13,6 +13,7 @@ from shoal.model.errors import ModelLoadError
 from shoal.model.families import family_named
 from shoal.model.gguf_loader import gguf_config, gguf_metadata, gguf_state_dict, open_gguf
 from shoal.model.hf_loader import hf_source_files, load_hf, load_hf_tokenizer
+from shoal.model.partial_rotary import gather_rotary_dims
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.registry import ModelSource, resolve_model
 from shoal.model.tokenizer import Tokenizer
@@ -46,6 +47,10 @@ def _convert(source: ModelSource, dtype: torch.dtype, keep_quantized: bool) -> t
     else:
         config, weights = load_hf(source.path, dtype)
         tokenizer = load_hf_tokenizer(source.path)
+    try:
+        weights = gather_rotary_dims(weights, config)
+    except ValueError as exc:
+        raise ModelLoadError(f"{source.path}: {exc}") from exc
     return config, weights, _with_family_template(tokenizer, config, source)
 
 

@@ -45,26 +45,31 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
 class RotaryEmbedding(torch.nn.Module):
     """Precomputed cos and sign-folded sin tables indexed by absolute position.
 
-    Uses the Hugging Face half-split layout (rotate_half), which is the layout all loaders produce.
+    Uses the Hugging Face half-split layout (rotate_half), which is the layout all loaders produce;
+    with partial rotary embeddings, the rotated dimensions are the first rotary_dim / 2 of each half
+    (see partial_rotary).
     for_windows: the tables of the sliding-window layers where the model gives them their own base
     (config.window_rope_theta, unscaled).
     """
 
     def __init__(self, config: LlamaConfig, for_windows: bool = False):
         super().__init__()
-        theta, scaling = config.rope_theta, config.rope_scaling
+        theta, scaling, positions = config.rope_theta, config.rope_scaling, config.max_position_embeddings
         if for_windows and config.window_rope_theta:
             theta, scaling = config.window_rope_theta, RopeScaling()
-        inv_freq = inverse_frequencies(config.head_dim, theta, scaling, config.max_position_embeddings)
-        positions = torch.arange(config.max_position_embeddings, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        # rotate_half(x) * sin == roll(x, D/2) * signed_sin, with the first half of sin negated.
-        half = config.head_dim // 2
-        self.register_buffer(
-            "signed_sin", torch.cat([-emb[:, :half].sin(), emb[:, half:].sin()], dim=-1), persistent=False
+        scaling = scaling.for_context(positions, positions)
+        rotated = config.rotary_dim or config.head_dim
+        freqs = torch.outer(
+            torch.arange(positions, dtype=torch.float32), inverse_frequencies(rotated, theta, scaling, positions)
         )
+        attention = scaling.attention_factor if scaling.attention_factor is not None else 1.0
+        # Pairs past the rotated dimensions (partial rotary) turn by nothing: cos 1, sin 0.
+        unrotated = (config.head_dim - rotated) // 2
+        cos = torch.cat([freqs.cos() * attention, torch.ones(positions, unrotated)], dim=-1)
+        sin = torch.cat([freqs.sin() * attention, torch.zeros(positions, unrotated)], dim=-1)
+        self.register_buffer("cos", torch.cat([cos, cos], dim=-1), persistent=False)
+        # rotate_half(x) * sin == roll(x, D/2) * signed_sin, with the first half of sin negated.
+        self.register_buffer("signed_sin", torch.cat([-sin, sin], dim=-1), persistent=False)
 
     def tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and signed sin for the given positions, [T, 1, D] each; computed once per step."""

@@ -47,14 +47,18 @@ def config_to_json(config: LlamaConfig) -> str:
 
 def config_from_json(text: str) -> LlamaConfig:
     """Inverse of `config_to_json`."""
-    raw = json.loads(text)
-    raw["rope_scaling"] = RopeScaling(
-        **{**raw["rope_scaling"], "frequency_factors": tuple(raw["rope_scaling"]["frequency_factors"])}
-    )
-    raw["eos_token_ids"] = tuple(raw["eos_token_ids"])
-    raw["attention_windows"] = tuple(raw["attention_windows"])
-    raw["rotary_layers"] = tuple(raw["rotary_layers"])
+    raw = json_tuples(json.loads(text))
+    raw["rope_scaling"] = RopeScaling(**raw["rope_scaling"])
     return LlamaConfig(**raw)
+
+
+def json_tuples(fields: dict) -> dict:
+    """A dataclass's fields read back from JSON: its lists (which were tuples) as tuples again, in
+    nested dicts too."""
+    return {
+        key: tuple(value) if isinstance(value, list) else json_tuples(value) if isinstance(value, dict) else value
+        for key, value in fields.items()
+    }
 
 
 def source_identity(sources: Sequence[str | Path]) -> str:

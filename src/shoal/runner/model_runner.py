@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from shoal.config.engine import EngineConfig
+from shoal.model.config import LlamaConfig
 from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
@@ -12,6 +15,15 @@ from shoal.model.paged_attention import AttentionMetadata, build_attention_metad
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.sharding import TensorParallel
 from shoal.runner.step_batch import StepBatch
+
+
+def served_model_config(config: EngineConfig, model_config: LlamaConfig) -> LlamaConfig:
+    """The model's config for the context this engine serves: RoPE scaled for max_model_len (longrope
+    takes its long factors past its original context, else its short ones), so every rank and stage
+    rotates alike, and the KV fingerprint says which."""
+    positions = config.max_model_len or model_config.max_position_embeddings
+    scaling = model_config.rope_scaling.for_context(positions, model_config.max_position_embeddings)
+    return dataclasses.replace(model_config, rope_scaling=scaling)
 
 
 def build_model(
@@ -28,7 +40,7 @@ def build_model(
     tile_rows = default_tile_rows(dtype) if config.batch_invariant else 0
     weights = {k: v if isinstance(v, QuantizedWeight) else v.to(dtype) for k, v in checkpoint.weights.items()}
     return LlamaModel(
-        checkpoint.config,
+        served_model_config(config, checkpoint.config),
         weights,
         tile_rows,
         device,

@@ -1,7 +1,7 @@
 """Phi-3 and Phi-3.5 (mini, medium): Llama's layer with q/k/v in one projection (qkv_proj) and gate/up
 in another (gate_up_proj, gate first), split when loaded, from Hugging Face files or GGUF (llama.cpp's
-attn_qkv and fused ffn_up). Not yet: longrope scaling, Phi-4-mini's partial rotary embeddings (both
-refused: config.json's rope type or factor, a GGUF's rope_factors tensors)."""
+attn_qkv and fused ffn_up). Phi-3.5 and Phi-4-mini rotate by longrope (RopeScaling: short or long
+factors by the context served) and Phi-4-mini only part of each head (partial_rotary)."""
 
 from __future__ import annotations
 
