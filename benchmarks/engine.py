@@ -19,6 +19,8 @@ Usage:
     .venv/bin/python benchmarks/engine.py --dtypes gguf_bf16 --new-tokens 256 --prompt-tokens 900
         # gguf_bf16: the GGUF's blocks against bfloat16 activations, `auto` on CPUs with bf16 dot products
     .venv/bin/python benchmarks/engine.py --quick          # c = 1,8 and 32 new tokens, to iterate
+    .venv/bin/python benchmarks/engine.py --family qwen3-1.7b,gemma3-1b,phi4-mini --concurrency 1,8
+        # each family's real shape (random weights) against a Llama of that shape (family_shapes.py)
 
 Results are printed and written to benchmarks/results/engine-<timestamp>.json.
 Not a test: pytest only collects tests/.
@@ -44,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cpu_monitor import CpuMonitor, wait_for_idle
+from family_shapes import bench_families
 from llama_cpp_peer import bench_llama
 from measurement import measured, token_metrics
 
@@ -857,6 +860,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--retries", type=int, default=2, help="repeats of a disturbed measurement (the least disturbed is kept)"
     )
+    p.add_argument(
+        "--family",
+        default="",
+        help="instead of SmolLM2: these model families' shapes, each against a Llama of its shape, on random "
+        "weights (family_shapes.py: qwen3-1.7b, gemma3-1b, phi4-mini)",
+    )
+    p.add_argument("--family-layers", type=int, default=None, help="layers of each --family model (default: its own)")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--no-json", action="store_true")
     p.add_argument(
@@ -867,6 +877,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency, args.new_tokens = "1,8", 32
     args.concurrency = sorted({int(x) for x in args.concurrency.split(",") if x.strip()})
     args.dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    args.family = [f.strip() for f in args.family.split(",") if f.strip()]
     args.hf_dtypes = [] if args.skip_hf else [d.strip() for d in args.hf_dtypes.split(",") if d.strip()]
     if args.new_tokens < 2:
         p.error("--new-tokens must be at least 2 (inter-token latency needs two tokens)")
@@ -977,6 +988,16 @@ def main(argv: list[str] | None = None) -> int:
 
     def log(msg: str) -> None:
         print(f"[{time.perf_counter() - started:6.0f}s] {msg}", flush=True)
+
+    if args.family:
+        results = {"timestamp_utc": stamp, "git": git_info(), "machine": machine_info(), "args": vars(args)}
+        results["families"] = bench_families(args, shoal_run, log)
+        if not args.no_json:
+            path = Path(args.out_dir) / f"engine-families-{stamp}.json"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(results, indent=1, default=str))
+            log(f"wrote {path}")
+        return 0
 
     from shoal.model.loader import load_checkpoint
     from shoal.model.registry import resolve_model

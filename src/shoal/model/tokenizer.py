@@ -131,11 +131,13 @@ class Tokenizer:
         add_generation_prompt: bool = True,
         tools: Sequence[Mapping[str, Any]] | None = None,
         continue_final_message: bool = False,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> str:
         """The prompt text for `messages` (OpenAI-style dicts), rendered by the model's own template.
         Uses the "tool_use" template when tools are given and the model has one, else "default".
         With continue_final_message the text ends with the last message's content as given, where
-        the template would have closed that message (its end-of-turn and anything after it cut)."""
+        the template would have closed that message (its end-of-turn and anything after it cut).
+        `template_kwargs` are more variables for the template (`enable_thinking`, ...)."""
         name = "tool_use" if tools and "tool_use" in self._compiled else "default"
         if name not in self._compiled:
             raise ModelLoadError("this model has no chat template")
@@ -148,6 +150,7 @@ class Tokenizer:
             add_generation_prompt=add_generation_prompt,
             tools=tools,
             special_tokens=self._special_tokens,
+            template_kwargs=template_kwargs,
         )
         if final is None:
             return text
