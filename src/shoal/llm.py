@@ -61,13 +61,18 @@ class LLM:
         messages: list[Message] | list[list[Message]],
         sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Applies the model's chat template to each conversation, then generates."""
+        """Applies the model's chat template to each conversation (with `chat_template_kwargs` as
+        more template variables, such as {"enable_thinking": False}), then generates."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.engine.tokenizer
         prompts = [
             tokenizer.encode(
-                tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt), add_special_tokens=False
+                tokenizer.apply_chat_template(
+                    c, add_generation_prompt=add_generation_prompt, template_kwargs=chat_template_kwargs
+                ),
+                add_special_tokens=False,
             )
             for c in conversations
         ]

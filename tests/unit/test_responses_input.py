@@ -130,7 +130,7 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": "x", "text": {"verbosity": "low"}}, "text"),
         ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
-        ({"model": "m", "input": [{"type": "reasoning"}]}, "input[0].type"),
+        ({"model": "m", "input": [{"type": "reasoning"}]}, "input[0].summary"),
         ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
         ({"model": "m", "input": "x", "frobnicate": True}, "frobnicate"),
         ({"model": "m"}, "input"),

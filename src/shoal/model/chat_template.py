@@ -33,6 +33,10 @@ class _GenerationBlock(jinja2.ext.Extension):
         return caller()
 
 
+# The variables render_chat_template sets itself.
+RENDER_VARIABLES = ("messages", "tools", "documents", "add_generation_prompt")
+
+
 def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
@@ -72,11 +76,18 @@ def render_chat_template(
     add_generation_prompt: bool,
     tools: Sequence[Mapping[str, Any]] | None,
     special_tokens: Mapping[str, str | None],
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt text. Like transformers, message keys whose value is None are dropped before rendering,
-    and special token strings (bos_token, eos_token, ...) are visible to the template."""
+    special token strings (bos_token, eos_token, ...) are visible to the template, and so are
+    `template_kwargs` (a request's chat_template_kwargs, such as Qwen3's `enable_thinking`), which
+    may shadow a special token but not the variables set here (RENDER_VARIABLES)."""
+    taken = sorted(set(template_kwargs or {}) & set(RENDER_VARIABLES))
+    if taken:
+        raise ChatTemplateError(f"chat template variable {taken[0]!r} cannot be set by chat_template_kwargs")
     plain = [{key: value for key, value in dict(message).items() if value is not None} for message in messages]
     context = {name: token for name, token in special_tokens.items() if token is not None}
+    context.update(template_kwargs or {})
     try:
         return template.render(
             messages=plain,

@@ -4,7 +4,7 @@ into one stream.
 Choice i runs with seed + i when the request has a seed, which is what a worker does for n choices,
 so the merged response is the one a single worker would have given. Merging keeps the first
 stream's response id, numbers each choice by its stream, and sums the usage (the prompt counted
-once).
+once; reasoning tokens summed too).
 """
 
 from __future__ import annotations
@@ -85,4 +85,8 @@ def _add_usage(total: dict | None, usage: dict) -> dict:
     if total is None:
         return dict(usage)
     completion = total["completion_tokens"] + usage["completion_tokens"]
-    return {**total, "completion_tokens": completion, "total_tokens": total["prompt_tokens"] + completion}
+    added = {**total, "completion_tokens": completion, "total_tokens": total["prompt_tokens"] + completion}
+    reasoning = [(u.get("completion_tokens_details") or {}).get("reasoning_tokens") for u in (total, usage)]
+    if any(count is not None for count in reasoning):
+        added["completion_tokens_details"] = {"reasoning_tokens": sum(count or 0 for count in reasoning)}
+    return added

@@ -30,15 +30,17 @@ def _add_tool_call_deltas(calls: dict[int, dict], deltas: list[dict]) -> None:
 
 def _message(part: dict) -> dict:
     content = "".join(part["text"])
+    reasoning = "".join(part["reasoning"])
+    shown = {"reasoning_content": reasoning} if reasoning else {}
     if not part["tool_calls"]:
-        return {"role": "assistant", "content": content}
+        return {"role": "assistant", "content": content, **shown}
     calls = [part["tool_calls"][index] for index in sorted(part["tool_calls"])]
-    return {"role": "assistant", "content": content or None, "tool_calls": calls}
+    return {"role": "assistant", "content": content or None, **shown, "tool_calls": calls}
 
 
 def assemble(events: list[dict], chat: bool) -> dict:
-    """Invariant: each choice's text, tool calls, token ids and logprobs are the concatenation of
-    its deltas in order; usage is the stream's final usage."""
+    """Invariant: each choice's text, reasoning, tool calls, token ids and logprobs are the
+    concatenation of its deltas in order; usage is the stream's final usage."""
     first = events[0]
     parts: dict[int, dict] = {}
     usage = None
@@ -47,11 +49,21 @@ def assemble(events: list[dict], chat: bool) -> dict:
         for choice in event.get("choices") or []:
             part = parts.setdefault(
                 choice.get("index", 0),
-                {"text": [], "token_ids": [], "logprobs": [], "finish_reason": None, "seed": None, "tool_calls": {}},
+                {
+                    "text": [],
+                    "reasoning": [],
+                    "token_ids": [],
+                    "logprobs": [],
+                    "finish_reason": None,
+                    "seed": None,
+                    "tool_calls": {},
+                },
             )
-            _add_tool_call_deltas(part["tool_calls"], (choice.get("delta") or {}).get("tool_calls") or [])
+            delta = choice.get("delta") or {}
+            _add_tool_call_deltas(part["tool_calls"], delta.get("tool_calls") or [])
+            part["reasoning"].append(delta.get("reasoning_content") or delta.get("reasoning") or "")
             part["token_ids"] += choice.get("token_ids") or []
-            part["text"].append((choice.get("delta") or {}).get("content") or "" if chat else choice.get("text") or "")
+            part["text"].append(delta.get("content") or "" if chat else choice.get("text") or "")
             part["logprobs"].append(choice.get("logprobs"))
             part["finish_reason"] = choice.get("finish_reason") or part["finish_reason"]
             part["seed"] = choice.get("seed", part["seed"])

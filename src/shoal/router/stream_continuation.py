@@ -14,7 +14,9 @@ unbroken run would have given: the engine re-tokenizes the text so far (the seam
 tokens) and samples with its own random state. `max_tokens` and `min_tokens` shrink by the tokens
 relayed (counted as chunks where the engine sends no ids). A request whose output is constrained
 (`response_format`, `structured_outputs`, tools) or which streamed tool calls continues only
-token-exact: a grammar restarted after a text prefix would not know where it stands.
+token-exact: a grammar restarted after a text prefix would not know where it stands. So does one
+that streamed reasoning deltas: the raw text they were split from (markers and all) is not known
+here, so no text prefix can stand for it.
 llama.cpp's server (llama-cpp-python) takes neither an assistant prefix in chat nor token-id prompts,
 so its chat streams continue elsewhere; it takes fresh requests and text completions' continuations.
 """
@@ -40,7 +42,7 @@ def can_continue(engine: str | None, progress: StreamProgress, body: dict, chat:
     """Whether a worker of `engine` (None: unknown) can continue this stream at all."""
     if by_tokens(engine, progress):
         return True
-    if progress.tool_calls or any(_constrains(body.get(name)) for name in CONSTRAINING_FIELDS):
+    if progress.tool_calls or progress.reasoning or any(_constrains(body.get(name)) for name in CONSTRAINING_FIELDS):
         return False
     if chat:
         return engine in CHAT_CONTINUING_ENGINES

@@ -53,10 +53,11 @@ class StreamProgress:
     """What the client has received so far. Invariant: token_ids are exactly the tokens relayed,
     where the worker sends their ids (`tokens` counts them, or the chunks with output where it
     does not); `opened` once an opening (role) chunk was relayed, and only then; text_chars counts
-    the raw output text relayed (a chunk read for tool calls states it in `text_chars`, else it is
-    the chunk's text); `output` holds the pieces of output text relayed (`text` joins them), and
-    `tool_calls` says whether tool call deltas were relayed too; `finished` once a finish reason
-    (or the request's own error) was relayed."""
+    the raw output text relayed (a chunk read for tool calls or reasoning states it in
+    `text_chars`, else it is the chunk's text); `output` holds the pieces of output text relayed
+    (`text` joins them), and `tool_calls` and `reasoning` say whether tool call or reasoning deltas
+    were relayed too (their text is not in `output`); `finished` once a finish reason (or the
+    request's own error) was relayed."""
 
     token_ids: list[int] = field(default_factory=list)
     opened: bool = False
@@ -68,6 +69,7 @@ class StreamProgress:
     output: list[str] = field(default_factory=list)
     tokens: int = 0
     tool_calls: bool = False
+    reasoning: bool = False
     finished: bool = False
 
     @property
@@ -187,7 +189,8 @@ async def relay(
         delta = choice.get("delta") or {}
         token_ids = choice.get("token_ids") or []
         text = choice.get("text") or delta.get("content") or ""
-        tokens = len(token_ids) or (1 if text or delta.get("tool_calls") else 0)
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        tokens = len(token_ids) or (1 if text or reasoning or delta.get("tool_calls") else 0)
         if tokens:
             if first:
                 worker.first_token(ticket)
@@ -204,6 +207,7 @@ async def relay(
         if text:
             progress.output.append(text)
         progress.tool_calls = progress.tool_calls or bool(delta.get("tool_calls"))
+        progress.reasoning = progress.reasoning or bool(reasoning)
         progress.finished = progress.finished or bool(choice.get("finish_reason"))
         progress.seed = choice.get("seed", progress.seed)
         progress.text_chars += choice.get("text_chars", len(text))

@@ -1,56 +1,112 @@
-"""One chat choice's generated text as OpenAI message parts: plain content, or, when the request
-reads tool calls, content and `tool_calls` (streamed as deltas: a call's id, type and name first,
-then fragments of its arguments).
+"""One chat choice's generated text as OpenAI message parts: plain content; with a thinking model
+(reasoning_use), the reasoning section split off as `reasoning_content`; and, when the request reads
+tool calls, `tool_calls` read from the content (streamed as deltas: a call's id, type and name
+first, then fragments of its arguments).
 
 Invariant: the deltas of a stream add up to the message of the same text, however the text was cut
-into pieces, including a stream resumed elsewhere after `replay` of the text the client had.
+into pieces, including a stream resumed elsewhere after `replay` of the text the client had (with
+stream_reasoning false, reasoning comes in one delta, which the message has whole too).
 """
 
 from __future__ import annotations
 
+from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.tool_call_parser import Arguments, CallStarted, Content, Event
 from shoal.worker.tool_calling import ToolUse, call_id
 
 
 class ChatChoice:
-    def __init__(self, tool_use: ToolUse | None, seed: int, prompt_token_ids: list[int]):
+    def __init__(
+        self,
+        tool_use: ToolUse | None,
+        seed: int,
+        prompt_token_ids: list[int],
+        reasoning: ReasoningUse | None = None,
+        skip_special_tokens: bool = True,
+    ):
+        """`skip_special_tokens`: as the engine decodes this choice's output."""
         self.parser = tool_use.parser() if tool_use is not None else None
         self.seed = seed
         self.prompt_token_ids = prompt_token_ids
+        self.reasoning = reasoning
+        self.thinking = reasoning.parser() if reasoning is not None else None
+        self.reasoning_token_count = (
+            reasoning.tokens(prompt_token_ids, skip_special_tokens) if reasoning is not None else None
+        )
+        self._unsent: list[str] = []  # reasoning held for one delta (stream_reasoning false)
 
     @property
     def reads_tool_calls(self) -> bool:
         return self.parser is not None
 
-    def replay(self, text: str) -> None:
-        """Takes `text` as already sent to the client (a resumed stream)."""
-        if self.parser is not None:
-            self.parser.feed(text)
+    @property
+    def parses_text(self) -> bool:
+        """Whether the parts sent stand for other text than the raw output (tool calls, reasoning)."""
+        return self.parser is not None or self.thinking is not None
+
+    def tokens(self, token_ids: list[int]) -> None:
+        """Takes the choice's next output tokens (for counting its reasoning tokens)."""
+        if self.reasoning_token_count is not None:
+            self.reasoning_token_count.add(token_ids)
+
+    def reasoning_tokens(self) -> int | None:
+        """Output tokens of the reasoning section so far; None where no reasoning is split off."""
+        if self.reasoning_token_count is None:
+            return None
+        return self.reasoning_token_count.count(self.thinking.section)
+
+    def replay(self, text: str, token_ids: list[int]) -> None:
+        """Takes `token_ids` as generated and their `text` as already sent to the client (a resumed
+        stream): the parsers and the reasoning held back for one delta end as they were there."""
+        self.tokens(token_ids)
+        self.delta(text, final=False)
 
     def delta(self, text: str, final: bool) -> dict:
         """The message delta for the next piece of text (`final`: the last one)."""
+        reasoning, content = self._split(text, final, streaming=True)
+        delta = {"reasoning_content": reasoning} if reasoning else {}
         if self.parser is None:
-            return {"content": text} if text else {}
-        events = self.parser.feed(text) + (self.parser.finish() if final else [])
+            return {**delta, "content": content} if content else delta
+        events = self.parser.feed(content) + (self.parser.finish() if final else [])
         content, calls = self._parts(events, streaming=True)
-        delta = {"content": content} if content else {}
+        if content:
+            delta["content"] = content
         if calls:
             delta["tool_calls"] = calls
         return delta
 
     def message(self, text: str) -> dict:
         """The whole assistant message for the whole text (content is null when it has tool calls
-        and no text)."""
+        and no text; reasoning_content is there when the output had reasoning to give)."""
+        reasoning, content = self._split(text, final=True, streaming=False)
+        shown = {"reasoning_content": reasoning} if reasoning else {}
         if self.parser is None:
-            return {"role": "assistant", "content": text}
-        content, calls = self._parts(self.parser.feed(text) + self.parser.finish(), streaming=False)
+            return {"role": "assistant", "content": content, **shown}
+        content, calls = self._parts(self.parser.feed(content) + self.parser.finish(), streaming=False)
         if not calls:
-            return {"role": "assistant", "content": content}
-        return {"role": "assistant", "content": content or None, "tool_calls": calls}
+            return {"role": "assistant", "content": content, **shown}
+        return {"role": "assistant", "content": content or None, **shown, "tool_calls": calls}
 
     def finish_reason(self, reason: str | None) -> str | None:
         """OpenAI's "tool_calls" for an output that stopped after calling tools."""
         return "tool_calls" if reason == "stop" and self.parser is not None and self.parser.calls else reason
+
+    def _split(self, text: str, final: bool, streaming: bool) -> tuple[str, str]:
+        """(reasoning to send, content) of the next piece of raw text."""
+        if self.thinking is None:
+            return "", text
+        reasoning, content = self.thinking.feed(text)
+        if final:
+            more_reasoning, more_content = self.thinking.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        if not self.reasoning.include:
+            return "", content
+        if streaming and not self.reasoning.stream:
+            self._unsent.append(reasoning)
+            reasoning = ""
+            if final or not self.thinking.in_reasoning:
+                reasoning, self._unsent = "".join(self._unsent), []
+        return reasoning, content
 
     def _parts(self, events: list[Event], streaming: bool) -> tuple[str, list[dict]]:
         content = "".join(event.text for event in events if isinstance(event, Content))

@@ -3,7 +3,10 @@
 Tools go through the template's tools section where it has one; assistant tool calls reach it with
 their arguments as objects (as Hugging Face templates expect). A template without a tools section
 gets DEFAULT_TOOLS_PROMPT in the system message, assistant tool calls written in the Hermes format
-in the assistant's text, and tool results as user turns wrapped in <tool_response> tags.
+in the assistant's text, and tool results as user turns wrapped in <tool_response> tags. An
+assistant message's reasoning_content reaches the template as it is (Qwen3's renders it), and so do
+the request's chat_template_kwargs; a template that refuses the conversation (its
+`raise_exception`) or fails on it is the request's fault, a 400.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 
 from shoal.errors import InvalidRequestError
+from shoal.model.errors import ChatTemplateError
 from shoal.model.tokenizer import Tokenizer
 from shoal.worker.protocol import ChatCompletionRequest, ChatMessage
 from shoal.worker.tool_calling import ToolUse
@@ -35,15 +39,26 @@ def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, tool_use: Too
     messages = [_template_message(m, native) for m in body.messages]
     if tool_use is not None and not native:
         messages = _with_tools_prompt(messages, tool_use.tools)
-    return tokenizer.apply_chat_template(
-        messages,
-        add_generation_prompt=body.add_generation_prompt,
-        tools=tool_use.tools if native else None,
-        continue_final_message=body.continue_final_message,
-    )
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            add_generation_prompt=body.add_generation_prompt,
+            tools=tool_use.tools if native else None,
+            continue_final_message=body.continue_final_message,
+            template_kwargs=body.chat_template_kwargs,
+        )
+    except ChatTemplateError as exc:
+        raise InvalidRequestError(f"the chat template refused the request: {exc}") from None
 
 
 def _template_message(message: ChatMessage, native: bool) -> dict:
+    rendered = _message_fields(message, native)
+    if message.reasoning_content is not None:
+        rendered["reasoning_content"] = message.reasoning_content
+    return rendered
+
+
+def _message_fields(message: ChatMessage, native: bool) -> dict:
     text = message.text()
     if not native and message.role == "tool":
         return {"role": "user", "content": f"<tool_response>\n{text}\n</tool_response>"}

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import InvalidRequestError
+from shoal.model.chat_template import RENDER_VARIABLES
 
 
 class Strict(BaseModel):
@@ -145,6 +146,9 @@ class ChatMessage(Strict):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[ContentPart] | None = None
+    # An assistant message's reasoning, as a reply gave it: passed to the chat template (Qwen3's
+    # keeps it for the turns after the last user message, and drops it before).
+    reasoning_content: str | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
@@ -157,6 +161,8 @@ class ChatMessage(Strict):
     def _tool_fields_fit_the_role(self) -> ChatMessage:
         if self.tool_calls and self.role != "assistant":
             raise ValueError("only assistant messages carry tool_calls")
+        if self.reasoning_content is not None and self.role != "assistant":
+            raise ValueError("only assistant messages carry reasoning_content")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
         return self
@@ -215,16 +221,28 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     # The last message (the assistant's) is left open and the output continues it.
     continue_final_message: bool = False
-    # A reasoning parser's switches (SGLang, vLLM). shoal runs no reasoning parser, so an output
-    # never holds a reasoning part to separate, stream or leave out, whatever their values: what an
-    # SGLang server started without --reasoning-parser does with them.
+    # The reasoning parser's switches (SGLang's and vLLM's names), for a model whose family writes a
+    # reasoning section (Qwen3, SmolLM3: worker/reasoning_use.py): separate_reasoning false leaves
+    # the section in content as written; include_reasoning false drops it; stream_reasoning false
+    # sends a stream's reasoning in one delta once the section closes. A model of another family
+    # has no reasoning to split, whatever their values.
     separate_reasoning: bool = True
     stream_reasoning: bool = True
     include_reasoning: bool = True
+    # Variables for the chat template (vLLM's field), such as {"enable_thinking": false} for Qwen3.
+    chat_template_kwargs: dict[str, Any] | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables_are_free(cls, kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+        taken = sorted(set(kwargs or {}) & set(RENDER_VARIABLES))
+        if taken:
+            raise ValueError(f"{taken[0]!r} is set by the request itself, not by chat_template_kwargs")
+        return kwargs
 
     @model_validator(mode="after")
     def _final_message_can_be_continued(self) -> ChatCompletionRequest:

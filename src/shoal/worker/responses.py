@@ -26,6 +26,7 @@ from shoal.worker.chat_choice import ChatChoice
 from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
+from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.request_tracing import WorkerRequestSpan
 from shoal.worker.tool_calling import ToolUse
 
@@ -46,11 +47,13 @@ async def respond(
     kv: KVMobility | None = None,
     handoff: Callable[[int], Handoff | None] | None = None,
     keep_alive: bool = False,
+    reasoning: ReasoningUse | None = None,
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
     response. A chat request with `tool_use` has its tool calls read from its output, and forced
-    by a grammar where tool_choice asks for a call. With `kv`, the KV named by `kv_source` is
+    by a grammar where tool_choice asks for a call; with `reasoning`, its reasoning section is
+    split off its answer and its tokens counted. With `kv`, the KV named by `kv_source` is
     imported first; a stream is handed off when `handoff` (given the tokens sent) says; with
     `keep_alive` (the request asked for them) a silent stream gets keep-alives."""
     try:
@@ -68,6 +71,7 @@ async def respond(
             kv,
             handoff,
             keep_alive,
+            reasoning,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -91,6 +95,7 @@ async def _respond(
     kv: KVMobility | None,
     handoff: Callable[[int], Handoff | None] | None,
     keep_alive: bool,
+    reasoning: ReasoningUse | None,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -111,8 +116,12 @@ async def _respond(
         await engine.compile_grammar(constraint)
     if body.kv_source and kv is not None:
         await kv.import_prefix(engine, body.kv_source, prompt_ids + list(body.resume_token_ids or ()), trace)
-    # A tool parser that reads special tokens keeps them whatever the request asks.
-    skip_special_tokens = body.skip_special_tokens and (tool_use is None or tool_use.skip_special_tokens)
+    # A parser that reads special tokens (tool calls', reasoning markers) keeps them whatever the request asks.
+    skip_special_tokens = (
+        body.skip_special_tokens
+        and (tool_use is None or tool_use.skip_special_tokens)
+        and (reasoning is None or reasoning.skip_special_tokens)
+    )
     for i in range(body.n):
         trace.track(f"{request_id}-{i}")
     streams = [
@@ -135,10 +144,15 @@ async def _respond(
         raise
     meta = {"id": request_id, "created": int(time.time()), "model": model_name}
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
-    choices = [ChatChoice(tool_use, first.seed, prompt_ids) for first in firsts] if chat else None
+    choices = (
+        [ChatChoice(tool_use, first.seed, prompt_ids, reasoning, skip_special_tokens) for first in firsts]
+        if chat
+        else None
+    )
     if body.stream:
         if choices and resume is not None:
-            choices[0].replay(_resumed_text(engine, prompt_ids, resume, skip_special_tokens))
+            text = _resumed_text(engine, prompt_ids, resume, skip_special_tokens)
+            choices[0].replay(text, resume.token_ids)
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return StreamingResponse(
             _sse(
@@ -192,12 +206,18 @@ async def _last(stream: AsyncIterator[RequestOutput], first: RequestOutput) -> R
     return last
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {
+def _usage(prompt_tokens: int, completion_tokens: int, chats: list[ChatChoice] | None = None) -> dict:
+    """With chat choices that split reasoning off, their reasoning tokens too (OpenAI's
+    completion_tokens_details.reasoning_tokens)."""
+    usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    counts = [chat.reasoning_tokens() for chat in chats or ()]
+    if any(count is not None for count in counts):
+        usage["completion_tokens_details"] = {"reasoning_tokens": sum(count or 0 for count in counts)}
+    return usage
 
 
 def _full_response(
@@ -214,6 +234,7 @@ def _full_response(
         choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids, "seed": final.seed}
         choice["logprobs"] = render(out.token_ids, out.logprobs)
         if chats:
+            chats[index].tokens(out.token_ids)
             choice["message"] = chats[index].message(out.text)
             choice["finish_reason"] = chats[index].finish_reason(out.finish_reason)
         else:
@@ -224,7 +245,7 @@ def _full_response(
         **meta,
         "object": "chat.completion" if chats else "text_completion",
         "choices": choices,
-        "usage": _usage(prompt_tokens, completion_tokens),
+        "usage": _usage(prompt_tokens, completion_tokens, chats),
     }
 
 
@@ -245,10 +266,10 @@ async def _sse(
     """Merges the choices' outputs into SSE chunks, with a keep-alive after every keep_alive_s
     without one (None: none); abandoning it (client gone) aborts every choice. Usage counts the `resumed`
     tokens too: the client's completion includes them. A chat chunk whose text was read for tool
-    calls says how many characters of raw text it stands for (`text_chars`), which is what a
-    router resumes from. A one-choice stream with `handoff` asks it, after each chunk and
-    keep-alive, whether to end with a handoff event instead (given the tokens sent so far); its
-    engine request is then aborted."""
+    calls or split into reasoning and content says how many characters of raw text it stands for
+    (`text_chars`), which is what a router resumes from. A one-choice stream with `handoff` asks
+    it, after each chunk and keep-alive, whether to end with a handoff event instead (given the
+    tokens sent so far); its engine request is then aborted."""
     chat = chats is not None
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -304,8 +325,9 @@ async def _sse(
             entries = output.outputs[0].logprobs
             choice["logprobs"] = render(output.new_token_ids, entries[len(entries) - new :] if entries else None)
             if chat:
+                chats[index].tokens(output.new_token_ids)
                 choice["delta"] = chats[index].delta(output.new_text, output.finished)
-                if chats[index].reads_tool_calls:
+                if chats[index].parses_text:
                     choice["text_chars"] = len(output.new_text)
             else:
                 choice["text"] = output.new_text
@@ -314,7 +336,8 @@ async def _sse(
                 yield handoff_event(moved)
                 return
         if include_usage:
-            yield data_event({**meta, "object": kind, "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+            usage = _usage(prompt_tokens, completion_tokens, chats)
+            yield data_event({**meta, "object": kind, "choices": [], "usage": usage})
         yield DONE
     finally:
         for task in tasks:

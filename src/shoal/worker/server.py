@@ -22,6 +22,7 @@ from shoal.engine.calibration import Calibration
 from shoal.engine.observer import ObserverGroup
 from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import ModelNotFoundError, ShoalError, error_body
+from shoal.model.families import family_named
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
@@ -32,6 +33,7 @@ from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.metrics import WorkerMetrics
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.request_tracing import EngineSpans, WorkerRequestSpan
 from shoal.worker.responses import respond
 from shoal.worker.tool_calling import ToolUse
@@ -136,6 +138,7 @@ def create_app(
     tokenizer = engine.engine.tokenizer
     max_model_len = engine.engine.max_model_len
     canary_prompt = tokenizer.encode(CANARY_PROMPT) or [0]
+    reasoning_markers = family_named(engine.engine.checkpoint.config.architecture).reasoning_markers
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -143,7 +146,8 @@ def create_app(
         param = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
         if first.get("type") == "extra_forbidden":
             return error_response(400, f"unknown or unsupported parameter `{param}`", param=param)
-        return error_response(400, f"invalid request: {first.get('msg', 'malformed body')}", param=param)
+        where = f"`{param}`: " if param else ""
+        return error_response(400, f"invalid request: {where}{first.get('msg', 'malformed body')}", param=param)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -235,6 +239,7 @@ def create_app(
         check_model(body)
         tool_use = ToolUse.of(body, tokenizer)
         text = chat_prompt(tokenizer, body, tool_use)
+        reasoning = ReasoningUse.of(body, reasoning_markers, tokenizer, text)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return await respond(
@@ -251,6 +256,7 @@ def create_app(
             kv=kv,
             handoff=kv.handoffs_for(request.headers, body),
             keep_alive=KEEP_ALIVE_HEADER in request.headers,
+            reasoning=reasoning,
         )
 
     return app

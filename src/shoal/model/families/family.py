@@ -28,6 +28,10 @@ HfSettings = Callable[[dict[str, Any]], dict[str, Any]]
 GgufSettings = Callable[[dict[str, Any], str, dict[str, Any]], dict[str, Any]]
 
 
+# The reasoning markers of the models that write their reasoning as <think>...</think> (Qwen3, SmolLM3).
+THINK = ("<think>", "</think>")
+
+
 def no_settings(*source: Any) -> dict[str, Any]:
     """Nothing beyond the common fields."""
     return {}
@@ -67,6 +71,9 @@ class Family:
         are refused).
     gguf_layer_names: this family's llama.cpp layer tensor names where they differ from Llama's
         (`attn_qkv.weight` -> `self_attn.qkv_proj.weight`), before `unfuse`.
+    reasoning_markers: the start and end markers of the reasoning section its thinking models
+        write before their answer (`<think>`, `</think>`), which the worker splits off as
+        reasoning output; None for a family whose models do not think aloud.
     """
 
     name: str
@@ -86,3 +93,4 @@ class Family:
     unfuse: Unfuse = as_named
     chat_template: str | None = None
     gguf_layer_names: Mapping[str, str] = field(default_factory=dict)
+    reasoning_markers: tuple[str, str] | None = None

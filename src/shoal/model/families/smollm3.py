@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from shoal.model.families.chat_templates import CHATML
-from shoal.model.families.family import Family
+from shoal.model.families.family import THINK, Family
 from shoal.model.families.windows import from_layer_types
 
 
@@ -29,6 +29,7 @@ FAMILY = Family(
     gguf_architectures=("smollm3",),
     gguf_rows_permuted=True,
     chat_template=CHATML,
+    reasoning_markers=THINK,
     windows=from_layer_types,
     rotary=rotary_layers,
 )

@@ -6,28 +6,41 @@ import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from shoal.protocol.sse import json_events, named_event
-from shoal.router.responses_api.ids import new_function_call_id
-from shoal.router.responses_api.message_items import function_call_item, output_message, output_text_part
+from shoal.router.responses_api.ids import new_function_call_id, new_reasoning_id
+from shoal.router.responses_api.message_items import (
+    function_call_item,
+    output_message,
+    output_text_part,
+    reasoning_item,
+    reasoning_text_part,
+)
 from shoal.router.responses_api.response_object import failed_response, finished_response, output_status
 from shoal.router.responses_api.store import StoreUnavailable
 
 
 class _OutputItems:
-    """The response's output items as the chat stream brings them: the assistant message, opened at
-    its first text, and one function_call item per tool call, opened at the call's first delta
-    (which names it). Output indexes follow the order in which items opened."""
+    """The response's output items as the chat stream brings them: a reasoning item, opened at the
+    first reasoning text; the assistant message, opened at its first text; and one function_call
+    item per tool call, opened at the call's first delta (which names it). Output indexes follow
+    the order in which items opened."""
 
     def __init__(self, message_id: str, event: Callable[..., bytes]):
         self.message_id = message_id
         self.event = event
-        self.order: list[dict] = []  # {"kind": "message" | "call", "output_index", ...}
+        self.order: list[dict] = []  # {"kind": "reasoning" | "message" | "call", "output_index", ...}
+        self.thought: dict | None = None
         self.message: dict | None = None
         self.calls: dict[int, dict] = {}
+
+    def reasoning(self, delta: str) -> list[bytes]:
+        events = [] if self.thought is not None else self._open_reasoning()
+        self.thought["text"].append(delta)
+        return [*events, self.event("response.reasoning_text.delta", **_position(self.thought), delta=delta)]
 
     def text(self, delta: str) -> list[bytes]:
         events = [] if self.message is not None else self._open_message()
         self.message["text"].append(delta)
-        return [*events, self.event("response.output_text.delta", **self._position(), delta=delta, logprobs=[])]
+        return [*events, self.event("response.output_text.delta", **_position(self.message), delta=delta, logprobs=[])]
 
     def call(self, delta: dict) -> list[bytes]:
         events = []
@@ -65,13 +78,21 @@ class _OutputItems:
         events = self._open_message() if not self.order else []
         output = []
         for item in self.order:
-            if item["kind"] == "message":
+            if item["kind"] == "reasoning":
+                text = "".join(item["text"])
+                part = reasoning_text_part(text)
+                done = reasoning_item(item["item_id"], status, [part])
+                events += [
+                    self.event("response.reasoning_text.done", **_position(item), text=text),
+                    self.event("response.content_part.done", **_position(item), part=part),
+                ]
+            elif item["kind"] == "message":
                 text = "".join(item["text"])
                 part = output_text_part(text)
                 done = output_message(self.message_id, status, [part])
                 events += [
-                    self.event("response.output_text.done", **self._position(), text=text, logprobs=[]),
-                    self.event("response.content_part.done", **self._position(), part=part),
+                    self.event("response.output_text.done", **_position(item), text=text, logprobs=[]),
+                    self.event("response.content_part.done", **_position(item), part=part),
                 ]
             else:
                 arguments = "".join(item["arguments"])
@@ -88,29 +109,40 @@ class _OutputItems:
             output.append(done)
         return output, events
 
+    def _open_reasoning(self) -> list[bytes]:
+        self.thought = {"kind": "reasoning", "output_index": len(self.order), "item_id": new_reasoning_id(), "text": []}
+        self.order.append(self.thought)
+        opened = reasoning_item(self.thought["item_id"], "in_progress", [])
+        return [
+            self.event("response.output_item.added", output_index=self.thought["output_index"], item=opened),
+            self.event("response.content_part.added", **_position(self.thought), part=reasoning_text_part("")),
+        ]
+
     def _open_message(self) -> list[bytes]:
-        self.message = {"kind": "message", "output_index": len(self.order), "text": []}
+        self.message = {"kind": "message", "output_index": len(self.order), "item_id": self.message_id, "text": []}
         self.order.append(self.message)
         opened = output_message(self.message_id, "in_progress", [])
         return [
             self.event("response.output_item.added", output_index=self.message["output_index"], item=opened),
-            self.event("response.content_part.added", **self._position(), part=output_text_part("")),
+            self.event("response.content_part.added", **_position(self.message), part=output_text_part("")),
         ]
 
-    def _position(self) -> dict:
-        return {"item_id": self.message_id, "output_index": self.message["output_index"], "content_index": 0}
+
+def _position(item: dict) -> dict:
+    """Where a text delta of a reasoning or message item goes (its one content part)."""
+    return {"item_id": item["item_id"], "output_index": item["output_index"], "content_index": 0}
 
 
 async def response_events(
     chat_chunks: AsyncGenerator[bytes, None], skeleton: dict, message_id: str, keep: Callable[[dict], Awaitable[None]]
 ) -> AsyncIterator[bytes]:
     """Invariants: sequence numbers count from 0 without gaps; the concatenated output_text.delta
-    texts are the final text, and each call's function_call_arguments.delta fragments its final
-    arguments; the last event is exactly one of response.completed, response.incomplete (cut by
-    max_output_tokens) or response.failed (after an `error` event), and `keep(response)` (storing
-    it) has returned before completed or incomplete is sent, while a failed response is never
-    kept. The chat stream is closed however this ends (client gone included), which releases its
-    worker."""
+    texts are the final text, the reasoning_text.delta texts the final reasoning, and each call's
+    function_call_arguments.delta fragments its final arguments; the last event is exactly one of
+    response.completed, response.incomplete (cut by max_output_tokens) or response.failed (after
+    an `error` event), and `keep(response)` (storing it) has returned before completed or
+    incomplete is sent, while a failed response is never kept. The chat stream is closed however
+    this ends (client gone included), which releases its worker."""
     sequence = itertools.count()
 
     def event(kind: str, **fields) -> bytes:
@@ -139,6 +171,9 @@ async def response_events(
             model = chat_event.get("model") or model
             for choice in chat_event.get("choices") or []:
                 delta = choice.get("delta") or {}
+                reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                for produced in items.reasoning(reasoning) if reasoning else []:
+                    yield produced
                 for produced in items.text(delta["content"]) if delta.get("content") else []:
                     yield produced
                 for call in delta.get("tool_calls") or []:

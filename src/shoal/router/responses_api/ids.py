@@ -1,4 +1,4 @@
-"""Ids of responses and of their items, shaped as OpenAI's ("resp_...", "msg_...", "fc_...")."""
+"""Ids of responses and of their items, shaped as OpenAI's ("resp_...", "msg_...", "rs_...", "fc_...")."""
 
 from __future__ import annotations
 
@@ -11,6 +11,10 @@ def new_response_id() -> str:
 
 def new_message_id() -> str:
     return "msg_" + uuid.uuid4().hex
+
+
+def new_reasoning_id() -> str:
+    return "rs_" + uuid.uuid4().hex
 
 
 def new_function_call_id(prefix: str = "fc_") -> str:

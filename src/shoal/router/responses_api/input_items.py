@@ -2,13 +2,20 @@
 `GET /v1/responses/{id}/input_items`, and turned into the chat messages a worker is sent.
 
 Items are messages, the model's function calls (`function_call`, as a response's output lists
-them) and their results (`function_call_output`); a tool loop sends the calls back with the
-results, or continues from a stored response that holds the calls."""
+them) and their results (`function_call_output`), and its reasoning (`reasoning`, as a response's
+output lists it); a tool loop sends the calls back with the results, or continues from a stored
+response that holds the calls."""
 
 from __future__ import annotations
 
-from shoal.router.responses_api.ids import new_function_call_id, new_message_id
-from shoal.router.responses_api.message_items import function_call_item, output_message, output_text_part
+from shoal.router.responses_api.ids import new_function_call_id, new_message_id, new_reasoning_id
+from shoal.router.responses_api.message_items import (
+    function_call_item,
+    output_message,
+    output_text_part,
+    reasoning_item,
+    reasoning_text_part,
+)
 from shoal.router.responses_api.store import StoredTurn
 from shoal.router.route_request import RequestError
 
@@ -38,9 +45,12 @@ def _normalize_item(item: object, where: str) -> dict:
         return _function_call(item, where)
     if kind == "function_call_output":
         return _function_call_output(item, where)
+    if kind == "reasoning":
+        return _reasoning(item, where)
     if kind != "message":
         raise RequestError(
-            f'`{where}.type` {kind!r} is not supported; items are "message", "function_call" or "function_call_output"',
+            f'`{where}.type` {kind!r} is not supported; items are "message", "function_call", '
+            '"function_call_output" or "reasoning"',
             f"{where}.type",
         )
     role = item.get("role")
@@ -82,6 +92,30 @@ def _function_call_output(item: dict, where: str) -> dict:
     }
 
 
+def _reasoning(item: dict, where: str) -> dict:
+    """A reasoning item: its text in `content` (reasoning_text parts) or, from a server that gives
+    summaries, `summary` (summary_text parts). Encrypted reasoning cannot be read here."""
+    if item.get("encrypted_content") is not None:
+        raise RequestError(f"`{where}.encrypted_content` is not supported", f"{where}.encrypted_content")
+    texts = []
+    for key, part_type in (("summary", "summary_text"), ("content", "reasoning_text")):
+        parts = item.get(key)
+        if parts is None and key == "content":
+            continue
+        if not isinstance(parts, list):
+            raise RequestError(f"`{where}.{key}` must be a list of {part_type} parts", f"{where}.{key}")
+        for index, part in enumerate(parts):
+            if not isinstance(part, dict) or part.get("type") != part_type or not isinstance(part.get("text"), str):
+                raise RequestError(
+                    f'`{where}.{key}[{index}]` must be {{"type": "{part_type}", "text": ...}}',
+                    f"{where}.{key}[{index}]",
+                )
+            texts.append((key, part["text"]))
+    content = [text for key, text in texts if key == "content"] or [text for _, text in texts]
+    item_id = item.get("id") if isinstance(item.get("id"), str) else new_reasoning_id()
+    return reasoning_item(item_id, "completed", [reasoning_text_part("\n\n".join(content))] if content else [])
+
+
 def _part_text(part: object, where: str) -> str:
     if not isinstance(part, dict) or part.get("type") not in TEXT_PART_TYPES:
         raise RequestError(
@@ -109,9 +143,15 @@ def _message(role: str, texts: list[str]) -> dict:
 def item_messages(items: list[dict]) -> list[dict]:
     """Chat messages for items (input items or a response's output): a message's text parts are
     joined, as the workers join text parts of chat content; function calls join the assistant
-    message before them (or make one), and each call's output is a tool message."""
+    message before them (or make one), and each call's output is a tool message. A reasoning item's
+    text is the `reasoning_content` of the assistant message that follows it (the chat template
+    decides whether the model sees it); one that no assistant message follows is left out."""
     messages: list[dict] = []
+    reasoning = None
     for item in items:
+        if item["type"] == "reasoning":
+            reasoning = "".join(part["text"] for part in item["content"]) or None
+            continue
         if item["type"] == "function_call":
             call = {
                 "id": item["call_id"],
@@ -119,7 +159,7 @@ def item_messages(items: list[dict]) -> list[dict]:
                 "function": {"name": item["name"], "arguments": item["arguments"]},
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and reasoning is None:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
@@ -127,6 +167,9 @@ def item_messages(items: list[dict]) -> list[dict]:
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
         else:
             messages.append({"role": item["role"], "content": "".join(part["text"] for part in item["content"])})
+        if messages and messages[-1]["role"] == "assistant" and reasoning is not None:
+            messages[-1]["reasoning_content"] = reasoning
+        reasoning = None
     return messages
 
 

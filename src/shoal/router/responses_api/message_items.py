@@ -1,6 +1,6 @@
-"""The items of the model's output as the Responses API shows them (assistant messages and their
-parts, function calls): in a response's output, and among the input items of a conversation
-(which also parse them from clients)."""
+"""The items of the model's output as the Responses API shows them (reasoning, assistant messages
+and their parts, function calls): in a response's output, and among the input items of a
+conversation (which also parse them from clients)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,15 @@ def output_text_part(text: str) -> dict:
 
 def output_message(message_id: str, status: str, content: list[dict]) -> dict:
     return {"type": "message", "id": message_id, "status": status, "role": "assistant", "content": content}
+
+
+def reasoning_text_part(text: str) -> dict:
+    return {"type": "reasoning_text", "text": text}
+
+
+def reasoning_item(item_id: str, status: str, content: list[dict]) -> dict:
+    """The model's reasoning: its text as `content` parts (shoal writes no summaries)."""
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": content, "status": status}
 
 
 def function_call_item(item_id: str, call_id: str, name: str, arguments: str, status: str = "completed") -> dict:

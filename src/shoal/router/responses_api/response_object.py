@@ -4,8 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shoal.router.responses_api.ids import new_function_call_id
-from shoal.router.responses_api.message_items import function_call_item, output_message, output_text_part
+from shoal.router.responses_api.ids import new_function_call_id, new_reasoning_id
+from shoal.router.responses_api.message_items import (
+    function_call_item,
+    output_message,
+    output_text_part,
+    reasoning_item,
+    reasoning_text_part,
+)
 
 if TYPE_CHECKING:
     from shoal.router.responses_api.responses_request import ResponsesRequest
@@ -42,17 +48,19 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
 
 
 def responses_usage(chat_usage: dict | None) -> dict:
-    """Chat completion usage in the Responses vocabulary."""
+    """Chat completion usage in the Responses vocabulary (output tokens include the reasoning
+    tokens, as they do in OpenAI's)."""
     chat_usage = chat_usage or {}
     input_tokens = chat_usage.get("prompt_tokens", 0)
     output_tokens = chat_usage.get("completion_tokens", 0)
     cached = (chat_usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    reasoning = (chat_usage.get("completion_tokens_details") or {}).get("reasoning_tokens") or 0
     return {
         "input_tokens": input_tokens,
         "output_tokens": output_tokens,
         "total_tokens": input_tokens + output_tokens,
         "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-        "output_tokens_details": {"reasoning_tokens": 0},
+        "output_tokens_details": {"reasoning_tokens": reasoning},
     }
 
 
@@ -62,16 +70,24 @@ def output_status(finish_reason: str | None) -> str:
 
 
 def assistant_output(message_id: str, message: dict, status: str) -> list[dict]:
-    """A chat completion's message as output items: the message (when it has text, or nothing
-    else), then one function_call item per tool call."""
+    """A chat completion's message as output items: a reasoning item (when it has reasoning), the
+    message (when it has text, or nothing else), then one function_call item per tool call."""
     calls = message.get("tool_calls") or []
+    reasoning = message.get("reasoning_content")
+    thought = [reasoning_item(new_reasoning_id(), status, [reasoning_text_part(reasoning)])] if reasoning else []
     items = [output_message(message_id, status, [output_text_part(message.get("content") or "")])]
-    if calls and not message.get("content"):
+    if (calls or thought) and not message.get("content"):
         items = []
-    return items + [
-        function_call_item(new_function_call_id(), call["id"], call["function"]["name"], call["function"]["arguments"])
-        for call in calls
-    ]
+    return (
+        thought
+        + items
+        + [
+            function_call_item(
+                new_function_call_id(), call["id"], call["function"]["name"], call["function"]["arguments"]
+            )
+            for call in calls
+        ]
+    )
 
 
 def finished_response(

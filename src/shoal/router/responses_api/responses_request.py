@@ -7,9 +7,19 @@ from dataclasses import dataclass
 from shoal.router.responses_api.input_items import normalize_input
 from shoal.router.route_request import RequestError
 
-# Sampling fields of shoal's workers that a Responses request may carry; they are passed through
-# to the chat request unchanged (the worker validates them).
-SHOAL_EXTENSIONS = ("seed", "ignore_eos", "stop", "top_k", "min_p", "repetition_penalty", "priority")
+# Fields of shoal's workers' chat requests that a Responses request may carry; they are passed
+# through to the chat request unchanged (the worker validates them).
+SHOAL_EXTENSIONS = (
+    "seed",
+    "ignore_eos",
+    "stop",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "priority",
+    "structured_outputs",
+    "chat_template_kwargs",
+)
 RESPONSES_FIELDS = (
     "model",
     "input",
