@@ -129,10 +129,9 @@ def test_layer_variants_match_transformers_on_both_paths(variant, kernel, tmp_pa
 
     options = ENGINE_OPTIONS.get(variant, {})
     assert logit_difference(LAYER_VARIANTS[variant], tmp_path, shoal_cache_dir, kernel, record_paths, **options) <= 1e-3
-    # The rows kernel comes with the fused native layer, for every variant but OLMo 2's q/k norms
-    # over whole projections; the tiles kernel with the torch layer.
-    fused = kernel == "rows" and not variant.startswith("olmo2")
-    assert set(paths) == {"native" if fused else "torch"}
+    # The rows kernel comes with the fused native layer, for every variant; the tiles kernel with
+    # the torch layer.
+    assert set(paths) == {"native" if kernel == "rows" else "torch"}
 
 
 def logit_difference(variant: tuple, directory, cache_dir, kernel: str = "auto", inspect=None, **options) -> float:

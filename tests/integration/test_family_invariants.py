@@ -1,6 +1,6 @@
 """What holds for Llama holds for every family: a request's tokens (greedy and seeded) do not depend
-on its neighbours, the prefix cache or chunked prefill, in bfloat16 on the fused native layer (the
-torch layer for OLMo 2), with prompts longer than every sliding window."""
+on its neighbours, the prefix cache or chunked prefill, in bfloat16 on the fused native layer, with
+prompts longer than every sliding window."""
 
 from __future__ import annotations
 

@@ -149,12 +149,6 @@ class LlamaConfig:
         """What attention scores are multiplied by."""
         return self.attention_multiplier if self.attention_multiplier is not None else self.head_dim**-0.5
 
-    @property
-    def fused_layer_runs_it(self) -> bool:
-        """Whether the fused native layer runs this model's layers: any but those with q/k norms over
-        whole projections (OLMo 2)."""
-        return self.qk_norm != "projection"
-
     def rotary(self, layer: int) -> bool:
         """Whether layer `layer` applies RoPE to its queries and keys."""
         return self.rotary_layers[layer] if self.rotary_layers else True

@@ -116,7 +116,7 @@ class DecoderLayer:
         self.scale = config.attention_scale
         projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
-        if fuse and config.fused_layer_runs_it and all(p.backend == "native" for p in projections):
+        if fuse and all(p.backend == "native" for p in projections):
             none = torch.empty(0)
             self.native = torch.classes.shoal.DecoderLayer(
                 *(p.packed for p in projections),
@@ -252,8 +252,6 @@ class LlamaModel:
         self.window_rope = (
             RotaryEmbedding(config, for_windows=True).to(self.device) if config.window_rope_theta else None
         )
-        if not config.fused_layer_runs_it and not self.attention_uses_tiles:
-            log.info("%s: the layers run their torch path, not the fused native layer", config.architecture)
         on_device = {name: t.to(self.device) for name, t in weights.items() if name.startswith(tuple(wanted))}
         self.layers = [
             DecoderLayer(
@@ -273,6 +271,14 @@ class LlamaModel:
             for i in self.layer_range
         ]
         self.native_norm = self.lm_head is not None and self.lm_head.backend == "native"
+        unfused = sum(layer.native is None for layer in self.layers)
+        if unfused and not self.attention_uses_tiles:
+            log.info(
+                "%s: %d of %d layers run the torch path (a projection without a native kernel)",
+                config.architecture,
+                unfused,
+                len(self.layers),
+            )
 
     def _pick_attention(self, kind: str) -> AttentionKernel:
         """ "rows": the C++ CPU kernel; "tiles": the torch kernel; "auto": rows on CPU when it builds."""

@@ -1,6 +1,6 @@
 // One decoder layer on CPUs, with no Python between its operations:
 //
-//   attention: (RMSNorm) -> QKV projection -> (per-head q/k RMSNorm) -> (RoPE on q and k) -> K/V
+//   attention: (RMSNorm) -> QKV projection -> (q/k RMSNorm) -> (RoPE on q and k) -> K/V
 //              written to the paged cache ->
 //              paged attention, scaled and soft-capped                 (this rank's heads)
 //   output:    residual + O projection                                 (fused into its epilogue), or
@@ -108,18 +108,23 @@ void rms_norm(const T* x, int64_t ldx, const T* weight, float eps, T* out, int64
   });
 }
 
-// Per-head RMSNorm of the q and k heads of qkv [T, (H + 2 Hkv) * D], in place (Qwen3's q_norm and
-// k_norm, before RoPE).
+// RMSNorm of the queries and keys of qkv [T, (H + 2 Hkv) * D], in place, before RoPE: per head
+// (Qwen3's and Gemma 3's q_norm and k_norm, [D] each), or over each whole projection (OLMo 2's,
+// [H * D] and [Hkv * D]).
 template <typename T>
-void norm_query_key_heads(T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_weight,
-                          const T* k_weight, float eps) {
+void norm_queries_and_keys(T* qkv, int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, const T* q_weight,
+                           const T* k_weight, float eps, bool whole_projections) {
   const int64_t width = (heads + 2 * kv_heads) * dim;
   at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      for (int64_t h = 0; h < heads + kv_heads; ++h) {
-        T* head = qkv + t * width + h * dim;
-        rms_norm_row(head, h < heads ? q_weight : k_weight, eps, head, dim);
+    for (int64_t t = begin; t < end; ++t) {
+      T* row = qkv + t * width;
+      if (whole_projections) {
+        rms_norm_row(row, q_weight, eps, row, heads * dim);
+        rms_norm_row(row + heads * dim, k_weight, eps, row + heads * dim, kv_heads * dim);
+        continue;
       }
+      for (int64_t h = 0; h < heads + kv_heads; ++h) rms_norm_row(row + h * dim, h < heads ? q_weight : k_weight, eps, row + h * dim, dim);
+    }
   });
 }
 
@@ -281,8 +286,11 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     TORCH_CHECK(cos_.scalar_type() == at::kFloat && signed_sin_.scalar_type() == at::kFloat &&
                     cos_.size(1) == head_dim && signed_sin_.sizes() == cos_.sizes(),
                 "DecoderLayer: RoPE tables must be float32 [positions, head_dim]");
-    TORCH_CHECK(q_norm_.numel() == k_norm_.numel() && (q_norm_.numel() == 0 || q_norm_.numel() == head_dim),
-                "DecoderLayer: q and k norms must both be [head_dim], or both empty");
+    const bool per_head = q_norm_.numel() == head_dim && k_norm_.numel() == head_dim;
+    const bool whole = q_norm_.numel() == heads * head_dim && k_norm_.numel() == kv_heads * head_dim;
+    TORCH_CHECK((q_norm_.numel() == 0 && k_norm_.numel() == 0) || per_head || whole,
+                "DecoderLayer: q and k norms must be [head_dim] each, [heads x head_dim] and [kv heads x head_dim], "
+                "or both empty");
   }
 
   // The attention output [T, heads * D] of this rank's heads for hidden [T, hidden]; writes the
@@ -314,8 +322,8 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
       if (q_norm_.numel() > 0) {
         TORCH_CHECK(q_norm_.scalar_type() == hidden.scalar_type() && k_norm_.scalar_type() == hidden.scalar_type(),
                     "DecoderLayer: q/k norms must be in the activations' dtype");
-        norm_query_key_heads<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, q_norm_.data_ptr<T>(),
-                                k_norm_.data_ptr<T>(), eps_);
+        norm_queries_and_keys<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, q_norm_.data_ptr<T>(),
+                                 k_norm_.data_ptr<T>(), eps_, q_norm_.numel() != dim_);
       }
       rotate_and_store<T>(qkv.data_ptr<T>(), tokens, heads_, kv_heads_, dim_, cos_.data_ptr<float>(),
                           signed_sin_.data_ptr<float>(), positions.data_ptr<int64_t>(),
@@ -416,7 +424,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   int64_t heads_, kv_heads_, dim_;
   float eps_;
   int64_t window_;  // the attention's sliding window (paged_attention_into), 0 for none
-  at::Tensor q_norm_, k_norm_;  // per-head q and k RMSNorm weights [D], or empty
+  at::Tensor q_norm_, k_norm_;  // q and k RMSNorm weights, per head [D] or per projection, or empty
   bool rotary_;                 // whether the layer applies RoPE
   double scale_, softcap_;      // of the attention scores (paged_attention_into)
   bool gelu_;                   // GELU-tanh gates the MLP, else SiLU
