@@ -13,9 +13,10 @@ from tests.support.workers import MODEL
 def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dict:
     """Streams one chat completion; calls fault(worker_url) once `after_tokens` tokens arrived.
     `seeds` are the sampling seeds its chunks name (the one drawn by the worker when none was given);
-    `tool_calls` the calls its deltas add up to, and `finish_reason` the last one given; `longest_gap_s`
-    the longest wait between two chunks with tokens."""
-    ids, text, response_ids, seeds, usage, roles = [], [], set(), set(), None, 0
+    `reasoning` what its reasoning_content deltas add up to; `tool_calls` the calls its deltas add
+    up to, and `finish_reason` the last one given; `longest_gap_s` the longest wait between two
+    chunks with tokens."""
+    ids, text, reasoning, response_ids, seeds, usage, roles = [], [], [], set(), set(), None, 0
     last_token_at, longest_gap_s = None, 0.0
     tool_calls: dict[int, dict] = {}
     finish_reason = None
@@ -39,6 +40,7 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
                     seeds.add(choice.get("seed"))
                 roles += "role" in choice.get("delta", {})
                 text.append(choice.get("delta", {}).get("content") or "")
+                reasoning.append(choice.get("delta", {}).get("reasoning_content") or "")
                 finish_reason = choice.get("finish_reason") or finish_reason
                 for delta in choice.get("delta", {}).get("tool_calls") or []:
                     call = tool_calls.setdefault(delta["index"], {"id": None, "name": None, "arguments": ""})
@@ -51,6 +53,7 @@ def read_stream(url: str, body: dict, fault=None, after_tokens: int = 20) -> dic
     return {
         "ids": ids,
         "text": "".join(text),
+        "reasoning": "".join(reasoning),
         "response_ids": response_ids,
         "seeds": seeds,
         "usage": usage,
