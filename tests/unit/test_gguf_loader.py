@@ -380,7 +380,7 @@ def test_a_tensor_type_without_a_native_kernel_is_widened_with_a_log_line(tmp_pa
         rows, kept = tensor_rows(tensor, torch.bfloat16, keep_quantized=True)
     assert kept is None and torch.equal(rows, torch.from_numpy(dequantize_tensor(tensor)))
     assert [r.getMessage() for r in caplog.records] == [
-        f"GGUF tensor t: ggml type Q2_K has no native kernel; widened to torch.bfloat16: "
+        f"GGUF tensor t: ggml type Q2_K has no native kernel against torch.bfloat16 activations; widened: "
         f"{3 * 512 * 2:,} bytes instead of {raw.nbytes:,}"
     ]
 
@@ -536,3 +536,23 @@ def test_a_phi3_gguf_with_longrope_factors_and_partial_rotary_reads_both(tmp_pat
     assert config.rope_scaling.short_factor == tuple(short.tolist()) and config.rope_scaling.long_factor == tuple(long)
     assert (config.rope_scaling.original_max_position_embeddings, config.rope_scaling.attention_factor) == (64, 1.25)
     assert not any("rope_factors" in name for name in state)
+
+
+def test_16_bit_matrices_stay_16_bit_where_the_kernels_run_them(tmp_path: Path, caplog) -> None:
+    """F16 against any activations; BF16 against bfloat16 ones, and widened with a log line against
+    float32."""
+    weights = random_hf_weights(np.random.default_rng(16), bias=False, tied=True)
+    name = "model.layers.0.mlp.up_proj.weight"
+    for qtype, dtype, kept_kind in [
+        (Q.F16, torch.float32, "f16"),
+        (Q.BF16, torch.bfloat16, "bf16"),
+        (Q.BF16, torch.float32, None),
+    ]:
+        reader = open_gguf(write_model_gguf(tmp_path / f"{qtype.name}.gguf", "llama", weights, qtype=qtype))
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="shoal.model.gguf_loader"):
+            state = gguf_state_dict(reader, gguf_config(reader), dtype, keep_quantized=True)
+        weight = state[name]
+        assert (weight.kind if isinstance(weight, QuantizedWeight) else None) == kept_kind, (qtype, dtype)
+        assert torch.equal(dense(weight).float(), gguf_state_dict(reader, gguf_config(reader))[name])
+        assert bool(caplog.records) == (kept_kind is None)

@@ -22,7 +22,7 @@ def test_native_rows_are_the_same_bits_for_every_row_count_and_place(in_features
         assert result["relative_error"] < TOLERANCE[name], name
 
 
-@pytest.mark.parametrize("kind", SMALL_BLOCKS + K_QUANTS)
+@pytest.mark.parametrize("kind", SMALL_BLOCKS + K_QUANTS + ("f16", "bf16"))
 def test_each_quantized_kind_multiplies_as_ggufs_dequantization(kind):
     """Rows of the identity times the packed blocks give back their values: within 1e-6 (relative to
     the largest) of what gguf dequantizes the same blocks to."""
@@ -31,7 +31,8 @@ def test_each_quantized_kind_multiplies_as_ggufs_dequantization(kind):
     linear = InvariantLinear([weight], None, 16, True)
     assert linear.backend == "native" and linear.packed.sources() == [kind]
     expected = weight.dequantize()
-    got = linear(torch.eye(columns)).T
+    # BF16 weights run against bfloat16 rows (of the identity: exact).
+    got = linear(torch.eye(columns, dtype=torch.bfloat16 if kind == "bf16" else torch.float32)).T.float()
     assert (got - expected).abs().max().item() <= 1e-6 * expected.abs().max().item()
 
 
@@ -117,3 +118,20 @@ def test_shared_float32_rows_do_not_depend_on_their_place_in_the_tile_at_any_thr
             assert torch.equal(linear(tile)[where], alone), where
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_gguf_f16_matrix_kept_as_it_is_gives_the_bits_of_its_widened_values():
+    """A GGUF's F16 matrices stay 16-bit in the packed copy (half the bytes of float32) and multiply
+    float32 rows to the same bits as their values widened to float32."""
+    weight = quantized(torch.randn(100, 576), "f16")
+    kept = InvariantLinear([weight], None, 16, True)
+    widened = InvariantLinear([weight.dequantize()], None, 16, True)
+    assert kept.packed.sources() == ["f16"] and kept.packed.packed_bytes() * 2 == widened.packed.packed_bytes()
+    x = torch.randn(37, 576)
+    assert torch.equal(kept(x), widened(x))
+
+
+def test_bf16_weights_refuse_float32_rows_with_an_error_not_a_crash():
+    linear = InvariantLinear([torch.randn(32, 64).bfloat16()], None, 16, True)
+    with pytest.raises(RuntimeError, match="bf16 weights multiply bfloat16 rows only"):
+        linear(torch.randn(2, 64))

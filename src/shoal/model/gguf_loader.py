@@ -28,8 +28,6 @@ from shoal.model.layout import check_state_dict
 from shoal.model.quantized_weight import GGML_TYPES, QuantizedWeight
 
 log = logging.getLogger(__name__)
-# ggml types that are plain floats: loading them dense widens nothing the file chose to compress.
-_FLOAT_TYPES = {gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16, gguf.GGMLQuantizationType.BF16}
 
 
 _GLOBAL_NAMES = {
@@ -253,26 +251,28 @@ def unpermute_rotary_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 _KEPT_KINDS = {ggml_type: kind for kind, ggml_type in GGML_TYPES.items()}
 
 
-def quantized_tensor(tensor: ReaderTensor) -> QuantizedWeight | None:
-    """A matrix whose ggml type the native kernels run, as its blocks (a copy); else None."""
+def quantized_tensor(tensor: ReaderTensor, dtype: torch.dtype = torch.float32) -> QuantizedWeight | None:
+    """A matrix whose ggml type the native kernels run against `dtype` activations, as its blocks (a
+    copy); else None. BF16 weights run against bfloat16 activations only."""
     kind = _KEPT_KINDS.get(tensor.tensor_type)
-    if kind is None or len(tensor.shape) != 2:
+    if kind is None or len(tensor.shape) != 2 or (kind == "bf16" and dtype != torch.bfloat16):
         return None
-    blocks = np.ascontiguousarray(tensor.data, dtype=np.uint8).reshape(int(tensor.shape[1]), -1)
+    blocks = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1)
     return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, int(tensor.shape[0]))
 
 
 def tensor_rows(
     tensor: ReaderTensor, dtype: torch.dtype, keep_quantized: bool
 ) -> tuple[torch.Tensor, QuantizedWeight | None]:
-    """A tensor's rows: its blocks, where kept quantized and the native kernels run its type, else
-    float32 values; a quantized type they do not run is widened with a log line naming the tensor,
+    """A tensor's rows: its blocks, where kept quantized and the native kernels run its type against
+    `dtype` activations, else float32 values; a matrix so widened gets a log line naming the tensor,
     its type and the bytes it then takes in `dtype`."""
-    kept = quantized_tensor(tensor) if keep_quantized else None
+    kept = quantized_tensor(tensor, dtype) if keep_quantized else None
     rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
-    if keep_quantized and kept is None and tensor.tensor_type not in _FLOAT_TYPES:
+    widened = len(tensor.shape) == 2 and rows.numel() * dtype.itemsize > tensor.n_bytes
+    if keep_quantized and kept is None and widened:
         log.warning(
-            "GGUF tensor %s: ggml type %s has no native kernel; widened to %s: %s bytes instead of %s",
+            "GGUF tensor %s: ggml type %s has no native kernel against %s activations; widened: %s bytes instead of %s",
             tensor.name,
             tensor.tensor_type.name,
             dtype,

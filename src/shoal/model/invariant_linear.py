@@ -148,7 +148,7 @@ def _concatenated(weights: list[Weight]) -> Weight:
 
 def _kernel_input(weight: Weight) -> torch.Tensor:
     """What PackedLinear packs: the float matrix, or the rows of GGML blocks."""
-    return weight.blocks.contiguous() if isinstance(weight, QuantizedWeight) else weight.contiguous()
+    return weight.kernel_input() if isinstance(weight, QuantizedWeight) else weight.contiguous()
 
 
 @functools.cache

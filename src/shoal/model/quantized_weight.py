@@ -1,5 +1,6 @@
 """A matrix kept as the GGUF file stores it: rows of GGML blocks of 32 columns (Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, IQ4_NL) or 256 (the K-quants Q3_K, Q4_K, Q5_K, Q6_K, and IQ4_XS).
+Q5_0, Q5_1, IQ4_NL) or 256 (the K-quants Q3_K, Q4_K, Q5_K, Q6_K, and IQ4_XS), or of 16-bit floats
+(F16, BF16: one value a block).
 
 The native CPU kernel (invariant_linear, csrc/linear_cpu.cpp) multiplies such matrices without
 dequantizing them in memory; everything else sees float values through `dequantize`.
@@ -25,7 +26,12 @@ GGML_TYPES = {
     "q5_k": gguf.GGMLQuantizationType.Q5_K,
     "q6_k": gguf.GGMLQuantizationType.Q6_K,
     "iq4_xs": gguf.GGMLQuantizationType.IQ4_XS,
+    # 16-bit floats, kept as the file stores them (blocks of one value, two bytes).
+    "f16": gguf.GGMLQuantizationType.F16,
+    "bf16": gguf.GGMLQuantizationType.BF16,
 }
+# The kinds whose blocks are 16-bit floats, and their torch dtype.
+FLOAT_KINDS = {"f16": torch.float16, "bf16": torch.bfloat16}
 # (columns, bytes) of one block.
 BLOCKS = {kind: tuple(gguf.GGML_QUANT_SIZES[ggml_type]) for kind, ggml_type in GGML_TYPES.items()}
 
@@ -76,6 +82,12 @@ class QuantizedWeight:
 
     def to(self, device: torch.device | str) -> QuantizedWeight:
         return QuantizedWeight(self.blocks.to(device), self.kind, self.columns)
+
+    def kernel_input(self) -> torch.Tensor:
+        """What the native matrix multiply packs: the rows of GGML blocks as bytes, or for the 16-bit
+        kinds the values themselves."""
+        blocks = self.blocks.contiguous()
+        return blocks.view(FLOAT_KINDS[self.kind]) if self.kind in FLOAT_KINDS else blocks
 
     def dequantize(self) -> torch.Tensor:
         """The float32 values (on the CPU), as GGML defines them."""

@@ -604,6 +604,8 @@ void multiply_block_pairs(const at::Tensor& x, Problem& pr) {
 void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int64_t n, const at::Tensor& bias,
               void* out, int64_t ldo, const void* residual, int64_t ldr) {
   const int64_t m = x.size(0), k = x.size(1);
+  TORCH_CHECK(format != kBF16 || x.scalar_type() == at::kBFloat16,
+              "PackedLinear: bf16 weights multiply bfloat16 rows only, not ", x.scalar_type());
   Problem pr{format, m, n, k, packed.data_ptr<uint8_t>(), panel_bytes(format, k)};
   pr.out = out;
   pr.ldo = ldo;
