@@ -67,3 +67,20 @@ def test_choice_i_runs_with_seed_plus_i():
     bodies = choice_bodies({"n": 3, "seed": 10, "stream": False}, force_stream=True)
     assert [(b["n"], b["seed"], b["stream"]) for b in bodies] == [(1, 10, True), (1, 11, True), (1, 12, True)]
     assert choice_bodies({"n": 1, "stream": True}, force_stream=False) == [{"n": 1, "stream": True}]
+
+
+def test_reasoning_tokens_are_summed_over_the_choices():
+    def usage(reasoning: int | None) -> dict:
+        details = {"completion_tokens_details": {"reasoning_tokens": reasoning}} if reasoning is not None else {}
+        return {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11, **details}
+
+    def final_usage(*reasoning: int | None) -> dict:
+        streams = [
+            stream(event({"id": "a", "choices": []}), event({"choices": [], "usage": usage(r)}), DONE)
+            for r in reasoning
+        ]
+        return json.loads(collect(streams, include_usage=True)[-2][6:])["usage"]
+
+    assert final_usage(4, 2)["completion_tokens_details"] == {"reasoning_tokens": 6}
+    assert final_usage(4, 2, 3)["completion_tokens"] == 18
+    assert "completion_tokens_details" not in final_usage(None, None)

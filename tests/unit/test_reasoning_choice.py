@@ -6,11 +6,16 @@ it (the prompt opening a section, chat_template_kwargs) validated."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from pydantic import ValidationError
 
+from shoal.errors import InvalidRequestError
+from shoal.model.errors import ChatTemplateError
 from shoal.model.hf_loader import load_hf_tokenizer
 from shoal.worker.chat_choice import ChatChoice
+from shoal.worker.chat_prompt import chat_prompt
 from shoal.worker.protocol import ChatCompletionRequest
 from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.tool_calling import ToolUse
@@ -19,6 +24,7 @@ from tests.support.tiny_model import write_tiny_tokenizer
 THINK = ("<think>", "</think>")
 OUTPUT = "<think>\nLet me see.\n</think>\n\nIt is 4."
 PROMPT = "<s>user\nhi</s>\n<s>assistant\n"
+ASK = [{"role": "user", "content": "hi"}]
 
 
 @pytest.fixture(scope="module")
@@ -173,3 +179,22 @@ def test_only_assistant_messages_carry_reasoning_content():
     assert body.messages[1].reasoning_content == "A greeting."
     with pytest.raises(ValidationError):
         ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi", "reasoning_content": "x"}])
+
+
+def test_chat_template_kwargs_reach_the_template_and_its_refusal_is_the_request_s_fault(tmp_path):
+    write_tiny_tokenizer(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["chat_template"] = (
+        "{% if enable_thinking is defined and enable_thinking is false %}{{ raise_exception('no thinking here') }}"
+        "{% endif %}{% for m in messages %}{{ m.content }}{% endfor %}{{ eos_token }}|{{ flavour | default('') }}"
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    tokenizer = load_hf_tokenizer(tmp_path)
+    assert tokenizer.apply_chat_template(ASK) == "hi</s>|"
+    assert tokenizer.apply_chat_template(ASK, template_kwargs={"flavour": "x", "eos_token": "E"}) == "hiE|x"
+    with pytest.raises(ChatTemplateError):
+        tokenizer.apply_chat_template(ASK, template_kwargs={"messages": []})
+    refused = request(chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(InvalidRequestError, match="no thinking here"):
+        chat_prompt(tokenizer, refused, None)
+    assert chat_prompt(tokenizer, request(chat_template_kwargs={"flavour": "y"}), None) == "hi</s>|y"

@@ -20,6 +20,7 @@ from shoal.router.responses_api.response_object import (
     assistant_output,
     finished_response,
     response_skeleton,
+    responses_usage,
 )
 from shoal.router.responses_api.responses_request import ResponsesRequest
 from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
@@ -422,3 +423,122 @@ def test_a_client_leaving_closes_the_started_chat_stream(leave_at):
 
     asyncio.run(leave())
     assert chat.started and chat.closed
+
+
+def test_reasoning_deltas_become_a_reasoning_item_before_the_message():
+    kept = []
+
+    async def keep(response: dict) -> None:
+        kept.append(response)
+
+    chat = ChatStream(
+        [
+            chunk(""),
+            {"id": "c", "model": "tiny", "choices": [{"index": 0, "delta": {"reasoning_content": "Hm, "}}]},
+            {"id": "c", "model": "tiny", "choices": [{"index": 0, "delta": {"reasoning_content": "yes."}}]},
+            {
+                "id": "c",
+                "model": "tiny",
+                "choices": [{"index": 0, "delta": {"content": "Yes"}, "finish_reason": "stop"}],
+            },
+            {
+                "id": "c",
+                "choices": [],
+                "usage": {
+                    "prompt_tokens": 3,
+                    "completion_tokens": 9,
+                    "completion_tokens_details": {"reasoning_tokens": 8},
+                },
+            },
+            "[DONE]",
+        ]
+    )
+    events = run_events(chat, keep)
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.delta",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.completed",
+    ]
+    assert [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"] == ["reasoning", "message"]
+    [done] = [e for e in events if e["type"] == "response.reasoning_text.done"]
+    assert done["text"] == "Hm, yes." and done["output_index"] == 0
+    final = Response.model_validate(events[-1]["response"])
+    thought, said = final.output
+    assert thought.type == "reasoning" and [part.text for part in thought.content] == ["Hm, yes."]
+    assert said.type == "message" and final.output_text == "Yes"
+    assert final.usage.output_tokens_details.reasoning_tokens == 8 and kept == [events[-1]["response"]]
+
+
+def test_a_message_with_reasoning_is_a_reasoning_item_then_the_message():
+    skeleton = response_skeleton("resp_1", parse(), 0)
+    output = assistant_output("msg_1", {"content": "Yes", "reasoning_content": "Hm."}, "completed")
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "completion_tokens_details": {"reasoning_tokens": 4}}
+    parsed = Response.model_validate(finished_response(skeleton, output, "stop", usage, None))
+    assert [item.type for item in parsed.output] == ["reasoning", "message"]
+    assert parsed.output[0].content[0].text == "Hm." and parsed.output_text == "Yes"
+    assert parsed.usage.output_tokens_details.reasoning_tokens == 4
+    # Cut while reasoning: the reasoning alone, no empty message.
+    cut = assistant_output("msg_1", {"content": "", "reasoning_content": "Hm"}, "incomplete")
+    assert [item["type"] for item in cut] == ["reasoning"]
+    assert responses_usage(None)["output_tokens_details"] == {"reasoning_tokens": 0}
+
+
+def test_reasoning_items_in_input_are_the_next_assistant_message_s_reasoning_content():
+    items = normalize_input(
+        [
+            {"role": "user", "content": "add them"},
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "Use f."}],
+            },
+            {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": "{}"},
+            {"type": "function_call_output", "call_id": "call_1", "output": "3"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "It is 3."}], "encrypted_content": None},
+            {"role": "assistant", "content": "3"},
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "left over"}]},
+            {"role": "user", "content": "thanks"},
+        ]
+    )
+    ITEMS.validate_python(items)
+    assert conversation_messages(None, [], items) == [
+        {"role": "user", "content": "add them"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}],
+            "reasoning_content": "Use f.",
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "3"},
+        {"role": "assistant", "content": "3", "reasoning_content": "It is 3."},
+        {"role": "user", "content": "thanks"},
+    ]
+
+
+@pytest.mark.parametrize(
+    "item,param",
+    [
+        ({"type": "reasoning"}, "input[0].summary"),
+        ({"type": "reasoning", "summary": [{"type": "reasoning_text", "text": "x"}]}, "input[0].summary[0]"),
+        ({"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text"}]}, "input[0].content[0]"),
+        ({"type": "reasoning", "summary": [], "encrypted_content": "gAAA"}, "input[0].encrypted_content"),
+    ],
+)
+def test_bad_reasoning_items_name_the_field(item, param):
+    with pytest.raises(RequestError) as refused:
+        normalize_input([item])
+    assert refused.value.param == param

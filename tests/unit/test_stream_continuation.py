@@ -98,3 +98,13 @@ def test_streamed_tool_calls_are_not_written_back_as_text():
 def test_vllm_is_asked_for_its_token_ids_and_nothing_else_is():
     assert with_token_ids_asked(CHAT, "vllm") == {**CHAT, "return_token_ids": True}
     assert with_token_ids_asked(CHAT, "shoal") is CHAT and with_token_ids_asked(CHAT, None) is CHAT
+
+
+def test_streamed_reasoning_continues_only_token_exact():
+    thought = progress(token_ids=[3, 4])
+    thought.reasoning = True
+    assert can_continue("shoal", thought, CHAT, chat=True)
+    assert continuation_body(CHAT, thought, "shoal", chat=True)["resume_text_offset"] == thought.text_chars
+    thought.token_ids = []
+    assert not can_continue("vllm", thought, CHAT, chat=True)
+    assert not can_continue("shoal", thought, CHAT, chat=True)
