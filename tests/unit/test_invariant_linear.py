@@ -135,3 +135,11 @@ def test_bf16_weights_refuse_float32_rows_with_an_error_not_a_crash():
     linear = InvariantLinear([torch.randn(32, 64).bfloat16()], None, 16, True)
     with pytest.raises(RuntimeError, match="bf16 weights multiply bfloat16 rows only"):
         linear(torch.randn(2, 64))
+
+
+@pytest.mark.parametrize("kind", SMALL_BLOCKS + K_QUANTS + ("f16", "bf16"))
+def test_the_memory_a_packed_kind_takes_is_what_the_fit_check_counts(kind):
+    from shoal.model.quantized_weight import PACKED_BYTES_PER_WEIGHT
+
+    linear = InvariantLinear([quantized(torch.randn(64, 512), kind)], None, 16, True)
+    assert linear.packed.packed_bytes() == 64 * 512 * PACKED_BYTES_PER_WEIGHT[kind]

@@ -19,7 +19,7 @@ from shoal.model.gguf_header import read_gguf_header
 from shoal.model.gguf_loader import gguf_config, open_gguf
 from shoal.model.hf_loader import hf_weight_files, load_hf_config
 from shoal.model.llama import kv_bytes_per_token_per_layer
-from shoal.model.quantized_weight import GGML_TYPES
+from shoal.model.quantized_weight import GGML_TYPES, PACKED_BYTES_PER_WEIGHT
 from shoal.model.registry import resolve_model
 
 # Bytes per element of the safetensors dtypes a checkpoint stores its weights in.
@@ -74,10 +74,14 @@ class ModelReport:
         return self.config.num_layers * kv_bytes_per_token_per_layer(self.config, bytes_per_value)
 
     def weight_bytes_in_memory(self, bytes_per_value: int, keep_quantized: bool) -> int:
-        """The least memory the loaded weights take: blocks of the natively run GGUF types as they are
-        (with keep_quantized), every other tensor at `bytes_per_value` an element."""
-        kept = {kind.name for kind in GGML_TYPES.values()} if keep_quantized and self.format == "gguf" else set()
-        return sum(t.bytes if name in kept else t.elements * bytes_per_value for name, t in self.types.items())
+        """The memory the loaded weights take: the natively run GGUF types (with keep_quantized) as
+        the native kernel packs them, every other tensor at `bytes_per_value` an element."""
+        packed = (
+            {GGML_TYPES[kind].name: size for kind, size in PACKED_BYTES_PER_WEIGHT.items()}
+            if keep_quantized and self.format == "gguf"
+            else {}
+        )
+        return sum(int(t.elements * packed.get(name, bytes_per_value)) for name, t in self.types.items())
 
     def summary(self) -> dict[str, object]:
         """The report as one JSON-ready object."""

@@ -30,6 +30,23 @@ GGML_TYPES = {
     "f16": gguf.GGMLQuantizationType.F16,
     "bf16": gguf.GGMLQuantizationType.BF16,
 }
+# Bytes a weight of each kind takes once packed for the native kernel (csrc/panel_layout.h: per
+# 32 k of 16 columns, the format's scales and its values, nibbles or bytes; 16-bit values as they are).
+PACKED_BYTES_PER_WEIGHT = {
+    "q8_0": 544 / 512,
+    "q4_0": 320 / 512,
+    "q4_1": 320 / 512,
+    "q5_0": 544 / 512,
+    "q5_1": 640 / 512,
+    "iq4_nl": 544 / 512,
+    "q3_k": 640 / 512,
+    "q4_k": 384 / 512,
+    "q5_k": 640 / 512,
+    "q6_k": 640 / 512,
+    "iq4_xs": 640 / 512,
+    "f16": 2,
+    "bf16": 2,
+}
 # The kinds whose blocks are 16-bit floats, and their torch dtype.
 FLOAT_KINDS = {"f16": torch.float16, "bf16": torch.bfloat16}
 # (columns, bytes) of one block.
