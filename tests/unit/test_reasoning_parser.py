@@ -5,6 +5,8 @@ own text."""
 
 from __future__ import annotations
 
+import itertools
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -87,11 +89,38 @@ def test_an_empty_section_gives_no_reasoning():
     assert all(r == "" for r, _ in outputs)
 
 
+PIECES = ["<think>", "</think>", "<", "</", "<th", "think", ">", "a", "b c", " ", "\n"]
+
+
+def kept_text(text: str, opened: bool, section: tuple | None) -> str:
+    """`text` without the markers the parser took for the section's."""
+    kept = text
+    if section is not None:
+        start, end = section
+        if end is not None:
+            kept = kept[: end - len("</think>")] + kept[end:]
+        if opened:  # a start marker written anyway where the output begins
+            start = len(text) - len(text.lstrip()) if text.lstrip().startswith("<think>") else None
+        if start is not None:
+            kept = kept[:start] + kept[start + len("<think>") :]
+    return kept
+
+
+def test_every_short_output_splits_the_same_at_every_cut_and_loses_only_markers_and_whitespace():
+    for size in (1, 2, 3):
+        for words in itertools.product(PIECES, repeat=size):
+            text = "".join(words)
+            for opened in (False, True):
+                reasoning, content, _, section = split([text], opened)
+                for pieces in every_cut(text):
+                    assert split(pieces, opened)[::3] == (reasoning, section), (text, opened, pieces)
+                    assert split(pieces, opened)[1] == content, (text, opened, pieces)
+                assert "".join((reasoning + content).split()) == "".join(kept_text(text, opened, section).split())
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    st.lists(
-        st.sampled_from(["<think>", "</think>", "<", "</", "<th", "think", ">", "a", "b c", " ", "\n"]), max_size=14
-    ),
+    st.lists(st.sampled_from(PIECES), max_size=14),
     st.lists(st.integers(min_value=1, max_value=6), min_size=1, max_size=40),
     st.booleans(),
 )
@@ -107,16 +136,7 @@ def test_any_cut_gives_what_one_character_at_a_time_gives(words, cuts, opened):
     assert split(pieces, opened)[:2] == split(list(text), opened)[:2] == (reasoning, content)
     assert split(pieces, opened)[3] == split(list(text), opened)[3] == section
     # Nothing is lost but the markers of the section and whitespace.
-    kept = text
-    if section is not None:
-        start, end = section
-        if end is not None:
-            kept = kept[: end - len("</think>")] + kept[end:]
-        if not opened:
-            kept = kept[:start] + kept[start + len("<think>") :]
-        elif kept.lstrip().startswith("<think>"):
-            kept = kept.replace("<think>", "", 1)
-    assert "".join((reasoning + content).split()) == "".join(kept.split())
+    assert "".join((reasoning + content).split()) == "".join(kept_text(text, opened, section).split())
 
 
 def test_reasoning_tokens_are_those_whose_text_lies_in_the_section(tmp_path):
