@@ -27,8 +27,9 @@ from shoal.parallel.pipeline_plan import plan_stages
 from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
 from shoal.protocol.cluster_secret import SECRET_ENV
+from tests.integration.test_architectures import COMMON, LAYER_VARIANTS
 from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
-from tests.support.tiny_model import write_tiny_model
+from tests.support.tiny_model import write_random_family_model, write_tiny_model
 from tests.support.waiting import wait_for
 
 
@@ -64,6 +65,18 @@ def test_tiny_model_pipelines_give_the_single_process_tokens(
     expected = outputs(LLM(five_layer_model, **options), TINY_PROMPTS, GREEDY)
     pipeline = LLM(five_layer_model, pipeline_parallel_size=stages, layers_per_stage=layers_per_stage, **options)
     assert [s.end_layer - s.first_layer for s in pipeline.engine.runner.plan.stages] == list(layers_per_stage or (3, 2))
+    assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
+
+
+@pytest.mark.parametrize("variant", ["gemma2", "gemma3"])
+def test_gemma_pipelines_give_the_single_process_tokens(variant, shoal_cache_dir, tmp_path):
+    """Stages split Gemma's layers: the embedding scale in the first, local and global layers with
+    their own RoPE bases across stages, soft-capped logits in the last."""
+    config_class, model_class, fields = LAYER_VARIANTS[variant]
+    write_random_family_model(tmp_path, config_class, model_class, {**COMMON, **fields})
+    options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
+    expected = outputs(LLM(str(tmp_path), **options), TINY_PROMPTS, GREEDY)
+    pipeline = LLM(str(tmp_path), pipeline_parallel_size=2, layers_per_stage=(2, 1), **options)
     assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
 
 
