@@ -5,15 +5,12 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import gguf
-import numpy as np
 import pytest
 import transformers
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shoal.model.errors import ChatTemplateError
-from shoal.model.gguf_tokenizer import bytes_to_unicode
 from shoal.model.hf_loader import load_hf_tokenizer
 from shoal.model.registry import resolve_model
 from shoal.model.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -184,98 +181,3 @@ def test_incremental_detokenizer_on_random_ids(ours: Tokenizer) -> None:
         ids = [rng.randrange(ours.vocab_size) if rng.random() < 0.3 else rng.randrange(300) for _ in range(12)]
         for skip in (True, False):
             assert "".join(_stream(ours, ids, skip=skip)) == ours.decode(ids, skip_special_tokens=skip)
-
-
-def _write_tokenizer_gguf(path: Path, model: str, tokens: list[str], types: list[int], **extra) -> Path:
-    w = gguf.GGUFWriter(str(path), "llama")
-    for key, value in {
-        "block_count": 1,
-        "context_length": 64,
-        "embedding_length": 8,
-        "feed_forward_length": 16,
-        "head_count": 2,
-        "head_count_kv": 1,
-        "layer_norm_rms_eps": 1e-5,
-    }.items():
-        getattr(w, f"add_{key}")(value)
-    w.add_tokenizer_model(model)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    for key, value in extra.items():
-        getattr(w, f"add_{key}")(value)
-    w.add_tensor("token_embd.weight", np.zeros((len(tokens), 8), np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
-
-
-SP_TEXTS = ["hello world", " hello  world", "hello<think>world", "<s>hello</s>", "héllo wörld 😀", "", "\n\thello"]
-
-
-def test_sentencepiece_gguf_matches_transformers(tmp_path: Path) -> None:
-    pieces = [
-        "▁",
-        "h",
-        "e",
-        "l",
-        "o",
-        "w",
-        "r",
-        "d",
-        "▁h",
-        "▁he",
-        "ll",
-        "llo",
-        "▁hello",
-        "▁w",
-        "or",
-        "▁world",
-        "<think>",
-    ]
-    tokens = ["<unk>", "<s>", "</s>", *(f"<0x{i:02X}>" for i in range(256)), *pieces]
-    types = [2, 3, 3, *[6] * 256, *[1] * (len(pieces) - 1), 4]
-    scores = [0.0] * 259 + [-float(i) for i in range(len(pieces))]
-    path = _write_tokenizer_gguf(
-        tmp_path / "sp.gguf",
-        "llama",
-        tokens,
-        types,
-        token_scores=scores,
-        bos_token_id=1,
-        eos_token_id=2,
-        unk_token_id=0,
-    )
-    ours = Tokenizer.from_gguf(path)
-    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="sp.gguf")
-    for text in SP_TEXTS:
-        ids = ours.encode(text)
-        assert ids == reference.encode(text) and ids[:1] == [1]  # SentencePiece GGUFs add BOS by default
-        assert ours.decode(ids) == reference.decode(ids, skip_special_tokens=True)
-        assert "".join(_stream(ours, ids[1:])) == ours.decode(ids[1:])
-
-
-def test_byte_level_gguf_with_split_regex_and_no_endoftext(tmp_path: Path) -> None:
-    alphabet = list(bytes_to_unicode().values())
-    tokens = [*alphabet, "Ġh", "Ġhe", "ll", "llo", "Ġhello", "<|start|>", "<|end|>", "<tool>"]
-    types = [1] * 261 + [3, 3, 4]
-    path = _write_tokenizer_gguf(
-        tmp_path / "bl.gguf",
-        "gpt2",
-        tokens,
-        types,
-        tokenizer_pre="llama-bpe",
-        token_merges=["Ġ h", "Ġh e", "l l", "ll o", "Ġhe llo"],
-        bos_token_id=261,
-        eos_token_id=262,
-        chat_template="{{ '<|end|>' }}",
-    )
-    ours = Tokenizer.from_gguf(path)
-    reference = transformers.AutoTokenizer.from_pretrained(str(tmp_path), gguf_file="bl.gguf")
-    for text in ["hello world", " hello <tool> x<|end|>", "héllo 123456 😀", "<|start|>hi"]:
-        assert ours.encode(text) == reference.encode(text)
-        assert ours.decode(ours.encode(text)) == reference.decode(reference.encode(text), skip_special_tokens=True)
-    assert ours.eos_token_ids == (262,) and ours.vocab_size == len(tokens)
-    # transformers appends a phantom id 264 for its default "<|endoftext|>"; that id has no embedding row.
-    assert max(ours.encode("<|endoftext|>")) < len(tokens)

@@ -1,7 +1,8 @@
 """Text <-> token ids for one model, its chat template, and streaming detokenization.
 
-`Tokenizer` wraps a `tokenizers.Tokenizer` built from a GGUF file's metadata (see gguf_tokenizer) or
-from a Hugging Face `tokenizer.json` (see hf_loader); ids equal those of transformers' AutoTokenizer.
+`Tokenizer` wraps a backend: a `tokenizers.Tokenizer` built from a Hugging Face `tokenizer.json` (see
+hf_loader; ids equal those of transformers' AutoTokenizer), or a GGUF file's tokenizer as llama.cpp
+runs it (see gguf_tokenizer; ids equal llama.cpp's).
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from tokenizers import Tokenizer as Backend
 
 from shoal.model.chat_template import compile_chat_template, render_chat_template
 from shoal.model.errors import ChatTemplateError, ModelLoadError
+from shoal.model.gguf_backend import GGUFBackend
 from shoal.model.gguf_loader import gguf_metadata, open_gguf
 from shoal.model.gguf_tokenizer import gguf_tokenizer_spec
+
+# What a Tokenizer wraps: both kinds answer the `tokenizers.Tokenizer` calls made here and in grammar.
+TokenizerBackend = Backend | GGUFBackend
 
 # Special tokens that end an assistant turn; one counts as EOS when the chat template writes it.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|END_OF_TURN_TOKEN|>")
@@ -31,7 +36,7 @@ class Tokenizer:
 
     def __init__(
         self,
-        backend: Backend,
+        backend: TokenizerBackend,
         *,
         special_tokens: Mapping[str, str | None],
         chat_template: str | Mapping[str, str] | None,
@@ -77,9 +82,10 @@ class Tokenizer:
         return tuple(dict.fromkeys(ids))
 
     @classmethod
-    def from_gguf_metadata(cls, metadata: Mapping[str, Any]) -> Tokenizer:
-        """From the `tokenizer.*` keys of a GGUF file (as returned by gguf_loader.gguf_metadata)."""
-        spec = gguf_tokenizer_spec(dict(metadata))
+    def from_gguf_metadata(cls, metadata: Mapping[str, Any], source: str | Path | None = None) -> Tokenizer:
+        """From the `tokenizer.*` keys of a GGUF file (as returned by gguf_loader.gguf_metadata);
+        `source`, the file, is named in errors."""
+        spec = gguf_tokenizer_spec(dict(metadata), source)
         return cls(
             spec.backend,
             special_tokens=spec.special_tokens,
@@ -90,13 +96,14 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, path: str | Path) -> Tokenizer:
         """From a GGUF file (parses the whole header, about a second for a 50k vocabulary)."""
-        return cls.from_gguf_metadata(gguf_metadata(open_gguf(path)))
+        return cls.from_gguf_metadata(gguf_metadata(open_gguf(path)), path)
 
     def to_json(self) -> str:
         """Lossless serialization, the inverse of `from_json` (used by the weight cache)."""
+        backend = self._backend
         return json.dumps(
             {
-                "backend": self._backend.to_str(),
+                **({"gguf": backend.to_state()} if isinstance(backend, GGUFBackend) else {"backend": backend.to_str()}),
                 "special_tokens": self._special_tokens,
                 "chat_templates": self._templates,
                 "extra_eos_ids": list(self._extra_eos_ids),
@@ -107,7 +114,7 @@ class Tokenizer:
     def from_json(cls, text: str) -> Tokenizer:
         try:
             state = json.loads(text)
-            backend = Backend.from_str(state["backend"])
+            backend = GGUFBackend.from_state(state["gguf"]) if "gguf" in state else Backend.from_str(state["backend"])
         except Exception as exc:  # tokenizers reports parse errors as bare Exception
             raise ModelLoadError(f"corrupt serialized tokenizer: {exc}") from exc
         return cls(
@@ -159,8 +166,8 @@ class Tokenizer:
         return text[: text.rindex(_OPEN_END)] + (final.get("content") or "")
 
     @property
-    def backend(self) -> Backend:
-        """The underlying `tokenizers.Tokenizer` (shared, not a copy: do not mutate)."""
+    def backend(self) -> TokenizerBackend:
+        """The underlying backend (shared, not a copy: do not mutate)."""
         return self._backend
 
     @property
