@@ -113,6 +113,14 @@ def test_sentencepiece_merges_the_best_score_first_then_the_leftmost_pair():
     assert encoder.encode("aé") == [0, 100 + 0xC3, 100 + 0xA9]  # a character outside the vocabulary: its bytes
 
 
+@pytest.mark.parametrize("name", SENTENCEPIECE)
+def test_cutting_text_where_no_token_spans_changes_no_id(name, tokenizers):
+    encoder = tokenizers[name].backend._encoder
+    for text in TEXTS + random_texts(200, seed=5):
+        escaped = text.replace(" ", "\u2581")
+        assert encoder.encode(escaped) == encoder.merge(escaped), text
+
+
 def test_special_tokens_are_cut_out_longest_first_with_strips():
     specials = [SpecialToken("<ab>", 7, rstrip=True), SpecialToken("<a", 8, lstrip=True), SpecialToken("b", 9)]
     assert split_special("x <ab>  y <a z", specials) == ["x ", 7, "y", 8, " z"]

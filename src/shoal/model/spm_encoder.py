@@ -7,12 +7,18 @@ is a token gives its id; one that is not (a character outside the vocabulary) gi
 UTF-8 bytes (`<0xXX>` tokens). This is `llm_tokenizer_spm_session` in llama.cpp's src/llama-vocab.cpp;
 it is not merge-rank BPE (a `tokenizers` BPE model ranks each split of a token separately, and breaks
 ties by rank, not by position).
+
+No merge can cross a point between two characters that no token holds side by side, so the fragment
+is cut at such points (between a word and the U+2581 after it, in most vocabularies) and the pieces
+merged alone, each remembered: the same ids, in a fraction of the time for text that repeats words.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Mapping, Sequence
+
+_CACHE_SIZE = 1 << 16  # pieces remembered (cleared when full)
 
 
 class SpmEncoder:
@@ -29,8 +35,30 @@ class SpmEncoder:
         self._scores = [float(s) for s in scores]
         self._byte_ids = list(byte_ids)
         self._max_chars = max((len(text) for text in self._pieces), default=1)
+        # Every two characters that stand side by side in some token.
+        self._pairs = {text[i : i + 2] for text in self._pieces for i in range(len(text) - 1)}
+        self._cache: dict[str, list[int]] = {}
 
     def encode(self, text: str) -> list[int]:
+        pairs, cache = self._pairs, self._cache
+        ids: list[int] = []
+        start = 0
+        for end in range(1, len(text) + 1):
+            if end < len(text) and text[end - 1 : end + 1] in pairs:
+                continue
+            chunk = text[start:end]
+            start = end
+            merged = cache.get(chunk)
+            if merged is None:
+                merged = self.merge(chunk)
+                if len(cache) >= _CACHE_SIZE:
+                    cache.clear()
+                cache[chunk] = merged
+            ids.extend(merged)
+        return ids
+
+    def merge(self, text: str) -> list[int]:
+        """`text` merged as one fragment, uncut and not remembered (what `encode` equals)."""
         n = len(text)
         if n == 0:
             return []
@@ -81,5 +109,5 @@ class SpmEncoder:
     def _byte_id(self, byte: int) -> int:
         token = self._byte_ids[byte]
         if token is None:
-            raise KeyError(f"the vocabulary has no token for byte 0x{byte:02X}")
+            raise ValueError(f"the vocabulary has no token for byte 0x{byte:02X} (nor an unknown token)")
         return token
