@@ -34,7 +34,7 @@ from typing import Any
 import gguf
 import numpy as np
 
-from shoal.model.gguf_tokenizer import bytes_to_unicode
+from shoal.model.gguf_backend import bytes_to_unicode
 from tests.support.tokenizer_corpus import FIXED
 
 README = Path(__file__).resolve().parents[2] / "README.md"

@@ -1,7 +1,7 @@
 """The tokenizer a GGUF file describes in its `tokenizer.ggml.*` metadata, giving llama.cpp's token ids.
 
-- "llama" (SentencePiece): llama.cpp's own algorithm (spm_backend): merges by score, byte fallback,
-  U+2581 for spaces, a space prefix where the file asks for one (not for Gemma).
+- "llama" (SentencePiece): llama.cpp's own algorithm (gguf_backend, spm_encoder): merges by score,
+  byte fallback, U+2581 for spaces, a space prefix where the file asks for one (not for Gemma).
 - "gpt2" (byte-level BPE): a `tokenizers.Tokenizer` with the file's merges and llama.cpp's
   pre-tokenizer for `tokenizer.ggml.pre` (bpe_pretokenizers). Control, unknown and user-defined
   tokens keep the text the file gives them and are matched in text before BPE (control and unknown
@@ -22,10 +22,8 @@ from tokenizers.models import BPE
 
 from shoal.model.bpe_pretokenizers import PRE_TOKENIZERS, pre_tokenizer_regexes
 from shoal.model.errors import ModelLoadError
-from shoal.model.gguf_backend import GGUFBackend, bytes_to_unicode
+from shoal.model.gguf_backend import GGUFBackend
 from shoal.model.llama_vocab import LlamaVocab
-
-__all__ = ["SUPPORTED_MODELS", "GGUFTokenizerSpec", "bytes_to_unicode", "gguf_tokenizer_spec"]
 
 # `tokenizer.ggml.model` values read here: SentencePiece ("llama") and byte-level BPE ("gpt2").
 SUPPORTED_MODELS = ("llama", "gpt2")
@@ -68,11 +66,14 @@ def _byte_level_spec(meta: dict[str, Any], where: str) -> GGUFTokenizerSpec:
     if pre is None:
         raise ModelLoadError(f"{where}GGUF pre-tokenizer {pre_name!r} (tokenizer.ggml.pre) is not supported")
     vocab = LlamaVocab.from_gguf_metadata(meta, add_bos=pre.add_bos, has_bos=pre.has_bos)
+    ids = {token: index for index, token in enumerate(vocab.tokens)}
+    # A merge whose result is no token can only leave bytes in llama.cpp: it is left out here.
+    merges = [pair for pair in map(_merge_pair, meta.get("tokenizer.ggml.merges") or []) if "".join(pair) in ids]
     # The text between special tokens only: those are cut out before (GGUFBackend).
     bpe = Backend(
         BPE(
-            vocab={token: index for index, token in enumerate(vocab.tokens)},
-            merges=[_merge_pair(m) for m in meta.get("tokenizer.ggml.merges") or []],
+            vocab=ids,
+            merges=merges,
             dropout=None,
             continuing_subword_prefix="",
             end_of_word_suffix="",
@@ -111,4 +112,4 @@ def _spec(meta: dict[str, Any], vocab: LlamaVocab, backend: GGUFBackend) -> GGUF
 def _merge_pair(merge: str) -> tuple[str, str]:
     """A `tokenizer.ggml.merges` entry split as llama.cpp splits it: at the first space after the start."""
     at = merge.find(" ", 1)
-    return (merge[:at], merge[at + 1 :]) if at >= 0 else ("", "")
+    return (merge[:at], merge[at + 1 :]) if at >= 0 else ("", "")  # ("", "") is no token
