@@ -2,38 +2,12 @@
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import run_to_completion
+from tests.support.engine_runs import alone, batched, mixed_prompts, run_to_completion
 
 GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-
-
-def mixed_prompts(count: int, seed: int, vocab=(3, 98)) -> list[list[int]]:
-    rng = random.Random(seed)
-    shared = [rng.randrange(*vocab) for _ in range(20)]
-    prompts = []
-    for i in range(count):
-        tail = [rng.randrange(*vocab) for _ in range(rng.randrange(1, 60))]
-        # Half the prompts share a 20-token prefix, so later ones hit the prefix cache.
-        prompts.append(shared + tail if i % 2 else tail)
-    return prompts
-
-
-def alone(make_engine, prompts, params) -> list[list[int]]:
-    results = []
-    for i, prompt in enumerate(prompts):
-        engine = make_engine(enable_prefix_caching=False)
-        results.append(run_to_completion(engine, {f"r{i}": (prompt, params)})[f"r{i}"])
-    return results
-
-
-def batched(engine, prompts, params) -> list[list[int]]:
-    results = run_to_completion(engine, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
-    return [results[f"r{i}"] for i in range(len(prompts))]
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import pytest
 from shoal.config.engine import EngineConfig
 from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
-from tests.integration.test_architectures import COMMON, LAYER_VARIANTS
-from tests.integration.test_batch_invariance import alone, batched, mixed_prompts
+from tests.support.engine_runs import alone, batched, mixed_prompts
+from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.tiny_model import write_random_family_model
 
 FAMILIES = [

@@ -27,7 +27,7 @@ from shoal.parallel.pipeline_plan import plan_stages
 from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
 from shoal.protocol.cluster_secret import SECRET_ENV
-from tests.integration.test_architectures import COMMON, LAYER_VARIANTS
+from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
 from tests.support.tiny_model import write_random_family_model, write_tiny_model
 from tests.support.waiting import wait_for

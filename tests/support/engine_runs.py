@@ -1,6 +1,9 @@
-"""Running an engine's requests to completion, checking its invariants every step."""
+"""Running an engine's requests to completion, checking its invariants every step; the same prompts
+alone (one fresh engine each) and batched."""
 
 from __future__ import annotations
+
+import random
 
 
 def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
@@ -14,3 +17,30 @@ def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]
                 results[output.request_id] = output.outputs[0].token_ids
         engine.check_integrity()
     return results
+
+
+def mixed_prompts(count: int, seed: int, vocab=(3, 98)) -> list[list[int]]:
+    """`count` random prompts of 1-80 ids from `vocab`, every other one after a shared prefix."""
+    rng = random.Random(seed)
+    shared = [rng.randrange(*vocab) for _ in range(20)]
+    prompts = []
+    for i in range(count):
+        tail = [rng.randrange(*vocab) for _ in range(rng.randrange(1, 60))]
+        # Half the prompts share a 20-token prefix, so later ones hit the prefix cache.
+        prompts.append(shared + tail if i % 2 else tail)
+    return prompts
+
+
+def alone(make_engine, prompts, params) -> list[list[int]]:
+    """Each prompt's output tokens from an engine of its own, without a prefix cache."""
+    results = []
+    for i, prompt in enumerate(prompts):
+        engine = make_engine(enable_prefix_caching=False)
+        results.append(run_to_completion(engine, {f"r{i}": (prompt, params)})[f"r{i}"])
+    return results
+
+
+def batched(engine, prompts, params) -> list[list[int]]:
+    """Every prompt's output tokens, all submitted at once to `engine`."""
+    results = run_to_completion(engine, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
+    return [results[f"r{i}"] for i in range(len(prompts))]

@@ -43,7 +43,7 @@ def _convert(source: ModelSource, dtype: torch.dtype, keep_quantized: bool) -> t
         metadata = gguf_metadata(reader)
         config = gguf_config(reader, metadata)
         weights = gguf_state_dict(reader, config, dtype, keep_quantized)
-        tokenizer = Tokenizer.from_gguf_metadata(metadata)
+        tokenizer = Tokenizer.from_gguf_metadata(metadata, source.path)
     else:
         config, weights = load_hf(source.path, dtype)
         tokenizer = load_hf_tokenizer(source.path)

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from shoal.model.config import LlamaConfig, RopeScaling
 from shoal.model.quantized_weight import QuantizedWeight
 
-CACHE_FORMAT = "4"
+CACHE_FORMAT = "5"
 CACHE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _SAFETENSORS_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "U8": torch.uint8}
 _RESERVED_KEYS = ("shoal.format", "shoal.config", "shoal.sources", "shoal.dtype", "shoal.quantized")
