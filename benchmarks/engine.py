@@ -867,6 +867,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "weights (family_shapes.py: qwen3-1.7b, gemma3-1b, phi4-mini)",
     )
     p.add_argument("--family-layers", type=int, default=None, help="layers of each --family model (default: its own)")
+    p.add_argument("--family-repeats", type=int, default=3, help="engines of each --family side, taking turns")
     p.add_argument("--out-dir", default=str(REPO / "benchmarks" / "results"))
     p.add_argument("--no-json", action="store_true")
     p.add_argument(

@@ -2,8 +2,9 @@
 (`benchmarks/engine.py --family qwen3-1.7b,gemma3-1b,phi4-mini`).
 
 A family whose layers fall off the fused native path runs far slower than the Llama with its
-matrices, so the ratio of the two (decode tokens/s, one run after the other, same prompts, same
-engine settings) says whether the family's variant (q/k norms, norms after, GeGLU, soft caps, local
+matrices, so the ratio of the two (median decode tokens/s over --family-repeats engines of each,
+built and run in turn, same prompts, same engine settings; one engine's speed varies by a third
+from one allocation of its weights to the next on a small VM) says whether the family's variant (q/k norms, norms after, GeGLU, soft caps, local
 RoPE bases, partial rotary, windows) costs more than its arithmetic. The configs are the public
 config.json fields of each model; the weights are drawn at random (bf16, N(0, 0.02)), with the
 decoder's tensor layout, so nothing is downloaded and no converter runs. `--family-layers` cuts the
@@ -13,8 +14,8 @@ layer count (the same for both sides) to iterate quickly.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import gc
+import statistics
 import time
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -179,19 +180,25 @@ def bench_families(
         if name not in SHAPES:
             raise SystemExit(f"unknown family shape {name!r} ({', '.join(SHAPES)})")
         raw = SHAPES[name]
-        sides = {}
-        for side, fields in (("family", raw), ("llama", llama_of_shape(raw))):
-            checkpoint = random_checkpoint(fields, args.family_layers)
-            log(
-                f"{name} ({side}): {checkpoint.config.num_layers} layers, {dataclasses.asdict(checkpoint.config)['architecture']}"
-            )
-            sides[side] = decode_speed(checkpoint, args, shoal_run, log, f"{name}/{side}")
-            del checkpoint
-            gc.collect()
-        ratios = {
-            c: sides["family"]["runs"][c]["gen_tok_s"] / sides["llama"]["runs"][c]["gen_tok_s"]
-            for c in args.concurrency
+        sides: dict[str, list[dict[str, Any]]] = {"family": [], "llama": []}
+        for repeat in range(args.family_repeats):
+            for side, fields in (("family", raw), ("llama", llama_of_shape(raw))):
+                checkpoint = random_checkpoint(fields, args.family_layers)
+                architecture = checkpoint.config.architecture
+                log(f"{name} ({side}, {repeat + 1} of {args.family_repeats}): {architecture}")
+                sides[side].append(decode_speed(checkpoint, args, shoal_run, log, f"{name}/{side}"))
+                del checkpoint
+                gc.collect()
+        medians = {
+            side: {c: statistics.median(run["runs"][c]["gen_tok_s"] for run in runs) for c in args.concurrency}
+            for side, runs in sides.items()
         }
-        log(f"{name}: family / llama tokens/s " + ", ".join(f"c={c} {r:.2f}" for c, r in ratios.items()))
-        results[name] = {**sides, "ratio": ratios, "layers": args.family_layers or raw["num_hidden_layers"]}
+        ratios = {c: medians["family"][c] / medians["llama"][c] for c in args.concurrency}
+        log(f"{name}: median family / llama tokens/s " + ", ".join(f"c={c} {r:.2f}" for c, r in ratios.items()))
+        results[name] = {
+            **sides,
+            "median_tok_s": medians,
+            "ratio": ratios,
+            "layers": args.family_layers or raw["num_hidden_layers"],
+        }
     return results
