@@ -10,11 +10,10 @@ import signal
 
 import jsonschema
 import pytest
-import yaml
 
-from tests.support.routers import start_router, stop
+from tests.support.failover_trio import failover_trio
 from tests.support.streams import read_stream
-from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
+from tests.support.workers import MODEL, tiny_worker_args
 
 NUMBERS = {
     "type": "object",
@@ -52,18 +51,7 @@ def trio(long_tiny_model_dir, shoal_cache_dir, tmp_path_factory):
     """Three workers at 10 ms a step behind a router with a 1 s token deadline: each test kills one,
     and the rest carry its stream on."""
     common = tiny_worker_args(long_tiny_model_dir, MODEL, step_delay_ms=10)
-    workers = [wait_ready(*w) for w in [spawn_worker(common + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2, 3)]]
-    config = tmp_path_factory.mktemp("constrained-failover") / "router.yaml"
-    config.write_text(
-        yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "failover": {"token_deadline_min_s": 1.0}})
-    )
-    router, url = start_router(["--config", str(config)])
-    yield url, {worker_url: process for process, worker_url in workers}
-    stop(router)
-    for process, _ in workers:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
+    yield from failover_trio(common, shoal_cache_dir, tmp_path_factory.mktemp("constrained-failover"))
 
 
 def kill(processes):

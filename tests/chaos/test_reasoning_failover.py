@@ -11,12 +11,11 @@ import os
 import signal
 
 import pytest
-import yaml
 
-from tests.support.routers import start_router, stop
+from tests.support.failover_trio import failover_trio
 from tests.support.streams import read_stream
 from tests.support.tiny_model import write_random_family_model
-from tests.support.workers import spawn_worker, tiny_worker_args, wait_ready
+from tests.support.workers import tiny_worker_args
 
 MODEL = "qwen3-tiny"
 QWEN3 = dict(
@@ -48,18 +47,7 @@ def trio(tmp_path_factory, shoal_cache_dir):
     config = json.loads((directory / "tokenizer_config.json").read_text())
     (directory / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
     args = tiny_worker_args(directory, MODEL, step_delay_ms=10)
-    workers = [wait_ready(*w) for w in [spawn_worker(args + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2, 3)]]
-    router_config = tmp_path_factory.mktemp("reasoning-failover") / "router.yaml"
-    router_config.write_text(
-        yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "failover": {"token_deadline_min_s": 1.0}})
-    )
-    router, url = start_router(["--config", str(router_config)])
-    yield url, {worker_url: process for process, worker_url in workers}
-    stop(router)
-    for process, _ in workers:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
+    yield from failover_trio(args, shoal_cache_dir, tmp_path_factory.mktemp("reasoning-failover"))
 
 
 @pytest.mark.parametrize(

@@ -50,6 +50,17 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
   uint8_t* values = o + layout.scale_bytes;
   auto put_half = [&](int index, uint16_t bits) { std::memcpy(o + (index * kPanel + c) * 2, &bits, 2); };
   auto put_float = [&](int index, float value) { std::memcpy(o + (index * kPanel + c) * 4, &value, 4); };
+  // Q4_K's and Q5_K's d and dmin (fp16) at the super-block's start, then their 12 bytes of 6-bit
+  // scales and minimums: sub-block `sub`'s d * scale and -(dmin * minimum), exact in float32.
+  auto put_k_scale_and_minimum = [&](const uint8_t* super, int sub) {
+    uint16_t d, dmin;
+    std::memcpy(&d, super, 2);
+    std::memcpy(&dmin, super + 2, 2);
+    int scale, minimum;
+    k_scale_min(super + 4, sub, scale, minimum);
+    put_float(0, half_to_float(d) * static_cast<float>(scale));
+    put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
+  };
   auto put_int8 = [&](int64_t k, int value) { values[k * kPanel + c] = static_cast<uint8_t>(static_cast<int8_t>(value)); };
   if (source == "q8_0") {
     const uint8_t* block = row + b * 34;
@@ -89,13 +100,7 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
     // byte l is value l of sub-block sub's fifth bit); 128 bytes of nibbles as Q4_K's.
     const uint8_t* super = row + b / 8 * 176;
     const int sub = static_cast<int>(b % 8);
-    uint16_t d, dmin;
-    std::memcpy(&d, super, 2);
-    std::memcpy(&dmin, super + 2, 2);
-    int scale, minimum;
-    k_scale_min(super + 4, sub, scale, minimum);
-    put_float(0, half_to_float(d) * static_cast<float>(scale));
-    put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
+    put_k_scale_and_minimum(super, sub);
     const uint8_t* high = super + 16;
     const uint8_t* qs = super + 48 + 32 * (sub / 2);
     for (int64_t l = 0; l < kBlock; ++l)
@@ -154,13 +159,7 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
     // ones sub-block 2i, the high ones 2i + 1, of bytes 32i .. 32i + 31.
     const uint8_t* super = row + b / 8 * 144;
     const int sub = static_cast<int>(b % 8);
-    uint16_t d, dmin;
-    std::memcpy(&d, super, 2);
-    std::memcpy(&dmin, super + 2, 2);
-    int scale, minimum;
-    k_scale_min(super + 4, sub, scale, minimum);
-    put_float(0, half_to_float(d) * static_cast<float>(scale));
-    put_float(1, -(half_to_float(dmin) * static_cast<float>(minimum)));
+    put_k_scale_and_minimum(super, sub);
     const uint8_t* qs = super + 16 + 32 * (sub / 2);
     auto q = [&](int64_t i) { return sub % 2 ? qs[i] >> 4 : qs[i] & 0xF; };
     for (int64_t j = 0; j < kBlock / 2; ++j) values[j * kPanel + c] = static_cast<uint8_t>(q(j) | (q(j + 16) << 4));
