@@ -12,7 +12,7 @@ ROW_COUNTS = (*range(1, 71), 128, 512)
 # Relative error of the whole product against float64 over the same (dequantized) weights:
 # float32 accumulation, and 16-bit outputs rounded once.
 SMALL_BLOCKS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # blocks of 32 columns
-K_QUANTS = ("q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")  # blocks of 256 columns
+K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")  # blocks of 256 columns
 TOLERANCE = {
     "f32": 1e-5,
     **{kind: 1e-5 for kind in SMALL_BLOCKS + K_QUANTS},
@@ -22,7 +22,15 @@ TOLERANCE = {
     **{f"{kind} bf16 x": 4e-3 for kind in SMALL_BLOCKS + K_QUANTS},
 }
 # Where each kind's fp16 scales lie in its block (gguf cannot quantize to these kinds).
-RANDOM_BLOCK_SCALES = {"iq4_nl": (0,), "q3_k": (108,), "q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208,), "iq4_xs": (0,)}
+RANDOM_BLOCK_SCALES = {
+    "iq4_nl": (0,),
+    "q2_k": (80, 82),
+    "q3_k": (108,),
+    "q4_k": (0, 2),
+    "q5_k": (0, 2),
+    "q6_k": (208,),
+    "iq4_xs": (0,),
+}
 
 
 def quantized(weight, kind):

@@ -250,7 +250,8 @@ def random_k_quant_rows(qtype: Q, rows: int, blocks_per_row: int) -> np.ndarray:
     _, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     rng = np.random.default_rng(4)
     raw = rng.integers(0, 256, (rows, blocks_per_row, block_bytes), dtype=np.uint8)
-    scale_at = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_XS: (0,)}.get(qtype, (208,))
+    scale_at = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.IQ4_XS: (0,), Q.IQ2_XXS: (0,)}
+    scale_at = scale_at.get(qtype, (208,))
     for offset in scale_at:
         scales = rng.uniform(0.01, 0.1, (rows, blocks_per_row, 1)).astype(np.float16)
         raw[:, :, offset : offset + 2] = scales.view(np.uint8)
@@ -363,7 +364,7 @@ def test_kept_quantized_matrices_hold_the_same_values_as_dequantized_ones(tmp_pa
             assert torch.equal(kept[name], dequantized[name]), name
 
 
-@pytest.mark.parametrize("qtype", [Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS])
+@pytest.mark.parametrize("qtype", [Q.Q2_K, Q.Q3_K, Q.Q4_K, Q.Q5_K, Q.Q6_K, Q.IQ4_XS])
 def test_k_quant_matrices_are_kept_as_their_blocks(tmp_path: Path, qtype: Q) -> None:
     raw = random_k_quant_rows(qtype, rows=3, blocks_per_row=2)
     tensor = _single_tensor_file(tmp_path / "t.gguf", raw, qtype)
@@ -374,13 +375,13 @@ def test_k_quant_matrices_are_kept_as_their_blocks(tmp_path: Path, qtype: Q) -> 
 
 
 def test_a_tensor_type_without_a_native_kernel_is_widened_with_a_log_line(tmp_path: Path, caplog) -> None:
-    raw = random_k_quant_rows(Q.Q2_K, rows=3, blocks_per_row=2)
-    tensor = _single_tensor_file(tmp_path / "t.gguf", raw, Q.Q2_K)
+    raw = random_k_quant_rows(Q.IQ2_XXS, rows=3, blocks_per_row=2)
+    tensor = _single_tensor_file(tmp_path / "t.gguf", raw, Q.IQ2_XXS)
     with caplog.at_level("WARNING", logger="shoal.model.gguf_loader"):
         rows, kept = tensor_rows(tensor, torch.bfloat16, keep_quantized=True)
     assert kept is None and torch.equal(rows, torch.from_numpy(dequantize_tensor(tensor)))
     assert [r.getMessage() for r in caplog.records] == [
-        f"GGUF tensor t: ggml type Q2_K has no native kernel against torch.bfloat16 activations; widened: "
+        f"GGUF tensor t: ggml type IQ2_XXS has no native kernel against torch.bfloat16 activations; widened: "
         f"{3 * 512 * 2:,} bytes instead of {raw.nbytes:,}"
     ]
 

@@ -198,6 +198,10 @@ void tile_quantized(const Problem& pr, int64_t row, int64_t panel, Vec (&acc)[R]
       for (int r = 0; r < R; ++r) {
         if (layout.two_scales) {
           acc[r][p] = Vec::fma(second, high[r][p], Vec::fma(first, low[r][p], acc[r][p]));
+          if (layout.minimum)  // each half's m times the sum of x over that half
+            for (int half = 0; half < 2; ++half)
+              acc[r][p] = Vec::fma(Vec::load(reinterpret_cast<const float*>(w[p]) + (2 + half) * kPanel),
+                                   Vec::broadcast(pr.xsums[(row + r) * 2 * blocks + 2 * b + half]), acc[r][p]);
           continue;
         }
         acc[r][p] = Vec::fma(first, Vec::add(low[r][p], high[r][p]), acc[r][p]);
@@ -278,8 +282,11 @@ void tile_quantized_pairs(const Problem& pr, int64_t row, int64_t panel, Vec (&a
       if (half == 0 && !layout.two_scales) continue;
       for (int p = 0; p < P; ++p) {  // a block's chain (or a half's) into the running sums
         Vec scale, minimum = Vec::zero();
+        int64_t sum_at = b;  // x's sum over the block, or over this half of it
         if (layout.two_scales) {
           scale = Vec::load(reinterpret_cast<const float*>(w[p]) + half * kPanel);
+          if (layout.minimum) minimum = Vec::load(reinterpret_cast<const float*>(w[p]) + (2 + half) * kPanel);
+          sum_at = 2 * b + half;
         } else if (layout.float_scales) {
           scale = Vec::load(reinterpret_cast<const float*>(w[p]));
           minimum = Vec::load(reinterpret_cast<const float*>(w[p]) + kPanel);
@@ -289,7 +296,9 @@ void tile_quantized_pairs(const Problem& pr, int64_t row, int64_t panel, Vec (&a
         }
         for (int r = 0; r < R; ++r) {
           acc[r][p] = Vec::fma(scale, chain[r][p], acc[r][p]);
-          if (layout.minimum) acc[r][p] = Vec::fma(minimum, Vec::broadcast(pr.xsums[(row + r) * blocks + b]), acc[r][p]);
+          const int64_t sums_per_row = layout.two_scales ? 2 * blocks : blocks;
+          if (layout.minimum)
+            acc[r][p] = Vec::fma(minimum, Vec::broadcast(pr.xsums[(row + r) * sums_per_row + sum_at]), acc[r][p]);
         }
       }
     }
@@ -536,34 +545,30 @@ void amx_run(const Problem& pr) {
 }
 #endif
 
-// Sums of x over each block of 32 k, [M][K / 32] float32, from x's [M, K] rows (float32 with any
-// row stride, or contiguous bfloat16). With `tree` (the pairs path), each as one fixed tree: the two
-// halves of the block added lane by lane, then the lanes (Vec::sum); else one chain from k = 0.
-at::Tensor block_sums(const at::Tensor& x, bool tree) {
-  const int64_t m = x.size(0), blocks = x.size(1) / kBlock, ldx = x.stride(0);
+// Sums of x over each block of 32 k, [M][K / 32] float32, or with `by_half` over each 16 k of it,
+// [M][K / 16], from x's [M, K] rows (float32 with any row stride, or contiguous bfloat16). With
+// `tree` (the pairs path), each as one fixed tree: a block's two halves added lane by lane (a half's
+// lanes as they are), then the lanes (Vec::sum); else one chain from its first k.
+at::Tensor block_sums(const at::Tensor& x, bool tree, bool by_half) {
+  const int64_t m = x.size(0), span = by_half ? kLanes : kBlock, spans = x.size(1) / span, ldx = x.stride(0);
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(tree || !bf16, "block_sums: bfloat16 rows are summed as a tree");
-  at::Tensor sums = at::empty({m, blocks}, x.options().dtype(at::kFloat));
+  at::Tensor sums = at::empty({m, spans}, x.options().dtype(at::kFloat));
   float* s = sums.data_ptr<float>();
-  const uint16_t* halves = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
+  const uint16_t* bf16_rows = bf16 ? reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>()) : nullptr;
   const float* floats = bf16 ? nullptr : x.data_ptr<float>();
+  auto lanes = [&](int64_t at) { return bf16 ? Vec::bfloats(bf16_rows + at) : Vec::load(floats + at); };
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t at = r * ldx + b * kBlock;
-        if (bf16) {
-          const uint16_t* block = halves + at;
-          s[r * blocks + b] = Vec::add(Vec::bfloats(block), Vec::bfloats(block + kLanes)).sum();
-          continue;
-        }
-        const float* block = floats + at;
+      for (int64_t b = 0; b < spans; ++b) {
+        const int64_t at = r * ldx + b * span;
         if (tree) {
-          s[r * blocks + b] = Vec::add(Vec::load(block), Vec::load(block + kLanes)).sum();
+          s[r * spans + b] = (by_half ? lanes(at) : Vec::add(lanes(at), lanes(at + kLanes))).sum();
           continue;
         }
         float total = 0.f;
-        for (int64_t i = 0; i < kBlock; ++i) total += block[i];
-        s[r * blocks + b] = total;
+        for (int64_t i = 0; i < span; ++i) total += floats[at + i];
+        s[r * spans + b] = total;
       }
   });
   return sums;
@@ -591,7 +596,7 @@ void multiply_block_pairs(const at::Tensor& x, Problem& pr) {
   });
   at::Tensor xsums;
   if (layout.minimum) {
-    xsums = block_sums(xc, true);
+    xsums = block_sums(xc, true, layout.two_scales);
     pr.xsums = xsums.data_ptr<float>();
   }
   pr.xpairs = target;
@@ -652,7 +657,7 @@ void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int6
   }
   at::Tensor xsums;
   if (format >= kQ8_0 && block_layout(format).minimum) {
-    xsums = block_sums(xk, pr.block_pairs);
+    xsums = block_sums(xk, pr.block_pairs, block_layout(format).two_scales);
     pr.xsums = xsums.data_ptr<float>();
   }
 #if SHOAL_AMX

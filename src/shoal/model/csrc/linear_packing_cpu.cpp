@@ -24,6 +24,7 @@ GgmlBlock ggml_block(const std::string& source) {
   if (source == "q4_1") return {32, 20};
   if (source == "q5_0") return {32, 22};
   if (source == "q5_1") return {32, 24};
+  if (source == "q2_k") return {256, 84};
   if (source == "q3_k") return {256, 110};
   if (source == "q4_k") return {256, 144};
   if (source == "q5_k") return {256, 176};
@@ -125,6 +126,22 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
       const int q = (qs[32 * n + l] >> (2 * j)) & 3;
       put_int8(l, q - ((mask[l] >> (4 * n + j)) & 1 ? 0 : 4));
     }
+  } else if (source == "q2_k") {
+    // 16 bytes of scales (low nibble d's factor, high nibble dmin's, one a 16 k), 64 of 2-bit values,
+    // d, dmin (fp16). Value i: half n = i / 128, j = i % 128 / 32; 2 bits at 2j of byte 32n + i % 32;
+    // scale byte 8n + 2j (+ 1 for the second 16): d * low nibble * q - dmin * high nibble.
+    const uint8_t* super = row + b / 8 * 84;
+    const uint8_t* qs = super + 16;
+    uint16_t d, dmin;
+    std::memcpy(&d, super + 80, 2);
+    std::memcpy(&dmin, super + 82, 2);
+    const int64_t n = b % 8 / 4, j = b % 4;
+    for (int half = 0; half < 2; ++half) {
+      const uint8_t scale = super[8 * n + 2 * j + half];
+      put_float(half, half_to_float(d) * static_cast<float>(scale & 0xF));
+      put_float(2 + half, -(half_to_float(dmin) * static_cast<float>(scale >> 4)));
+    }
+    for (int64_t l = 0; l < kBlock; ++l) put_int8(l, (qs[32 * n + l] >> (2 * j)) & 3);
   } else if (source == "iq4_xs") {
     // d (fp16), 2 bytes of the scales' high bit pairs, 4 of their low nibbles, 128 of nibbles (16 a
     // sub-block: byte j, k = j low, j + 16 high) indexing the IQ4 table; sub-block scale ls - 32.
