@@ -76,6 +76,39 @@ def test_tp2_gives_the_single_process_tokens_on_gemma_3s_layer(dtype, shoal_cach
     assert generated(**run, dtype=dtype, tensor_parallel_size=2) == generated(**run, dtype=dtype)
 
 
+@pytest.mark.parametrize(
+    "family",
+    [
+        ("Gemma2Config", "Gemma2ForCausalLM", dict(sliding_window=5, attn_logit_softcapping=2.0)),
+        ("Phi3Config", "Phi3ForCausalLM", dict(partial_rotary_factor=0.75, pad_token_id=0)),
+        ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True)),
+    ],
+    ids=["gemma2", "phi4-mini-partial", "qwen3"],
+)
+def test_tp3_gives_the_single_process_tokens_per_family(family, shoal_cache_dir, tmp_path):
+    """Three KV heads, one a rank: soft caps and norms after (Gemma 2), fused projections split and
+    partial rotary (Phi-4-mini's shape), per-head q/k norms (Qwen3), in float32."""
+    config_class, model_class, extra = family
+    fields = dict(
+        vocab_size=128,
+        hidden_size=96,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        head_dim=16,
+        bos_token_id=1,
+        eos_token_id=2,
+        **extra,
+    )
+    write_random_family_model(tmp_path, config_class, model_class, fields)
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=8, ignore_eos=True) for i in range(2)
+    ]
+    run = dict(model=str(tmp_path), prompts=TEXT_PROMPTS[:2], cache_dir=shoal_cache_dir, params=params)
+    assert generated(**run, dtype="float32", tensor_parallel_size=3) == generated(**run, dtype="float32")
+
+
 def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):
     with pytest.raises(ValueError, match="exceeds the model's 2 KV heads"):
         LLM(str(tiny_model_dir), dtype="float32", cache_dir=str(shoal_cache_dir), tensor_parallel_size=3)
