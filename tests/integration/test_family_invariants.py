@@ -1,15 +1,18 @@
 """What holds for Llama holds for every family: a request's tokens (greedy and seeded) do not depend
 on its neighbours, the prefix cache or chunked prefill, in bfloat16 on the fused native layer, with
-prompts longer than every sliding window."""
+prompts longer than every sliding window; structured output holds its schema, batched or alone."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import alone, batched, mixed_prompts
+from shoal.engine.structured_outputs import StructuredOutputs
+from tests.support.engine_runs import alone, batched, mixed_prompts, run_to_completion
 from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.tiny_model import write_random_family_model
 
@@ -35,20 +38,25 @@ def family_model(request, tmp_path_factory):
     return directory
 
 
-@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
-def test_each_familys_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(family_model, params, shoal_cache_dir):
+def engine_factory(model_dir, cache_dir):
     def make_engine(**overrides) -> LLMEngine:
         options = dict(
-            model=str(family_model),
+            model=str(model_dir),
             dtype="bfloat16",
             device="cpu",
             kv_cache_bytes=4 << 20,
             block_size=4,
             max_num_batched_tokens=32,
-            cache_dir=str(shoal_cache_dir),
+            cache_dir=str(cache_dir),
         )
         return LLMEngine(EngineConfig(**{**options, **overrides}))
 
+    return make_engine
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
+def test_each_familys_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(family_model, params, shoal_cache_dir):
+    make_engine = engine_factory(family_model, shoal_cache_dir)
     prompts = mixed_prompts(8, seed=9, vocab=(3, 98))
     prompts = [p + p for p in prompts]  # past the 21-token windows
     expected = alone(make_engine, prompts, params)
@@ -57,3 +65,27 @@ def test_each_familys_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(fa
     hits = engine.stats().prefix_cache_hit_tokens
     assert batched(engine, prompts, params) == expected
     assert engine.stats().prefix_cache_hit_tokens > hits
+
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 6}, "count": {"type": "integer", "maximum": 99}},
+    "required": ["name", "count"],
+    "additionalProperties": False,
+}
+
+
+def test_each_familys_structured_output_holds_its_schema_alone_and_batched(family_model, shoal_cache_dir):
+    make_engine = engine_factory(family_model, shoal_cache_dir)
+    structured = SamplingParams(
+        temperature=0.8, seed=3, max_tokens=40, structured_outputs=StructuredOutputs(json=json.dumps(SCHEMA))
+    )
+    prompts = mixed_prompts(4, seed=11, vocab=(3, 98))
+    alone_tokens = alone(make_engine, prompts[:1], structured)[0]
+    engine = make_engine()
+    ids = {f"s{i}": (p, structured) for i, p in enumerate(prompts[:1])}
+    ids.update({f"f{i}": (p, PARAMS[1]) for i, p in enumerate(prompts[1:])})
+    tokens = run_to_completion(engine, ids)["s0"]
+    assert tokens == alone_tokens
+    value = json.loads(engine.tokenizer.decode(tokens))
+    assert set(value) == {"name", "count"} and isinstance(value["count"], int) and len(value["name"]) <= 6
