@@ -87,23 +87,9 @@ def shoal_cache_dir(tmp_path_factory) -> Path:
 @pytest.fixture
 def make_tiny_engine(tiny_model_dir, shoal_cache_dir):
     """Factory: LLMEngine on the tiny model with float32 and a small KV cache unless overridden."""
-    from shoal.config.engine import EngineConfig
-    from shoal.engine.engine import LLMEngine
+    from tests.support.engine_runs import engine_factory
 
-    def make(**overrides) -> LLMEngine:
-        options = dict(
-            model=str(tiny_model_dir),
-            dtype="float32",
-            device="cpu",
-            kv_cache_bytes=4 << 20,
-            block_size=4,
-            max_num_batched_tokens=64,
-            cache_dir=str(shoal_cache_dir),
-        )
-        options.update(overrides)
-        return LLMEngine(EngineConfig(**options))
-
-    return make
+    return engine_factory(tiny_model_dir, shoal_cache_dir, dtype="float32", max_num_batched_tokens=64)
 
 
 @pytest.fixture(scope="session")

@@ -13,24 +13,14 @@ import signal
 import pytest
 
 from tests.support.failover_trio import failover_trio
+from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.streams import read_stream
 from tests.support.tiny_model import write_random_family_model
 from tests.support.workers import tiny_worker_args
 
 MODEL = "qwen3-tiny"
-QWEN3 = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=512,
-    bos_token_id=1,
-    eos_token_id=2,
-    tie_word_embeddings=True,
-)
+# The Qwen3 golden variant: per-head q/k norms, tied embeddings.
+QWEN3 = {**COMMON, **LAYER_VARIANTS["qwen3-qk-norm"][2], "max_position_embeddings": 512}
 TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"

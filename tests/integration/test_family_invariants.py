@@ -8,11 +8,9 @@ import json
 
 import pytest
 
-from shoal.config.engine import EngineConfig
-from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.structured_outputs import StructuredOutputs
-from tests.support.engine_runs import alone, batched, mixed_prompts, run_to_completion
+from tests.support.engine_runs import alone, batched, engine_factory, mixed_prompts, run_to_completion
 from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.tiny_model import write_random_family_model
 
@@ -38,25 +36,14 @@ def family_model(request, tmp_path_factory):
     return directory
 
 
-def engine_factory(model_dir, cache_dir):
-    def make_engine(**overrides) -> LLMEngine:
-        options = dict(
-            model=str(model_dir),
-            dtype="bfloat16",
-            device="cpu",
-            kv_cache_bytes=4 << 20,
-            block_size=4,
-            max_num_batched_tokens=32,
-            cache_dir=str(cache_dir),
-        )
-        return LLMEngine(EngineConfig(**{**options, **overrides}))
-
-    return make_engine
+def family_engine(model_dir, cache_dir):
+    """Engines on a family's model in bfloat16, prefilling at most 32 tokens a step."""
+    return engine_factory(model_dir, cache_dir, dtype="bfloat16", max_num_batched_tokens=32)
 
 
 @pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
 def test_each_familys_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(family_model, params, shoal_cache_dir):
-    make_engine = engine_factory(family_model, shoal_cache_dir)
+    make_engine = family_engine(family_model, shoal_cache_dir)
     prompts = mixed_prompts(8, seed=9, vocab=(3, 98))
     prompts = [p + p for p in prompts]  # past the 21-token windows
     expected = alone(make_engine, prompts, params)
@@ -76,7 +63,7 @@ SCHEMA = {
 
 
 def test_each_familys_structured_output_holds_its_schema_alone_and_batched(family_model, shoal_cache_dir):
-    make_engine = engine_factory(family_model, shoal_cache_dir)
+    make_engine = family_engine(family_model, shoal_cache_dir)
     structured = SamplingParams(
         temperature=0.8, seed=3, max_tokens=40, structured_outputs=StructuredOutputs(json=json.dumps(SCHEMA))
     )

@@ -16,6 +16,7 @@ import openai
 import pytest
 import yaml
 
+from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.routers import start_router, stop
 from tests.support.tiny_model import write_random_family_model
 from tests.support.workers import spawn_worker, tiny_worker_args, wait_ready
@@ -31,19 +32,8 @@ TEMPLATES = {
     "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}",
     THINKING: CHATML_TURNS + "{% if add_generation_prompt %}<|im_start|>assistant\n<think>\n{% endif %}",
 }
-QWEN3 = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=256,
-    bos_token_id=1,
-    eos_token_id=2,
-    tie_word_embeddings=True,
-)
+# The Qwen3 golden variant: per-head q/k norms, tied embeddings.
+QWEN3 = {**COMMON, **LAYER_VARIANTS["qwen3-qk-norm"][2]}
 THINK_THEN_ANSWER = {"structured_outputs": {"regex": "<think>[a-z]{3}</think>[a-z]{3}"}}
 REASONING_TOKENS = len("<think>abc</think>")  # one token a character
 ASK = [{"role": "user", "content": "hi"}]

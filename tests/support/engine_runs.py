@@ -6,6 +6,21 @@ from __future__ import annotations
 import random
 
 
+def engine_factory(model_dir, cache_dir, **defaults):
+    """make(**overrides) -> an LLMEngine on `model_dir` on the CPU with a 4 MiB KV cache of 4-token
+    blocks, then `defaults`, then the overrides."""
+    from shoal.config.engine import EngineConfig
+    from shoal.engine.engine import LLMEngine
+
+    def make(**overrides):
+        options = dict(
+            model=str(model_dir), device="cpu", kv_cache_bytes=4 << 20, block_size=4, cache_dir=str(cache_dir)
+        )
+        return LLMEngine(EngineConfig(**{**options, **defaults, **overrides}))
+
+    return make
+
+
 def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
     """Adds (prompt, params) per request id, steps until done, checks invariants every step."""
     for request_id, (prompt, params) in requests.items():

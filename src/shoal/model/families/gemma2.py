@@ -9,29 +9,10 @@ from typing import Any
 
 from shoal.model.families.chat_templates import GEMMA
 from shoal.model.families.family import Family
+from shoal.model.families.windows import every_but_each
 
 # transformers' names of GELU's tanh approximation, the only activation Gemma's MLPs use.
 _GELU_TANH = ("gelu_pytorch_tanh", "gelu_tanh", "gelu_new")
-
-
-def alternating_windows(pattern: int):
-    """A window rule: `sliding_window` on every layer but each `pattern`-th (counting from 1), as
-    transformers' `layer_types` default and llama.cpp's swa pattern put it; `layer_types`, where
-    config.json has it, decides."""
-
-    def windows(raw: dict[str, Any]) -> tuple[int, ...]:
-        window, layers = raw.get("sliding_window"), raw["num_hidden_layers"]
-        if not window:
-            return ()
-        types = raw.get("layer_types")
-        if types is not None:
-            if len(types) != layers:
-                raise ValueError(f"layer_types names {len(types)} layers, num_hidden_layers is {layers}")
-            return tuple(int(window) if kind == "sliding_attention" else 0 for kind in types)
-        every = int(raw.get("sliding_window_pattern") or pattern)
-        return tuple(int(window) if (i + 1) % every else 0 for i in range(layers))
-
-    return windows
 
 
 def hf_settings(raw: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +63,7 @@ FAMILY = Family(
     gguf_architectures=("gemma2",),
     norms_after=True,
     norm_offset=1.0,
-    windows=alternating_windows(2),
+    windows=every_but_each(2),
     hf_settings=hf_settings,
     gguf_settings=gguf_settings,
     chat_template=GEMMA,

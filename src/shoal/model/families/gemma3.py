@@ -8,6 +8,7 @@ from typing import Any
 from shoal.model.families import gemma2
 from shoal.model.families.chat_templates import GEMMA
 from shoal.model.families.family import Family
+from shoal.model.families.windows import every_but_each
 
 
 def hf_settings(raw: dict[str, Any]) -> dict[str, Any]:
@@ -35,7 +36,7 @@ FAMILY = Family(
     qk_norm="head",
     norms_after=True,
     norm_offset=1.0,
-    windows=gemma2.alternating_windows(6),
+    windows=every_but_each(6),
     hf_settings=hf_settings,
     gguf_settings=gguf_settings,
     chat_template=GEMMA,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
@@ -38,3 +39,19 @@ def from_max_window_layers(raw: dict[str, Any]) -> tuple[int, ...]:
     layers = raw["num_hidden_layers"]
     first = raw.get("max_window_layers", layers)
     return _layer_types(raw, int(window)) or tuple(int(window) if i >= first else 0 for i in range(layers))
+
+
+def every_but_each(pattern: int) -> Callable[[dict[str, Any]], tuple[int, ...]]:
+    """A rule: `sliding_window` on every layer but each `pattern`-th (counting from 1; config.json's
+    `sliding_window_pattern` where it states one), as transformers' `layer_types` default and
+    llama.cpp's swa pattern put it (Gemma 2: 2, Gemma 3: 6); `layer_types`, where present, decides."""
+
+    def windows(raw: dict[str, Any]) -> tuple[int, ...]:
+        window = raw.get("sliding_window")
+        if not window:
+            return ()
+        every = int(raw.get("sliding_window_pattern") or pattern)
+        layers = range(raw["num_hidden_layers"])
+        return _layer_types(raw, int(window)) or tuple(int(window) if (i + 1) % every else 0 for i in layers)
+
+    return windows
