@@ -38,6 +38,12 @@ MEAN_RELATIVE = {"F16": 0.0015, "Q4_K_M": 0.05, "Q5_K_M": 0.05, "Q8_0": 0.035, "
 # greedy token when both are fed llama.cpp's tokens (measured: 32 on F16, 28 at the least on the
 # others; random models have near ties, where llama.cpp's 8-bit activations tip the balance).
 MIN_FED = {"F16": 30, "Q4_K_M": 24, "Q5_K_M": 24, "Q8_0": 24, "IQ4_XS": 24}
+# Mixtures of experts: where two experts' router weights nearly tie, llama.cpp's 8-bit activations
+# can pick the other, and that position's logits move by up to ~2.5 standard deviations (Mixtral's
+# top-2 of 8, measured: max 0.8-1.4 at std 0.6, mean 0.020-0.035; Qwen3-MoE's top-4 stays within the
+# dense bounds). On F16 files, where nothing rounds the activations, the dense bounds hold.
+MOE_FAMILIES = ("mixtral", "qwen3_moe")
+MOE_MAX_RELATIVE, MOE_MEAN_RELATIVE = 3.0, 0.08
 
 
 @pytest.fixture(scope="session")
@@ -62,6 +68,9 @@ def test_logits_match_llama_cpp(family_files, kind, shoal_cache_dir, caplog):
     print(result.line(), run.tensor_types)
     # Every type llama.cpp wrote (its fallbacks Q5_0, Q5_1, Q8_0 and IQ4_NL included) runs natively.
     assert not [r.getMessage() for r in caplog.records if "widened" in r.getMessage()]
-    assert result.max_abs <= MAX_RELATIVE[kind] * result.logit_std, result.line()
-    assert result.mean_abs <= MEAN_RELATIVE[kind] * result.logit_std, result.line()
+    flips = family_files.name in MOE_FAMILIES and kind != "F16"
+    max_relative = MOE_MAX_RELATIVE if flips else MAX_RELATIVE[kind]
+    mean_relative = MOE_MEAN_RELATIVE if flips else MEAN_RELATIVE[kind]
+    assert result.max_abs <= max_relative * result.logit_std, result.line()
+    assert result.mean_abs <= mean_relative * result.logit_std, result.line()
     assert result.teacher_forced >= MIN_FED[kind], result.line()

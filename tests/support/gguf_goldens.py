@@ -156,6 +156,20 @@ FAMILIES = {
         dict(num_hidden_layers=6, sliding_window=WINDOW, query_pre_attn_scalar=64),
         "sentencepiece",
     ),
+    # 8 experts, top-2: the converter writes a llama file with stacked expert tensors.
+    "mixtral": FamilyModel(
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False),
+        "sentencepiece",
+    ),
+    # 8 experts of 256, top-4 renormalised.
+    "qwen3_moe": FamilyModel(
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(num_experts=8, num_experts_per_tok=4, moe_intermediate_size=256, norm_topk_prob=True),
+        "smollm2",
+    ),
 }
 
 

@@ -116,6 +116,19 @@ class LlamaConfig:
     residual_multiplier: float = 1.0
     attention_multiplier: float | None = None
     logits_scaling: float = 1.0
+    # Mixture of experts (0 experts: every layer's MLP is dense). A sparse layer's router scores its
+    # experts, each token runs the experts_per_token best and sums their outputs by their weights:
+    # expert_routing "softmax_topk" (softmax over all experts, then the best k; Mixtral, Qwen3-MoE) or
+    # "topk_softmax" (the best k logits, then softmax over them), the k weights then divided by
+    # their sum where normalize_expert_weights. Experts are SwiGLU MLPs of expert_intermediate_size.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_intermediate_size: int = 0
+    expert_routing: str = "softmax_topk"
+    normalize_expert_weights: bool = False
+    # Which layers are sparse when num_experts > 0; empty: all of them (others keep a dense MLP of
+    # intermediate_size).
+    sparse_layers: tuple[bool, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -136,6 +149,14 @@ class LlamaConfig:
             raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', not {self.mlp_activation!r}")
         if self.attention_softcap < 0 or self.logit_softcap < 0:
             raise ValueError("soft caps must be 0 (none) or positive")
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(f"experts_per_token {self.experts_per_token} must be 1 to num_experts {self.num_experts}")
+        if self.num_experts and self.expert_intermediate_size <= 0:
+            raise ValueError("a mixture of experts needs expert_intermediate_size")
+        if self.expert_routing not in ("softmax_topk", "topk_softmax"):
+            raise ValueError(f"expert_routing must be 'softmax_topk' or 'topk_softmax', not {self.expert_routing!r}")
+        if self.sparse_layers and len(self.sparse_layers) != self.num_layers:
+            raise ValueError(f"{len(self.sparse_layers)} sparse-layer flags for {self.num_layers} layers")
         if len(set(self.attention_windows) - {0}) > 1:
             raise ValueError(f"one sliding window size per model, not {sorted(set(self.attention_windows) - {0})}")
 
@@ -152,6 +173,10 @@ class LlamaConfig:
     def rotary(self, layer: int) -> bool:
         """Whether layer `layer` applies RoPE to its queries and keys."""
         return self.rotary_layers[layer] if self.rotary_layers else True
+
+    def sparse(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is a mixture of experts."""
+        return self.num_experts > 0 and (self.sparse_layers[layer] if self.sparse_layers else True)
 
     def window(self, layer: int) -> int:
         """Layer `layer`'s sliding window, 0 for full attention."""

@@ -51,7 +51,13 @@ _LAYER_NAMES = {
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
+    "ffn_gate_inp.weight": "mlp.gate.weight",
+    # Every expert's matrices in one 3-D tensor, split by expert when loaded (split_experts).
+    "ffn_gate_exps.weight": "mlp.experts.gate_proj.weight",
+    "ffn_up_exps.weight": "mlp.experts.up_proj.weight",
+    "ffn_down_exps.weight": "mlp.experts.down_proj.weight",
 }
+_STACKED_EXPERTS = ".mlp.experts."
 
 
 def open_gguf(path: str | Path) -> GGUFReader:
@@ -210,6 +216,17 @@ def gguf_config(reader: GGUFReader, metadata: dict[str, Any] | None = None) -> L
         eos_token_ids=tuple(dict.fromkeys(int(i) for i in eos_ids)),
         architecture=family.name,
     )
+    experts = int(meta.get(f"{arch}.expert_count", 0))
+    if experts:
+        dense = int(meta.get(f"{arch}.leading_dense_block_count", 0))
+        fields.update(
+            num_experts=experts,
+            experts_per_token=int(need("expert_used_count")),
+            expert_intermediate_size=int(meta.get(f"{arch}.expert_feed_forward_length", fields["intermediate_size"])),
+            # llama.cpp renormalises the chosen experts' weights of llama and qwen3moe files unless told.
+            normalize_expert_weights=bool(meta.get(f"{arch}.expert_weights_norm", True)),
+            sparse_layers=tuple(i >= dense for i in range(layers)) if dense else (),
+        )
     try:
         return LlamaConfig(**{**fields, **family.gguf_settings(meta, arch, fields)})
     except ValueError as exc:
@@ -255,9 +272,10 @@ def quantized_tensor(tensor: ReaderTensor, dtype: torch.dtype = torch.float32) -
     """A matrix whose ggml type the native kernels run against `dtype` activations, as its blocks (a
     copy); else None. BF16 weights run against bfloat16 activations only."""
     kind = _KEPT_KINDS.get(tensor.tensor_type)
-    if kind is None or len(tensor.shape) != 2 or (kind == "bf16" and dtype != torch.bfloat16):
+    if kind is None or len(tensor.shape) not in (2, 3) or (kind == "bf16" and dtype != torch.bfloat16):
         return None
-    blocks = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(int(tensor.shape[1]), -1)
+    rows = int(np.prod([int(d) for d in tensor.shape[1:]]))  # a 3-D tensor's experts one after another
+    blocks = np.ascontiguousarray(tensor.data).view(np.uint8).reshape(rows, -1)
     return QuantizedWeight(torch.from_numpy(blocks.copy()), kind, int(tensor.shape[0]))
 
 
@@ -269,7 +287,9 @@ def tensor_rows(
     its type and the bytes it then takes in `dtype`."""
     kept = quantized_tensor(tensor, dtype) if keep_quantized else None
     rows = kept.blocks if kept is not None else torch.from_numpy(dequantize_tensor(tensor))
-    widened = len(tensor.shape) == 2 and rows.numel() * dtype.itemsize > tensor.n_bytes
+    if len(tensor.shape) == 3:  # experts' rows one after another
+        rows = rows.reshape(-1, rows.shape[-1])
+    widened = len(tensor.shape) >= 2 and rows.numel() * dtype.itemsize > tensor.n_bytes
     if keep_quantized and kept is None and widened:
         log.warning(
             "GGUF tensor %s: ggml type %s has no native kernel against %s activations; widened: %s bytes instead of %s",
@@ -280,6 +300,19 @@ def tensor_rows(
             f"{int(tensor.n_bytes):,}",
         )
     return rows, kept
+
+
+def split_experts(name: str, rows: torch.Tensor, config: LlamaConfig) -> dict[str, torch.Tensor]:
+    """A stacked expert tensor (`...mlp.experts.gate_proj.weight`, every expert's rows in turn) as
+    one matrix per expert (`...mlp.experts.{e}.gate_proj.weight`)."""
+    if not config.num_experts or rows.shape[0] % config.num_experts:
+        raise ValueError(f"{name} has {rows.shape[0]} rows, not a multiple of the {config.num_experts} experts")
+    prefix, projection = name.split(_STACKED_EXPERTS)
+    each = rows.shape[0] // config.num_experts
+    return {
+        f"{prefix}{_STACKED_EXPERTS}{e}.{projection}": rows[e * each : (e + 1) * each]
+        for e in range(config.num_experts)
+    }
 
 
 def gguf_state_dict(
@@ -300,7 +333,8 @@ def gguf_state_dict(
         elif permuted and ".self_attn.k_proj." in name:
             rows = unpermute_rotary_rows(rows, config.num_kv_heads)
         try:  # a fused matrix split by rows: blocks too, each row's blocks being its own
-            pieces = family.unfuse(name, rows, config)
+            stacked = _STACKED_EXPERTS in name
+            pieces = split_experts(name, rows, config) if stacked else family.unfuse(name, rows, config)
         except ValueError as exc:
             raise ModelLoadError(f"GGUF {reader.data.filename}: {exc}") from exc
         for piece, part in pieces.items():

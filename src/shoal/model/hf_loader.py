@@ -94,6 +94,13 @@ def config_from_hf(raw: dict[str, Any], family: Family) -> LlamaConfig:
         attention_multiplier=raw.get("attention_multiplier"),
         logits_scaling=raw.get("logits_scaling", 1.0),
     )
+    experts = raw.get("num_local_experts") or raw.get("num_experts") or 0
+    if experts:
+        fields.update(
+            num_experts=experts,
+            experts_per_token=raw["num_experts_per_tok"],
+            expert_intermediate_size=raw.get("moe_intermediate_size") or raw["intermediate_size"],
+        )
     return LlamaConfig(**{**fields, **family.hf_settings(raw)})
 
 

@@ -38,7 +38,7 @@ def layer_norms(config: LlamaConfig) -> LayerNorms:
 
 def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the decoder must have. Invariant: lm_head.weight is listed iff embeddings are untied."""
-    hidden, inter = config.hidden_size, config.intermediate_size
+    hidden = config.hidden_size
     q_rows, kv_rows = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
     shapes: dict[str, tuple[int, ...]] = {
         "model.embed_tokens.weight": (config.vocab_size, hidden),
@@ -54,11 +54,9 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.weight": (kv_rows, hidden),
                 p + "self_attn.v_proj.weight": (kv_rows, hidden),
                 p + "self_attn.o_proj.weight": (hidden, q_rows),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
             }
         )
+        shapes.update(mlp_shapes(config, i))
         shapes.update({f"{p}{norm}.weight": (hidden,) for norm in layer_norms(config).names()})
         if config.qk_norm:
             per_head = config.qk_norm == "head"
@@ -72,6 +70,26 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
                     p + "self_attn.v_proj.bias": (kv_rows,),
                 }
             )
+    return shapes
+
+
+def mlp_shapes(config: LlamaConfig, layer: int) -> dict[str, tuple[int, ...]]:
+    """Layer `layer`'s MLP: gate, up and down projections; in a sparse layer, its router
+    (mlp.gate) and those of each expert (mlp.experts.{e}.)."""
+    p, hidden = f"model.layers.{layer}.mlp.", config.hidden_size
+
+    def swiglu(prefix: str, inter: int) -> dict[str, tuple[int, ...]]:
+        return {
+            prefix + "gate_proj.weight": (inter, hidden),
+            prefix + "up_proj.weight": (inter, hidden),
+            prefix + "down_proj.weight": (hidden, inter),
+        }
+
+    if not config.sparse(layer):
+        return swiglu(p, config.intermediate_size)
+    shapes = {p + "gate.weight": (config.num_experts, hidden)}
+    for expert in range(config.num_experts):
+        shapes.update(swiglu(f"{p}experts.{expert}.", config.expert_intermediate_size))
     return shapes
 
 

@@ -26,6 +26,7 @@ from shoal.model.config import LlamaConfig
 from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.layout import layer_norms
+from shoal.model.moe import MixtureOfExperts
 from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.quantized_weight import QuantizedWeight
@@ -72,9 +73,11 @@ class DecoderLayer:
         fuse: bool,
         window: int,
         rotary: bool,
+        sparse: bool,
     ):
         """fuse: run the layer as one native object when its projections are all native; window: its
-        attention's sliding window, 0 for none; rotary: whether it applies RoPE."""
+        attention's sliding window, 0 for none; rotary: whether it applies RoPE; sparse: whether its
+        MLP is a mixture of experts (moe.MixtureOfExperts), which runs the torch path."""
         self.config = config
         self.attention = attention
         self.rope = rope
@@ -97,10 +100,20 @@ class DecoderLayer:
         self.o = InvariantLinear(
             [weights[attn + "o_proj.weight"]], [weights.get(attn + "o_proj.bias")], tile_rows, prepack
         )
-        self.gate_up = InvariantLinear(
-            [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]], None, tile_rows, prepack
-        )
-        self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
+        self.activation = ACTIVATIONS[config.mlp_activation]
+        self.experts = None
+        if sparse:
+            if tensor_parallel is not None:
+                raise ValueError("tensor parallelism does not split mixtures of experts yet")
+            self.experts = MixtureOfExperts(config, weights, prefix, tile_rows, prepack, self.activation)
+        else:
+            self.gate_up = InvariantLinear(
+                [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]],
+                None,
+                tile_rows,
+                prepack,
+            )
+            self.down = InvariantLinear([weights[prefix + "mlp.down_proj.weight"]], None, tile_rows, prepack)
         norms = layer_norms(config)
 
         def norm(name: str | None) -> torch.Tensor | None:
@@ -108,18 +121,16 @@ class DecoderLayer:
 
         self.before_attention, self.after_attention = norm(norms.before_attention), norm(norms.after_attention)
         self.before_mlp, self.after_mlp = norm(norms.before_mlp), norm(norms.after_mlp)
-        self.activation = ACTIVATIONS[config.mlp_activation]
         self.norms = (self.before_attention, self.after_attention, self.before_mlp, self.after_mlp)
         self.qk_norms = (weights[attn + "q_norm.weight"], weights[attn + "k_norm.weight"]) if config.qk_norm else None
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.attention_scale
-        projections = (self.qkv, self.o, self.gate_up, self.down)
         self.native = None
-        if fuse and all(p.backend == "native" for p in projections):
+        if fuse and not sparse and all(p.backend == "native" for p in (self.qkv, self.o, self.gate_up, self.down)):
             none = torch.empty(0)
             self.native = torch.classes.shoal.DecoderLayer(
-                *(p.packed for p in projections),
+                *(p.packed for p in (self.qkv, self.o, self.gate_up, self.down)),
                 [none if n is None else n for n in self.norms],
                 rope.cos,
                 rope.signed_sin,
@@ -168,7 +179,10 @@ class DecoderLayer:
         attended = self.attention(q, cache, meta, self.scale, self.window, cfg.attention_softcap)
         heads = self._gathered(attended, "heads")
         hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.after_attention)
-        gate, up = self.gate_up(self._normed(hidden, self.before_mlp)).chunk(2, dim=1)
+        normed = self._normed(hidden, self.before_mlp)
+        if self.experts is not None:
+            return hidden + self._joining(self.experts(normed), self.after_mlp)
+        gate, up = self.gate_up(normed).chunk(2, dim=1)
         activation = self._gathered(self.activation(gate) * up, "intermediate")
         return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.after_mlp)
 
@@ -267,6 +281,7 @@ class LlamaModel:
                 fuse=not self.attention_uses_tiles,
                 window=config.window(i),
                 rotary=config.rotary(i),
+                sparse=config.sparse(i),
             )
             for i in self.layer_range
         ]

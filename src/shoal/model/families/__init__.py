@@ -5,7 +5,20 @@ Adding a family is a module declaring its `FAMILY` (see family.Family) and a lin
 from __future__ import annotations
 
 from shoal.model.errors import ModelLoadError
-from shoal.model.families import gemma2, gemma3, granite, llama, mistral, olmo2, phi3, qwen2, qwen3, smollm3
+from shoal.model.families import (
+    gemma2,
+    gemma3,
+    granite,
+    llama,
+    mistral,
+    mixtral,
+    olmo2,
+    phi3,
+    qwen2,
+    qwen3,
+    qwen3_moe,
+    smollm3,
+)
 from shoal.model.families.family import Family
 
 FAMILIES: tuple[Family, ...] = (
@@ -19,6 +32,8 @@ FAMILIES: tuple[Family, ...] = (
     phi3.FAMILY,
     gemma2.FAMILY,
     gemma3.FAMILY,
+    mixtral.FAMILY,
+    qwen3_moe.FAMILY,
 )
 
 _BY_NAME = {family.name: family for family in FAMILIES}

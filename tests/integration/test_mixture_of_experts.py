@@ -1,0 +1,78 @@
+"""Mixtures of experts: logits equal transformers' (tiny random Mixtral and Qwen3-MoE, float32), and a
+row's tokens do not depend on which other rows share its experts, the batch, the cache or chunking."""
+
+from __future__ import annotations
+
+import pytest
+
+from shoal.engine.sampling_params import SamplingParams
+from tests.support.engine_runs import alone, batched, engine_factory, mixed_prompts
+from tests.support.family_variants import COMMON
+from tests.support.logits import max_logit_difference
+from tests.support.tiny_model import write_random_family_model
+
+MOE_VARIANTS = {
+    # 8 experts, top-2, renormalised; a window shorter than the prompt.
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=21),
+    ),
+    # 6 experts of their own width, top-3 renormalised; layer 1 of 3 dense (mlp_only_layers).
+    "qwen3-moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(
+            head_dim=16,
+            num_hidden_layers=3,
+            num_experts=6,
+            num_experts_per_tok=3,
+            moe_intermediate_size=48,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+    ),
+    # Not renormalised: the top-k softmax weights as they are.
+    "qwen3-moe-unnormalised": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=False),
+    ),
+}
+
+
+def write_variant(name, directory):
+    config_class, model_class, fields = MOE_VARIANTS[name]
+    return write_random_family_model(directory, config_class, model_class, {**COMMON, **fields})
+
+
+@pytest.mark.parametrize("variant", sorted(MOE_VARIANTS))
+def test_moe_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
+    reference = write_variant(variant, tmp_path)
+    assert max_logit_difference(reference, tmp_path, shoal_cache_dir, list(range(3, 123))) <= 1e-3
+
+
+@pytest.fixture(scope="module", params=["mixtral", "qwen3-moe"])
+def moe_model(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(request.param)
+    write_variant(request.param, directory)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+        SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, seed=5, ignore_eos=True),
+    ],
+    ids=["greedy", "seeded"],
+)
+def test_moe_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(moe_model, params, shoal_cache_dir):
+    make_engine = engine_factory(moe_model, shoal_cache_dir, dtype="bfloat16", max_num_batched_tokens=32)
+    prompts = [p + p for p in mixed_prompts(8, seed=9, vocab=(3, 98))]  # past the 21-token window
+    expected = alone(make_engine, prompts, params)
+    engine = make_engine()
+    assert batched(engine, prompts, params) == expected
+    hits = engine.stats().prefix_cache_hit_tokens
+    assert batched(engine, prompts, params) == expected
+    assert engine.stats().prefix_cache_hit_tokens > hits
