@@ -3,7 +3,10 @@ row's tokens do not depend on which other rows share its experts, the batch, the
 
 from __future__ import annotations
 
+import functools
+
 import pytest
+import torch
 
 from shoal.engine.sampling_params import SamplingParams
 from tests.support.engine_runs import alone, batched, engine_factory, mixed_prompts
@@ -46,10 +49,36 @@ def write_variant(name, directory):
     return write_random_family_model(directory, config_class, model_class, {**COMMON, **fields})
 
 
+@pytest.mark.parametrize("kernel", ["rows", "tiles"])
 @pytest.mark.parametrize("variant", sorted(MOE_VARIANTS))
-def test_moe_logits_match_transformers(variant, tmp_path, shoal_cache_dir):
+def test_moe_logits_match_transformers(variant, kernel, tmp_path, shoal_cache_dir):
     reference = write_variant(variant, tmp_path)
-    assert max_logit_difference(reference, tmp_path, shoal_cache_dir, list(range(3, 123))) <= 1e-3
+    layers = []
+
+    def record(llm) -> None:
+        layers.extend(llm.engine.model.layers)
+
+    ids = list(range(3, 123))
+    assert max_logit_difference(reference, tmp_path, shoal_cache_dir, ids, kernel, record) <= 1e-3
+    # The rows kernel comes with the fused native layer, whose experts run in one native call.
+    assert all((layer.native is not None) == (kernel == "rows") for layer in layers)
+    assert all(layer.experts.kernel is not None for layer in layers if layer.experts is not None)
+
+
+def test_the_native_experts_agree_with_the_torch_experts(tmp_path):
+    """The experts' C++ kernel and the torch code (CUDA, no compiler) route every row alike and give
+    the same outputs to float32 rounding."""
+    from shoal.model.hf_loader import load_hf
+    from shoal.model.llama import ACTIVATIONS
+    from shoal.model.moe import MixtureOfExperts
+
+    write_variant("qwen3-moe-unnormalised", tmp_path)  # where the weights' rule shows
+    config, weights = load_hf(tmp_path)
+    x = torch.randn(37, config.hidden_size, generator=torch.Generator().manual_seed(3))
+    make = functools.partial(MixtureOfExperts, config, weights, "model.layers.0.", 0, activation=ACTIVATIONS["silu"])
+    native, plain = make(prepack=True), make(prepack=False)
+    assert native.kernel is not None and plain.kernel is None
+    assert torch.allclose(native(x), plain(x), rtol=1e-5, atol=1e-6)
 
 
 @pytest.fixture(scope="module", params=["mixtral", "qwen3-moe"])

@@ -77,7 +77,8 @@ class DecoderLayer:
     ):
         """fuse: run the layer as one native object when its projections are all native; window: its
         attention's sliding window, 0 for none; rotary: whether it applies RoPE; sparse: whether its
-        MLP is a mixture of experts (moe.MixtureOfExperts), which runs the torch path."""
+        MLP is a mixture of experts (moe.MixtureOfExperts), which the native object leaves to the
+        experts' own native kernel."""
         self.config = config
         self.attention = attention
         self.rope = rope
@@ -127,10 +128,14 @@ class DecoderLayer:
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.attention_scale
         self.native = None
-        if fuse and not sparse and all(p.backend == "native" for p in (self.qkv, self.o, self.gate_up, self.down)):
+        mlp = [] if sparse else [self.gate_up, self.down]
+        mlp_native = self.experts.kernel is not None if sparse else all(p.backend == "native" for p in mlp)
+        if fuse and mlp_native and all(p.backend == "native" for p in (self.qkv, self.o)):
             none = torch.empty(0)
             self.native = torch.classes.shoal.DecoderLayer(
-                *(p.packed for p in (self.qkv, self.o, self.gate_up, self.down)),
+                self.qkv.packed,
+                self.o.packed,
+                [p.packed for p in mlp],
                 [none if n is None else n for n in self.norms],
                 rope.cos,
                 rope.signed_sin,
@@ -199,6 +204,12 @@ class DecoderLayer:
 
     def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
+        if self.experts is not None:
+            attended = self.native.output(self.native.attention(hidden, *layout), hidden)
+            normed = attended
+            if self.before_mlp is not None:
+                normed = torch.ops.shoal.rms_norm_rows(attended, self.before_mlp, self.config.rms_norm_eps)
+            return self.native.join_mlp(self.experts(normed), attended)
         if self.tensor_parallel is None:
             return self.native.forward(hidden, *layout)
         native, columns = self.native, self.hidden_columns

@@ -57,14 +57,23 @@ class MixtureOfExperts:
             pair = [weights[e + "gate_proj.weight"], weights[e + "up_proj.weight"]]
             self.gate_up.append(InvariantLinear(pair, None, tile_rows, prepack))
             self.down.append(InvariantLinear([weights[e + "down_proj.weight"]], None, tile_rows, prepack))
-
-    @property
-    def native(self) -> bool:
-        """Whether every matrix runs on the native kernels."""
-        return all(p.backend == "native" for p in (self.router, *self.gate_up, *self.down))
+        # With every matrix on the native kernels, the whole MLP is one C++ call (csrc/moe_cpu.cpp).
+        self.kernel = None
+        if all(p.backend == "native" for p in (self.router, *self.gate_up, *self.down)):
+            self.kernel = torch.classes.shoal.MixtureOfExperts(
+                self.router.packed,
+                [p.packed for p in self.gate_up],
+                [p.packed for p in self.down],
+                config.experts_per_token,
+                config.expert_routing,
+                config.normalize_expert_weights,
+                config.mlp_activation == "gelu_tanh",
+            )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, H] (normalised) -> [T, H] in x's dtype."""
+        if self.kernel is not None:
+            return self.kernel.forward(x.contiguous())
         experts, weights = route(self.router(x), self.config)
         out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
         # Expert by expert in ascending index: each row meets its experts in ascending order.

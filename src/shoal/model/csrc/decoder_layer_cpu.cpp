@@ -245,8 +245,9 @@ at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, dou
   return out;
 }
 
-// A decoder layer's weights and shape; see the file header. `qkv`, `o`, `gate_up` and `down` hold
-// this rank's output columns (all of them without tensor parallelism), the norms and RoPE tables
+// A decoder layer's weights and shape; see the file header. `qkv`, `o` and `mlp` (gate_up and down,
+// or none for a layer whose MLP runs elsewhere: a mixture of experts, moe_cpu.cpp) hold this rank's
+// output columns (all of them without tensor parallelism), the norms and RoPE tables
 // (cos and signed sin, [positions, D] float32) are whole. `norms` are the RMSNorm weights before
 // attention, after it, before the MLP and after it, each [hidden] or empty (none there); a norm
 // after attention or the MLP covers whole rows, so under tensor parallelism such a layer projects,
@@ -254,14 +255,11 @@ at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, dou
 // over SiLU, and `residual_multiplier` scales each output before it joins the residual.
 struct DecoderLayerCpu : torch::CustomClassHolder {
   DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
-                  c10::intrusive_ptr<PackedLinear> gate_up, c10::intrusive_ptr<PackedLinear> down,
-                  std::vector<at::Tensor> norms, at::Tensor cos, at::Tensor signed_sin, int64_t heads,
+                  std::vector<c10::intrusive_ptr<PackedLinear>> mlp, std::vector<at::Tensor> norms, at::Tensor cos, at::Tensor signed_sin, int64_t heads,
                   int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm, at::Tensor k_norm,
                   bool rotary, double scale, double softcap, bool gelu, double residual_multiplier)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
-        gate_up_(std::move(gate_up)),
-        down_(std::move(down)),
         cos_(cos.contiguous()),
         signed_sin_(signed_sin.contiguous()),
         heads_(heads),
@@ -277,12 +275,15 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         gelu_(gelu),
         residual_multiplier_(static_cast<float>(residual_multiplier)) {
     TORCH_CHECK(norms.size() == 4, "DecoderLayer: four norms (before and after attention and the MLP), empty or not");
+    TORCH_CHECK(mlp.size() == 2 || mlp.empty(), "DecoderLayer: the MLP is gate_up and down, or none");
+    if (!mlp.empty()) gate_up_ = mlp[0], down_ = mlp[1];
     for (auto& norm : norms) norm = norm.contiguous();
     before_attention_norm_ = norms[0], after_attention_norm_ = norms[1];
     before_mlp_norm_ = norms[2], after_mlp_norm_ = norms[3];
     TORCH_CHECK(qkv_->out_features() == (heads + 2 * kv_heads) * head_dim, "DecoderLayer: qkv has ",
                 qkv_->out_features(), " outputs, not (", heads, " + 2 x ", kv_heads, ") x ", head_dim);
-    TORCH_CHECK(gate_up_->out_features() % 2 == 0, "DecoderLayer: gate_up must have an even number of outputs");
+    TORCH_CHECK(!gate_up_ || gate_up_->out_features() % 2 == 0,
+                "DecoderLayer: gate_up must have an even number of outputs");
     TORCH_CHECK(cos_.scalar_type() == at::kFloat && signed_sin_.scalar_type() == at::kFloat &&
                     cos_.size(1) == head_dim && signed_sin_.sizes() == cos_.sizes(),
                 "DecoderLayer: RoPE tables must be float32 [positions, head_dim]");
@@ -349,13 +350,14 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   at::Tensor join_attention(const at::Tensor& part, const at::Tensor& residual) const {
     return join(part, after_attention_norm_, residual);
   }
-  at::Tensor project_down(const at::Tensor& activation) const { return down_->forward(activation); }
+  at::Tensor project_down(const at::Tensor& activation) const { return dense_down().forward(activation); }
   at::Tensor join_mlp(const at::Tensor& part, const at::Tensor& residual) const {
     return join(part, after_mlp_norm_, residual);
   }
 
   // act(gate) * up [T, this rank's intermediate columns] for hidden [T, hidden].
   at::Tensor mlp(const at::Tensor& hidden) const {
+    dense_down();
     const at::Tensor gate_up = gate_up_->forward(normed(hidden, before_mlp_norm_));
     const int64_t width = gate_up_->out_features() / 2;
     auto out = at::empty({hidden.size(0), width}, hidden.options());
@@ -368,7 +370,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
 
   // residual + down(activation), for the activation of every intermediate column.
   at::Tensor down(const at::Tensor& activation, const at::Tensor& residual) const {
-    return joined(*down_, activation, after_mlp_norm_, residual);
+    return joined(dense_down(), activation, after_mlp_norm_, residual);
   }
 
   // The whole layer without tensor parallelism: hidden [T, hidden] -> [T, hidden].
@@ -381,6 +383,12 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   }
 
  private:
+  // The dense MLP's down projection; an error in a layer without one.
+  const PackedLinear& dense_down() const {
+    TORCH_CHECK(down_, "DecoderLayer: this layer's MLP runs elsewhere (a mixture of experts)");
+    return *down_;
+  }
+
   // The RMSNorm of hidden's rows by `weight`, or hidden itself where the weight is empty.
   at::Tensor normed(const at::Tensor& hidden, const at::Tensor& weight) const {
     return weight.numel() == 0 ? hidden : rms_norm_rows(hidden, weight, eps_);
@@ -418,7 +426,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     return out;
   }
 
-  c10::intrusive_ptr<PackedLinear> qkv_, o_, gate_up_, down_;
+  c10::intrusive_ptr<PackedLinear> qkv_, o_, gate_up_, down_;  // gate_up_ and down_ null without a dense MLP
   at::Tensor before_attention_norm_, after_attention_norm_, before_mlp_norm_, after_mlp_norm_;
   at::Tensor cos_, signed_sin_;
   int64_t heads_, kv_heads_, dim_;
@@ -436,8 +444,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
-                       c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
-                       std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t,
+                       std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t,
                        at::Tensor, at::Tensor, bool, double, double, bool, double>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)

@@ -4,5 +4,6 @@
 #include "linear_cpu.cpp"
 #include "linear_packing_cpu.cpp"
 #include "decoder_layer_cpu.cpp"
+#include "moe_cpu.cpp"
 #include "argmax_cpu.cpp"
 #include "categorical_cpu.cpp"
