@@ -11,17 +11,9 @@ import pytest
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.structured_outputs import StructuredOutputs
 from tests.support.engine_runs import alone, batched, engine_factory, mixed_prompts, run_to_completion
-from tests.support.family_variants import COMMON, LAYER_VARIANTS
+from tests.support.family_variants import COMMON, FAMILIES, LAYER_VARIANTS
 from tests.support.tiny_model import write_random_family_model
 
-FAMILIES = [
-    "gemma2",
-    "gemma3",
-    "granite-multipliers",
-    "olmo2-norms-after",
-    "phi4-mini-partial-longrope",
-    "qwen3-qk-norm",
-]
 PARAMS = [
     SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
     SamplingParams(temperature=0.9, top_p=0.95, max_tokens=16, seed=5, ignore_eos=True),

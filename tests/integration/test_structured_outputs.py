@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel
 
 from tests.support.routers import start_router, stop
+from tests.support.tool_definitions import TIME, WEATHER
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
 PERSON = {
@@ -37,34 +38,6 @@ PERSON = {
     },
     "required": ["name", "age", "tags", "address"],
     "additionalProperties": False,
-}
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "minLength": 1, "maxLength": 10},
-                "days": {"type": "integer", "minimum": 1, "maximum": 7},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-    },
-}
-TIME = {
-    "type": "function",
-    "function": {
-        "name": "get_time",
-        "parameters": {
-            "type": "object",
-            "properties": {"zone": {"enum": ["UTC", "CET"]}},
-            "required": ["zone"],
-            "additionalProperties": False,
-        },
-    },
 }
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 

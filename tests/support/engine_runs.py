@@ -1,5 +1,5 @@
-"""Running an engine's requests to completion, checking its invariants every step; the same prompts
-alone (one fresh engine each) and batched."""
+"""Running an engine's requests to completion (or on from output tokens another engine produced),
+checking its invariants every step; the same prompts alone (one fresh engine each) and batched."""
 
 from __future__ import annotations
 
@@ -23,13 +23,19 @@ def engine_factory(model_dir, cache_dir, **defaults):
 
 def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
     """Adds (prompt, params) per request id, steps until done, checks invariants every step."""
+    return {request_id: out.token_ids for request_id, out in final_outputs(engine, requests).items()}
+
+
+def final_outputs(engine, requests: dict[str, tuple], resume: dict[str, list[int]] | None = None) -> dict:
+    """Each request's final CompletionOutput, as run_to_completion runs them, continuing those in
+    `resume` from the output tokens given there (first in its token_ids, with empty logprobs)."""
     for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params)
-    results: dict[str, list[int]] = {}
+        engine.add_request(request_id, prompt, params, resume_token_ids=(resume or {}).get(request_id))
+    results = {}
     while engine.has_unfinished_requests():
         for output in engine.step():
             if output.finished:
-                results[output.request_id] = output.outputs[0].token_ids
+                results[output.request_id] = output.outputs[0]
         engine.check_integrity()
     return results
 

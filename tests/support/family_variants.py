@@ -105,3 +105,13 @@ LAYER_VARIANTS = {
         dict(use_sliding_window=True, sliding_window=21, max_window_layers=1),
     ),
 }
+# One layer variant of each family beyond Llama's, on which every serving feature is checked per
+# family: Gemma 2 and 3 (windows shorter than the prompts), Granite, OLMo 2, Phi-4-mini's shape, Qwen3.
+FAMILIES = [
+    "gemma2",
+    "gemma3",
+    "granite-multipliers",
+    "olmo2-norms-after",
+    "phi4-mini-partial-longrope",
+    "qwen3-qk-norm",
+]
