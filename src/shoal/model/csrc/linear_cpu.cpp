@@ -450,17 +450,48 @@ void rows_block(const Problem& pr, int64_t row, int64_t rows, int64_t panel, int
 constexpr int64_t kRowChunk = 64;
 constexpr int64_t kPairsRowChunk = 128;
 
-// Tasks are (row chunk, panel) pairs, chunk-major; a thread takes a contiguous range of them.
+// A problem's tasks are (row chunk, panel) pairs, chunk-major; a thread takes a contiguous range.
+struct Tasks {
+  int64_t panels, chunk_rows, count;
+  explicit Tasks(const Problem& pr) {
+    const int64_t limit = pr.block_pairs ? kPairsRowChunk : kRowChunk;
+    const int64_t chunks = (pr.m + limit - 1) / limit;
+    panels = (pr.n + kPanel - 1) / kPanel;
+    chunk_rows = (pr.m + chunks - 1) / chunks;
+    count = chunks * panels;
+  }
+};
+
+// Tasks [begin, end) of `pr`.
+void run_tasks(const Problem& pr, const Tasks& tasks, int64_t begin, int64_t end) {
+  for (int64_t task = begin; task < end;) {
+    const int64_t chunk = task / tasks.panels, panel = task % tasks.panels;
+    const int64_t count = std::min(tasks.panels - panel, end - task);
+    const int64_t row = chunk * tasks.chunk_rows;
+    rows_block(pr, row, std::min(tasks.chunk_rows, pr.m - row), panel, count);
+    task += count;
+  }
+}
+
 void run(const Problem& pr) {
-  const int64_t panels = (pr.n + kPanel - 1) / kPanel, limit = pr.block_pairs ? kPairsRowChunk : kRowChunk;
-  const int64_t chunks = (pr.m + limit - 1) / limit, chunk_rows = (pr.m + chunks - 1) / chunks;
-  at::parallel_for(0, chunks * panels, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t task = begin; task < end;) {
-      const int64_t chunk = task / panels, panel = task % panels;
-      const int64_t count = std::min(panels - panel, end - task);
-      const int64_t row = chunk * chunk_rows;
-      rows_block(pr, row, std::min(chunk_rows, pr.m - row), panel, count);
-      task += count;
+  const Tasks tasks(pr);
+  at::parallel_for(0, tasks.count, 1, [&](int64_t begin, int64_t end) { run_tasks(pr, tasks, begin, end); });
+}
+
+// Several problems in one parallel region: their tasks one problem after another, a thread taking
+// a contiguous range of them (each element computed as run() computes it).
+void run_all(const std::vector<const Problem*>& problems) {
+  std::vector<Tasks> tasks;
+  std::vector<int64_t> first{0};  // first[i]: problem i's first task in the joint range
+  for (const Problem* pr : problems) {
+    tasks.emplace_back(*pr);
+    first.push_back(first.back() + tasks.back().count);
+  }
+  at::parallel_for(0, first.back(), 1, [&](int64_t begin, int64_t end) {
+    size_t i = std::upper_bound(first.begin(), first.end(), begin) - first.begin() - 1;
+    for (; i < problems.size() && first[i] < end; ++i) {
+      const int64_t from = std::max(begin, first[i]), to = std::min(end, first[i + 1]);
+      if (from < to) run_tasks(*problems[i], tasks[i], from - first[i], to - first[i]);
     }
   });
 }
@@ -574,19 +605,27 @@ at::Tensor block_sums(const at::Tensor& x, bool tree, bool by_half) {
   return sums;
 }
 
+// One multiply, ready to run: its problem and the tensors the problem points into.
+struct Prepared {
+  Problem pr;
+  at::Tensor x, xsums;
+  bool amx = false;
+};
+
 #if SHOAL_QUANTIZED_BF16_DOT
 // The pairs path with hardware dot products: x's bf16 rows rearranged into each block's pairs (pair j
 // holds k = first_k(j) in its low half and second_k(j) in its high half), and the blocks' sums.
-void multiply_block_pairs(const at::Tensor& x, Problem& pr) {
+void prepare_block_pairs(const at::Tensor& x, Prepared& prepared) {
+  Problem& pr = prepared.pr;
   const BlockLayout layout = block_layout(pr.format);
   const int64_t m = pr.m, k = pr.k;
   uint16_t order[kBlock];  // lane 2j takes k first_k(j), lane 2j + 1 second_k(j)
   for (int64_t j = 0; j < kBlock / 2; ++j) order[2 * j] = first_k(layout, j), order[2 * j + 1] = second_k(layout, j);
   const __m512i index = _mm512_loadu_si512(order);
   const at::Tensor xc = x.contiguous();
-  at::Tensor pairs = at::empty({m, k / 2}, x.options().dtype(at::kInt));
+  prepared.x = at::empty({m, k / 2}, x.options().dtype(at::kInt));
   const uint16_t* source = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  uint32_t* target = reinterpret_cast<uint32_t*>(pairs.data_ptr<int32_t>());
+  uint32_t* target = reinterpret_cast<uint32_t*>(prepared.x.data_ptr<int32_t>());
   at::parallel_for(0, m, 16, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r)
       for (int64_t b = 0; b < k / kBlock; ++b) {
@@ -594,24 +633,24 @@ void multiply_block_pairs(const at::Tensor& x, Problem& pr) {
         _mm512_storeu_si512(target + r * (k / 2) + b * kBlock / 2, _mm512_permutexvar_epi16(index, block));
       }
   });
-  at::Tensor xsums;
   if (layout.minimum) {
-    xsums = block_sums(xc, true, layout.two_scales);
-    pr.xsums = xsums.data_ptr<float>();
+    prepared.xsums = block_sums(xc, true, layout.two_scales);
+    pr.xsums = prepared.xsums.data_ptr<float>();
   }
   pr.xpairs = target;
   pr.ldx = k / 2;
-  run(pr);
 }
 #endif
 
-// out[:, 0 : n] (row stride ldo) = x @ W.T (+ bias) (+ residual) for one packed matrix.
-void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int64_t n, const at::Tensor& bias,
-              void* out, int64_t ldo, const void* residual, int64_t ldr) {
+// out[:, 0 : n] (row stride ldo) = x @ W.T (+ bias) (+ residual) for one packed matrix, prepared.
+Prepared prepare(const at::Tensor& x, const at::Tensor& packed, Format format, int64_t n, const at::Tensor& bias,
+                 void* out, int64_t ldo, const void* residual, int64_t ldr) {
   const int64_t m = x.size(0), k = x.size(1);
   TORCH_CHECK(format != kBF16 || x.scalar_type() == at::kBFloat16,
               "PackedLinear: bf16 weights multiply bfloat16 rows only, not ", x.scalar_type());
-  Problem pr{format, m, n, k, packed.data_ptr<uint8_t>(), panel_bytes(format, k)};
+  Prepared prepared;
+  Problem& pr = prepared.pr;
+  pr = Problem{format, m, n, k, packed.data_ptr<uint8_t>(), panel_bytes(format, k)};
   pr.out = out;
   pr.ldo = ldo;
   pr.residual = residual;
@@ -624,15 +663,14 @@ void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int6
   pr.block_pairs = format >= kQ8_0 && x.scalar_type() == at::kBFloat16;
 #if SHOAL_QUANTIZED_BF16_DOT
   if (pr.block_pairs) {
-    multiply_block_pairs(x, pr);
-    return;
+    prepare_block_pairs(x, prepared);
+    return prepared;
   }
 #endif
 #if SHOAL_AMX
-  const bool amx = format == kBF16 && x.scalar_type() == at::kBFloat16 && amx_permitted();
-#else
-  const bool amx = false;
+  prepared.amx = format == kBF16 && x.scalar_type() == at::kBFloat16 && amx_permitted();
 #endif
+  const bool amx = prepared.amx;
 #if SHOAL_BF16_DOT
   const bool pairs = format == kBF16 && x.scalar_type() == at::kBFloat16;
 #else
@@ -641,32 +679,43 @@ void multiply(const at::Tensor& x, const at::Tensor& packed, Format format, int6
   const at::ScalarType wanted = pairs ? at::kBFloat16 : at::kFloat;
   const int64_t width = amx ? (k + kBlock - 1) / kBlock * kBlock : format == kBF16 ? (k + 1) / 2 * 2 : k;
   const int64_t height = amx ? (m + 31) / 32 * 32 : m;  // AMX: whole 32-row chunks
-  at::Tensor xk;
   if (x.scalar_type() == wanted && width == k && height == m && x.stride(1) == 1 && x.stride(0) == k) {
-    xk = x;
+    prepared.x = x;
   } else {
-    xk = at::zeros({height, width}, x.options().dtype(wanted));
-    xk.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
+    prepared.x = at::zeros({height, width}, x.options().dtype(wanted));
+    prepared.x.narrow(0, 0, m).narrow(1, 0, k).copy_(x);
   }
   if (pairs) {
-    pr.xpairs = reinterpret_cast<const uint32_t*>(xk.data_ptr<at::BFloat16>());
+    pr.xpairs = reinterpret_cast<const uint32_t*>(prepared.x.data_ptr<at::BFloat16>());
     pr.ldx = width / 2;
   } else {
-    pr.xf = xk.data_ptr<float>();
+    pr.xf = prepared.x.data_ptr<float>();
     pr.ldx = width;
   }
-  at::Tensor xsums;
   if (format >= kQ8_0 && block_layout(format).minimum) {
-    xsums = block_sums(xk, pr.block_pairs, block_layout(format).two_scales);
-    pr.xsums = xsums.data_ptr<float>();
+    prepared.xsums = block_sums(prepared.x, pr.block_pairs, block_layout(format).two_scales);
+    pr.xsums = prepared.xsums.data_ptr<float>();
   }
+  return prepared;
+}
+
+void execute(const Prepared& prepared) {
 #if SHOAL_AMX
-  if (amx) {
-    amx_run(pr);
-    return;
-  }
+  if (prepared.amx) return amx_run(prepared.pr);
 #endif
-  run(pr);
+  run(prepared.pr);
+}
+
+// Executes every prepared multiply: those on the vector units in one parallel region, AMX ones alone.
+void execute_all(const std::vector<Prepared>& group) {
+  std::vector<const Problem*> problems;
+  for (const Prepared& prepared : group) {
+    if (prepared.amx)
+      execute(prepared);
+    else if (prepared.pr.m > 0)
+      problems.push_back(&prepared.pr);
+  }
+  run_all(problems);
 }
 
 }  // namespace
@@ -723,10 +772,32 @@ void PackedLinear::forward_into(const at::Tensor& x, const at::Tensor& out, int6
   for (size_t i = 0; i < packed_.size(); ++i) {
     char* target = static_cast<char*>(out.data_ptr()) + (column + offset) * element;
     const void* added = has_residual ? static_cast<const char*>(residual.data_ptr()) + offset * element : nullptr;
-    multiply(x, packed_[i], kernel_format(sources_[i]), widths_[i], bias_panels_[i], target, out.stride(0), added,
-             has_residual ? residual.stride(0) : 0);
+    execute(prepare(x, packed_[i], kernel_format(sources_[i]), widths_[i], bias_panels_[i], target, out.stride(0),
+                    added, has_residual ? residual.stride(0) : 0));
     offset += widths_[i];
   }
+}
+
+std::vector<at::Tensor> PackedLinear::forward_group(const std::vector<const PackedLinear*>& linears,
+                                                    const std::vector<at::Tensor>& xs) {
+  TORCH_CHECK(linears.size() == xs.size(), "PackedLinear: one x per matrix of a group");
+  std::vector<at::Tensor> outs;
+  std::vector<Prepared> group;
+  for (size_t j = 0; j < linears.size(); ++j) {
+    const PackedLinear& linear = *linears[j];
+    const at::Tensor& x = xs[j];
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == linear.k_, "PackedLinear: x must be [M, ", linear.k_, "]");
+    outs.push_back(at::empty({x.size(0), linear.n_}, x.options()));
+    int64_t offset = 0;
+    for (size_t i = 0; i < linear.packed_.size(); ++i) {
+      char* target = static_cast<char*>(outs.back().data_ptr()) + offset * outs.back().element_size();
+      group.push_back(prepare(x, linear.packed_[i], kernel_format(linear.sources_[i]), linear.widths_[i],
+                              linear.bias_panels_[i], target, outs.back().stride(0), nullptr, 0));
+      offset += linear.widths_[i];
+    }
+  }
+  execute_all(group);
+  return outs;
 }
 
 }  // namespace shoal

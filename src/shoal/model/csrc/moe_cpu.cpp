@@ -20,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -101,42 +102,60 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
       for (int64_t t = begin; t < end; ++t)
         route_row(l + t * experts, experts, k_, softmax_first_, normalize_, &chosen[t * k_], &weights[t * k_]);
     });
-    // Per expert, its rows (ascending) and their weights.
-    std::vector<std::vector<int64_t>> rows(experts);
-    std::vector<std::vector<float>> row_weights(experts);
+    // The experts with rows, ascending; each one's rows (ascending), gathered; and where each
+    // (row, choice) finds its output.
+    std::vector<int64_t> active, first_row(experts + 1, 0), place(tokens * k_);
+    for (int64_t i = 0; i < tokens * k_; ++i) ++first_row[chosen[i] + 1];
+    for (int64_t e = 0; e < experts; ++e) {
+      if (first_row[e + 1]) active.push_back(e);
+      first_row[e + 1] += first_row[e];
+    }
+    at::Tensor gathered = at::empty({tokens * k_, hidden}, x.options());
+    std::vector<int64_t> filled(first_row.begin(), first_row.end() - 1);
     for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t i = 0; i < k_; ++i) {
-        rows[chosen[t * k_ + i]].push_back(t);
-        row_weights[chosen[t * k_ + i]].push_back(weights[t * k_ + i]);
-      }
-    at::Tensor sums = at::zeros({tokens, hidden}, x.options().dtype(at::kFloat));
+      for (int64_t i = 0; i < k_; ++i) place[t * k_ + i] = filled[chosen[t * k_ + i]]++;
+    const int64_t bytes = hidden * x.element_size();
+    const char* source = static_cast<const char*>(x.data_ptr());
+    char* target = static_cast<char*>(gathered.data_ptr());
+    at::parallel_for(0, tokens * k_, 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) std::memcpy(target + place[i] * bytes, source + i / k_ * bytes, bytes);
+    });
+    std::vector<const PackedLinear*> gate_ups, downs;
+    std::vector<at::Tensor> inputs;
+    for (int64_t e : active) {
+      gate_ups.push_back(gate_up_[e].get());
+      downs.push_back(down_[e].get());
+      inputs.push_back(gathered.narrow(0, first_row[e], first_row[e + 1] - first_row[e]));
+    }
+    const std::vector<at::Tensor> projected = PackedLinear::forward_group(gate_ups, inputs);
+    std::vector<at::Tensor> activations(active.size());
+    at::Tensor sums = at::empty({tokens, hidden}, x.options().dtype(at::kFloat));
     float* s = sums.data_ptr<float>();
     for_each_dtype(x.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       using E = Element<T>;
-      const T* xs = x.data_ptr<T>();
-      for (int64_t e = 0; e < experts; ++e) {
-        const int64_t n = static_cast<int64_t>(rows[e].size());
-        if (n == 0) continue;
-        at::Tensor gathered = at::empty({n, hidden}, x.options());
-        T* g = gathered.data_ptr<T>();
-        at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) std::copy_n(xs + rows[e][i] * hidden, hidden, g + i * hidden);
-        });
-        const at::Tensor projected = gate_up_[e]->forward(gathered);
-        const int64_t width = down_[e]->in_features();
-        at::Tensor activation = at::empty({n, width}, x.options());
-        activate_and_multiply<T>(projected.data_ptr<T>(), n, width, gelu_, activation.data_ptr<T>());
-        const at::Tensor y = down_[e]->forward(activation);
-        const T* ys = y.data_ptr<T>();
-        at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-          for (int64_t i = begin; i < end; ++i) {
-            float* row = s + rows[e][i] * hidden;
-            const float w = row_weights[e][i];
-            for (int64_t c = 0; c < hidden; ++c) row[c] += w * E::read(ys + i * hidden + c);
+      at::parallel_for(0, static_cast<int64_t>(active.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j) {
+          const int64_t n = projected[j].size(0), width = projected[j].size(1) / 2;
+          activations[j] = at::empty({n, width}, x.options());
+          activate_and_multiply<T>(projected[j].data_ptr<T>(), n, width, gelu_, activations[j].data_ptr<T>());
+        }
+      });
+      const std::vector<at::Tensor> outputs = PackedLinear::forward_group(downs, activations);
+      std::vector<const T*> output_of(experts, nullptr);  // expert e's output rows, from its first
+      for (size_t j = 0; j < active.size(); ++j) output_of[active[j]] = outputs[j].data_ptr<T>() - first_row[active[j]] * hidden;
+      // Each row's sum from zero, its experts in ascending index (`chosen` is sorted per row).
+      at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+          float* row = s + t * hidden;
+          std::fill_n(row, hidden, 0.f);
+          for (int64_t i = 0; i < k_; ++i) {
+            const T* y = output_of[chosen[t * k_ + i]] + place[t * k_ + i] * hidden;
+            const float w = weights[t * k_ + i];
+            for (int64_t c = 0; c < hidden; ++c) row[c] += w * E::read(y + c);
           }
-        });
-      }
+        }
+      });
     });
     return sums.to(x.scalar_type());
   }
