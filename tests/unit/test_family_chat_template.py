@@ -45,3 +45,39 @@ def test_gemmas_template_has_model_turns_and_folds_the_system_message_into_the_f
         "<bos><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n"
         "<start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
     )
+
+
+TURNS = [*MESSAGES, {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+SPECIAL = {"bos_token": "<s>", "eos_token": "</s>"}
+
+
+def render(template_text: str) -> str:
+    from shoal.model.chat_template import compile_chat_template, render_chat_template
+
+    template = compile_chat_template(template_text)
+    return render_chat_template(template, TURNS, add_generation_prompt=True, tools=None, special_tokens=SPECIAL)
+
+
+def test_phi3s_granites_olmo2s_and_mistrals_templates_render_their_models_turns():
+    from shoal.model.families.chat_templates import GRANITE, MISTRAL, OLMO2, PHI3
+
+    assert render(PHI3) == (
+        "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n<|user|>\nBye<|end|>\n"
+        "<|assistant|>\n"
+    )
+    assert render(GRANITE) == (
+        "<|start_of_role|>system<|end_of_role|>Be brief.<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>Hi<|end_of_text|>\n"
+        "<|start_of_role|>assistant<|end_of_role|>Hello.<|end_of_text|>\n"
+        "<|start_of_role|>user<|end_of_role|>Bye<|end_of_text|>\n<|start_of_role|>assistant<|end_of_role|>"
+    )
+    assert render(OLMO2) == (
+        "<s><|system|>\nBe brief.\n<|user|>\nHi\n<|assistant|>\nHello.</s>\n<|user|>\nBye\n<|assistant|>\n"
+    )
+    assert render(MISTRAL) == "<s>[INST] Be brief.\n\nHi [/INST]Hello.</s>[INST] Bye [/INST]"
+
+
+def test_every_family_chats_without_a_template_of_its_own():
+    from shoal.model.families import FAMILIES
+
+    assert [f.name for f in FAMILIES if f.chat_template is None] == []

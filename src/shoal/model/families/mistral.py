@@ -1,5 +1,6 @@
 """Mistral: Llama's layout with a sliding window on every layer where config.json sets one."""
 
+from shoal.model.families.chat_templates import MISTRAL
 from shoal.model.families.family import Family
 from shoal.model.families.windows import every_layer
 
@@ -9,4 +10,5 @@ FAMILY = Family(
     gguf_architectures=("mistral",),
     gguf_rows_permuted=True,
     windows=every_layer,
+    chat_template=MISTRAL,
 )

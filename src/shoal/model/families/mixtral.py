@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from shoal.model.families.chat_templates import MISTRAL
 from shoal.model.families.family import Family
 from shoal.model.families.windows import every_layer
 
@@ -42,4 +43,5 @@ FAMILY = Family(
     hf_settings=hf_settings,
     fused_tensors=tuple(f"{p}.weight" for p in _EXPERT_PROJECTIONS) + ("block_sparse_moe.gate.weight",),
     unfuse=unfuse,
+    chat_template=MISTRAL,
 )

@@ -1,6 +1,7 @@
 """OLMo 2: RMSNorm after attention and after the MLP instead of before them, and of each whole query
 and key projection before RoPE; from Hugging Face files or GGUF (rows not permuted)."""
 
+from shoal.model.families.chat_templates import OLMO2
 from shoal.model.families.family import Family
 
 FAMILY = Family(
@@ -14,4 +15,5 @@ FAMILY = Family(
         "post_attention_norm.weight": "post_attention_layernorm.weight",
         "post_ffw_norm.weight": "post_feedforward_layernorm.weight",
     },
+    chat_template=OLMO2,
 )

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from shoal.model.families.chat_templates import PHI3
 from shoal.model.families.family import Family
 
 if TYPE_CHECKING:
@@ -42,4 +43,5 @@ FAMILY = Family(
     fused_tensors=(QKV, GATE_UP),
     unfuse=unfuse,
     gguf_layer_names={"attn_qkv.weight": QKV, "ffn_up.weight": GATE_UP},
+    chat_template=PHI3,
 )
