@@ -63,9 +63,32 @@ void route_row(const float* logits, int64_t experts, int64_t k, bool softmax_fir
 
 }  // namespace
 
-// `router` [experts, hidden]; per expert, `gate_up` [2 x its intermediate, hidden] (gate rows
-// first) and `down` [hidden, intermediate]; `rule` "softmax_topk" or "topk_softmax"; `gelu` picks
-// GELU-tanh over SiLU.
+// Which rows each expert runs: the experts with rows (ascending), where each expert's rows start in
+// the rows-by-expert order (expert ascending, then token ascending), and the place in that order of
+// each (token, choice).
+struct ExpertRows {
+  std::vector<int64_t> active, first, place;
+  ExpertRows(const at::Tensor& chosen, int64_t experts) : first(experts + 1, 0), place(chosen.numel()) {
+    const int64_t* c = chosen.data_ptr<int64_t>();
+    for (int64_t i = 0; i < chosen.numel(); ++i) {
+      TORCH_CHECK(c[i] >= 0 && c[i] < experts, "MixtureOfExperts: expert ", c[i], " of ", experts);
+      ++first[c[i] + 1];
+    }
+    for (int64_t e = 0; e < experts; ++e) {
+      if (first[e + 1]) active.push_back(e);
+      first[e + 1] += first[e];
+    }
+    std::vector<int64_t> filled(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < chosen.numel(); ++i) place[i] = filled[c[i]]++;
+  }
+};
+
+// `router` [experts, hidden]; per expert, `gate_up` [2 x intermediate, hidden] (gate rows first)
+// and `down` [outputs, intermediate] (every expert alike); `rule` "softmax_topk" or
+// "topk_softmax"; `gelu` picks GELU-tanh over SiLU. Under tensor parallelism each rank holds its
+// columns of every expert's intermediate (gate_up's rows) and of the hidden state (down's rows):
+// route, activations, the gather of the activations' columns, combine, then the gather of the
+// output's columns compute what forward() does in one process, bit for bit.
 struct MixtureOfExpertsCpu : torch::CustomClassHolder {
   MixtureOfExpertsCpu(c10::intrusive_ptr<PackedLinear> router, std::vector<c10::intrusive_ptr<PackedLinear>> gate_up,
                       std::vector<c10::intrusive_ptr<PackedLinear>> down, int64_t experts_per_token, std::string rule,
@@ -84,80 +107,110 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
                 down_.size(), " projections were given");
     TORCH_CHECK(k_ >= 1 && k_ <= experts, "MixtureOfExperts: experts per token must be 1 to ", experts);
     for (int64_t e = 0; e < experts; ++e)
-      TORCH_CHECK(gate_up_[e]->out_features() == 2 * down_[e]->in_features() &&
-                      down_[e]->out_features() == router_->in_features(),
-                  "MixtureOfExperts: expert ", e, "'s projections do not fit each other or the hidden size");
+      TORCH_CHECK(gate_up_[e]->out_features() == gate_up_[0]->out_features() && gate_up_[e]->out_features() % 2 == 0 &&
+                      gate_up_[e]->in_features() == router_->in_features() &&
+                      down_[e]->in_features() == down_[0]->in_features() &&
+                      down_[e]->out_features() == down_[0]->out_features(),
+                  "MixtureOfExperts: expert ", e, "'s projections differ from the others' or the hidden size");
   }
 
-  // x [T, hidden] (normalised) -> [T, hidden] in x's dtype.
-  at::Tensor forward(const at::Tensor& x) const {
-    const int64_t tokens = x.size(0), hidden = router_->in_features(), experts = router_->out_features();
-    TORCH_CHECK(x.dim() == 2 && x.size(1) == hidden && x.is_contiguous(), "MixtureOfExperts: x must be [T, ", hidden,
-                "] contiguous");
+  // Each row's experts [T, k] (int64, ascending index) and their weights [T, k] (float32), by the
+  // routing rule, from x [T, hidden] (normalised).
+  std::tuple<at::Tensor, at::Tensor> route(const at::Tensor& x) const {
+    const int64_t tokens = x.size(0), experts = router_->out_features();
+    TORCH_CHECK(x.dim() == 2 && x.size(1) == router_->in_features() && x.is_contiguous(),
+                "MixtureOfExperts: x must be [T, ", router_->in_features(), "] contiguous");
     const at::Tensor logits = router_->forward(x).to(at::kFloat).contiguous();
-    std::vector<int64_t> chosen(tokens * k_);
-    std::vector<float> weights(tokens * k_);
+    at::Tensor chosen = at::empty({tokens, k_}, x.options().dtype(at::kLong));
+    at::Tensor weights = at::empty({tokens, k_}, x.options().dtype(at::kFloat));
     const float* l = logits.data_ptr<float>();
+    int64_t* c = chosen.data_ptr<int64_t>();
+    float* w = weights.data_ptr<float>();
     at::parallel_for(0, tokens, 16, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        route_row(l + t * experts, experts, k_, softmax_first_, normalize_, &chosen[t * k_], &weights[t * k_]);
+        route_row(l + t * experts, experts, k_, softmax_first_, normalize_, c + t * k_, w + t * k_);
     });
-    // The experts with rows, ascending; each one's rows (ascending), gathered; and where each
-    // (row, choice) finds its output.
-    std::vector<int64_t> active, first_row(experts + 1, 0), place(tokens * k_);
-    for (int64_t i = 0; i < tokens * k_; ++i) ++first_row[chosen[i] + 1];
-    for (int64_t e = 0; e < experts; ++e) {
-      if (first_row[e + 1]) active.push_back(e);
-      first_row[e + 1] += first_row[e];
-    }
-    at::Tensor gathered = at::empty({tokens * k_, hidden}, x.options());
-    std::vector<int64_t> filled(first_row.begin(), first_row.end() - 1);
-    for (int64_t t = 0; t < tokens; ++t)
-      for (int64_t i = 0; i < k_; ++i) place[t * k_ + i] = filled[chosen[t * k_ + i]]++;
+    return {chosen, weights};
+  }
+
+  // act(gate) * up of every (row, chosen expert) [T x k, this rank's intermediate columns], in the
+  // rows-by-expert order (ExpertRows), in x's dtype.
+  at::Tensor activations(const at::Tensor& x, const at::Tensor& chosen) const {
+    const int64_t hidden = router_->in_features();
+    const ExpertRows rows(chosen, router_->out_features());
+    at::Tensor gathered = at::empty({chosen.numel(), hidden}, x.options());
     const int64_t bytes = hidden * x.element_size();
     const char* source = static_cast<const char*>(x.data_ptr());
     char* target = static_cast<char*>(gathered.data_ptr());
-    at::parallel_for(0, tokens * k_, 16, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) std::memcpy(target + place[i] * bytes, source + i / k_ * bytes, bytes);
+    at::parallel_for(0, chosen.numel(), 16, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        std::memcpy(target + rows.place[i] * bytes, source + i / k_ * bytes, bytes);
     });
-    std::vector<const PackedLinear*> gate_ups, downs;
+    std::vector<const PackedLinear*> gate_ups;
     std::vector<at::Tensor> inputs;
-    for (int64_t e : active) {
+    for (int64_t e : rows.active) {
       gate_ups.push_back(gate_up_[e].get());
-      downs.push_back(down_[e].get());
-      inputs.push_back(gathered.narrow(0, first_row[e], first_row[e + 1] - first_row[e]));
+      inputs.push_back(gathered.narrow(0, rows.first[e], rows.first[e + 1] - rows.first[e]));
     }
     const std::vector<at::Tensor> projected = PackedLinear::forward_group(gate_ups, inputs);
-    std::vector<at::Tensor> activations(active.size());
-    at::Tensor sums = at::empty({tokens, hidden}, x.options().dtype(at::kFloat));
-    float* s = sums.data_ptr<float>();
+    const int64_t width = gate_up_[0]->out_features() / 2;
+    at::Tensor out = at::empty({chosen.numel(), width}, x.options());
     for_each_dtype(x.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      using E = Element<T>;
-      at::parallel_for(0, static_cast<int64_t>(active.size()), 1, [&](int64_t begin, int64_t end) {
-        for (int64_t j = begin; j < end; ++j) {
-          const int64_t n = projected[j].size(0), width = projected[j].size(1) / 2;
-          activations[j] = at::empty({n, width}, x.options());
-          activate_and_multiply<T>(projected[j].data_ptr<T>(), n, width, gelu_, activations[j].data_ptr<T>());
-        }
+      at::parallel_for(0, static_cast<int64_t>(rows.active.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t j = begin; j < end; ++j)
+          activate_and_multiply<T>(projected[j].data_ptr<T>(), projected[j].size(0), width, gelu_,
+                                   out.data_ptr<T>() + rows.first[rows.active[j]] * width);
       });
-      const std::vector<at::Tensor> outputs = PackedLinear::forward_group(downs, activations);
-      std::vector<const T*> output_of(experts, nullptr);  // expert e's output rows, from its first
-      for (size_t j = 0; j < active.size(); ++j) output_of[active[j]] = outputs[j].data_ptr<T>() - first_row[active[j]] * hidden;
-      // Each row's sum from zero, its experts in ascending index (`chosen` is sorted per row).
+    });
+    return out;
+  }
+
+  // Each row's weighted sum of its experts' down projections [T, this rank's output columns], from
+  // the activations of every intermediate column [T x k, intermediate] (rows by expert): each row's
+  // sum from zero in float32, its experts in ascending index, rounded once to the dtype.
+  at::Tensor combine(const at::Tensor& activation, const at::Tensor& chosen, const at::Tensor& weights) const {
+    const int64_t tokens = chosen.size(0), outputs = down_[0]->out_features();
+    TORCH_CHECK(activation.dim() == 2 && activation.size(0) == chosen.numel() &&
+                    activation.size(1) == down_[0]->in_features() && activation.is_contiguous(),
+                "MixtureOfExperts: activations must be [T x k, ", down_[0]->in_features(), "] contiguous");
+    const ExpertRows rows(chosen, router_->out_features());
+    std::vector<const PackedLinear*> downs;
+    std::vector<at::Tensor> inputs;
+    for (int64_t e : rows.active) {
+      downs.push_back(down_[e].get());
+      inputs.push_back(activation.narrow(0, rows.first[e], rows.first[e + 1] - rows.first[e]));
+    }
+    const std::vector<at::Tensor> projected = PackedLinear::forward_group(downs, inputs);
+    at::Tensor sums = at::empty({tokens, outputs}, activation.options().dtype(at::kFloat));
+    float* s = sums.data_ptr<float>();
+    const int64_t* c = chosen.data_ptr<int64_t>();
+    const float* w = weights.data_ptr<float>();
+    for_each_dtype(activation.scalar_type(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      using E = Element<T>;
+      std::vector<const T*> output_of(router_->out_features(), nullptr);  // expert e's rows, from row first[e]
+      for (size_t j = 0; j < rows.active.size(); ++j)
+        output_of[rows.active[j]] = projected[j].data_ptr<T>() - rows.first[rows.active[j]] * outputs;
       at::parallel_for(0, tokens, 4, [&](int64_t begin, int64_t end) {
         for (int64_t t = begin; t < end; ++t) {
-          float* row = s + t * hidden;
-          std::fill_n(row, hidden, 0.f);
+          float* row = s + t * outputs;
+          std::fill_n(row, outputs, 0.f);
           for (int64_t i = 0; i < k_; ++i) {
-            const T* y = output_of[chosen[t * k_ + i]] + place[t * k_ + i] * hidden;
-            const float w = weights[t * k_ + i];
-            for (int64_t c = 0; c < hidden; ++c) row[c] += w * E::read(y + c);
+            const T* y = output_of[c[t * k_ + i]] + rows.place[t * k_ + i] * outputs;
+            const float weight = w[t * k_ + i];
+            for (int64_t col = 0; col < outputs; ++col) row[col] += weight * E::read(y + col);
           }
         }
       });
     });
-    return sums.to(x.scalar_type());
+    return sums.to(activation.scalar_type());
+  }
+
+  // x [T, hidden] (normalised) -> [T, hidden] in x's dtype, in one process.
+  at::Tensor forward(const at::Tensor& x) const {
+    const auto [chosen, weights] = route(x);
+    return combine(activations(x, chosen), chosen, weights);
   }
 
  private:
@@ -173,5 +226,8 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::MixtureOfExpertsCpu>("MixtureOfExperts")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, std::vector<c10::intrusive_ptr<shoal::PackedLinear>>,
                        std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, int64_t, std::string, bool, bool>())
+      .def("route", &shoal::MixtureOfExpertsCpu::route)
+      .def("activations", &shoal::MixtureOfExpertsCpu::activations)
+      .def("combine", &shoal::MixtureOfExpertsCpu::combine)
       .def("forward", &shoal::MixtureOfExpertsCpu::forward);
 }
