@@ -336,7 +336,7 @@ def gguf_state_dict(
             stacked = _STACKED_EXPERTS in name
             pieces = split_experts(name, rows, config) if stacked else family.unfuse(name, rows, config)
         except ValueError as exc:
-            raise ModelLoadError(f"GGUF {reader.data.filename}: {exc}") from exc
+            raise ModelLoadError(f"GGUF {reader.data.filename}: tensor {tensor.name}: {exc}") from exc
         for piece, part in pieces.items():
             weights[piece] = QuantizedWeight(part, kept.kind, kept.columns) if kept is not None else part.to(dtype)
     check_state_dict(config, weights, source=f"GGUF {reader.data.filename}")
