@@ -109,6 +109,49 @@ def test_tp3_gives_the_single_process_tokens_per_family(family, shoal_cache_dir,
     assert generated(**run, dtype="float32", tensor_parallel_size=3) == generated(**run, dtype="float32")
 
 
+@pytest.mark.parametrize(
+    ("family", "size", "dtype"),
+    [
+        (("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2)), 2, "bfloat16"),
+        (
+            (
+                "Qwen3MoeConfig",
+                "Qwen3MoeForCausalLM",
+                dict(num_experts=6, num_experts_per_tok=3, moe_intermediate_size=48, norm_topk_prob=True),
+            ),
+            3,
+            "float32",
+        ),
+    ],
+    ids=["mixtral-tp2", "qwen3-moe-tp3"],
+)
+def test_a_mixture_of_experts_split_by_expert_columns_gives_the_single_process_tokens(
+    family, size, dtype, shoal_cache_dir, tmp_path
+):
+    """Each rank holds its columns of every expert's intermediate and of the hidden state; the router
+    is whole on every rank, the activations are gathered between the experts' two projections."""
+    config_class, model_class, extra = family
+    fields = dict(
+        vocab_size=128,
+        hidden_size=96,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=6,
+        num_key_value_heads=3,
+        head_dim=16,
+        bos_token_id=1,
+        eos_token_id=2,
+        **extra,
+    )
+    write_random_family_model(tmp_path, config_class, model_class, fields)
+    params = [
+        SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=8, ignore_eos=True, logprobs=2)
+        for i in range(4)
+    ]
+    run = dict(model=str(tmp_path), prompts=TEXT_PROMPTS[:4], cache_dir=shoal_cache_dir, params=params)
+    assert generated(**run, dtype=dtype, tensor_parallel_size=size) == generated(**run, dtype=dtype)
+
+
 def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):
     with pytest.raises(ValueError, match="exceeds the model's 2 KV heads"):
         LLM(str(tiny_model_dir), dtype="float32", cache_dir=str(shoal_cache_dir), tensor_parallel_size=3)

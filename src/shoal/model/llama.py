@@ -89,6 +89,7 @@ class DecoderLayer:
         self.gather_shapes = {
             "heads": (model_config.num_kv_heads, model_config.num_queries_per_kv * model_config.head_dim),
             "intermediate": (model_config.intermediate_size, 1),
+            "expert_intermediate": (model_config.expert_intermediate_size, 1),
             "hidden": (model_config.hidden_size, 1),
         }
         attn = prefix + "self_attn."
@@ -104,8 +105,6 @@ class DecoderLayer:
         self.activation = ACTIVATIONS[config.mlp_activation]
         self.experts = None
         if sparse:
-            if tensor_parallel is not None:
-                raise ValueError("tensor parallelism does not split mixtures of experts yet")
             self.experts = MixtureOfExperts(config, weights, prefix, tile_rows, prepack, self.activation)
         else:
             self.gate_up = InvariantLinear(
@@ -186,7 +185,7 @@ class DecoderLayer:
         hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.after_attention)
         normed = self._normed(hidden, self.before_mlp)
         if self.experts is not None:
-            return hidden + self._joining(self.experts(normed), self.after_mlp)
+            return hidden + self._joining(self._gathered(self._experts_part(normed), "hidden"), self.after_mlp)
         gate, up = self.gate_up(normed).chunk(2, dim=1)
         activation = self._gathered(self.activation(gate) * up, "intermediate")
         return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.after_mlp)
@@ -204,24 +203,40 @@ class DecoderLayer:
 
     def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
         layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
-        if self.experts is not None:
-            attended = self.native.output(self.native.attention(hidden, *layout), hidden)
-            normed = attended
-            if self.before_mlp is not None:
-                normed = torch.ops.shoal.rms_norm_rows(attended, self.before_mlp, self.config.rms_norm_eps)
-            return self.native.join_mlp(self.experts(normed), attended)
-        if self.tensor_parallel is None:
+        if self.tensor_parallel is None and self.experts is None:
             return self.native.forward(hidden, *layout)
         native, columns = self.native, self.hidden_columns
         heads = self._gathered(native.attention(hidden, *layout), "heads")
-        if self.config.norms_after:  # normalised over whole rows: gathered, then joined
+        if self.tensor_parallel is None:
+            hidden = native.output(heads, hidden)
+        elif self.config.norms_after:  # normalised over whole rows: gathered, then joined
             hidden = native.join_attention(self._gathered(native.project_output(heads), "hidden"), hidden)
         else:
             hidden = self._gathered(native.output(heads, hidden[:, columns]), "hidden")
+        if self.experts is not None:
+            normed = hidden
+            if self.before_mlp is not None:
+                normed = torch.ops.shoal.rms_norm_rows(hidden, self.before_mlp, self.config.rms_norm_eps)
+            part = self._experts_part(normed)
+            if self.tensor_parallel is None:
+                return native.join_mlp(part, hidden)
+            if self.config.norms_after:
+                return native.join_mlp(self._gathered(part, "hidden"), hidden)
+            return self._gathered(native.join_mlp(part, hidden[:, columns]), "hidden")
         activation = self._gathered(native.mlp(hidden), "intermediate")
         if self.config.norms_after:
             return native.join_mlp(self._gathered(native.project_down(activation), "hidden"), hidden)
         return self._gathered(native.down(activation, hidden[:, columns]), "hidden")
+
+    def _experts_part(self, normed: torch.Tensor) -> torch.Tensor:
+        """The mixture's output for this rank's columns of the hidden state (all of them without
+        tensor parallelism), from the normalised MLP input: routed, each expert's activation
+        gathered from every rank, then combined."""
+        if self.tensor_parallel is None:
+            return self.experts(normed)
+        chosen, weights = self.experts.route(normed)
+        activation = self._gathered(self.experts.activations(normed, chosen), "expert_intermediate")
+        return self.experts.combine(activation, chosen, weights)
 
     def _gathered(self, part: torch.Tensor, columns: str) -> torch.Tensor:
         """This rank's columns of an activation joined with every other rank's (itself without TP)."""

@@ -1,12 +1,19 @@
 """A sparse layer's MLP: a router picks each token's experts, which run as grouped matrix
 multiplies over the rows routed to them, and their outputs are summed by the router's weights.
 
+It runs in three stages, which tensor parallelism gathers between (each rank holding its columns of
+every expert's intermediate and of the hidden state): `route` (each row's experts and weights),
+`activations` (act(gate) * up of every (row, chosen expert), in rows-by-expert order: expert
+ascending, then token ascending) and `combine` (each row's weighted sum of its experts' down
+projections). With every matrix on the native kernels the stages are C++ (csrc/moe_cpu.cpp),
+else torch code computing the same way.
+
 Invariant (batch invariance): a token's output depends on its own row and the weights only. The
-router's logits come from the row-invariant InvariantLinear and its softmax and top-k work per row;
-each expert multiplies the rows routed to it with InvariantLinear, whose row bits do not depend on
-how many rows share the call; and a row's expert outputs are summed in float32 in the order of its
-expert indices, from zero, then rounded once to the model's dtype. So which other rows share an
-expert, the batch and chunking change no bit of any row.
+router's logits come from the row-invariant matrix multiply and its softmax and top-k work per row;
+each expert multiplies the rows routed to it with row-invariant multiplies, whose row bits do not
+depend on how many rows share the call; and a row's expert outputs are summed in float32 in the
+order of its expert indices, from zero, then rounded once to the model's dtype. So which other rows
+share an expert, the batch and chunking change no bit of any row.
 """
 
 from __future__ import annotations
@@ -34,9 +41,23 @@ def route(logits: torch.Tensor, config: LlamaConfig) -> tuple[torch.Tensor, torc
     return experts, weights.gather(1, order)
 
 
+def rows_by_expert(chosen: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+    """The (token, choice) pairs of `chosen` [T, k] in rows-by-expert order, as flat indices
+    (`order`), and each expert with rows as (expert, first place, last place + 1)."""
+    order = torch.sort(chosen.flatten(), stable=True).indices
+    experts, counts = torch.unique_consecutive(chosen.flatten()[order], return_counts=True)
+    spans, start = [], 0
+    for expert, count in zip(experts.tolist(), counts.tolist()):
+        spans.append((expert, start, start + count))
+        start += count
+    return order, spans
+
+
 class MixtureOfExperts:
     """The router (mlp.gate) and the experts (mlp.experts.{e}.gate_proj/up_proj/down_proj) of layer
-    `prefix`; `activation` is the experts' gate activation."""
+    `prefix`, as `weights` holds them (a tensor-parallel rank's slices: its columns of each
+    expert's intermediate, and its rows of each down projection); `activation` is the experts' gate
+    activation."""
 
     def __init__(
         self,
@@ -57,7 +78,7 @@ class MixtureOfExperts:
             pair = [weights[e + "gate_proj.weight"], weights[e + "up_proj.weight"]]
             self.gate_up.append(InvariantLinear(pair, None, tile_rows, prepack))
             self.down.append(InvariantLinear([weights[e + "down_proj.weight"]], None, tile_rows, prepack))
-        # With every matrix on the native kernels, the whole MLP is one C++ call (csrc/moe_cpu.cpp).
+        # With every matrix on the native kernels, each stage is one C++ call (csrc/moe_cpu.cpp).
         self.kernel = None
         if all(p.backend == "native" for p in (self.router, *self.gate_up, *self.down)):
             self.kernel = torch.classes.shoal.MixtureOfExperts(
@@ -71,15 +92,47 @@ class MixtureOfExperts:
             )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, H] (normalised) -> [T, H] in x's dtype."""
+        """x: [T, H] (normalised) -> [T, H] in x's dtype, in one process."""
+        x = x.contiguous()
         if self.kernel is not None:
-            return self.kernel.forward(x.contiguous())
-        experts, weights = route(self.router(x), self.config)
-        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-        # Expert by expert in ascending index: each row meets its experts in ascending order.
-        for expert in torch.unique(experts).tolist():
-            rows, slot = torch.nonzero(experts == expert, as_tuple=True)
-            gate, up = self.gate_up[expert](x[rows]).chunk(2, dim=1)
-            y = self.down[expert](self.activation(gate) * up)
-            out[rows] += weights[rows, slot].unsqueeze(1) * y.float()
-        return out.to(x.dtype)
+            return self.kernel.forward(x)
+        chosen, weights = self.route(x)
+        return self.combine(self.activations(x, chosen), chosen, weights)
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's experts [T, k] (ascending index) and weights [T, k] (float32)."""
+        if self.kernel is not None:
+            return self.kernel.route(x.contiguous())
+        return route(self.router(x), self.config)
+
+    def activations(self, x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """act(gate) * up of every (row, chosen expert), [T x k, this rank's intermediate columns]
+        in rows-by-expert order, in x's dtype."""
+        if self.kernel is not None:
+            return self.kernel.activations(x.contiguous(), chosen)
+        order, spans = rows_by_expert(chosen)
+        gathered = x[order // chosen.shape[1]]
+        width = self.gate_up[0].out_features // 2
+        out = torch.empty(chosen.numel(), width, dtype=x.dtype, device=x.device)
+        for expert, start, end in spans:
+            gate, up = self.gate_up[expert](gathered[start:end]).chunk(2, dim=1)
+            out[start:end] = self.activation(gate) * up
+        return out
+
+    def combine(self, activation: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Each row's weighted sum of its experts' down projections, [T, this rank's output
+        columns], from the activations of every intermediate column (rows by expert)."""
+        if self.kernel is not None:
+            return self.kernel.combine(activation.contiguous(), chosen, weights)
+        order, spans = rows_by_expert(chosen)
+        outputs = self.down[0].out_features
+        projected = torch.empty(chosen.numel(), outputs, dtype=activation.dtype, device=activation.device)
+        for expert, start, end in spans:
+            projected[start:end] = self.down[expert](activation[start:end])
+        place = torch.empty_like(order)
+        place[order] = torch.arange(order.numel(), device=order.device)
+        by_choice = projected[place].float().view(*chosen.shape, outputs)
+        total = torch.zeros(chosen.shape[0], outputs, dtype=torch.float32, device=activation.device)
+        for i in range(chosen.shape[1]):  # each row's experts in ascending index
+            total += weights[:, i : i + 1] * by_choice[:, i]
+        return total.to(activation.dtype)

@@ -2,10 +2,11 @@
 
 Attention is split by key/value-head groups: each rank holds whole groups (its KV heads and the
 query heads that read them), so attention needs nothing from other ranks. The MLP is split by
-intermediate columns. The output projections (o_proj, down_proj) are split by their output
-columns, each rank holding every input column of its rows: the layer code gathers their input
-(the attention output, the MLP activation) from all ranks in rank order, each rank computes its
-output columns, and those are gathered. The embedding and the LM head are split by vocabulary.
+intermediate columns, a mixture's experts each by theirs (the router stays whole on every rank).
+The output projections (o_proj, down_proj) are split by their output columns, each rank holding
+every input column of its rows: the layer code gathers their input (the attention output, the MLP
+activation) from all ranks in rank order, each rank computes its output columns, and those are
+gathered. The embedding and the LM head are split by vocabulary.
 Splits may be uneven (SmolLM2 has 3 KV heads, so TP=2 holds 2 + 1), which is why the
 tensor-parallel size is bounded by the KV-head count.
 
@@ -86,6 +87,7 @@ def shard_weights(
     q_rows = slice(kv_start * group * dim, kv_end * group * dim)
     kv_rows = slice(kv_start * dim, kv_end * dim)
     mlp_start, mlp_end = tp.split(config.intermediate_size)
+    expert_start, expert_end = tp.split(config.expert_intermediate_size)
     out_start, out_end = tp.split(config.hidden_size)
     vocab_start, vocab_end = tp.split(config.vocab_size)
     local = {}
@@ -94,6 +96,8 @@ def shard_weights(
             local[name] = tensor[q_rows]
         elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
             local[name] = tensor[kv_rows]
+        elif ".mlp.experts." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
+            local[name] = tensor[expert_start:expert_end]
         elif name.endswith(("o_proj.weight", "o_proj.bias", "down_proj.weight")):
             local[name] = tensor[out_start:out_end]  # output rows, every input column
         elif name.endswith(("gate_proj.weight", "up_proj.weight")):
@@ -104,5 +108,9 @@ def shard_weights(
             local[name] = tensor
     heads = kv_end - kv_start
     return dataclasses.replace(
-        config, num_heads=heads * group, num_kv_heads=heads, intermediate_size=mlp_end - mlp_start
+        config,
+        num_heads=heads * group,
+        num_kv_heads=heads,
+        intermediate_size=mlp_end - mlp_start,
+        expert_intermediate_size=expert_end - expert_start,
     ), local
