@@ -45,6 +45,20 @@ VARIANTS = {
     "linear-rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "qwen2-bias": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
+    # YaRN past an original context of 32 positions (the prompt is 120).
+    "qwen3-yarn": (
+        "Qwen3Config",
+        "Qwen3ForCausalLM",
+        dict(
+            head_dim=16,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 10000.0,
+            },
+        ),
+    ),
 }
 # Variants of the layer itself, on both paths: the fused native layer (rows) and the torch layer
 # (tiles). Windows are shorter than the 120-token prompt, and not a multiple of the 16-key tiles.

@@ -109,7 +109,9 @@ def test_tensor_parallelism_refuses_norms_over_whole_projections():
 def test_rope_that_shoal_does_not_compute_is_refused_not_approximated():
     from shoal.model.config import RopeScaling
 
-    with pytest.raises(ValueError, match="'yarn' is not supported"):
+    with pytest.raises(ValueError, match="'mrope' is not supported"):
+        RopeScaling.from_hf({"rope_type": "mrope", "mrope_section": [16, 24, 24]})
+    with pytest.raises(ValueError, match="yarn needs original_max_position_embeddings"):
         RopeScaling.from_hf({"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(ValueError, match="longrope needs original_max_position_embeddings"):
         RopeScaling.from_hf({"rope_type": "longrope", "short_factor": [1.0], "long_factor": [2.0]})

@@ -11,7 +11,7 @@ from typing import Any
 @dataclass(frozen=True)
 class RopeScaling:
     """RoPE frequency scaling as in Hugging Face's `rope_scaling` (types: linear, llama3, dynamic,
-    longrope), or per-pair divisors of the inverse frequencies (type frequency_factors: a GGUF file's
+    longrope, yarn), or per-pair divisors of the inverse frequencies (type frequency_factors: a GGUF file's
     rope_freqs tensor, which llama.cpp's converter writes for Llama 3.1+ scaling, or longrope's
     factors once the context is known). attention_factor multiplies cos and sin (longrope's; None:
     derived from the context as transformers does)."""
@@ -25,6 +25,12 @@ class RopeScaling:
     short_factor: tuple[float, ...] = ()
     long_factor: tuple[float, ...] = ()
     attention_factor: float | None = None
+    # YaRN's ramp between interpolated and extrapolated pairs, and its attention factor's inputs.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
 
     @classmethod
     def from_hf(cls, raw: dict[str, Any] | None, original_max_positions: int | None = None) -> RopeScaling:
@@ -34,11 +40,16 @@ class RopeScaling:
         if not raw:
             return cls()
         rope_type = raw.get("rope_type", raw.get("type", "default"))
-        if rope_type not in ("default", "linear", "llama3", "dynamic", "longrope"):
+        if rope_type not in ("default", "linear", "llama3", "dynamic", "longrope", "yarn"):
             raise ValueError(f"rope scaling type {rope_type!r} is not supported")
         known = {f.name for f in dataclasses.fields(cls)}
         kwargs = {k: v for k, v in raw.items() if k in known}
         kwargs["rope_type"] = rope_type
+        if rope_type == "yarn":
+            kwargs = {k: v for k, v in kwargs.items() if v is not None}  # unset keys take the defaults
+            kwargs.setdefault("original_max_position_embeddings", original_max_positions)
+            if kwargs.get("original_max_position_embeddings") is None:
+                raise ValueError("yarn needs original_max_position_embeddings")
         if rope_type == "longrope":
             kwargs["short_factor"], kwargs["long_factor"] = tuple(raw["short_factor"]), tuple(raw["long_factor"])
             kwargs.setdefault("original_max_position_embeddings", original_max_positions)
@@ -50,7 +61,17 @@ class RopeScaling:
         """This scaling for a context of `positions` tokens, of a model trained for `model_positions`:
         longrope becomes its long factors where the context passes the original length, else its short
         ones (llama.cpp's rule; fixed per engine, so a token's rotation never depends on its batch or
-        sequence length), with its attention factor; any other type stays as it is."""
+        sequence length), with its attention factor; yarn gets its attention factor (from its factor,
+        and mscale over mscale_all_dim where both are given, as transformers derives it); any other
+        type stays as it is."""
+        if self.rope_type == "yarn" and self.attention_factor is None:
+
+            def mscale(scale: float, weight: float = 1.0) -> float:
+                return 1.0 if scale <= 1 else 0.1 * weight * math.log(scale) + 1.0
+
+            weighted = self.mscale and self.mscale_all_dim
+            factor = mscale(self.factor, self.mscale) / mscale(self.factor, self.mscale_all_dim) if weighted else None
+            return dataclasses.replace(self, attention_factor=factor if weighted else mscale(self.factor))
         if self.rope_type != "longrope":
             return self
         original = self.original_max_position_embeddings

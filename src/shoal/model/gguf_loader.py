@@ -158,6 +158,19 @@ def _rope_scaling(meta: dict[str, Any], arch: str, tensors: dict[str, ReaderTens
         return RopeScaling()
     if kind in ("none", "linear") and factor is not None:
         return RopeScaling(rope_type="linear", factor=_f32(factor))
+    if kind == "yarn" and factor is not None:
+        original = meta.get(f"{arch}.rope.scaling.original_context_length")
+        if original is None:
+            raise ModelLoadError(f"yarn rope scaling without {arch}.rope.scaling.original_context_length")
+        attention = meta.get(f"{arch}.rope.scaling.attn_factor")
+        return RopeScaling(
+            rope_type="yarn",
+            factor=_f32(factor),
+            original_max_position_embeddings=int(original),
+            beta_fast=_f32(meta.get(f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=_f32(meta.get(f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+            attention_factor=_f32(attention) if attention is not None else None,
+        )
     raise ModelLoadError(f"rope scaling type {kind!r} in a GGUF file is not supported")
 
 

@@ -39,7 +39,28 @@ def inverse_frequencies(head_dim: int, theta: float, scaling: RopeScaling, max_p
         smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
         is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         return torch.where(is_medium, smoothed, scaled)
+    if kind == "yarn":
+        return yarn_inverse_frequencies(inv_freq, head_dim, theta, scaling)
     raise ValueError(f"unsupported rope scaling type {kind!r}")
+
+
+def yarn_inverse_frequencies(inv_freq: torch.Tensor, head_dim: int, theta: float, scaling: RopeScaling) -> torch.Tensor:
+    """YaRN: pairs that turn fewer than beta_slow times over the original context are interpolated
+    (divided by the factor), those that turn more than beta_fast times kept, with a linear ramp
+    between (as transformers computes it)."""
+
+    def correction_dim(rotations: float) -> float:
+        original = scaling.original_max_position_embeddings
+        return head_dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = correction_dim(scaling.beta_fast), correction_dim(scaling.beta_slow)
+    if scaling.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    high = high + 0.001 if low == high else high
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    extrapolated = 1 - ramp
+    return inv_freq / scaling.factor * (1 - extrapolated) + inv_freq * extrapolated
 
 
 class RotaryEmbedding(torch.nn.Module):
