@@ -40,39 +40,6 @@ SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=40960,
         tie_word_embeddings=True,
     ),
-    "qwen3-0.6b": dict(
-        model_type="qwen3",
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        rope_theta=1000000.0,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=40960,
-        tie_word_embeddings=True,
-    ),
-    "gemma3-270m": dict(
-        model_type="gemma3_text",
-        hidden_size=640,
-        intermediate_size=2048,
-        num_hidden_layers=18,
-        num_attention_heads=4,
-        num_key_value_heads=1,
-        head_dim=256,
-        vocab_size=262144,
-        query_pre_attn_scalar=256,
-        sliding_window=512,
-        sliding_window_pattern=6,
-        rope_theta=1000000.0,
-        rope_local_base_freq=10000.0,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=32768,
-        hidden_activation="gelu_pytorch_tanh",
-        tie_word_embeddings=True,
-    ),
     "gemma3-1b": dict(
         model_type="gemma3_text",
         hidden_size=1152,
@@ -108,6 +75,14 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-5,
         tie_word_embeddings=True,
     ),
+}
+# Qwen3-0.6B and Gemma 3 270M: the layers of Qwen3-1.7B and Gemma 3 1B at their own widths.
+SHAPES["qwen3-0.6b"] = {**SHAPES["qwen3-1.7b"], "hidden_size": 1024, "intermediate_size": 3072}
+SHAPES["gemma3-270m"] = {
+    **SHAPES["gemma3-1b"],
+    "hidden_size": 640,
+    "intermediate_size": 2048,
+    "num_hidden_layers": 18,
 }
 # The fields a Llama of the same shape keeps.
 LLAMA_FIELDS = (

@@ -22,6 +22,19 @@ from tests.support.tiny_model import write_random_family_model
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
 
+# A tiny model whose three KV heads give TP=3 one each.
+THREE_KV_HEADS = dict(
+    vocab_size=128,
+    hidden_size=96,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=6,
+    num_key_value_heads=3,
+    head_dim=16,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
 
 def generated(model: str, prompts: list, cache_dir, params: list, **options) -> list:
     """(tokens, logprobs) of every prompt run together, then of the first alone."""
@@ -89,18 +102,7 @@ def test_tp3_gives_the_single_process_tokens_per_family(family, shoal_cache_dir,
     """Three KV heads, one a rank: soft caps and norms after (Gemma 2), fused projections split and
     partial rotary (Phi-4-mini's shape), per-head q/k norms (Qwen3), in float32."""
     config_class, model_class, extra = family
-    fields = dict(
-        vocab_size=128,
-        hidden_size=96,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        head_dim=16,
-        bos_token_id=1,
-        eos_token_id=2,
-        **extra,
-    )
+    fields = {**THREE_KV_HEADS, **extra}
     write_random_family_model(tmp_path, config_class, model_class, fields)
     params = [
         SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=8, ignore_eos=True) for i in range(2)
@@ -131,18 +133,7 @@ def test_a_mixture_of_experts_split_by_expert_columns_gives_the_single_process_t
     """Each rank holds its columns of every expert's intermediate and of the hidden state; the router
     is whole on every rank, the activations are gathered between the experts' two projections."""
     config_class, model_class, extra = family
-    fields = dict(
-        vocab_size=128,
-        hidden_size=96,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=3,
-        head_dim=16,
-        bos_token_id=1,
-        eos_token_id=2,
-        **extra,
-    )
+    fields = {**THREE_KV_HEADS, **extra}
     write_random_family_model(tmp_path, config_class, model_class, fields)
     params = [
         SamplingParams(temperature=0.0 if i % 2 else 0.8, seed=i, max_tokens=8, ignore_eos=True, logprobs=2)
