@@ -18,8 +18,8 @@ from shoal.model.gguf_loader import gguf_config, gguf_state_dict, open_gguf
 from shoal.model.hf_loader import load_hf
 from shoal.model.quantized_weight import QuantizedWeight
 from tests.support.family_variants import COMMON
+from tests.support.gguf_models import HIDDEN, LAYERS, gguf_name, random_hf_weights
 from tests.support.tiny_model import write_random_family_model
-from tests.unit.test_gguf_loader import HIDDEN, LAYERS, gguf_name, random_hf_weights
 
 EXPERTS, TOP_K, EXPERT_INTER = 4, 2, 64
 MIXTRAL = dict(num_local_experts=EXPERTS, num_experts_per_tok=TOP_K)
