@@ -116,6 +116,9 @@ class LlamaConfig:
     norms_after: bool = False
     # The MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh approximation).
     mlp_activation: str = "silu"
+    # gpt-oss: each head has an attention-sink logit (self_attn.sinks), a term of the softmax's sum
+    # without a value.
+    attention_sinks: bool = False
     # Gemma 2's soft caps: scores and logits become cap * tanh(x / cap); 0 for none.
     attention_softcap: float = 0.0
     logit_softcap: float = 0.0

@@ -18,6 +18,7 @@ def row_paged_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Same contract as `tiled_paged_attention`: q [T, H, D] rotated; returns [T, H * D] in q's dtype."""
     k_cache, v_cache = cache
@@ -31,5 +32,6 @@ def row_paged_attention(
         scale,
         window,
         softcap,
+        torch.empty(0) if sinks is None else sinks.float().contiguous(),
     )
     return out.view(q.shape[0], -1).to(q.dtype)

@@ -62,6 +62,8 @@ def required_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
             per_head = config.qk_norm == "head"
             shapes[p + "self_attn.q_norm.weight"] = (config.head_dim if per_head else q_rows,)
             shapes[p + "self_attn.k_norm.weight"] = (config.head_dim if per_head else kv_rows,)
+        if config.attention_sinks:
+            shapes[p + "self_attn.sinks"] = (config.num_heads,)
         if config.attention_bias:
             shapes.update(
                 {

@@ -36,7 +36,9 @@ from shoal.model.sharding import TensorParallel, shard_weights
 KVCache = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
 
-AttentionKernel = Callable[[torch.Tensor, KVCache, AttentionMetadata, float, int, float], torch.Tensor]
+AttentionKernel = Callable[
+    [torch.Tensor, KVCache, AttentionMetadata, float, int, float, torch.Tensor | None], torch.Tensor
+]
 # The MLP's gate activations (LlamaConfig.mlp_activation).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": nn.functional.silu,
@@ -123,6 +125,8 @@ class DecoderLayer:
         self.before_mlp, self.after_mlp = norm(norms.before_mlp), norm(norms.after_mlp)
         self.norms = (self.before_attention, self.after_attention, self.before_mlp, self.after_mlp)
         self.qk_norms = (weights[attn + "q_norm.weight"], weights[attn + "k_norm.weight"]) if config.qk_norm else None
+        # gpt-oss: each head's attention-sink logit, in float32 whatever the weights' dtype.
+        self.sinks = weights[attn + "sinks"].float().contiguous() if config.attention_sinks else None
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         self.scale = config.attention_scale
@@ -147,6 +151,7 @@ class DecoderLayer:
                 rotary,
                 self.scale,
                 config.attention_softcap,
+                torch.empty(0) if self.sinks is None else self.sinks,
                 config.mlp_activation == "gelu_tanh",
                 config.residual_multiplier,
             )
@@ -180,7 +185,7 @@ class DecoderLayer:
         q, k = qk.split([cfg.num_heads, cfg.num_kv_heads], dim=1)
         v = qkv[:, self.q_size + self.kv_size :].reshape(tokens, cfg.num_kv_heads, cfg.head_dim)
         write_kv(cache, k, v, meta)
-        attended = self.attention(q, cache, meta, self.scale, self.window, cfg.attention_softcap)
+        attended = self.attention(q, cache, meta, self.scale, self.window, cfg.attention_softcap, self.sinks)
         heads = self._gathered(attended, "heads")
         hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.after_attention)
         normed = self._normed(hidden, self.before_mlp)

@@ -149,10 +149,12 @@ def tiled_paged_attention(
     scale: float,
     window: int = 0,
     softcap: float = 0.0,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q: [T, H, D] (already rotated). Returns [T, H * D] in q's dtype; math in float32. `window`: the
     layer's sliding window (0: none), the one `meta` was built for; `softcap`: scaled scores become
-    softcap * tanh(score / softcap) before the mask (0: none).
+    softcap * tanh(score / softcap) before the mask (0: none); `sinks`: each query head's
+    attention-sink logit [H] (None: none), a term of the softmax's sum without a value.
 
     Shapes: W tiles of R rows, B blocks of bs keys. Batch dims are ordered (W, B, Hkv) so the
     gathered cache blocks feed the multiplies without being copied into another layout.
@@ -170,10 +172,15 @@ def tiled_paged_attention(
     if softcap:
         scores = scores.div_(softcap).tanh_().mul_(softcap)
     scores = scores.add_(score_bias)
-    probs = scores.sub_(scores.amax(dim=(1, 4), keepdim=True)).exp_()
+    maxima = scores.amax(dim=(1, 4), keepdim=True)  # [W, 1, Hkv, R, 1]
+    probs = scores.sub_(maxima).exp_()
     values = v_cache[meta.tile_blocks].float()  # [W, B, Hkv, bs, D + 1]
     weighted = torch.matmul(probs, values).cumsum(1)[:, -1]  # [W, Hkv, R, D + 1]; last column: softmax sum
-    out_tiles = (weighted[..., :head_dim] / weighted[..., head_dim:]).transpose(1, 2)  # [W, R, Hkv, D]
+    total = weighted[..., head_dim:]
+    if sinks is not None:
+        row_sinks = sinks.float().view(kv_heads, heads // kv_heads)[:, meta.row_heads].permute(1, 0, 2)  # [W, Hkv, R]
+        total = total + (row_sinks.unsqueeze(-1) - maxima[:, 0]).exp()
+    out_tiles = (weighted[..., :head_dim] / total).transpose(1, 2)  # [W, R, Hkv, D]
     out = q.new_empty(tokens + 1, kv_heads, heads // kv_heads, head_dim, dtype=torch.float32)
     out[meta.row_tokens, :, meta.row_heads] = out_tiles
     return out[:tokens].view(tokens, heads * head_dim).to(q.dtype)

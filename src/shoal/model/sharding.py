@@ -94,6 +94,8 @@ def shard_weights(
     for name, tensor in weights.items():
         if name.endswith(("q_proj.weight", "q_proj.bias")):
             local[name] = tensor[q_rows]
+        elif name.endswith("self_attn.sinks"):  # one a query head
+            local[name] = tensor[kv_start * group : kv_end * group]
         elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
             local[name] = tensor[kv_rows]
         elif ".mlp.experts." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):

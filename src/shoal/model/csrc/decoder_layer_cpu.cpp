@@ -251,13 +251,14 @@ at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, dou
 // (cos and signed sin, [positions, D] float32) are whole. `norms` are the RMSNorm weights before
 // attention, after it, before the MLP and after it, each [hidden] or empty (none there); a norm
 // after attention or the MLP covers whole rows, so under tensor parallelism such a layer projects,
-// gathers and joins in separate calls. `scale` multiplies the scores, `softcap` caps them (0: none), `gelu` picks GELU-tanh
+// gathers and joins in separate calls. `scale` multiplies the scores, `softcap` caps them (0: none),
+// `sinks` are this rank's heads' attention-sink logits (float32 [heads], or empty), `gelu` picks GELU-tanh
 // over SiLU, and `residual_multiplier` scales each output before it joins the residual.
 struct DecoderLayerCpu : torch::CustomClassHolder {
   DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
                   std::vector<c10::intrusive_ptr<PackedLinear>> mlp, std::vector<at::Tensor> norms, at::Tensor cos, at::Tensor signed_sin, int64_t heads,
                   int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm, at::Tensor k_norm,
-                  bool rotary, double scale, double softcap, bool gelu, double residual_multiplier)
+                  bool rotary, double scale, double softcap, at::Tensor sinks, bool gelu, double residual_multiplier)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
         cos_(cos.contiguous()),
@@ -272,6 +273,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         rotary_(rotary),
         scale_(scale),
         softcap_(softcap),
+        sinks_(sinks.contiguous()),
         gelu_(gelu),
         residual_multiplier_(static_cast<float>(residual_multiplier)) {
     TORCH_CHECK(norms.size() == 4, "DecoderLayer: four norms (before and after attention and the MLP), empty or not");
@@ -333,7 +335,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     });
     auto out = at::empty({tokens, heads_ * dim_}, hidden.options());
     paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale_, window_, softcap_,
-                         out);
+                         sinks_, out);
     return out;
   }
 
@@ -435,6 +437,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   at::Tensor q_norm_, k_norm_;  // q and k RMSNorm weights, per head [D] or per projection, or empty
   bool rotary_;                 // whether the layer applies RoPE
   double scale_, softcap_;      // of the attention scores (paged_attention_into)
+  at::Tensor sinks_;            // this rank's heads' attention-sink logits (float32), or empty
   bool gelu_;                   // GELU-tanh gates the MLP, else SiLU
   float residual_multiplier_;   // each output's factor before the residual add
 };
@@ -445,7 +448,7 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
                        std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t,
-                       at::Tensor, at::Tensor, bool, double, double, bool, double>())
+                       at::Tensor, at::Tensor, bool, double, double, at::Tensor, bool, double>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)

@@ -59,13 +59,15 @@ struct Heads {
     std::fill(total, total + G, 0.f);
   }
 
-  // Head g's output, numerator / sum (times 1 / sum), to out in its dtype.
-  void finish(int g, int64_t dim, at::ScalarType type, void* out) {
+  // Head g's output, numerator / sum (times 1 / sum), to out in its dtype; an attention sink's
+  // logit `sink` (-inf: none) adds e^(sink - max) to the sum and nothing to the numerator.
+  void finish(int g, int64_t dim, at::ScalarType type, void* out, float sink) {
     float* a = acc + g * dim;
-    const Vec inverse = Vec::broadcast(1.f / total[g]);
+    const float sum = total[g] + std::exp(sink - running_max[g]);
+    const Vec inverse = Vec::broadcast(1.f / sum);
     int64_t d = 0;
     for (; d + kLanes <= dim; d += kLanes) Vec::mul(Vec::load(a + d), inverse).store(a + d);
-    for (; d < dim; ++d) a[d] *= 1.f / total[g];
+    for (; d < dim; ++d) a[d] *= 1.f / sum;
     store(a, dim, type, out);
   }
 };
@@ -184,6 +186,7 @@ struct Layout {
   float scale;
   int64_t window;  // keys a token sees, itself included; 0: all before it
   float softcap;   // scores become softcap * tanh(score / softcap); 0: as they are
+  const float* sinks;  // each query head's attention-sink logit, or null
 
   // The first key token t sees.
   int64_t first_key(int64_t t) const { return window > 0 ? std::max<int64_t>(0, positions[t] - window + 1) : 0; }
@@ -275,7 +278,8 @@ void attend(const float* q, const cache_t* k_cache, const cache_t* v_cache, cons
       for (int64_t n = 0; n < tokens; ++n)
         for (int g = 0; g < G; ++g)
           heads[n].finish(g, l.dim, l.out_type,
-                          l.out + (first_token + n) * l.out_row_bytes + (first_head + g) * l.dim * element);
+                          l.out + (first_token + n) * l.out_row_bytes + (first_head + g) * l.dim * element,
+                          l.sinks ? l.sinks[first_head + g] : -std::numeric_limits<float>::infinity());
     }
   });
 }
@@ -305,7 +309,7 @@ void attend_grouped(const float* q, const cache_t* k_cache, const cache_t* v_cac
 void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& block_tables, const at::Tensor& token_sequences,
                           const at::Tensor& positions, double scale, int64_t window, double softcap,
-                          const at::Tensor& out) {
+                          const at::Tensor& sinks, const at::Tensor& out) {
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 3, "q must be contiguous float32 [T, H, D]");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "caches must be contiguous");
   TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k and v caches differ in dtype");
@@ -321,6 +325,9 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
   TORCH_CHECK(sequences.size(0) == tokens && pos.size(0) == tokens, "one sequence and position per token");
   TORCH_CHECK(window >= 0, "the sliding window must be 0 (none) or positive, got ", window);
   TORCH_CHECK(softcap >= 0, "the score soft cap must be 0 (none) or positive, got ", softcap);
+  TORCH_CHECK(sinks.numel() == 0 || (sinks.scalar_type() == at::kFloat && sinks.is_contiguous() &&
+                                     sinks.dim() == 1 && sinks.size(0) == heads),
+              "attention sinks must be empty or float32 [H]");
   const int64_t block_size = k_cache.size(2), width = tables.size(1), blocks = k_cache.size(0);
   for (int64_t t = 0; t < tokens; ++t) {
     const int64_t s = sequences.data_ptr<int64_t>()[t], p = pos.data_ptr<int64_t>()[t];
@@ -335,7 +342,7 @@ void paged_attention_into(const at::Tensor& q, const at::Tensor& k_cache, const 
   const Layout layout{tables.data_ptr<int64_t>(), sequences.data_ptr<int64_t>(), pos.data_ptr<int64_t>(), target,
                       row_bytes, out.scalar_type(), tokens, heads, k_cache.size(1), k_cache.size(2), dim,
                       v_cache.size(3), tables.size(1), static_cast<float>(scale), window,
-                      static_cast<float>(softcap)};
+                      static_cast<float>(softcap), sinks.numel() ? sinks.data_ptr<float>() : nullptr};
   auto run = [&](auto* cache_type) {
     using cache_t = std::remove_pointer_t<decltype(cache_type)>;
     attend_grouped<cache_t>(q.data_ptr<float>(), static_cast<const cache_t*>(k_cache.data_ptr()),
@@ -356,10 +363,10 @@ namespace {
 // Returns [T, H, D] float32 (see paged_attention_into).
 at::Tensor paged_attention_rows(at::Tensor q, at::Tensor k_cache, at::Tensor v_cache, at::Tensor block_tables,
                                 at::Tensor token_sequences, at::Tensor positions, double scale, int64_t window,
-                                double softcap) {
+                                double softcap, at::Tensor sinks) {
   auto out = at::empty_like(q);
   shoal::paged_attention_into(q, k_cache, v_cache, block_tables, token_sequences, positions, scale, window, softcap,
-                              out.view({q.size(0), -1}));
+                              sinks, out.view({q.size(0), -1}));
   return out;
 }
 
