@@ -35,6 +35,30 @@ MOE_VARIANTS = {
             mlp_only_layers=[1],
         ),
     ),
+    # Attention sinks, a window of 21 on every other layer, q/k/v/o biases, YaRN; the best 2 of 4
+    # experts' logits, then their softmax; biases on the router and experts; the clamped SwiGLU
+    # (a limit the random activations pass).
+    "gpt-oss": (
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            head_dim=16,
+            intermediate_size=32,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=21,
+            swiglu_limit=1.0,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": False,
+                "original_max_position_embeddings": 32,
+                "rope_theta": 150000.0,
+            },
+        ),
+    ),
     # Not renormalised: the top-k softmax weights as they are.
     "qwen3-moe-unnormalised": (
         "Qwen3MoeConfig",
@@ -65,17 +89,19 @@ def test_moe_logits_match_transformers(variant, kernel, tmp_path, shoal_cache_di
     assert all(layer.experts.kernel is not None for layer in layers if layer.experts is not None)
 
 
-def test_the_native_experts_agree_with_the_torch_experts(tmp_path):
+@pytest.mark.parametrize("variant", ["qwen3-moe-unnormalised", "gpt-oss"])
+def test_the_native_experts_agree_with_the_torch_experts(variant, tmp_path):
     """The experts' C++ kernel and the torch code (CUDA, no compiler) route every row alike and give
-    the same outputs to float32 rounding."""
+    the same outputs to float32 rounding: softmax then top-k unnormalised, where the rule shows
+    (Qwen3-MoE), and top-k then softmax with biases and the clamped SwiGLU (gpt-oss)."""
     from shoal.model.hf_loader import load_hf
-    from shoal.model.llama import ACTIVATIONS
+    from shoal.model.mlp_gates import gate_function
     from shoal.model.moe import MixtureOfExperts
 
-    write_variant("qwen3-moe-unnormalised", tmp_path)  # where the weights' rule shows
+    write_variant(variant, tmp_path)
     config, weights = load_hf(tmp_path)
-    x = torch.randn(37, config.hidden_size, generator=torch.Generator().manual_seed(3))
-    make = functools.partial(MixtureOfExperts, config, weights, "model.layers.0.", 0, activation=ACTIVATIONS["silu"])
+    x = torch.randn(37, config.hidden_size, generator=torch.Generator().manual_seed(3)) * 4
+    make = functools.partial(MixtureOfExperts, config, weights, "model.layers.0.", 0, gate=gate_function(config))
     native, plain = make(prepack=True), make(prepack=False)
     assert native.kernel is not None and plain.kernel is None
     assert torch.allclose(native(x), plain(x), rtol=1e-5, atol=1e-6)

@@ -114,8 +114,11 @@ class LlamaConfig:
     # after them, on their outputs before the residual add (OLMo 2), or both (Gemma).
     norms_before: bool = True
     norms_after: bool = False
-    # The MLP's gate activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, GELU's tanh approximation).
+    # The MLP's gate activation: "silu" (SwiGLU), "gelu_tanh" (GeGLU, GELU's tanh approximation) or
+    # "swiglu_clamped" (gpt-oss: swiglu_alpha and swiglu_limit; see mlp_gates).
     mlp_activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
     # gpt-oss: each head has an attention-sink logit (self_attn.sinks), a term of the softmax's sum
     # without a value.
     attention_sinks: bool = False
@@ -150,6 +153,8 @@ class LlamaConfig:
     expert_intermediate_size: int = 0
     expert_routing: str = "softmax_topk"
     normalize_expert_weights: bool = False
+    # The router and each expert's projections carry biases (gpt-oss).
+    expert_bias: bool = False
     # Which layers are sparse when num_experts > 0; empty: all of them (others keep a dense MLP of
     # intermediate_size).
     sparse_layers: tuple[bool, ...] = ()
@@ -169,8 +174,10 @@ class LlamaConfig:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {self.head_dim}")
         if not (self.norms_before or self.norms_after):
             raise ValueError("a layer needs its norms before or after attention and the MLP")
-        if self.mlp_activation not in ("silu", "gelu_tanh"):
-            raise ValueError(f"mlp_activation must be 'silu' or 'gelu_tanh', not {self.mlp_activation!r}")
+        if self.mlp_activation not in ("silu", "gelu_tanh", "swiglu_clamped"):
+            raise ValueError(
+                f"mlp_activation must be 'silu', 'gelu_tanh' or 'swiglu_clamped', not {self.mlp_activation!r}"
+            )
         if self.attention_softcap < 0 or self.logit_softcap < 0:
             raise ValueError("soft caps must be 0 (none) or positive")
         if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:

@@ -90,8 +90,16 @@ def mlp_shapes(config: LlamaConfig, layer: int) -> dict[str, tuple[int, ...]]:
     if not config.sparse(layer):
         return swiglu(p, config.intermediate_size)
     shapes = {p + "gate.weight": (config.num_experts, hidden)}
+    if config.expert_bias:
+        shapes[p + "gate.bias"] = (config.num_experts,)
+    inter = config.expert_intermediate_size
     for expert in range(config.num_experts):
-        shapes.update(swiglu(f"{p}experts.{expert}.", config.expert_intermediate_size))
+        e = f"{p}experts.{expert}."
+        shapes.update(swiglu(e, inter))
+        if config.expert_bias:
+            shapes.update(
+                {e + "gate_proj.bias": (inter,), e + "up_proj.bias": (inter,), e + "down_proj.bias": (hidden,)}
+            )
     return shapes
 
 

@@ -20,12 +20,12 @@ import logging
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 from shoal.model.config import LlamaConfig
 from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.layout import layer_norms
+from shoal.model.mlp_gates import gate_function
 from shoal.model.moe import MixtureOfExperts
 from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
@@ -39,11 +39,6 @@ log = logging.getLogger(__name__)
 AttentionKernel = Callable[
     [torch.Tensor, KVCache, AttentionMetadata, float, int, float, torch.Tensor | None], torch.Tensor
 ]
-# The MLP's gate activations (LlamaConfig.mlp_activation).
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "silu": nn.functional.silu,
-    "gelu_tanh": functools.partial(nn.functional.gelu, approximate="tanh"),
-}
 
 
 def kv_bytes_per_token_per_layer(config: LlamaConfig, bytes_per_value: int) -> int:
@@ -104,10 +99,10 @@ class DecoderLayer:
         self.o = InvariantLinear(
             [weights[attn + "o_proj.weight"]], [weights.get(attn + "o_proj.bias")], tile_rows, prepack
         )
-        self.activation = ACTIVATIONS[config.mlp_activation]
+        self.gate = gate_function(config)
         self.experts = None
         if sparse:
-            self.experts = MixtureOfExperts(config, weights, prefix, tile_rows, prepack, self.activation)
+            self.experts = MixtureOfExperts(config, weights, prefix, tile_rows, prepack, self.gate)
         else:
             self.gate_up = InvariantLinear(
                 [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]],
@@ -132,7 +127,9 @@ class DecoderLayer:
         self.scale = config.attention_scale
         self.native = None
         mlp = [] if sparse else [self.gate_up, self.down]
-        mlp_native = self.experts.kernel is not None if sparse else all(p.backend == "native" for p in mlp)
+        # The fused layer's own MLP gates by SiLU or GELU-tanh; a mixture's kernel takes every kind.
+        dense_native = config.mlp_activation in ("silu", "gelu_tanh") and all(p.backend == "native" for p in mlp)
+        mlp_native = self.experts.kernel is not None if sparse else dense_native
         if fuse and mlp_native and all(p.backend == "native" for p in (self.qkv, self.o)):
             none = torch.empty(0)
             self.native = torch.classes.shoal.DecoderLayer(
@@ -192,7 +189,7 @@ class DecoderLayer:
         if self.experts is not None:
             return hidden + self._joining(self._gathered(self._experts_part(normed), "hidden"), self.after_mlp)
         gate, up = self.gate_up(normed).chunk(2, dim=1)
-        activation = self._gathered(self.activation(gate) * up, "intermediate")
+        activation = self._gathered(self.gate(gate, up), "intermediate")
         return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.after_mlp)
 
     def _normed(self, hidden: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:

@@ -24,6 +24,7 @@ import torch
 
 from shoal.model.config import LlamaConfig
 from shoal.model.invariant_linear import InvariantLinear
+from shoal.model.mlp_gates import GATE_KINDS
 
 
 def route(logits: torch.Tensor, config: LlamaConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,8 +57,9 @@ def rows_by_expert(chosen: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, 
 class MixtureOfExperts:
     """The router (mlp.gate) and the experts (mlp.experts.{e}.gate_proj/up_proj/down_proj) of layer
     `prefix`, as `weights` holds them (a tensor-parallel rank's slices: its columns of each
-    expert's intermediate, and its rows of each down projection); `activation` is the experts' gate
-    activation."""
+    expert's intermediate, and its rows of each down projection), with their biases where the model
+    has them (LlamaConfig.expert_bias); `gate` joins an expert's gate and up projections
+    (mlp_gates)."""
 
     def __init__(
         self,
@@ -66,18 +68,24 @@ class MixtureOfExperts:
         prefix: str,
         tile_rows: int,
         prepack: bool,
-        activation: Callable[[torch.Tensor], torch.Tensor],
+        gate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     ):
         self.config = config
-        self.activation = activation
+        self.gate = gate
         mlp = prefix + "mlp."
-        self.router = InvariantLinear([weights[mlp + "gate.weight"]], None, tile_rows, prepack)
+        self.router = InvariantLinear(
+            [weights[mlp + "gate.weight"]], [weights.get(mlp + "gate.bias")], tile_rows, prepack
+        )
         self.gate_up, self.down = [], []
         for expert in range(config.num_experts):
             e = f"{mlp}experts.{expert}."
             pair = [weights[e + "gate_proj.weight"], weights[e + "up_proj.weight"]]
-            self.gate_up.append(InvariantLinear(pair, None, tile_rows, prepack))
-            self.down.append(InvariantLinear([weights[e + "down_proj.weight"]], None, tile_rows, prepack))
+            biases = [weights.get(e + "gate_proj.bias"), weights.get(e + "up_proj.bias")]
+            self.gate_up.append(InvariantLinear(pair, biases, tile_rows, prepack))
+            down = InvariantLinear(
+                [weights[e + "down_proj.weight"]], [weights.get(e + "down_proj.bias")], tile_rows, prepack
+            )
+            self.down.append(down)
         # With every matrix on the native kernels, each stage is one C++ call (csrc/moe_cpu.cpp).
         self.kernel = None
         if all(p.backend == "native" for p in (self.router, *self.gate_up, *self.down)):
@@ -88,7 +96,9 @@ class MixtureOfExperts:
                 config.experts_per_token,
                 config.expert_routing,
                 config.normalize_expert_weights,
-                config.mlp_activation == "gelu_tanh",
+                GATE_KINDS[config.mlp_activation],
+                config.swiglu_alpha,
+                config.swiglu_limit,
             )
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -116,7 +126,7 @@ class MixtureOfExperts:
         out = torch.empty(chosen.numel(), width, dtype=x.dtype, device=x.device)
         for expert, start, end in spans:
             gate, up = self.gate_up[expert](gathered[start:end]).chunk(2, dim=1)
-            out[start:end] = self.activation(gate) * up
+            out[start:end] = self.gate(gate, up)
         return out
 
     def combine(self, activation: torch.Tensor, chosen: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

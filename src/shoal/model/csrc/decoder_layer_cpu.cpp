@@ -177,7 +177,15 @@ void rotate_and_store(const T* qkv, int64_t tokens, int64_t heads, int64_t kv_he
   });
 }
 
-// The MLP's gate activation on 16 lanes: silu(g) = g / (1 + e^-g), or GELU's tanh approximation
+// How an MLP's gate meets its up projection: act(gate) * up with SiLU or GELU's tanh approximation,
+// or gpt-oss's clamped SwiGLU, (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+// g = min(gate, limit).
+struct Gate {
+  enum Kind : int64_t { kSilu = 0, kGeluTanh = 1, kClampedSwiglu = 2 } kind;
+  float alpha = 0.f, limit = 0.f;
+};
+
+// The gate activation on 16 lanes: silu(g) = g / (1 + e^-g), or GELU's tanh approximation
 // g / 2 * (1 + tanh(sqrt(2 / pi) * (g + 0.044715 g^3))).
 inline Vec activate(Vec g, bool gelu) {
   if (!gelu) return Vec::div(g, Vec::add(Vec::broadcast(1.f), exp(Vec::sub(Vec::zero(), g))));
@@ -186,12 +194,23 @@ inline Vec activate(Vec g, bool gelu) {
   return Vec::mul(Vec::mul(g, Vec::broadcast(0.5f)), Vec::add(Vec::broadcast(1.f), tanh(inner)));
 }
 
-// out[t, j] = round(round(act(gate[t, j])) * up[t, j]) for gate_up [T, 2I] = [gate | up], out [T, I];
+// out[t, j] = round(round(act(gate[t, j])) * up[t, j]) for gate_up [T, 2I] = [gate | up], out [T, I]
+// (the clamped SwiGLU rounded after each of its operations, as torch computes it in the dtype);
 // 16 lanes at a time (a row's last lanes through a padded copy).
 template <typename T>
-void activate_and_multiply(const T* gate_up, int64_t tokens, int64_t width, bool gelu, T* out) {
+void activate_and_multiply(const T* gate_up, int64_t tokens, int64_t width, Gate gate_kind, T* out) {
   using E = Element<T>;
-  auto lanes_of = [gelu](Vec g, Vec up) { return Vec::mul(E::round16(activate(g, gelu)), up); };
+  auto lanes_of = [gate_kind](Vec g, Vec up) {
+    if (gate_kind.kind != Gate::kClampedSwiglu)
+      return Vec::mul(E::round16(activate(g, gate_kind.kind == Gate::kGeluTanh)), up);
+    const Vec limit = Vec::broadcast(gate_kind.limit), one = Vec::broadcast(1.f);
+    g = Vec::min(g, limit);
+    up = Vec::max(Vec::min(up, limit), Vec::sub(Vec::zero(), limit));
+    const Vec scaled = E::round16(Vec::mul(g, Vec::broadcast(gate_kind.alpha)));
+    const Vec sigmoid = E::round16(Vec::div(one, Vec::add(one, exp(Vec::sub(Vec::zero(), scaled)))));
+    const Vec glu = E::round16(Vec::mul(g, sigmoid));
+    return Vec::mul(E::round16(Vec::add(up, one)), glu);
+  };
   at::parallel_for(0, tokens, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const T* gate = gate_up + t * 2 * width;
@@ -365,7 +384,8 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     auto out = at::empty({hidden.size(0), width}, hidden.options());
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
-      activate_and_multiply<T>(gate_up.data_ptr<T>(), hidden.size(0), width, gelu_, out.data_ptr<T>());
+      activate_and_multiply<T>(gate_up.data_ptr<T>(), hidden.size(0), width,
+                               Gate{gelu_ ? Gate::kGeluTanh : Gate::kSilu}, out.data_ptr<T>());
     });
     return out;
   }

@@ -85,21 +85,23 @@ struct ExpertRows {
 
 // `router` [experts, hidden]; per expert, `gate_up` [2 x intermediate, hidden] (gate rows first)
 // and `down` [outputs, intermediate] (every expert alike); `rule` "softmax_topk" or
-// "topk_softmax"; `gelu` picks GELU-tanh over SiLU. Under tensor parallelism each rank holds its
+// "topk_softmax"; `gate` the gate's kind (decoder_layer_cpu.cpp's Gate: 0 SiLU, 1 GELU-tanh, 2
+// clamped SwiGLU with `alpha` and `limit`). Under tensor parallelism each rank holds its
 // columns of every expert's intermediate (gate_up's rows) and of the hidden state (down's rows):
 // route, activations, the gather of the activations' columns, combine, then the gather of the
 // output's columns compute what forward() does in one process, bit for bit.
 struct MixtureOfExpertsCpu : torch::CustomClassHolder {
   MixtureOfExpertsCpu(c10::intrusive_ptr<PackedLinear> router, std::vector<c10::intrusive_ptr<PackedLinear>> gate_up,
                       std::vector<c10::intrusive_ptr<PackedLinear>> down, int64_t experts_per_token, std::string rule,
-                      bool normalize, bool gelu)
+                      bool normalize, int64_t gate, double alpha, double limit)
       : router_(std::move(router)),
         gate_up_(std::move(gate_up)),
         down_(std::move(down)),
         k_(experts_per_token),
         softmax_first_(rule == "softmax_topk"),
         normalize_(normalize),
-        gelu_(gelu) {
+        gate_{static_cast<Gate::Kind>(gate), static_cast<float>(alpha), static_cast<float>(limit)} {
+    TORCH_CHECK(gate >= Gate::kSilu && gate <= Gate::kClampedSwiglu, "MixtureOfExperts: unknown gate kind ", gate);
     const int64_t experts = router_->out_features();
     TORCH_CHECK(rule == "softmax_topk" || rule == "topk_softmax", "MixtureOfExperts: unknown routing rule ", rule);
     TORCH_CHECK(static_cast<int64_t>(gate_up_.size()) == experts && static_cast<int64_t>(down_.size()) == experts,
@@ -159,7 +161,7 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
       using T = std::remove_pointer_t<decltype(type)>;
       at::parallel_for(0, static_cast<int64_t>(rows.active.size()), 1, [&](int64_t begin, int64_t end) {
         for (int64_t j = begin; j < end; ++j)
-          activate_and_multiply<T>(projected[j].data_ptr<T>(), projected[j].size(0), width, gelu_,
+          activate_and_multiply<T>(projected[j].data_ptr<T>(), projected[j].size(0), width, gate_,
                                    out.data_ptr<T>() + rows.first[rows.active[j]] * width);
       });
     });
@@ -217,7 +219,8 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
   c10::intrusive_ptr<PackedLinear> router_;
   std::vector<c10::intrusive_ptr<PackedLinear>> gate_up_, down_;
   int64_t k_;
-  bool softmax_first_, normalize_, gelu_;
+  bool softmax_first_, normalize_;
+  Gate gate_;
 };
 
 }  // namespace shoal
@@ -225,7 +228,8 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
 TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::MixtureOfExpertsCpu>("MixtureOfExperts")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, std::vector<c10::intrusive_ptr<shoal::PackedLinear>>,
-                       std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, int64_t, std::string, bool, bool>())
+                       std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, int64_t, std::string, bool, int64_t,
+                       double, double>())
       .def("route", &shoal::MixtureOfExpertsCpu::route)
       .def("activations", &shoal::MixtureOfExpertsCpu::activations)
       .def("combine", &shoal::MixtureOfExpertsCpu::combine)

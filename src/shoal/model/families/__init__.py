@@ -8,6 +8,7 @@ from shoal.model.errors import ModelLoadError
 from shoal.model.families import (
     gemma2,
     gemma3,
+    gpt_oss,
     granite,
     llama,
     mistral,
@@ -34,6 +35,7 @@ FAMILIES: tuple[Family, ...] = (
     gemma3.FAMILY,
     mixtral.FAMILY,
     qwen3_moe.FAMILY,
+    gpt_oss.FAMILY,
 )
 
 _BY_NAME = {family.name: family for family in FAMILIES}

@@ -61,3 +61,14 @@ MISTRAL = (
     "{%- else -%}{{- message['content'] + eos_token -}}{%- endif -%}"
     "{%- endfor -%}"
 )
+
+# gpt-oss's harmony format, its plain turns: each message between <|start|>{role}<|message|> and
+# <|end|>, the assistant's on its final channel.
+HARMONY = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message['content'] + '<|end|>' -}}"
+    "{%- else -%}{{- '<|start|>' + message['role'] + '<|message|>' + message['content'] + '<|end|>' -}}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|start|>assistant' -}}{%- endif -%}"
+)
