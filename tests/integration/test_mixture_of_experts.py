@@ -107,7 +107,7 @@ def test_the_native_experts_agree_with_the_torch_experts(variant, tmp_path):
     assert torch.allclose(native(x), plain(x), rtol=1e-5, atol=1e-6)
 
 
-@pytest.fixture(scope="module", params=["mixtral", "qwen3-moe"])
+@pytest.fixture(scope="module", params=["mixtral", "qwen3-moe", "gpt-oss"])
 def moe_model(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)
     write_variant(request.param, directory)

@@ -124,14 +124,30 @@ def test_tp3_gives_the_single_process_tokens_per_family(family, shoal_cache_dir,
             3,
             "float32",
         ),
+        (
+            (
+                "GptOssConfig",
+                "GptOssForCausalLM",
+                dict(
+                    num_local_experts=4,
+                    num_experts_per_tok=2,
+                    intermediate_size=48,
+                    sliding_window=5,
+                    swiglu_limit=1.0,
+                ),
+            ),
+            3,
+            "bfloat16",
+        ),
     ],
-    ids=["mixtral-tp2", "qwen3-moe-tp3"],
+    ids=["mixtral-tp2", "qwen3-moe-tp3", "gpt-oss-tp3"],
 )
 def test_a_mixture_of_experts_split_by_expert_columns_gives_the_single_process_tokens(
     family, size, dtype, shoal_cache_dir, tmp_path
 ):
     """Each rank holds its columns of every expert's intermediate and of the hidden state; the router
-    is whole on every rank, the activations are gathered between the experts' two projections."""
+    is whole on every rank, the activations are gathered between the experts' two projections; gpt-oss's
+    attention sinks go with their query heads, its expert biases with their columns."""
     config_class, model_class, extra = family
     fields = {**THREE_KV_HEADS, **extra}
     write_random_family_model(tmp_path, config_class, model_class, fields)

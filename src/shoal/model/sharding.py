@@ -98,8 +98,9 @@ def shard_weights(
             local[name] = tensor[kv_start * group : kv_end * group]
         elif name.endswith(("k_proj.weight", "k_proj.bias", "v_proj.weight", "v_proj.bias")):
             local[name] = tensor[kv_rows]
-        elif ".mlp.experts." in name and name.endswith(("gate_proj.weight", "up_proj.weight")):
-            local[name] = tensor[expert_start:expert_end]
+        elif ".mlp.experts." in name and name.endswith(("gate_proj.weight", "up_proj.weight", "_proj.bias")):
+            is_down = name.endswith("down_proj.bias")  # an expert's output columns, as its down rows
+            local[name] = tensor[out_start:out_end] if is_down else tensor[expert_start:expert_end]
         elif name.endswith(("o_proj.weight", "o_proj.bias", "down_proj.weight")):
             local[name] = tensor[out_start:out_end]  # output rows, every input column
         elif name.endswith(("gate_proj.weight", "up_proj.weight")):
