@@ -42,7 +42,7 @@ MIN_FED = {"F16": 30, "Q4_K_M": 24, "Q5_K_M": 24, "Q8_0": 24, "IQ4_XS": 24}
 # can pick the other, and that position's logits move by up to ~2.5 standard deviations (Mixtral's
 # top-2 of 8, measured: max 0.8-1.4 at std 0.6, mean 0.020-0.035; Qwen3-MoE's top-4 stays within the
 # dense bounds). On F16 files, where nothing rounds the activations, the dense bounds hold.
-MOE_FAMILIES = ("mixtral", "qwen3_moe")
+MOE_FAMILIES = ("mixtral", "qwen3_moe", "gpt_oss")
 MOE_MAX_RELATIVE, MOE_MEAN_RELATIVE = 3.0, 0.08
 
 

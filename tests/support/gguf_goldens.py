@@ -163,6 +163,30 @@ FAMILIES = {
         dict(num_local_experts=8, num_experts_per_tok=2, sliding_window=None, tie_word_embeddings=False),
         "sentencepiece",
     ),
+    # 4 experts of 256, top-2 (softmax of the best logits), attention sinks, a window of 32 on even
+    # layers, YaRN, biases everywhere; the experts as the converter writes bf16 ones (F16, then each
+    # quantization).
+    "gpt_oss": FamilyModel(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        dict(
+            intermediate_size=256,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            tie_word_embeddings=False,
+            rope_parameters={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "beta_fast": 32.0,
+                "beta_slow": 1.0,
+                "truncate": True,
+                "original_max_position_embeddings": 256,
+                "rope_theta": 150000.0,
+            },
+        ),
+        "smollm2",
+    ),
     # 8 experts of 256, top-4 renormalised.
     "qwen3_moe": FamilyModel(
         "Qwen3MoeConfig",

@@ -317,15 +317,18 @@ def tensor_rows(
 
 def split_experts(name: str, rows: torch.Tensor, config: LlamaConfig) -> dict[str, torch.Tensor]:
     """A stacked expert tensor (`...mlp.experts.gate_proj.weight`, every expert's rows in turn) as
-    one matrix per expert (`...mlp.experts.{e}.gate_proj.weight`)."""
+    one matrix per expert (`...mlp.experts.{e}.gate_proj.weight`); a stacked bias as one vector each."""
     if not config.num_experts or rows.shape[0] % config.num_experts:
         raise ValueError(f"{name} has {rows.shape[0]} rows, not a multiple of the {config.num_experts} experts")
     prefix, projection = name.split(_STACKED_EXPERTS)
     each = rows.shape[0] // config.num_experts
-    return {
+    pieces = {
         f"{prefix}{_STACKED_EXPERTS}{e}.{projection}": rows[e * each : (e + 1) * each]
         for e in range(config.num_experts)
     }
+    if projection.endswith(".bias"):  # one row an expert: its bias
+        return {piece: rows.reshape(-1) for piece, rows in pieces.items()}
+    return pieces
 
 
 def gguf_state_dict(

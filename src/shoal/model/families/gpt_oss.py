@@ -3,7 +3,8 @@ other layer (`layer_types`), YaRN RoPE; a mixture of experts in every layer whos
 best k logits then their softmax, with biases on the router and the experts, and gpt-oss's clamped
 SwiGLU. Its Hugging Face files stack the experts: `mlp.experts.gate_up_proj` [E, hidden, 2 x I]
 (gate and up interleaved column by column), `down_proj` [E, I, hidden], each with a bias; split
-here into one matrix a projection and expert, in the decoder's [outputs, inputs] order."""
+here into one matrix a projection and expert, in the decoder's [outputs, inputs] order. llama.cpp's
+`gpt-oss` files hold the experts stacked per projection as every family's, with biases beside."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from shoal.model.families.chat_templates import HARMONY
 from shoal.model.families.family import Family
-from shoal.model.families.windows import from_layer_types
+from shoal.model.families.windows import every_but_each
 
 if TYPE_CHECKING:
     from shoal.model.config import LlamaConfig
@@ -58,13 +59,28 @@ def hf_settings(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def gguf_settings(meta: dict[str, Any], arch: str, fields: dict[str, Any]) -> dict[str, Any]:
+    """As from config.json, with llama.cpp's constants (alpha 1.702, limit 7; its files state
+    neither), and the experts' weights as their softmax gives them (not renormalised)."""
+    return {**hf_settings({}), "normalize_expert_weights": False}
+
+
 FAMILY = Family(
     name="gpt_oss",
     hf_model_types=("gpt_oss",),
-    gguf_architectures=(),
+    gguf_architectures=("gpt-oss",),
     attention_bias=True,
     hf_settings=hf_settings,
-    windows=from_layer_types,
+    gguf_settings=gguf_settings,
+    windows=every_but_each(2),  # layer_types where config.json has it: even layers windowed
+    gguf_layer_names={
+        "attn_sinks.weight": "self_attn.sinks",
+        "post_attention_norm.weight": "post_attention_layernorm.weight",
+        "ffn_gate_inp.bias": "mlp.gate.bias",
+        "ffn_gate_exps.bias": "mlp.experts.gate_proj.bias",
+        "ffn_up_exps.bias": "mlp.experts.up_proj.bias",
+        "ffn_down_exps.bias": "mlp.experts.down_proj.bias",
+    },
     fused_tensors=(_GATE_UP, _GATE_UP + "_bias", _DOWN, _DOWN + "_bias", "mlp.router.weight", "mlp.router.bias"),
     unfuse=unfuse,
     chat_template=HARMONY,
