@@ -55,12 +55,14 @@ WINDOW = 32  # shorter than every prompt
 @dataclass(frozen=True)
 class FamilyModel:
     """A family's test model: transformers' config and model class, its config fields beyond
-    COMMON, and its tokenizer ("sentencepiece" or "smollm2")."""
+    COMMON, its tokenizer ("sentencepiece" or "smollm2"), and the quantizer's file types of its own
+    beyond gguf_files.QUANT_TYPES (gpt-oss's MXFP4_MOE)."""
 
     config_class: str
     model_class: str
     fields: dict[str, Any]
     tokenizer: str
+    own_types: tuple[str, ...] = ()
 
 
 FAMILIES = {
@@ -186,6 +188,7 @@ FAMILIES = {
             },
         ),
         "smollm2",
+        own_types=("MXFP4_MOE",),
     ),
     # 8 experts of 256, top-4 renormalised.
     "qwen3_moe": FamilyModel(
@@ -314,16 +317,18 @@ def tensor_types(path: Path) -> dict[str, int]:
 def make_family_files(
     name: str, root: Path, cache: Path, prompt_length: int, new_tokens: int, threads: int
 ) -> FamilyFiles:
-    """Family `name`'s model converted to F16 and quantized to each of gguf_files.QUANT_TYPES, and
-    llama.cpp's run on every file (one process for the conversion, one for quantizing and running)."""
+    """Family `name`'s model converted to F16 and quantized to each of gguf_files.QUANT_TYPES and its
+    own types, and llama.cpp's run on every file (one process for the conversion, one for
+    quantizing and running)."""
     hf_dir = write_family_model(name, root / "hf", cache)
     f16 = gguf_files.convert(hf_dir, root / f"{name}-F16.gguf", _log)
-    files = {"F16": f16, **{kind: root / f"{name}-{kind}.gguf" for kind in gguf_files.QUANT_TYPES}}
+    quantized = (*gguf_files.QUANT_TYPES, *FAMILIES[name].own_types)
+    files = {"F16": f16, **{kind: root / f"{name}-{kind}.gguf" for kind in quantized}}
     vocab = SENTENCEPIECE_VOCAB if FAMILIES[name].tokenizer == "sentencepiece" else SMOLLM2_VOCAB
     prompt = prompt_ids(vocab, prompt_length)
     request = {
         "threads": threads,
-        "quantize": {"source": str(f16), "outputs": {k: str(files[k]) for k in gguf_files.QUANT_TYPES}},
+        "quantize": {"source": str(f16), "outputs": {k: str(files[k]) for k in quantized}},
         "evaluate": [
             {
                 "gguf": str(path),

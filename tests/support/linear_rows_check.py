@@ -11,7 +11,7 @@ from __future__ import annotations
 ROW_COUNTS = (*range(1, 71), 128, 512)
 # Relative error of the whole product against float64 over the same (dequantized) weights:
 # float32 accumulation, and 16-bit outputs rounded once.
-SMALL_BLOCKS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl")  # blocks of 32 columns
+SMALL_BLOCKS = ("q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl", "mxfp4")  # blocks of 32 columns
 K_QUANTS = ("q2_k", "q3_k", "q4_k", "q5_k", "q6_k", "iq4_xs")  # blocks of 256 columns
 TOLERANCE = {
     "f32": 1e-5,

@@ -1,5 +1,5 @@
 """A matrix kept as the GGUF file stores it: rows of GGML blocks of 32 columns (Q8_0, Q4_0, Q4_1,
-Q5_0, Q5_1, IQ4_NL) or 256 (the K-quants Q2_K to Q6_K, and IQ4_XS), or of 16-bit floats
+Q5_0, Q5_1, IQ4_NL, MXFP4) or 256 (the K-quants Q2_K to Q6_K, and IQ4_XS), or of 16-bit floats
 (F16, BF16: one value a block).
 
 The native CPU kernel (invariant_linear, csrc/linear_cpu.cpp) multiplies such matrices without
@@ -21,6 +21,7 @@ GGML_TYPES = {
     "q5_0": gguf.GGMLQuantizationType.Q5_0,
     "q5_1": gguf.GGMLQuantizationType.Q5_1,
     "iq4_nl": gguf.GGMLQuantizationType.IQ4_NL,
+    "mxfp4": gguf.GGMLQuantizationType.MXFP4,
     "q2_k": gguf.GGMLQuantizationType.Q2_K,
     "q3_k": gguf.GGMLQuantizationType.Q3_K,
     "q4_k": gguf.GGMLQuantizationType.Q4_K,
@@ -40,6 +41,7 @@ PACKED_BYTES_PER_WEIGHT = {
     "q5_0": 544 / 512,
     "q5_1": 640 / 512,
     "iq4_nl": 544 / 512,
+    "mxfp4": 640 / 512,
     "q2_k": 768 / 512,
     "q3_k": 640 / 512,
     "q4_k": 384 / 512,

@@ -24,6 +24,7 @@ GgmlBlock ggml_block(const std::string& source) {
   if (source == "q4_1") return {32, 20};
   if (source == "q5_0") return {32, 22};
   if (source == "q5_1") return {32, 24};
+  if (source == "mxfp4") return {32, 17};
   if (source == "q2_k") return {256, 84};
   if (source == "q3_k") return {256, 110};
   if (source == "q4_k") return {256, 144};
@@ -34,6 +35,17 @@ GgmlBlock ggml_block(const std::string& source) {
 
 // IQ4_NL's and IQ4_XS's 16 values, indexed by a nibble (ggml's kvalues_iq4nl).
 constexpr int8_t kIq4Values[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+// MXFP4's e2m1 values, doubled (so integers): its nibble's value is kMxfp4Values[nibble] * 2^(e - 128).
+constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// An E8M0 scale byte's 2^(e - 127), halved (the doubled values' factor): ggml's e8m0_to_fp32_half,
+// subnormal below e = 2.
+float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : static_cast<uint32_t>(e - 1) << 23;
+  float value;
+  std::memcpy(&value, &bits, 4);
+  return value;
+}
 
 // Q4_K's and Q5_K's 6-bit scale and minimum of sub-block `sub` (0 to 7) from their 12 bytes.
 void k_scale_min(const uint8_t* sc, int sub, int& scale, int& minimum) {
@@ -142,6 +154,12 @@ void pack_block(const std::string& source, Format format, const uint8_t* row, in
       put_float(2 + half, -(half_to_float(dmin) * static_cast<float>(scale >> 4)));
     }
     for (int64_t l = 0; l < kBlock; ++l) put_int8(l, (qs[32 * n + l] >> (2 * j)) & 3);
+  } else if (source == "mxfp4") {
+    // e (E8M0), then 16 bytes of nibbles (byte j: k = j low, j + 16 high) indexing the e2m1 values.
+    const uint8_t* block = row + b * 17;
+    put_float(0, e8m0_half(block[0]));
+    put_float(1, e8m0_half(block[0]));
+    for (int64_t k = 0; k < kBlock; ++k) put_int8(k, kMxfp4Values[k < 16 ? block[1 + k] & 0xF : block[1 + k - 16] >> 4]);
   } else if (source == "iq4_xs") {
     // d (fp16), 2 bytes of the scales' high bit pairs, 4 of their low nibbles, 128 of nibbles (16 a
     // sub-block: byte j, k = j low, j + 16 high) indexing the IQ4 table; sub-block scale ls - 32.

@@ -15,7 +15,8 @@
 //   q2_k  panel, per block of 32 k: float32 d of k < 16 [16], of k >= 16 [16], m of k < 16 [16], of
 //         k >= 16 [16], then q as int8[32][16] (value d*q + m, each half with its own d and m)
 // Other GGML types are packed, exactly, as one of these: q5_0 (q - 16) and iq4_nl (its table's
-// values) as q8_0; q5_1 as q5_k; q3_k (two scales a block) and iq4_xs (one, twice) as q6_k.
+// values) as q8_0; q5_1 as q5_k; q3_k (two scales a block), iq4_xs (one, twice) and mxfp4 (its e2m1
+// values doubled, -12..12, and 2^(e - 128) twice, exact in float32) as q6_k.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -69,14 +70,14 @@ inline Format kernel_format(const std::string& source) {
   if (source == "q8_0" || source == "q5_0" || source == "iq4_nl") return kQ8_0;
   if (source == "q4_0" || source == "q4_1") return kQ4_1;
   if (source == "q4_k") return kQ4_K;
-  if (source == "q6_k" || source == "q3_k" || source == "iq4_xs") return kQ6_K;
+  if (source == "q6_k" || source == "q3_k" || source == "iq4_xs" || source == "mxfp4") return kQ6_K;
   if (source == "q5_k" || source == "q5_1") return kQ5_K;
   if (source == "q2_k") return kQ2_K;
   TORCH_CHECK(false, "PackedLinear: unknown weight format ", source);
 }
 
 // Packs W [N, K] (`weight`: float32 / bfloat16 / float16 [N, K] for "f32" / "bf16" / "f16", or the
-// GGML blocks of each row as uint8 for "q8_0" / "q4_0" / "q4_1" / "q5_0" / "q5_1" / "iq4_nl" (32 k
+// GGML blocks of each row as uint8 for "q8_0" / "q4_0" / "q4_1" / "q5_0" / "q5_1" / "iq4_nl" / "mxfp4" (32 k
 // a block) or "q2_k" / "q3_k" / "q4_k" / "q5_k" / "q6_k" / "iq4_xs" (256)) into uint8
 // [panels, panel_bytes(format, K)] (linear_packing_cpu.cpp).
 at::Tensor pack_panels(const at::Tensor& weight, const std::string& source, int64_t k);
