@@ -10,7 +10,13 @@ import pytest
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.structured_outputs import StructuredOutputs
-from tests.support.engine_runs import alone, batched, engine_factory, mixed_prompts, run_to_completion
+from tests.support.engine_runs import (
+    alone,
+    assert_tokens_ignore_batch_cache_and_chunking,
+    engine_factory,
+    mixed_prompts,
+    run_to_completion,
+)
 from tests.support.family_variants import COMMON, FAMILIES, LAYER_VARIANTS
 from tests.support.tiny_model import write_random_family_model
 
@@ -35,15 +41,7 @@ def family_engine(model_dir, cache_dir):
 
 @pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
 def test_each_familys_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(family_model, params, shoal_cache_dir):
-    make_engine = family_engine(family_model, shoal_cache_dir)
-    prompts = mixed_prompts(8, seed=9, vocab=(3, 98))
-    prompts = [p + p for p in prompts]  # past the 21-token windows
-    expected = alone(make_engine, prompts, params)
-    engine = make_engine()
-    assert batched(engine, prompts, params) == expected
-    hits = engine.stats().prefix_cache_hit_tokens
-    assert batched(engine, prompts, params) == expected
-    assert engine.stats().prefix_cache_hit_tokens > hits
+    assert_tokens_ignore_batch_cache_and_chunking(family_engine(family_model, shoal_cache_dir), params)
 
 
 SCHEMA = {

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import alone, batched, engine_factory, mixed_prompts
+from tests.support.engine_runs import assert_tokens_ignore_batch_cache_and_chunking, engine_factory
 from tests.support.family_variants import COMMON
 from tests.support.logits import max_logit_difference
 from tests.support.tiny_model import write_random_family_model
@@ -124,10 +124,4 @@ def moe_model(request, tmp_path_factory):
 )
 def test_moe_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(moe_model, params, shoal_cache_dir):
     make_engine = engine_factory(moe_model, shoal_cache_dir, dtype="bfloat16", max_num_batched_tokens=32)
-    prompts = [p + p for p in mixed_prompts(8, seed=9, vocab=(3, 98))]  # past the 21-token window
-    expected = alone(make_engine, prompts, params)
-    engine = make_engine()
-    assert batched(engine, prompts, params) == expected
-    hits = engine.stats().prefix_cache_hit_tokens
-    assert batched(engine, prompts, params) == expected
-    assert engine.stats().prefix_cache_hit_tokens > hits
+    assert_tokens_ignore_batch_cache_and_chunking(make_engine, params)

@@ -65,3 +65,15 @@ def batched(engine, prompts, params) -> list[list[int]]:
     """Every prompt's output tokens, all submitted at once to `engine`."""
     results = run_to_completion(engine, {f"r{i}": (p, params) for i, p in enumerate(prompts)})
     return [results[f"r{i}"] for i in range(len(prompts))]
+
+
+def assert_tokens_ignore_batch_cache_and_chunking(make_engine, params) -> None:
+    """Eight mixed prompts, doubled (past a 21-token window), give each the tokens it gets alone
+    when batched together, and again when their prefixes come from the cache (which must hit)."""
+    prompts = [p + p for p in mixed_prompts(8, seed=9, vocab=(3, 98))]
+    expected = alone(make_engine, prompts, params)
+    engine = make_engine()
+    assert batched(engine, prompts, params) == expected
+    hits = engine.stats().prefix_cache_hit_tokens
+    assert batched(engine, prompts, params) == expected
+    assert engine.stats().prefix_cache_hit_tokens > hits

@@ -148,13 +148,7 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
       for (int64_t i = begin; i < end; ++i)
         std::memcpy(target + rows.place[i] * bytes, source + i / k_ * bytes, bytes);
     });
-    std::vector<const PackedLinear*> gate_ups;
-    std::vector<at::Tensor> inputs;
-    for (int64_t e : rows.active) {
-      gate_ups.push_back(gate_up_[e].get());
-      inputs.push_back(gathered.narrow(0, rows.first[e], rows.first[e + 1] - rows.first[e]));
-    }
-    const std::vector<at::Tensor> projected = PackedLinear::forward_group(gate_ups, inputs);
+    const std::vector<at::Tensor> projected = each_expert(gate_up_, rows, gathered);
     const int64_t width = gate_up_[0]->out_features() / 2;
     at::Tensor out = at::empty({chosen.numel(), width}, x.options());
     for_each_dtype(x.scalar_type(), [&](auto* type) {
@@ -177,13 +171,7 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
                     activation.size(1) == down_[0]->in_features() && activation.is_contiguous(),
                 "MixtureOfExperts: activations must be [T x k, ", down_[0]->in_features(), "] contiguous");
     const ExpertRows rows(chosen, router_->out_features());
-    std::vector<const PackedLinear*> downs;
-    std::vector<at::Tensor> inputs;
-    for (int64_t e : rows.active) {
-      downs.push_back(down_[e].get());
-      inputs.push_back(activation.narrow(0, rows.first[e], rows.first[e + 1] - rows.first[e]));
-    }
-    const std::vector<at::Tensor> projected = PackedLinear::forward_group(downs, inputs);
+    const std::vector<at::Tensor> projected = each_expert(down_, rows, activation);
     at::Tensor sums = at::empty({tokens, outputs}, activation.options().dtype(at::kFloat));
     float* s = sums.data_ptr<float>();
     const int64_t* c = chosen.data_ptr<int64_t>();
@@ -216,6 +204,19 @@ struct MixtureOfExpertsCpu : torch::CustomClassHolder {
   }
 
  private:
+  // Each active expert's rows of `input` (rows by expert) through its matrix of `matrices`, all in
+  // one parallel region (PackedLinear::forward_group).
+  static std::vector<at::Tensor> each_expert(const std::vector<c10::intrusive_ptr<PackedLinear>>& matrices,
+                                             const ExpertRows& rows, const at::Tensor& input) {
+    std::vector<const PackedLinear*> linears;
+    std::vector<at::Tensor> inputs;
+    for (int64_t e : rows.active) {
+      linears.push_back(matrices[e].get());
+      inputs.push_back(input.narrow(0, rows.first[e], rows.first[e + 1] - rows.first[e]));
+    }
+    return PackedLinear::forward_group(linears, inputs);
+  }
+
   c10::intrusive_ptr<PackedLinear> router_;
   std::vector<c10::intrusive_ptr<PackedLinear>> gate_up_, down_;
   int64_t k_;
