@@ -33,6 +33,22 @@ def test_a_hugging_face_directory_is_read_from_its_headers(capsys, tiny_model_di
     assert f"parameters: {sum(t.numel() for t in weights.values()):,}" in out
 
 
+def test_a_mixture_of_experts_reports_the_parameters_a_token_runs_through(capsys, tmp_path):
+    from tests.support.family_variants import COMMON
+    from tests.support.tiny_model import write_random_family_model
+
+    fields = dict(num_experts=6, num_experts_per_tok=2, moe_intermediate_size=48, mlp_only_layers=[1])
+    model = write_random_family_model(
+        tmp_path, "Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**COMMON, **fields, "num_hidden_layers": 3}
+    )
+    code, out = inspect(capsys, str(tmp_path), "--json")
+    report = json.loads(out)
+    total = sum(p.numel() for p in model.parameters())
+    # Two sparse layers each leave 4 of their 6 experts (gate, up, down: 3 x 64 x 48 each) unused a token.
+    assert code == 0 and report["parameters"] == total
+    assert report["active_parameters"] == total - 2 * 4 * 3 * 64 * 48
+
+
 def test_a_model_shoal_cannot_run_says_why(capsys, tiny_model_dir, tmp_path):
     unknown = tmp_path / "unknown"
     shutil.copytree(tiny_model_dir, unknown)

@@ -59,6 +59,17 @@ class ModelReport:
         return sum(t.elements for t in self.types.values())
 
     @property
+    def active_parameters(self) -> int:
+        """The parameters a token runs through: all of them, less the experts a mixture's router
+        leaves out of each sparse layer (their gate, up and down matrices; biases aside)."""
+        config = self.config
+        if config is None or not config.num_experts:
+            return self.parameters
+        sparse = sum(config.sparse(layer) for layer in range(config.num_layers))
+        per_expert = 3 * config.hidden_size * config.expert_intermediate_size
+        return self.parameters - sparse * (config.num_experts - config.experts_per_token) * per_expert
+
+    @property
     def weight_bytes(self) -> int:
         """Bytes of the weights on disk."""
         return sum(t.bytes for t in self.types.values())
@@ -90,6 +101,7 @@ class ModelReport:
             "model": self.source,
             "format": self.format,
             "parameters": self.parameters,
+            "active_parameters": self.active_parameters,
             "weight_bytes": self.weight_bytes,
             "tensor_types": self.tensor_types,
             "family": config.architecture if config else None,
@@ -109,6 +121,12 @@ class ModelReport:
         if self.config is None:
             return [*lines, f"runs here: no: {self.refusal}"]
         config = self.config
+        if config.num_experts:
+            sparse = sum(config.sparse(layer) for layer in range(config.num_layers))
+            lines.append(
+                f"experts: {config.num_experts} of {config.expert_intermediate_size} in each of {sparse} sparse "
+                f"layers, {config.experts_per_token} a token: {self.active_parameters:,} parameters a token"
+            )
         return [
             *lines,
             f"family: {config.architecture}; {config.num_layers} layers, hidden {config.hidden_size}, "
