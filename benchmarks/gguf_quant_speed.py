@@ -5,11 +5,11 @@ quantized by its quantizer (gguf_files.py), then tokens/s for --new-tokens greed
 
     .venv/bin/python benchmarks/gguf_quant_speed.py [--model llama-0.5b] [--types Q4_K_M,Q5_K_M]
         [--concurrency 1] [--threads 2] [--shoal-dtypes float32,auto]
-    .venv/bin/python benchmarks/gguf_quant_speed.py --model qwen3-moe-1.4b --types Q4_K_M --concurrency 1,32
+    .venv/bin/python benchmarks/gguf_quant_speed.py --model qwen3-moe-0.9b --types Q4_K_M --concurrency 1,32
 
-Models (SHAPES): llama-0.5b, a Llama of about 0.5B parameters (tied embeddings); qwen3-moe-1.4b, a
+Models (SHAPES): llama-0.5b, a Llama of about 0.5B parameters (tied embeddings); qwen3-moe-0.9b, a
 Qwen3-MoE scaled to this machine (16 layers, hidden 1024, 32 experts of 512, top-8 renormalised:
-1.4B parameters, 0.3B active a token).
+0.95B parameters, 0.34B a token).
 
 shoal runs through its offline engine (LLM.engine: add_request for every request, then step until
 done, timing each token as it comes out); llama.cpp through llama-cpp-python: one stream through its
@@ -65,7 +65,7 @@ SHAPES = {
             rms_norm_eps=1e-5,
         ),
     ),
-    "qwen3-moe-1.4b": (
+    "qwen3-moe-0.9b": (
         "Qwen3MoeConfig",
         "Qwen3MoeForCausalLM",
         dict(
