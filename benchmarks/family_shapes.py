@@ -76,6 +76,21 @@ SHAPES: dict[str, dict[str, Any]] = {
         tie_word_embeddings=True,
     ),
 }
+# A Qwen3-MoE scaled to this machine (gguf_quant_speed.py's): 32 experts of 512, the best 8 a token.
+SHAPES["qwen3-moe-0.9b"] = {
+    **SHAPES["qwen3-1.7b"],
+    "model_type": "qwen3_moe",
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 16,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "moe_intermediate_size": 512,
+    "num_experts": 32,
+    "num_experts_per_tok": 8,
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+}
 # Qwen3-0.6B and Gemma 3 270M: the layers of Qwen3-1.7B and Gemma 3 1B at their own widths.
 SHAPES["qwen3-0.6b"] = {**SHAPES["qwen3-1.7b"], "hidden_size": 1024, "intermediate_size": 3072}
 SHAPES["gemma3-270m"] = {
