@@ -1,8 +1,9 @@
 """The engine under SHOAL_CPU_ISA on any machine at or above the level: an AVX2-only CPU and a Zen 4
 (AVX512-BF16, no AMX, no avx512_fp16). Each level runs in its own process, where the cap reaches torch's
 libraries before their first use: ATen and oneDNN report the narrower instruction set, the
-C++ kernels are compiled for it, every dtype runs, runs stay batch invariant, and the native matrix
-multiply's rows are the same bits at every row count."""
+C++ kernels are compiled for it, every dtype runs, runs stay batch invariant (a mixture of experts
+with gpt-oss's clamped gate too), and the native matrix multiply's rows are the same bits at every
+row count."""
 
 from __future__ import annotations
 
@@ -18,8 +19,10 @@ import pytest
 
 from shoal.model.cpu_features import LEVEL_NAMES, effective_cpu_features
 from tests.support.engine_under_isa_cap import REPORT_PREFIX
+from tests.support.family_variants import COMMON
 from tests.support.kernel_builds import FORCED_LEVELS
 from tests.support.linear_rows_check import TOLERANCE, bf16_pairs_digest
+from tests.support.tiny_model import write_random_family_model
 
 REPO = Path(__file__).resolve().parents[2]
 DTYPES = ("float32", "bfloat16", "float16")
@@ -63,10 +66,11 @@ LEVELS = {
 }
 
 
-def run_engine_under_cap(level: str, model_dir: Path, cache_dir: Path) -> tuple[dict, list[str]]:
+def run_engine_under_cap(level: str, model_dir: Path, moe_dir: Path, cache_dir: Path) -> tuple[dict, list[str]]:
     env = {**os.environ, "SHOAL_CPU_ISA": level, "ONEDNN_VERBOSE": "1"}
+    argv = [str(model_dir), str(moe_dir), str(cache_dir), *DTYPES]
     result = subprocess.run(
-        [sys.executable, "-m", "tests.support.engine_under_isa_cap", str(model_dir), str(cache_dir), *DTYPES],
+        [sys.executable, "-m", "tests.support.engine_under_isa_cap", *argv],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -80,13 +84,16 @@ def run_engine_under_cap(level: str, model_dir: Path, cache_dir: Path) -> tuple[
 
 
 @pytest.fixture(scope="module")
-def report_at(tiny_model_dir, shoal_cache_dir):
+def report_at(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
     """report_at(level): the engine's report and output lines under that level, run once a module."""
     reports = {}
+    moe_dir = tmp_path_factory.mktemp("gpt-oss")
+    fields = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=5, swiglu_limit=1.0)
+    write_random_family_model(moe_dir, "GptOssConfig", "GptOssForCausalLM", {**COMMON, "head_dim": 16, **fields})
 
     def report(level: str) -> tuple[dict, list[str]]:
         if level not in reports:
-            reports[level] = run_engine_under_cap(level, tiny_model_dir, shoal_cache_dir)
+            reports[level] = run_engine_under_cap(level, tiny_model_dir, moe_dir, shoal_cache_dir)
         return reports[level]
 
     return report
@@ -126,6 +133,9 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, report_at)
         assert all(r["relative_error"] < TOLERANCE[name] for name, r in formats.items()), formats
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
+    if shutil.which("c++"):
+        moe = report["moe"]
+        assert moe["native_experts"] and moe["invariant"] and moe["distinct_outputs"] > 1, moe
 
 
 def test_quantized_blocks_against_bf16_x_are_the_same_bits_with_and_without_bf16_dot_products(report_at):

@@ -1,13 +1,14 @@
 """A program that runs the tiny engine under this process's SHOAL_CPU_ISA and prints what it ran on.
 
-    python -m tests.support.engine_under_isa_cap MODEL_DIR CACHE_DIR DTYPE...
+    python -m tests.support.engine_under_isa_cap MODEL_DIR MOE_DIR CACHE_DIR DTYPE...
 
 The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
 CPU kernels loaded here, per dtype the GEMM backend of packed and of shared weights and whether
 requests run alone and together got the same tokens, and the native matrix multiply's bitwise row
 check (tests.support.linear_rows_check) on this level's kernel path, with a digest of its quantized
-blocks against bfloat16 x.
+blocks against bfloat16 x; and for a mixture of experts (MOE_DIR, in bfloat16) whether its requests run
+alone and together got the same tokens, on its native experts kernel.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def loaded_kernel_build_flags() -> str:
     return next((line for line in build.splitlines() if line.startswith("cflags")), "")
 
 
-def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
+def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from shoal.model.cpu_features import apply_cpu_isa_cap
 
     features = apply_cpu_isa_cap()
@@ -43,11 +44,11 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from tests.support.engine_runs import run_to_completion
     from tests.support.linear_rows_check import bf16_pairs_digest, check
 
-    def engine(dtype: str, share_weights: bool = False) -> LLMEngine:
+    def engine(dtype: str, share_weights: bool = False, model: str = model_dir) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.
         return LLMEngine(
             EngineConfig(
-                model=model_dir,
+                model=model,
                 dtype=dtype,
                 device="cpu",
                 kv_cache_bytes=4 << 20,
@@ -78,6 +79,16 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
             "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
             "attention_uses_tiles": together_engine.model.attention_uses_tiles,
         }
+    moe_together, moe_alone = engine("bfloat16", model=moe_dir), engine("bfloat16", model=moe_dir)
+    together = run_to_completion(moe_together, prompts)
+    alone = {key: run_to_completion(moe_alone, {key: request})[key] for key, request in prompts.items()}
+    moe = {
+        "invariant": alone == together,
+        "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
+        "native_experts": all(
+            layer.experts.kernel is not None for layer in moe_together.model.layers if layer.experts is not None
+        ),
+    }
     return {
         "level": features.level.name,
         "capped": features.capped,
@@ -94,10 +105,11 @@ def main(model_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
         "auto_dtype": str(resolve_dtype(EngineConfig(model=model_dir, dtype="auto"), torch.device("cpu"))),
         "kernel_cflags": loaded_kernel_build_flags(),
         "runs": runs,
+        "moe": moe,
         "linear_rows": check(),
         "bf16_pairs_digest": bf16_pairs_digest(),
     }
 
 
 if __name__ == "__main__":
-    print(REPORT_PREFIX + json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3:])), flush=True)
+    print(REPORT_PREFIX + json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])), flush=True)
