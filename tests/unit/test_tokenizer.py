@@ -86,10 +86,20 @@ def test_smollm2_encode_decode_match_transformers(ours: Tokenizer, reference, te
         assert ours.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
 
 
+# transformers' reading of the GGUF's "smollm" pre-tokenizer splits off decimal digits only; llama.cpp's
+# (which shoal follows: tests/peers/test_gguf_tokenizer_llama_cpp.py) splits off every numeral, so
+# the two differ where a space precedes another kind of numeral (No, Nl: superscripts, fractions,
+# Roman numerals). Random text leaves those out; llama.cpp's own ids for them are checked below.
 @settings(max_examples=150, deadline=None)
-@given(st.text(st.characters(blacklist_categories=("Cs",)), max_size=40))
+@given(st.text(st.characters(blacklist_categories=("Cs", "No", "Nl")), max_size=40))
 def test_smollm2_random_text_matches_transformers(ours: Tokenizer, reference, text: str) -> None:
     assert ours.encode(text) == reference.encode(text)
+
+
+def test_smollm2_splits_off_every_numeral_as_llama_cpp_does(ours: Tokenizer) -> None:
+    # llama-cpp-python 0.3.36's tokenize() on the bundled GGUF.
+    assert ours.encode(" ¹", add_special_tokens=False) == [216, 43183]
+    assert ours.encode(" ²3", add_special_tokens=False) == [216, 19133, 35]
 
 
 @pytest.mark.parametrize("messages", MESSAGES)
