@@ -327,7 +327,7 @@ def split_experts(name: str, rows: torch.Tensor, config: LlamaConfig) -> dict[st
         for e in range(config.num_experts)
     }
     if projection.endswith(".bias"):  # one row an expert: its bias
-        return {piece: rows.reshape(-1) for piece, rows in pieces.items()}
+        return {piece: part.reshape(-1) for piece, part in pieces.items()}
     return pieces
 
 

@@ -25,7 +25,7 @@ from shoal.model.config import LlamaConfig
 from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.layout import layer_norms
-from shoal.model.mlp_gates import gate_function
+from shoal.model.mlp_gates import GATE_KINDS, gate_function
 from shoal.model.moe import MixtureOfExperts
 from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
@@ -127,9 +127,7 @@ class DecoderLayer:
         self.scale = config.attention_scale
         self.native = None
         mlp = [] if sparse else [self.gate_up, self.down]
-        # The fused layer's own MLP gates by SiLU or GELU-tanh; a mixture's kernel takes every kind.
-        dense_native = config.mlp_activation in ("silu", "gelu_tanh") and all(p.backend == "native" for p in mlp)
-        mlp_native = self.experts.kernel is not None if sparse else dense_native
+        mlp_native = self.experts.kernel is not None if sparse else all(p.backend == "native" for p in mlp)
         if fuse and mlp_native and all(p.backend == "native" for p in (self.qkv, self.o)):
             none = torch.empty(0)
             self.native = torch.classes.shoal.DecoderLayer(
@@ -149,7 +147,9 @@ class DecoderLayer:
                 self.scale,
                 config.attention_softcap,
                 torch.empty(0) if self.sinks is None else self.sinks,
-                config.mlp_activation == "gelu_tanh",
+                GATE_KINDS[config.mlp_activation],
+                config.swiglu_alpha,
+                config.swiglu_limit,
                 config.residual_multiplier,
             )
         # This rank's columns of the hidden state (the outputs of its o_proj and down_proj).

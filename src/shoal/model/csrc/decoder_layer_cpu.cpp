@@ -271,13 +271,14 @@ at::Tensor rms_norm_rows(const at::Tensor& hidden, const at::Tensor& weight, dou
 // attention, after it, before the MLP and after it, each [hidden] or empty (none there); a norm
 // after attention or the MLP covers whole rows, so under tensor parallelism such a layer projects,
 // gathers and joins in separate calls. `scale` multiplies the scores, `softcap` caps them (0: none),
-// `sinks` are this rank's heads' attention-sink logits (float32 [heads], or empty), `gelu` picks GELU-tanh
-// over SiLU, and `residual_multiplier` scales each output before it joins the residual.
+// `sinks` are this rank's heads' attention-sink logits (float32 [heads], or empty), `gate` (with
+// `alpha` and `limit`) is the MLP's Gate kind, and `residual_multiplier` scales each output before it joins the residual.
 struct DecoderLayerCpu : torch::CustomClassHolder {
   DecoderLayerCpu(c10::intrusive_ptr<PackedLinear> qkv, c10::intrusive_ptr<PackedLinear> o,
                   std::vector<c10::intrusive_ptr<PackedLinear>> mlp, std::vector<at::Tensor> norms, at::Tensor cos, at::Tensor signed_sin, int64_t heads,
                   int64_t kv_heads, int64_t head_dim, double eps, int64_t window, at::Tensor q_norm, at::Tensor k_norm,
-                  bool rotary, double scale, double softcap, at::Tensor sinks, bool gelu, double residual_multiplier)
+                  bool rotary, double scale, double softcap, at::Tensor sinks, int64_t gate, double alpha,
+                  double limit, double residual_multiplier)
       : qkv_(std::move(qkv)),
         o_(std::move(o)),
         cos_(cos.contiguous()),
@@ -293,10 +294,11 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
         scale_(scale),
         softcap_(softcap),
         sinks_(sinks.contiguous()),
-        gelu_(gelu),
+        gate_{static_cast<Gate::Kind>(gate), static_cast<float>(alpha), static_cast<float>(limit)},
         residual_multiplier_(static_cast<float>(residual_multiplier)) {
     TORCH_CHECK(norms.size() == 4, "DecoderLayer: four norms (before and after attention and the MLP), empty or not");
     TORCH_CHECK(mlp.size() == 2 || mlp.empty(), "DecoderLayer: the MLP is gate_up and down, or none");
+    TORCH_CHECK(gate >= Gate::kSilu && gate <= Gate::kClampedSwiglu, "DecoderLayer: unknown gate kind ", gate);
     if (!mlp.empty()) gate_up_ = mlp[0], down_ = mlp[1];
     for (auto& norm : norms) norm = norm.contiguous();
     before_attention_norm_ = norms[0], after_attention_norm_ = norms[1];
@@ -385,7 +387,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
       activate_and_multiply<T>(gate_up.data_ptr<T>(), hidden.size(0), width,
-                               Gate{gelu_ ? Gate::kGeluTanh : Gate::kSilu}, out.data_ptr<T>());
+                               gate_, out.data_ptr<T>());
     });
     return out;
   }
@@ -458,7 +460,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   bool rotary_;                 // whether the layer applies RoPE
   double scale_, softcap_;      // of the attention scores (paged_attention_into)
   at::Tensor sinks_;            // this rank's heads' attention-sink logits (float32), or empty
-  bool gelu_;                   // GELU-tanh gates the MLP, else SiLU
+  Gate gate_;                   // how the MLP's gate meets its up projection
   float residual_multiplier_;   // each output's factor before the residual add
 };
 
@@ -468,7 +470,7 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
   m.class_<shoal::DecoderLayerCpu>("DecoderLayer")
       .def(torch::init<c10::intrusive_ptr<shoal::PackedLinear>, c10::intrusive_ptr<shoal::PackedLinear>,
                        std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t,
-                       at::Tensor, at::Tensor, bool, double, double, at::Tensor, bool, double>())
+                       at::Tensor, at::Tensor, bool, double, double, at::Tensor, int64_t, double, double, double>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)
