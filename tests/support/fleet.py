@@ -31,12 +31,12 @@ class Fleet:
             wait_ready(*started)
 
     def _spawn(self, port: int):
-        log = open(self.log_dir / f"worker-{port}.log", "ab")
+        log_path = self.log_dir / f"worker-{port}.log"
         process, url = spawn_worker(
-            self.args, self.cache_dir, port=port, stderr=log, env={"SHOAL_CLUSTER_SECRET": SECRET}
+            self.args, self.cache_dir, port=port, stderr=open(log_path, "ab"), env={"SHOAL_CLUSTER_SECRET": SECRET}
         )
         self.processes[url] = process
-        return process, url
+        return process, url, log_path
 
     @property
     def urls(self) -> list[str]:

@@ -15,10 +15,27 @@ from prometheus_client.parser import text_string_to_metric_families
 MODEL = "tiny"
 
 
+# Ports below the kernel's ephemeral range (net.ipv4.ip_local_port_range starts at 32768): the
+# kernel never hands them to a client connection or to a bind to port 0, so a port chosen here stays
+# free until the process it is meant for binds it. Each pytest process walks its own stride.
+_LOW_PORTS = range(15000, 32700)
+_next_low_port = _LOW_PORTS.start + (os.getpid() * 7919) % len(_LOW_PORTS)
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port that is free now and that nothing else on the machine will be given meanwhile
+    (below the ephemeral range; a port in use is skipped)."""
+    global _next_low_port
+    for _ in range(len(_LOW_PORTS)):
+        port = _next_low_port
+        _next_low_port = _LOW_PORTS.start + (port + 1 - _LOW_PORTS.start) % len(_LOW_PORTS)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free loopback port below the ephemeral range")
 
 
 def tiny_worker_args(
@@ -56,8 +73,9 @@ def spawn_worker(
     return process, f"http://127.0.0.1:{port}"
 
 
-def wait_ready(process: subprocess.Popen, url: str) -> tuple[subprocess.Popen, str]:
-    """Returns once the worker's /ready answers 200; fails the test with its stderr if it never does."""
+def wait_ready(process: subprocess.Popen, url: str, log_path=None) -> tuple[subprocess.Popen, str]:
+    """Returns once the worker's /ready answers 200; fails the test with the tail of its stderr (or of
+    `log_path`, where its stderr went) if it never does."""
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and process.poll() is None:
         try:
@@ -66,7 +84,10 @@ def wait_ready(process: subprocess.Popen, url: str) -> tuple[subprocess.Popen, s
         except httpx.HTTPError:
             time.sleep(0.2)
     process.kill()
-    log = process.stderr.read().decode()[-2000:] if process.stderr else "(its log went to a file)"
+    if process.stderr:
+        log = process.stderr.read().decode()[-2000:]
+    else:
+        log = open(log_path, "rb").read().decode()[-2000:] if log_path else "(its log went to a file)"
     pytest.fail(f"worker did not start: {log}")
 
 
