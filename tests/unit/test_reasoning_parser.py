@@ -148,11 +148,11 @@ def test_reasoning_tokens_are_those_whose_text_lies_in_the_section(tmp_path):
     counter = ReasoningTokens(tokenizer, tokenizer.encode("hi", add_special_tokens=False), skip_special_tokens=True)
     counter.add(ids[:5])
     counter.add(ids[5:])
-    assert counter.count(split([text])[3]) == len("<think>abc</think>")
+    assert counter.count([split([text])[3]]) == len("<think>abc</think>")
     opened = ReasoningTokens(tokenizer, [], skip_special_tokens=True)
     opened.add(tokenizer.encode("abc</think>xyz", add_special_tokens=False))
-    assert opened.count(split(["abc</think>xyz"], opened=True)[3]) == len("abc</think>")
-    assert opened.count(None) == 0
+    assert opened.count([split(["abc</think>xyz"], opened=True)[3]]) == len("abc</think>")
+    assert opened.count([]) == 0
     unclosed = ReasoningTokens(tokenizer, [], skip_special_tokens=True)
     unclosed.add(tokenizer.encode("<think>ab", add_special_tokens=False))
-    assert unclosed.count(split(["<think>ab"])[3]) == len("<think>ab")
+    assert unclosed.count([split(["<think>ab"])[3]]) == len("<think>ab")

@@ -132,7 +132,9 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"model": "m", "input": [{"type": "reasoning"}]}, "input[0].summary"),
-        ({"model": "m", "input": "x", "reasoning": {"effort": "low"}}, "reasoning"),
+        ({"model": "m", "input": "x", "reasoning": "low"}, "reasoning"),
+        ({"model": "m", "input": "x", "reasoning": {"effort": "extreme"}}, "reasoning.effort"),
+        ({"model": "m", "input": "x", "reasoning": {"effort": "low", "summary": "auto"}}, "reasoning.summary"),
         ({"model": "m", "input": "x", "frobnicate": True}, "frobnicate"),
         ({"model": "m"}, "input"),
     ],
@@ -158,6 +160,7 @@ def test_the_chat_body_carries_only_what_was_given():
         tool_choice="auto",
         text={"format": {"type": "text"}},
         metadata={"k": "v"},
+        reasoning={"effort": "low", "summary": None},
     ).chat_body([])
     assert full == {
         "model": "tiny",
@@ -170,6 +173,7 @@ def test_the_chat_body_carries_only_what_was_given():
         "seed": 4,
         "ignore_eos": True,
         "user": "u",
+        "reasoning_effort": "low",
     }
 
 

@@ -9,8 +9,9 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shoal.worker.output_events import Arguments, CallStarted, Content
 from shoal.worker.tool_call_format import HERMES, LLAMA3_JSON, MISTRAL, format_for_template
-from shoal.worker.tool_call_parser import Arguments, CallStarted, Content, ToolCallParser
+from shoal.worker.tool_call_parser import ToolCallParser
 
 HERMES_TWO_CALLS = (
     "Let me check.\n<tool_call>\n"

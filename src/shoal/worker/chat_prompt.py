@@ -1,23 +1,29 @@
 """The prompt text of a chat request, rendered by the model's own chat template.
 
-Tools go through the template's tools section where it has one; assistant tool calls reach it with
-their arguments as objects (as Hugging Face templates expect). A template without a tools section
+Tools go through the template's tools section where it has one; assistant tool calls and tool
+results reach such a template as messages of their own (even in a request without tools), the
+calls' arguments as objects (as Hugging Face templates expect). A template without a tools section
 gets DEFAULT_TOOLS_PROMPT in the system message, assistant tool calls written in the Hermes format
 in the assistant's text, and tool results as user turns wrapped in <tool_response> tags. An
-assistant message's reasoning_content reaches the template as it is (Qwen3's renders it), and so do
-the request's chat_template_kwargs; a template that refuses the conversation (its
-`raise_exception`) or fails on it is the request's fault, a 400.
+assistant message's reasoning_content reaches the template as it is (Qwen3's and harmony's render
+it), and so do the request's chat_template_kwargs and its reasoning_effort (as the variable
+`reasoning_effort`; logged as unused where the template does not read it); a template that refuses
+the conversation (its `raise_exception`) or fails on it is the request's fault, a 400.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 
 from shoal.errors import InvalidRequestError
 from shoal.model.errors import ChatTemplateError
 from shoal.model.tokenizer import Tokenizer
 from shoal.worker.protocol import ChatCompletionRequest, ChatMessage
+from shoal.worker.tool_call_format import template_renders_tools
 from shoal.worker.tool_calling import ToolUse
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_TOOLS_PROMPT = """# Tools
 
@@ -35,7 +41,8 @@ For each function call, return a json object with function name and arguments wi
 
 
 def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, tool_use: ToolUse | None) -> str:
-    native = tool_use is not None and tool_use.template_renders_tools
+    template = tokenizer.chat_template_for_tools() if tool_use is not None else tokenizer.chat_template
+    native = template_renders_tools(template)
     messages = [_template_message(m, native) for m in body.messages]
     if tool_use is not None and not native:
         messages = _with_tools_prompt(messages, tool_use.tools)
@@ -43,12 +50,25 @@ def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, tool_use: Too
         return tokenizer.apply_chat_template(
             messages,
             add_generation_prompt=body.add_generation_prompt,
-            tools=tool_use.tools if native else None,
+            tools=tool_use.tools if tool_use is not None and native else None,
             continue_final_message=body.continue_final_message,
-            template_kwargs=body.chat_template_kwargs,
+            template_kwargs=_template_kwargs(body, template),
         )
     except ChatTemplateError as exc:
         raise InvalidRequestError(f"the chat template refused the request: {exc}") from None
+
+
+def _template_kwargs(body: ChatCompletionRequest, template: str | None) -> dict | None:
+    """The request's chat_template_kwargs, with its reasoning_effort (given once, not in both)."""
+    if body.reasoning_effort is None:
+        return body.chat_template_kwargs
+    if "reasoning_effort" in (body.chat_template_kwargs or {}):
+        raise InvalidRequestError(
+            "give reasoning_effort as the field or in chat_template_kwargs, not both", param="reasoning_effort"
+        )
+    if "reasoning_effort" not in (template or ""):
+        logger.info("reasoning_effort %r is unused: this model's chat template does not read it", body.reasoning_effort)
+    return {**(body.chat_template_kwargs or {}), "reasoning_effort": body.reasoning_effort}
 
 
 def _template_message(message: ChatMessage, native: bool) -> dict:

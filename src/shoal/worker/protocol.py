@@ -231,6 +231,10 @@ class ChatCompletionRequest(SamplingFields):
     include_reasoning: bool = True
     # Variables for the chat template (vLLM's field), such as {"enable_thinking": false} for Qwen3.
     chat_template_kwargs: dict[str, Any] | None = None
+    # OpenAI's reasoning effort: the template variable `reasoning_effort` of a template that reads it
+    # (gpt-oss's harmony system message says `Reasoning: low|medium|high`, medium by default); a
+    # model whose template does not read it leaves it unused, and the worker logs that.
+    reasoning_effort: Literal["low", "medium", "high"] | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

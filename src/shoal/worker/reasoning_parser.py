@@ -44,6 +44,11 @@ class ReasoningParser:
         """Inside an open section (what comes next is reasoning, unless it closes the section)."""
         return self.state == REASONING or (self.state == BEFORE and self.opened)
 
+    @property
+    def sections(self) -> list[tuple[int, int | None]]:
+        """The section as a list of spans (none or one), as ReasoningTokens counts them."""
+        return [] if self.section is None else [self.section]
+
     def feed(self, text: str) -> tuple[str, str]:
         """(reasoning, content) given out for the next piece of the output."""
         reasoning: list[str] = []

@@ -1,11 +1,11 @@
 """Which of a choice's output tokens are reasoning tokens (`reasoning_tokens` in usage).
 
-A token is a reasoning token when its text lies, at least in part, inside the reasoning section
-(markers included); a token with no text of its own yet (part of a character that a later token
-completes) counts where its text will begin. Each token's text comes from a detokenizer of its own
-fed the same tokens as the engine's (the same tokenizer, prompt and special-token setting), so
-the count is the same whether the output was streamed, given whole, or resumed on another worker
-from its tokens so far.
+A token is a reasoning token when its text lies, at least in part, inside a reasoning section
+(markers included: a `<think>` section, or a harmony analysis message); a token with no text of its
+own yet (part of a character that a later token completes) counts where its text will begin. Each
+token's text comes from a detokenizer of its own fed the same tokens as the engine's (the same
+tokenizer, prompt and special-token setting), so the count is the same whether the output was
+streamed, given whole, or resumed on another worker from its tokens so far.
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ class ReasoningTokens:
             self._chars += len(self._detokenizer.add(token))
             self._spans.append((begin, self._chars))
 
-    def count(self, section: tuple[int, int | None] | None) -> int:
-        """Tokens whose text lies in `section` (a ReasoningParser's; None: no section)."""
-        if section is None:
-            return 0
-        start, end = section[0], math.inf if section[1] is None else section[1]
-        return sum(
-            1 for begin, stop in self._spans if begin < end and (stop > start or (begin == stop and begin >= start))
-        )
+    def count(self, sections: Sequence[tuple[int, int | None]]) -> int:
+        """Tokens whose text lies in any of `sections` (a parser's, in output characters; an end
+        None is a section still open)."""
+        return sum(1 for span in self._spans if any(_within(span, section) for section in sections))
+
+
+def _within(span: tuple[int, int], section: tuple[int, int | None]) -> bool:
+    begin, stop = span
+    start, end = section[0], math.inf if section[1] is None else section[1]
+    return begin < end and (stop > start or (begin == stop and begin >= start))

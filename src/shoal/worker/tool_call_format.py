@@ -3,7 +3,9 @@
 - `hermes`: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`, one block per call
   (Hermes, Qwen 2.5 and 3, and the default for templates without a tools section);
 - `llama3_json`: a bare `{"name": ..., "parameters": {...}}` that opens the reply (Llama 3.1+);
-- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`.
+- `mistral`: `[TOOL_CALLS]` then a JSON array of `{"name": ..., "arguments": {...}}`;
+- `harmony` (gpt-oss, chosen by its family, not its template): a commentary message to the function,
+  `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>{...}`, read by HarmonyParser.
 
 A forced call (`tool_choice` "required" or a named function) is a Lark grammar whose call bodies are
 llguidance `%json` schemas: the name is one of the allowed functions and the arguments match that
@@ -16,7 +18,11 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from shoal.worker.harmony_parser import CHANNEL, CONSTRAIN, FUNCTIONS, MESSAGE
+
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# gpt-oss writes its call arguments without spaces.
+COMPACT_JSON_STYLE = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 
 
 @dataclass(frozen=True)
@@ -62,9 +68,7 @@ class ToolCallFormat:
         if not self.start:
             return ""
         if self.start_is_special_token:
-            token = special_token_id(self.start)
-            if token is not None:
-                return f"<[{token}]>"
+            return _marker_terminal(self.start, special_token_id)
         return json.dumps(self.start + ("\n" if self.end else ""))
 
     def _call_schema(self, function: dict) -> dict:
@@ -77,6 +81,36 @@ class ToolCallFormat:
         }
 
 
+@dataclass(frozen=True)
+class HarmonyCallFormat:
+    """Invariant: a harmony call is one commentary message to `functions.NAME`, whose body is the
+    arguments as JSON; the message ends the generation (`<|call|>`), so a turn makes one call."""
+
+    name: str = "harmony"
+    start_is_special_token: bool = True
+
+    def forced_grammar(
+        self, functions: Sequence[dict], parallel: bool, special_token_id: Callable[[str], int | None]
+    ) -> str:
+        """A Lark grammar whose every sentence is one call message to one of `functions` (after
+        the generation prompt's `<|start|>assistant`), whatever `parallel` says."""
+        channel, constrain, message = (_marker_terminal(m, special_token_id) for m in (CHANNEL, CONSTRAIN, MESSAGE))
+        rules = [f"start: {' | '.join(f'call{i}' for i in range(len(functions)))}"]
+        for i, function in enumerate(functions):
+            header = json.dumps(f"commentary to={FUNCTIONS}{function['name']} ")
+            parameters = function.get("parameters") or {"type": "object", "properties": {}}
+            rules.append(f'call{i}: {channel} {header} {constrain} "json" {message} arguments{i}')
+            rules.append(f"arguments{i}: %json {json.dumps({**parameters, 'x-guidance': COMPACT_JSON_STYLE})}")
+        return "\n".join(rules) + "\n"
+
+
+def _marker_terminal(marker: str, special_token_id: Callable[[str], int | None]) -> str:
+    """A marker as a Lark terminal: its special token where it is one, else its text."""
+    token = special_token_id(marker)
+    return f"<[{token}]>" if token is not None else json.dumps(marker)
+
+
+HARMONY = HarmonyCallFormat()
 HERMES = ToolCallFormat("hermes", "<tool_call>", "</tool_call>", "arguments")
 LLAMA3_JSON = ToolCallFormat("llama3_json", None, None, "parameters")  # no start: a bare JSON object opens
 MISTRAL = ToolCallFormat("mistral", "[TOOL_CALLS]", None, "arguments", calls_in_array=True, start_is_special_token=True)

@@ -18,28 +18,8 @@ import json
 import re
 from dataclasses import dataclass
 
+from shoal.worker.output_events import Arguments, CallStarted, Content, Event, merged
 from shoal.worker.tool_call_format import ToolCallFormat
-
-
-@dataclass(frozen=True)
-class Content:
-    text: str
-
-
-@dataclass(frozen=True)
-class CallStarted:
-    index: int
-    name: str
-
-
-@dataclass(frozen=True)
-class Arguments:
-    index: int
-    text: str
-
-
-Event = Content | CallStarted | Arguments
-
 
 NAME_OPENING = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")')
 ARGUMENTS_OPENING = re.compile(r'\{\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"(?:arguments|parameters)"\s*:\s*\{')
@@ -245,22 +225,8 @@ class ToolCallParser:
             self._content_char(held)
 
     def _take(self) -> list[Event]:
-        events, self._events = _merged(self._events), []
+        events, self._events = merged(self._events), []
         return events
-
-
-def _merged(events: list[Event]) -> list[Event]:
-    """Adjacent content, and adjacent argument fragments of one call, as one event each."""
-    out: list[Event] = []
-    for event in events:
-        last = out[-1] if out else None
-        if isinstance(event, Content) and isinstance(last, Content):
-            out[-1] = Content(last.text + event.text)
-        elif isinstance(event, Arguments) and isinstance(last, Arguments) and last.index == event.index:
-            out[-1] = Arguments(event.index, last.text + event.text)
-        else:
-            out.append(event)
-    return out
 
 
 def _longest_marker_prefix_suffix(text: str, marker: str) -> int:

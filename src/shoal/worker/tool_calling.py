@@ -16,7 +16,7 @@ from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import InvalidRequestError
 from shoal.model.tokenizer import Tokenizer
 from shoal.worker.protocol import ChatCompletionRequest
-from shoal.worker.tool_call_format import ToolCallFormat, format_for_template, template_renders_tools
+from shoal.worker.tool_call_format import HARMONY, HarmonyCallFormat, ToolCallFormat, format_for_template
 from shoal.worker.tool_call_parser import ToolCallParser
 
 
@@ -29,13 +29,13 @@ class ToolUse:
     functions: list[dict]
     forced: bool
     parallel: bool
-    format: ToolCallFormat
-    template_renders_tools: bool
+    format: ToolCallFormat | HarmonyCallFormat
 
     @classmethod
-    def of(cls, body: ChatCompletionRequest, tokenizer: Tokenizer) -> ToolUse | None:
+    def of(cls, body: ChatCompletionRequest, tokenizer: Tokenizer, harmony: bool = False) -> ToolUse | None:
         """None when the request reads no tool calls (no tools, or tool_choice "none"). Raises
-        InvalidRequestError for a tool_choice that does not fit the tools."""
+        InvalidRequestError for a tool_choice that does not fit the tools. `harmony`: the model
+        writes harmony (its family says so), whose calls are its own format."""
         tools = [tool.model_dump(exclude_none=True) for tool in body.tools or []]
         choice = body.tool_choice or ("auto" if tools else "none")
         if choice == "none":
@@ -52,14 +52,12 @@ class ToolUse:
             if wanted not in names:
                 raise InvalidRequestError(f"tool_choice names {wanted!r}, which is not in `tools`", "tool_choice")
             functions = [tool["function"] for tool in tools if tool["function"]["name"] == wanted]
-        template = tokenizer.chat_template_for_tools()
         return cls(
             tools=tools,
             functions=functions,
             forced=choice != "auto",
             parallel=body.parallel_tool_calls,
-            format=format_for_template(template),
-            template_renders_tools=template_renders_tools(template),
+            format=HARMONY if harmony else format_for_template(tokenizer.chat_template_for_tools()),
         )
 
     def constraint(self, tokenizer: Tokenizer) -> StructuredOutputs | None:
@@ -80,6 +78,7 @@ class ToolUse:
         return not self.format.start_is_special_token
 
     def parser(self) -> ToolCallParser:
+        """The parser of a JSON call format (a harmony model's calls are read by HarmonyParser)."""
         return ToolCallParser(self.format)
 
 

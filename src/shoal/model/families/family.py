@@ -74,6 +74,8 @@ class Family:
     reasoning_markers: the start and end markers of the reasoning section its thinking models
         write before their answer (`<think>`, `</think>`), which the worker splits off as
         reasoning output; None for a family whose models do not think aloud.
+    harmony: its models write OpenAI's harmony messages (gpt-oss: channels, recipients), which
+        the worker reads into reasoning, content and tool calls.
     """
 
     name: str
@@ -94,3 +96,4 @@ class Family:
     chat_template: str | None = None
     gguf_layer_names: Mapping[str, str] = field(default_factory=dict)
     reasoning_markers: tuple[str, str] | None = None
+    harmony: bool = False

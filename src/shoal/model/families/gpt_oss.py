@@ -4,7 +4,8 @@ best k logits then their softmax, with biases on the router and the experts, and
 SwiGLU. Its Hugging Face files stack the experts: `mlp.experts.gate_up_proj` [E, hidden, 2 x I]
 (gate and up interleaved column by column), `down_proj` [E, I, hidden], each with a bias; split
 here into one matrix a projection and expert, in the decoder's [outputs, inputs] order. llama.cpp's
-`gpt-oss` files hold the experts stacked per projection as every family's, with biases beside."""
+`gpt-oss` files hold the experts stacked per projection as every family's, with biases beside.
+Its models write harmony (analysis, commentary and final channels), which the worker reads."""
 
 from __future__ import annotations
 
@@ -84,4 +85,5 @@ FAMILY = Family(
     fused_tensors=(_GATE_UP, _GATE_UP + "_bias", _DOWN, _DOWN + "_bias", "mlp.router.weight", "mlp.router.bias"),
     unfuse=unfuse,
     chat_template=HARMONY,
+    harmony=True,
 )

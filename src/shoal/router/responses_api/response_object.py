@@ -42,6 +42,7 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
         "tool_choice": request.tool_choice,
         "tools": request.tools,
         "text": {"format": request.text_format},
+        "reasoning": {"effort": request.reasoning_effort, "summary": None},
         "truncation": "disabled",
         "background": False,
     }

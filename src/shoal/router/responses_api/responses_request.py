@@ -36,9 +36,11 @@ RESPONSES_FIELDS = (
     "tool_choice",
     "parallel_tool_calls",
     "text",
+    "reasoning",
 )
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 TEXT_FORMATS = ("text", "json_object", "json_schema")
+REASONING_EFFORTS = ("low", "medium", "high")
 
 
 def _field(body: dict, name: str, kind: type | tuple[type, ...], description: str, default=None):
@@ -94,6 +96,19 @@ def _text_format(body: dict) -> dict:
     return text_format
 
 
+def _reasoning_effort(body: dict) -> str | None:
+    """`reasoning.effort` (the chat request's reasoning_effort); the object's other fields
+    (summaries, which shoal does not write) are refused by name unless null."""
+    reasoning = _field(body, "reasoning", dict, "an object", {})
+    unknown = sorted(name for name, value in reasoning.items() if name != "effort" and value is not None)
+    if unknown:
+        raise RequestError(f"`reasoning.{unknown[0]}` is not supported", f"reasoning.{unknown[0]}")
+    effort = reasoning.get("effort")
+    if effort is not None and effort not in REASONING_EFFORTS:
+        raise RequestError(f"`reasoning.effort` must be one of {', '.join(REASONING_EFFORTS)}", "reasoning.effort")
+    return effort
+
+
 def _function_tools(body: dict) -> list[dict]:
     """Function tools, in the Responses shape ({"type": "function", "name", "parameters", ...})."""
     tools = _field(body, "tools", list, "a list", [])
@@ -145,6 +160,7 @@ class ResponsesRequest:
     tool_choice: str | dict
     parallel_tool_calls: bool
     text_format: dict
+    reasoning_effort: str | None
     extensions: dict
 
     @classmethod
@@ -178,6 +194,7 @@ class ResponsesRequest:
             tool_choice=_tool_choice(body, tools),
             parallel_tool_calls=_field(body, "parallel_tool_calls", bool, "a boolean", True),
             text_format=_text_format(body),
+            reasoning_effort=_reasoning_effort(body),
             extensions={name: body[name] for name in SHOAL_EXTENSIONS if name in body},
         )
 
@@ -188,6 +205,7 @@ class ResponsesRequest:
             "temperature": self.temperature,
             "top_p": self.top_p,
             "user": self.user,
+            "reasoning_effort": self.reasoning_effort,
         }
         body = {
             **self.extensions,
