@@ -138,7 +138,7 @@ def create_app(
     tokenizer = engine.engine.tokenizer
     max_model_len = engine.engine.max_model_len
     canary_prompt = tokenizer.encode(CANARY_PROMPT) or [0]
-    reasoning_markers = family_named(engine.engine.checkpoint.config.architecture).reasoning_markers
+    family = family_named(engine.engine.checkpoint.config.architecture)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(_: Request, exc: RequestValidationError) -> JSONResponse:
@@ -237,9 +237,9 @@ def create_app(
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
-        tool_use = ToolUse.of(body, tokenizer)
+        tool_use = ToolUse.of(body, tokenizer, family.harmony)
         text = chat_prompt(tokenizer, body, tool_use)
-        reasoning = ReasoningUse.of(body, reasoning_markers, tokenizer, text)
+        reasoning = ReasoningUse.of(body, family.reasoning_markers, tokenizer, text, family.harmony)
         prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return await respond(
