@@ -52,15 +52,16 @@ def main() -> None:
         values[..., :HEAD_DIM].normal_()
         caches.append((keys, values))
     tables = [list(range(s * blocks_per_sequence, (s + 1) * blocks_per_sequence)) for s in range(args.sequences)]
-    meta = build_attention_metadata(
+    [meta] = build_attention_metadata(
         [1] * args.sequences,
         [args.context - 1] * args.sequences,
-        tables,
+        [tables],
         BLOCK,
         KV_HEADS,
         GROUP,
         8,
         torch.device("cpu"),
+        windows=(0,),
         with_tiles=False,
     )
     q = torch.randn(args.sequences, KV_HEADS * GROUP, HEAD_DIM)

@@ -37,7 +37,7 @@ def test_errors_are_typed_and_do_not_disturb_running_requests(make_tiny_engine):
 
 
 def test_prompt_longer_than_the_kv_cache_is_rejected(make_tiny_engine):
-    engine = make_tiny_engine(kv_cache_bytes=8 * 4 * make_tiny_engine().model.kv_bytes_per_token())
+    engine = make_tiny_engine(kv_cache_bytes=8 * 4 * make_tiny_engine().model.kv_bytes_per_block_token())
     with pytest.raises(PromptTooLongError) as info:
         engine.add_request("x", list(range(3, 40)), PARAMS)
     assert info.value.param == "prompt"
@@ -57,7 +57,7 @@ def test_abort_frees_blocks_and_reports(make_tiny_engine):
 
 
 def test_a_sequence_that_outgrows_the_whole_cache_finishes_with_length(make_tiny_engine):
-    per_token = make_tiny_engine().model.kv_bytes_per_token()
+    per_token = make_tiny_engine().model.kv_bytes_per_block_token()
     engine = make_tiny_engine(kv_cache_bytes=8 * 4 * per_token)  # 32 token slots in all
     engine.add_request("big", list(range(3, 13)), SamplingParams(max_tokens=100, ignore_eos=True))
     engine.add_request("small", [5, 6], SamplingParams(max_tokens=4, ignore_eos=True))

@@ -35,7 +35,7 @@ def test_tiny_model_forced_preemption_changes_nothing(make_tiny_engine):
 
 
 def engine_kv_bytes_per_token(make_engine) -> int:
-    return make_engine().model.kv_bytes_per_token()
+    return make_engine().model.kv_bytes_per_block_token()
 
 
 def test_smollm2_batch_of_16_with_cache_hits_and_preemption(shoal_cache_dir):
@@ -60,7 +60,7 @@ def test_smollm2_batch_of_16_with_cache_hits_and_preemption(shoal_cache_dir):
     expected = [run_to_completion(engine, {f"a{i}": (p, params)})[f"a{i}"] for i, p in enumerate(prompts)]
     # Warm cache: the second half of the prompts share a prefix that is now cached.
     assert batched(engine, prompts, params) == expected
-    bytes_per_token = engine.model.kv_bytes_per_token()
+    bytes_per_token = engine.model.kv_bytes_per_block_token()
     tight = make(kv_cache_bytes=24 * 16 * bytes_per_token, enable_prefix_caching=False)
     assert batched(tight, prompts, params) == expected
     assert tight.stats().num_preemptions > 0

@@ -22,7 +22,8 @@ def poison_forward(engine, after_tokens: int = 2) -> None:
 
     def run(batch):
         poison = engine.sequences.get("poison")
-        if poison and len(poison.output_token_ids) >= after_tokens and list(poison.block_table) in batch.block_tables:
+        poisoned = poison and list(poison.block_tables[0]) in batch.block_tables[0]
+        if poisoned and len(poison.output_token_ids) >= after_tokens:
             raise RuntimeError("kernel fault on poison")
         return real_run(batch)
 

@@ -10,7 +10,7 @@ from tests.support.engine_runs import run_to_completion
 
 def test_byte_budget_sets_the_token_capacity(make_tiny_engine):
     probe = make_tiny_engine()
-    per_token = probe.model.kv_bytes_per_token()
+    per_token = probe.model.kv_bytes_per_block_token()
     engine = make_tiny_engine(kv_cache_bytes=50 * 4 * per_token + 7)
     assert engine.max_cached_tokens == 200
     assert engine.stats().max_cached_tokens == 200 and engine.stats().num_kv_blocks == 50

@@ -68,7 +68,7 @@ def test_a_host_level_too_small_spills_its_oldest_blocks_to_disk(make_tiny_engin
     engine.shutdown()
 
 
-LAYOUT = KVLayout("m", "float32", 4, 2, 2, 8)
+LAYOUT = KVLayout("m", "float32", 4, 2, 1, 2, 8)
 
 
 def test_disk_files_are_one_per_engine_survive_a_reopen_and_skip_a_slot_left_half_written(tmp_path):
@@ -86,7 +86,7 @@ def test_disk_files_are_one_per_engine_survive_a_reopen_and_skip_a_slot_left_hal
     assert set(reopened.index) == {bytes([1]) * 16, bytes([2]) * 16}
     assert torch.equal(reopened.get(bytes([2]) * 16), blocks[bytes([2]) * 16])
     reopened.close()
-    other_layout = DiskTier(tmp_path, KVLayout("m", "bfloat16", 4, 2, 2, 8), 32, 32 * 8)
+    other_layout = DiskTier(tmp_path, KVLayout("m", "bfloat16", 4, 2, 1, 2, 8), 32, 32 * 8)
     assert other_layout.path == first.path and not other_layout.index  # another layout starts afresh
     other_layout.close()
 

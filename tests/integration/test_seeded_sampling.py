@@ -22,7 +22,7 @@ def test_same_seed_same_tokens_alone_batched_and_preempted(make_tiny_engine):
         for i in range(8)
     }
     batched = run_to_completion(make_tiny_engine(), {**others, "x": (PROMPT, PARAMS)})["x"]
-    tight = make_tiny_engine(kv_cache_bytes=30 * 4 * make_tiny_engine().model.kv_bytes_per_token())
+    tight = make_tiny_engine(kv_cache_bytes=30 * 4 * make_tiny_engine().model.kv_bytes_per_block_token())
     preempted_engine_results = run_to_completion(tight, {**others, "x": (PROMPT, PARAMS)})
     assert tight.stats().num_preemptions > 0
     assert alone == batched == preempted_engine_results["x"]

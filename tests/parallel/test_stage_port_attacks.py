@@ -203,7 +203,7 @@ def test_malformed_frames_from_a_peer_with_the_secret_are_dropped(stage, head, t
     connection (so handled after them), is answered."""
     marker = tmp_path / "created-by-the-stage"
     payload = pickle_payload(marker, tmp_path / "created-by-this-test")
-    batch = StepBatchFrame([5, 6], [0, 1], [2], [0], [[0]], [1])
+    batch = StepBatchFrame([5, 6], [0, 1], [2], [0], [[[0]]], [1])
     step = encode(Step(1, batch, 0), TensorSpec((2, 64), "float32"))
     bad = [
         [random.Random(1).randbytes(300)],

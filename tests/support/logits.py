@@ -15,17 +15,18 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
     runner = engine.runner
     blocks = list(range(-(-len(token_ids) // runner.block_size)))
     config = engine.model.config
+    groups = engine.model.kv_groups
     meta = build_attention_metadata(
         [len(token_ids)],
         [0],
-        [blocks],
+        [[[block * groups.count + group for block in blocks]] for group in range(groups.count)],
         runner.block_size,
         config.num_kv_heads,
         config.num_queries_per_kv,
         runner.attention_tile_height,
         engine.device,
+        windows=groups.windows,
         with_tiles=engine.model.attention_uses_tiles,
-        window=config.sliding_window,
     )
     hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta)
     return engine.model.compute_logits(hidden)

@@ -70,7 +70,7 @@ def run(m: LlamaModel, prompts: list[list[int]]) -> list[torch.Tensor]:
         tables.append(list(range(next_block, next_block + blocks)))
         next_block += blocks
     meta = build_attention_metadata(
-        [len(p) for p in prompts], [0] * len(prompts), tables, BLOCK, CONFIG.num_kv_heads, 3, 8, m.device, False
+        [len(p) for p in prompts], [0] * len(prompts), [tables], BLOCK, CONFIG.num_kv_heads, 3, 8, m.device, (0,), False
     )
     ids = torch.tensor([t for p in prompts for t in p])
     positions = torch.cat([torch.arange(len(p)) for p in prompts])
@@ -113,7 +113,7 @@ def test_the_segments_give_the_whole_layers_bits(dtype):
     m = model(dtype, prepack=True)
     layer = m.layers[0]
     prompts = [prompt(21, 3)]
-    meta = build_attention_metadata([21], [0], [[0, 1, 2]], BLOCK, CONFIG.num_kv_heads, 3, 8, m.device, False)
+    [meta] = build_attention_metadata([21], [0], [[[0, 1, 2]]], BLOCK, CONFIG.num_kv_heads, 3, 8, m.device, (0,), False)
     hidden = m.embed_tokens(torch.tensor(prompts[0]))
     layout = (meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
     whole = layer.native.forward(hidden, *m.allocate_kv_cache(8, BLOCK)[0], *layout)

@@ -52,18 +52,18 @@ SHAPES = [
 
 
 def run(kernel, tiles, cache, chunks, window=0, softcap=0.0, sinks=None):
-    """chunks: list of (q [L,H,D], k [L,Hkv,D], v, start, block_table). Writes K/V, returns outputs."""
-    meta = build_attention_metadata(
+    """chunks: list of (q [L,H,D], k [L,Hkv,D], v, start, block table). Writes K/V, returns outputs."""
+    [meta] = build_attention_metadata(
         [c[0].shape[0] for c in chunks],
         [c[3] for c in chunks],
-        [c[4] for c in chunks],
+        [[c[4] for c in chunks]],
         BLOCK,
         KV_HEADS,
         GROUP,
         8,
         torch.device("cpu"),
+        windows=(window,),
         with_tiles=tiles,
-        window=window,
     )
     write_kv(cache, torch.cat([c[1] for c in chunks]), torch.cat([c[2] for c in chunks]), meta)
     out = kernel(torch.cat([c[0] for c in chunks]), cache, meta, DIM**-0.5, window, softcap, sinks)

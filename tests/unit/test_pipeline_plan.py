@@ -62,9 +62,10 @@ def test_every_stage_affords_the_blocks_and_senders_keep_a_log_row_per_token():
 
 def test_the_reference_batch_gives_each_sequence_its_own_blocks():
     batch = reference_batch(16)
-    used = [block for table in batch.block_tables for block in table]
+    [tables] = batch.block_tables
+    used = [block for table in tables for block in table]
     assert len(used) == len(set(used)) and sum(batch.query_lens) == len(batch.input_ids) == len(batch.positions)
     assert all(
         start + length <= len(table) * 16
-        for start, length, table in zip(batch.start_positions, batch.query_lens, batch.block_tables)
+        for start, length, table in zip(batch.start_positions, batch.query_lens, tables)
     )

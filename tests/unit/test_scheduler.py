@@ -28,7 +28,7 @@ def complete(chunks) -> None:
 def check(scheduler: Scheduler) -> None:
     ids = [s.request_id for s in scheduler.waiting] + [s.request_id for s in scheduler.running]
     assert len(ids) == len(set(ids))
-    assert all(not s.block_table for s in scheduler.waiting)
+    assert all(not s.block_tables for s in scheduler.waiting)
     assert all(s.status is SequenceStatus.RUNNING for s in scheduler.running)
     scheduler.block_manager.check_integrity(scheduler.running)
 

@@ -40,7 +40,7 @@ from shoal.protocol.stage_frames import (
 )
 from shoal.protocol.step_batch import StepBatchFrame
 
-BATCH = StepBatchFrame([5, 6, 7], [0, 1, 4], [2, 1], [0, 4], [[0], [1, 2]], [1, 2])
+BATCH = StepBatchFrame([5, 6, 7], [0, 1, 4], [2, 1], [0, 4], [[[0], [1, 2]]], [1, 2])
 SPEC = TensorSpec((3, 64), "bfloat16")
 TO_STAGE = [
     Probe(1, "{}", "tcp://h:1"),
@@ -80,7 +80,7 @@ def test_each_inbox_reads_its_messages_back_and_refuses_the_others(inbox, messag
 def test_an_engine_batch_becomes_a_frame_and_back_unchanged():
     batch = reference_batch(block_size=16)
     frame = msgspec.msgpack.decode(msgspec.msgpack.encode(batch_frame(batch)), type=StepBatchFrame)
-    frame.check(num_blocks=len(batch.block_tables) * 4, block_size=16)
+    frame.check(num_blocks=len(batch.block_tables[0]) * 4, block_size=16, groups=1)
     assert step_batch(frame) == batch
 
 
@@ -92,14 +92,15 @@ def test_an_engine_batch_becomes_a_frame_and_back_unchanged():
         ({"input_ids": [5, 6]}, "input ids"),
         ({"query_lens": [2, 2]}, "query tokens"),
         ({"last_rows": [3]}, "last row"),
-        ({"block_tables": [[0], [1, 9]]}, "block table"),  # block 9 of a cache of 4
-        ({"block_tables": [[0], []]}, "block table"),  # position 4 needs a second block of 4 slots
+        ({"block_tables": [[[0], [1, 9]]]}, "block table"),  # block 9 of a cache of 4
+        ({"block_tables": [[[0], []]]}, "block table"),  # position 4 needs a second block of 4 slots
+        ({"block_tables": [[[0], [1, 2]], [[0], [1, 2]]]}, "2 KV groups"),  # a cache of one group
     ],
 )
 def test_batches_that_do_not_add_up_are_refused(fields, reason):
-    BATCH.check(num_blocks=4, block_size=4)
+    BATCH.check(num_blocks=4, block_size=4, groups=1)
     with pytest.raises(BadFrame, match=reason):
-        msgspec.structs.replace(BATCH, **fields).check(num_blocks=4, block_size=4)
+        msgspec.structs.replace(BATCH, **fields).check(num_blocks=4, block_size=4, groups=1)
 
 
 def test_tensor_specs_must_match_their_frame_and_the_dtype_list():

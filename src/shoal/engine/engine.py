@@ -39,6 +39,7 @@ from shoal.errors import (
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
+from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class EngineStats:
     num_free_blocks: int
     block_size: int
     max_cached_tokens: int
+    free_cached_tokens: int
     prefix_cache_query_tokens: int
     prefix_cache_hit_tokens: int
     num_preemptions: int
@@ -164,8 +166,18 @@ class LLMEngine:
 
     @property
     def max_cached_tokens(self) -> int:
-        """How many tokens the KV cache holds."""
-        return self.block_manager.num_blocks * self.block_manager.block_size
+        """The longest sequence the KV cache holds, counted per KV group (a windowed group holds
+        only its window's blocks); at most every block's tokens."""
+        return self._tokens_fitting(self.block_manager.num_usable_blocks)
+
+    @property
+    def free_cached_tokens(self) -> int:
+        """The longest sequence the free KV blocks would hold, counted as max_cached_tokens is."""
+        return self._tokens_fitting(self.block_manager.num_free_blocks)
+
+    def _tokens_fitting(self, blocks: int) -> int:
+        bm = self.block_manager
+        return bm.groups.tokens_fitting(blocks, bm.block_size, bm.num_usable_blocks * bm.block_size)
 
     def add_request(
         self,
@@ -242,9 +254,13 @@ class LLMEngine:
         """From another thread: a step waiting on the replica's other processes gives up."""
         self.runner.interrupt()
 
+    def _batch(self, chunks: list[ScheduledChunk]) -> StepBatch:
+        return batch_of(chunks, self.block_manager.groups.count)
+
     def _live_sequences(self) -> list[tuple[list[int], int]]:
-        """(block table, tokens in the KV cache) of every sequence holding blocks."""
-        return [(list(seq.block_table), seq.num_computed_tokens) for seq in self.scheduler.running]
+        """(block table, tokens in the KV cache) of every sequence holding blocks, for a pipeline
+        (whose one KV group keeps full-length tables: shoal.parallel.pipeline_kv_groups)."""
+        return [(list(seq.block_tables[0]), seq.num_computed_tokens) for seq in self.scheduler.running]
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_work() or bool(self.in_flight)
@@ -331,7 +347,7 @@ class LLMEngine:
                 if chunk.seq.first_scheduled_time is None:
                     chunk.seq.first_scheduled_time = now
             try:
-                self.in_flight.append((self.runner.submit(batch_of(chunks)), chunks, time.perf_counter()))
+                self.in_flight.append((self.runner.submit(self._batch(chunks)), chunks, time.perf_counter()))
             except ReplicaFailedError as exc:
                 self._replica_failed(exc)
             except Exception as exc:
@@ -345,7 +361,7 @@ class LLMEngine:
         raise exc
 
     def _forward_and_sample(self, chunks: list[ScheduledChunk]) -> list[SampledToken]:
-        return self._sample([c for c in chunks if c.completes_sequence], self.runner.run(batch_of(chunks)))
+        return self._sample([c for c in chunks if c.completes_sequence], self.runner.run(self._batch(chunks)))
 
     def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[SampledToken]:
         """Tokens for the chunks that complete their sequence, from their rows of `logits`; a
@@ -448,6 +464,7 @@ class LLMEngine:
             num_free_blocks=bm.num_free_blocks,
             block_size=bm.block_size,
             max_cached_tokens=self.max_cached_tokens,
+            free_cached_tokens=self.free_cached_tokens,
             prefix_cache_query_tokens=bm.prefix_queries,
             prefix_cache_hit_tokens=bm.prefix_hits,
             num_preemptions=self.scheduler.num_preemptions,
@@ -474,7 +491,8 @@ class LLMEngine:
             model_fingerprint(cfg, self.model),
             str(self.dtype).removeprefix("torch."),
             self.block_manager.block_size,
-            len(self.model.layers),
+            len(self.model.kv_slots),
+            self.model.kv_groups.count,
             cfg.num_kv_heads,
             cfg.head_dim,
         )
@@ -508,7 +526,7 @@ class LLMEngine:
         """Asserts the block manager's and scheduler's invariants (used by tests)."""
         live = list(self.scheduler.running)
         for seq in self.scheduler.waiting:
-            assert not seq.block_table, f"waiting {seq.request_id} holds blocks"
+            assert not seq.block_tables, f"waiting {seq.request_id} holds blocks"
         assert {s.request_id for s in live} | {s.request_id for s in self.scheduler.waiting} == set(self.sequences)
         self.block_manager.check_integrity(live)
 

@@ -1,5 +1,6 @@
 """What must match for KV blocks to move between engines: same model (its shapes and a fingerprint
-of its weights), dtype, block size, layers, KV heads and head size. `KVLayout.check_compatible`
+of its weights), dtype, block size, KV slots and groups (shoal.model.kv_groups), KV heads and head
+size. `KVLayout.check_compatible`
 refuses the rest, naming what differs."""
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class KVLayout:
     model: str  # fingerprint of the model's config and weights (model_fingerprint)
     dtype: str
     block_size: int
-    num_layers: int
+    kv_slots: int  # layers a block holds
+    kv_groups: int
     num_kv_heads: int
     head_dim: int
 

@@ -1,6 +1,9 @@
 """KV blocks that move between engines: export a prefix's full blocks (their chained hashes, tokens
-and per-layer keys and values) from one engine and import them into free blocks of another, whose
-prefix cache then knows them, so a request for that prefix there computes none of it again.
+and each KV slot's keys and values) from one engine and import them into free blocks of another,
+whose prefix cache then knows them, so a request for that prefix there computes none of it again.
+A windowed KV group (shoal.model.kv_groups) carries only the blocks a query after the prefix
+reaches (from one block earlier, where the sender still holds it, so that a receiver whose
+prompt ends on the prefix's last block boundary finds it too).
 
 Only compatible layouts move (shoal.engine.kv_layout). Only a one-process replica's cache moves (a
 tensor-parallel or pipeline replica's cache is spread over processes).
@@ -17,7 +20,7 @@ from multiprocessing import resource_tracker, shared_memory
 import msgspec
 import torch
 
-from shoal.engine.block_manager import BlockManager, chain_hash
+from shoal.engine.block_manager import BlockManager, group_key
 from shoal.engine.kv_layout import KVLayout
 from shoal.protocol import kv_frames
 from shoal.protocol.frames import WIRE_DTYPES, BadFrame, TensorSpec
@@ -30,12 +33,14 @@ class KVRefusedError(Exception):
 @dataclass
 class KVBlocks:
     """The KV of a prefix's first len(hashes) full blocks. Invariants: hashes[i] is the chained hash
-    of token_ids up to the end of block i; keys[l] and values[l] are [len(hashes), num_kv_heads,
-    block_size, head_dim] for layer l."""
+    of token_ids up to the end of block i; KV group g carries blocks group_starts[g].. of the prefix;
+    keys[s] and values[s] are [carried blocks of every group, in group order, num_kv_heads,
+    block_size, head_dim] for KV slot s."""
 
     layout: KVLayout
     hashes: list[bytes]
     token_ids: list[int]
+    group_starts: list[int]
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
 
@@ -53,24 +58,32 @@ def export_prefix(
     layout: KVLayout, blocks: BlockManager, caches: list[tuple[torch.Tensor, torch.Tensor]], token_ids: list[int]
 ) -> KVBlocks:
     """The cached full blocks of the longest prefix of `token_ids` this engine holds (possibly none)."""
-    size = layout.block_size
-    hashes, ids, parent = [], [], None
-    for start in range(0, len(token_ids) - size + 1, size):
-        parent = chain_hash(parent, token_ids[start : start + size])
-        block = blocks.hash_index.get(parent)
-        if block is None:
-            break
-        hashes.append(parent)
-        ids.append(block)
-    index = torch.tensor(ids, dtype=torch.long, device=caches[0][0].device)
-    head_dim = layout.head_dim
-    return KVBlocks(
-        layout,
-        hashes,
-        list(token_ids[: len(hashes) * size]),
-        [k.index_select(0, index).cpu() for k, _ in caches],
-        [v.index_select(0, index)[..., :head_dim].cpu() for _, v in caches],
-    )
+    size, groups = layout.block_size, blocks.groups
+    hashes = blocks.chain(token_ids, len(token_ids) // size)
+    found, claimed = blocks.claim_prefix(hashes)
+    try:
+        starts, ids = [], []
+        for group in range(groups.count):
+            start = groups.first_needed_block(group, found * size, size)
+            earliest = groups.first_needed_block(group, max(0, found - 1) * size, size)
+            while start > earliest and group_key(hashes[start - 1], group) in blocks.hash_index:
+                start -= 1
+            starts.append(start)
+            ids.extend(
+                claimed[(group, i)] if (group, i) in claimed else blocks.hash_index[group_key(hashes[i], group)]
+                for i in range(start, found)
+            )
+        index = torch.tensor(ids, dtype=torch.long, device=caches[0][0].device)
+        return KVBlocks(
+            layout,
+            hashes[:found],
+            list(token_ids[: found * size]),
+            starts,
+            [k.index_select(0, index).cpu() for k, _ in caches],
+            [v.index_select(0, index)[..., : layout.head_dim].cpu() for _, v in caches],
+        )
+    finally:
+        blocks.release_claimed(claimed)
 
 
 def import_blocks(
@@ -81,28 +94,33 @@ def import_blocks(
     Raises KVLayoutMismatch (before touching anything) if the layouts differ, ValueError if the
     hashes do not chain over the tokens."""
     layout.check_compatible(incoming.layout)
-    size = layout.block_size
-    parent = None
-    for i, digest in enumerate(incoming.hashes):
-        parent = chain_hash(parent, incoming.token_ids[i * size : (i + 1) * size])
-        if parent != digest:
+    chained = blocks.chain(incoming.token_ids, len(incoming.hashes))
+    for i, (digest, expected) in enumerate(zip(incoming.hashes, chained, strict=True)):
+        if digest != expected:
             raise ValueError(f"block {i}'s hash does not match its tokens")
-    wanted = [i for i, digest in enumerate(incoming.hashes) if digest not in blocks.hash_index]
-    targets = blocks.reserve_free(len(wanted))
+    rows, keys, offset = [], [], 0
+    for group, start in enumerate(incoming.group_starts):
+        for i in range(start, len(incoming.hashes)):
+            key = group_key(incoming.hashes[i], group)
+            if key not in blocks.hash_index:
+                rows.append(offset + i - start)
+                keys.append(key)
+        offset += len(incoming.hashes) - start
+    targets = blocks.reserve_free(len(rows))
     try:
         device = caches[0][0].device
-        source = torch.tensor(wanted, dtype=torch.long)
+        source = torch.tensor(rows, dtype=torch.long)
         target = torch.tensor(targets, dtype=torch.long, device=device)
-        for (k_cache, v_cache), keys, values in zip(caches, incoming.keys, incoming.values, strict=True):
-            k_cache.index_copy_(0, target, keys.index_select(0, source).to(device, k_cache.dtype))
+        for (k_cache, v_cache), keys_in, values_in in zip(caches, incoming.keys, incoming.values, strict=True):
+            k_cache.index_copy_(0, target, keys_in.index_select(0, source).to(device, k_cache.dtype))
             v_cache[..., : layout.head_dim].index_copy_(
-                0, target, values.index_select(0, source).to(device, v_cache.dtype)
+                0, target, values_in.index_select(0, source).to(device, v_cache.dtype)
             )
     except BaseException:
         blocks.release_reserved(targets, [])
         raise
-    blocks.release_reserved(targets, [incoming.hashes[i] for i in wanted])
-    return len(wanted)
+    blocks.release_reserved(targets, keys)
+    return len(rows)
 
 
 def to_frames(blocks: KVBlocks) -> list[bytes | memoryview]:
@@ -124,6 +142,7 @@ def _frames(blocks: KVBlocks, shared: bool) -> tuple[list[bytes | memoryview], s
         kv_frames.KVLayoutFrame(**dataclasses.asdict(blocks.layout)),
         list(blocks.hashes),
         list(blocks.token_ids),
+        list(blocks.group_starts),
         [TensorSpec(tuple(t.shape), blocks.layout.dtype) for t in tensors],
         shared_memory=segment,
     )
@@ -187,11 +206,15 @@ def from_frames(frames: list[bytes | memoryview]) -> KVBlocks:
     dtype = getattr(torch, layout.dtype)
     if header.shared_memory:
         tensors = _from_segment(header.shared_memory, header.tensors, dtype)
-        return KVBlocks(layout, list(header.hashes), list(header.token_ids), tensors[0::2], tensors[1::2])
+        return KVBlocks(
+            layout, list(header.hashes), list(header.token_ids), list(header.group_starts), tensors[0::2], tensors[1::2]
+        )
     tensors = [
         torch.frombuffer(bytearray(frame), dtype=dtype).view(tuple(spec.shape))
         if len(frame)
         else torch.empty(tuple(spec.shape), dtype=dtype)  # no block: torch reads no empty buffer
         for spec, frame in zip(header.tensors, frames[1:], strict=True)
     ]
-    return KVBlocks(layout, list(header.hashes), list(header.token_ids), tensors[0::2], tensors[1::2])
+    return KVBlocks(
+        layout, list(header.hashes), list(header.token_ids), list(header.group_starts), tensors[0::2], tensors[1::2]
+    )

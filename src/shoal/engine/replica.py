@@ -54,6 +54,7 @@ def build_replica(
         tensor_group = TensorParallelGroup(config, on_replica_failure)
     layout = None
     if config.pipeline_parallel_size > 1:
+        from shoal.parallel.pipeline_kv_groups import pipeline_kv_groups
         from shoal.parallel.pipeline_plan import PipelineLayout
 
         layout = PipelineLayout.measure(config, checkpoint, dtype, max_model_len)
@@ -65,14 +66,18 @@ def build_replica(
         dtype,
         layers=layout.head_layers if layout else None,
         tensor_parallel=tensor_group.context if tensor_group else None,
+        kv_groups=pipeline_kv_groups(checkpoint.config) if layout else None,
     )
     budget = config.kv_cache_bytes or int(free_memory_bytes(device) * config.kv_cache_fraction)
     if layout:
         blocks = layout.num_blocks
     else:
-        most_tokens = config.max_num_seqs * max_model_len
-        blocks = num_kv_blocks(budget, config.block_size, model.kv_bytes_per_token(), most_tokens)
-    block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching)
+        # What the longest sequences could hold at once, and a NULL_BLOCK.
+        most_blocks = config.max_num_seqs * model.kv_groups.blocks_held(max_model_len, config.block_size) + 1
+        blocks = num_kv_blocks(
+            budget, config.block_size, model.kv_bytes_per_block_token(), most_blocks * config.block_size
+        )
+    block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching, model.kv_groups)
     if tensor_group:
         from shoal.parallel.tensor_group import TensorParallelRunner
 

@@ -24,8 +24,9 @@ class ScheduledChunk:
         return self.start + self.length == self.seq.num_tokens
 
 
-def batch_of(chunks: list[ScheduledChunk]) -> StepBatch:
-    """The step batch that computes `chunks` (logits wanted for those completing their sequence)."""
+def batch_of(chunks: list[ScheduledChunk], groups: int) -> StepBatch:
+    """The step batch that computes `chunks` (logits wanted for those completing their sequence),
+    with the block tables of each of the `groups` KV groups."""
     input_ids: list[int] = []
     positions: list[int] = []
     last_rows: list[int] = []
@@ -39,7 +40,7 @@ def batch_of(chunks: list[ScheduledChunk]) -> StepBatch:
         positions,
         [c.length for c in chunks],
         [c.start for c in chunks],
-        [list(c.seq.block_table) for c in chunks],
+        [[list(c.seq.block_tables[group]) for c in chunks] for group in range(groups)],
         last_rows,
     )
 
@@ -48,7 +49,9 @@ class Scheduler:
     """Running sequences first (decode or the rest of a chunked prefill), then waiting ones, under a
     per-step token budget. When blocks run out the newest running sequence is preempted by
     recompute: its blocks are freed (full ones stay in the prefix cache) and it re-enters the
-    front of the waiting queue with all its tokens, output included, to prefill again.
+    front of the waiting queue with all its tokens, output included, to prefill again. A sequence
+    alone whose prefill chunk does not fit the free blocks (a windowed KV group holds a chunk's
+    whole span) computes the part that does.
 
     Invariants: every sequence is in exactly one of `waiting` and `running`; WAITING sequences hold
     no blocks; at most `max_num_seqs` sequences run.
@@ -107,6 +110,8 @@ class Scheduler:
                 index += 1
                 continue
             length = min(seq.num_uncomputed_tokens, budget)
+            if len(self.running) == 1:  # no one to preempt: a prefill chunk shrinks to what fits
+                length = self.block_manager.tokens_appendable(seq, length) or length
             while not self.block_manager.append_slots(seq, length):
                 victim = next(s for s in reversed(self.running) if s.request_id not in busy)  # seq at the latest
                 self._preempt(victim)
@@ -123,6 +128,8 @@ class Scheduler:
             if not seq.num_preemptions:
                 seq.num_cached_tokens = cached
             length = min(seq.num_uncomputed_tokens, budget)
+            if not self.running:  # alone: a prefill chunk shrinks to what fits
+                length = self.block_manager.tokens_appendable(seq, length) or length
             if not self.block_manager.append_slots(seq, length):
                 self.block_manager.free(seq)
                 seq.num_computed_tokens = 0
@@ -140,7 +147,8 @@ class Scheduler:
         return chunks
 
     def _outgrew_the_cache(self, seq: Sequence) -> bool:
-        return self.block_manager.blocks_needed(seq.num_tokens) > self.block_manager.num_blocks
+        manager = self.block_manager
+        return manager.groups.blocks_held(seq.num_tokens, manager.block_size) > manager.num_usable_blocks
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

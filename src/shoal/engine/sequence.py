@@ -19,8 +19,9 @@ class SequenceStatus(enum.Enum):
 class Sequence:
     """Prompt + generated tokens, and how much of them is in the KV cache.
 
-    Invariants: 0 <= num_computed_tokens <= num_tokens; the block table covers at least
-    num_computed_tokens slots while RUNNING and is empty while WAITING; `seed` is always set (drawn by
+    Invariants: 0 <= num_computed_tokens <= num_tokens; while RUNNING there is a block table per KV
+    group (shoal.model.kv_groups), each covering at least num_computed_tokens slots; while WAITING
+    there is none; `seed` is always set (drawn by
     the engine when the request gave none), so every sampled token is reproducible.
     """
 
@@ -39,7 +40,7 @@ class Sequence:
     output_token_ids: list[int] = field(default_factory=list)
     status: SequenceStatus = SequenceStatus.WAITING
     num_computed_tokens: int = 0
-    block_table: list[int] = field(default_factory=list)
+    block_tables: list[list[int]] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_preemptions: int = 0
     finish_reason: str | None = None

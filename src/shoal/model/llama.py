@@ -24,6 +24,7 @@ import torch
 from shoal.model.config import LlamaConfig
 from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
+from shoal.model.kv_groups import KVGroups
 from shoal.model.layout import layer_norms
 from shoal.model.mlp_gates import GATE_KINDS, gate_function
 from shoal.model.moe import MixtureOfExperts
@@ -252,7 +253,8 @@ class LlamaModel:
     the final norm + LM head when they end at the last layer; with `tensor_parallel`, this rank's
     shard of them. `config` is this rank's view (its head and intermediate counts; vocabulary and
     layer count stay the model's). Invariant: weights are not modified; caches are owned by the
-    caller, one per layer held."""
+    caller, one per KV slot its layers use (`kv_slots`; shoal.model.kv_groups): layer i keeps its KV
+    in slot kv_groups.place(i)[1] of the blocks of its group's tables."""
 
     def __init__(
         self,
@@ -264,8 +266,14 @@ class LlamaModel:
         attention_kernel: str = "auto",
         layers: range | None = None,
         tensor_parallel: TensorParallel | None = None,
+        kv_groups: KVGroups | None = None,
     ):
         self.layer_range = layers or range(config.num_layers)
+        self.kv_groups = kv_groups or KVGroups.of(config)
+        places = [self.kv_groups.place(i) for i in self.layer_range]
+        self.kv_slots = sorted({slot for _, slot in places})
+        # Each held layer's (group, index into the caches of kv_slots).
+        self.layer_caches = [(group, self.kv_slots.index(slot)) for group, slot in places]
         self.has_embedding = self.layer_range.start == 0
         self.has_head = self.layer_range.stop == config.num_layers
         self.tensor_parallel = tensor_parallel
@@ -350,11 +358,12 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(
-        self, inputs: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], meta: AttentionMetadata
+        self, inputs: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], metas: list[AttentionMetadata]
     ) -> torch.Tensor:
         """inputs: [T] token ids if this holds the embedding, else [T, H] hidden states from the
-        previous layers; positions: [T]. Writes the tokens' K/V into `caches`; returns the hidden
-        states [T, H] after the last layer held (not normalised: see compute_logits)."""
+        previous layers; positions: [T]; metas: the step's attention metadata of each KV group.
+        Writes the tokens' K/V into `caches` (those of kv_slots); returns the hidden states [T, H]
+        after the last layer held (not normalised: see compute_logits)."""
         if self.has_embedding:
             hidden = self.embed_tokens(inputs)
             if self.config.embedding_multiplier != 1.0:
@@ -364,8 +373,8 @@ class LlamaModel:
         tables = {id(self.rope): self.rope.tables(positions)}
         if self.window_rope is not None:
             tables[id(self.window_rope)] = self.window_rope.tables(positions)
-        for layer, cache in zip(self.layers, caches):
-            hidden = layer.forward(hidden, tables[id(layer.rope)], cache, meta)
+        for layer, (group, cache) in zip(self.layers, self.layer_caches):
+            hidden = layer.forward(hidden, tables[id(layer.rope)], caches[cache], metas[group])
         return hidden
 
     @torch.inference_mode()
@@ -388,12 +397,13 @@ class LlamaModel:
         return self.tensor_parallel.all_gather_columns(logits, self.config.vocab_size)
 
     def allocate_kv_cache(self, num_blocks: int, block_size: int) -> list[KVCache]:
+        """The caches of kv_slots, each of `num_blocks` blocks."""
         cfg = self.config
         return [
             allocate_kv_cache(num_blocks, cfg.num_kv_heads, block_size, cfg.head_dim, self.dtype, self.device)
-            for _ in self.layers
+            for _ in self.kv_slots
         ]
 
-    def kv_bytes_per_token(self) -> int:
-        """KV-cache bytes per token for the layers and heads held here."""
-        return len(self.layers) * kv_bytes_per_token_per_layer(self.config, torch.finfo(self.dtype).bits // 8)
+    def kv_bytes_per_block_token(self) -> int:
+        """KV-cache bytes a block holds per token, here: its slots' layers and heads held here."""
+        return len(self.kv_slots) * kv_bytes_per_token_per_layer(self.config, torch.finfo(self.dtype).bits // 8)

@@ -31,8 +31,8 @@ class AttentionMetadata:
         use token T (an extra zero query) and head 0.
     tile_blocks: [W, B] block table of the tile's sequence, padded with block 0 (always masked).
     score_bias: [W, B, 1, R, block_size] 0 where a tile row may see a key, -inf elsewhere.
-    window, window_score_bias: the sliding window the step was built for (0: none), and score_bias
-        for the layers that have it (keys more than window - 1 before the row's position hidden too).
+    window, window_score_bias: the sliding window of the group the step was built for (0: none), and
+        score_bias for it (keys more than window - 1 before the row's position hidden too).
     """
 
     slot_rows: torch.Tensor
@@ -50,50 +50,51 @@ class AttentionMetadata:
 def build_attention_metadata(
     query_lens: list[int],
     start_positions: list[int],
-    block_tables: list[list[int]],
+    block_tables: list[list[list[int]]],
     block_size: int,
     num_kv_heads: int,
     queries_per_kv: int,
     tile_height: int,
     device: torch.device,
+    windows: tuple[int, ...],
     with_tiles: bool = True,
-    window: int = 0,
-) -> AttentionMetadata:
-    """Describes a step in which sequence i computes query_lens[i] tokens from start_positions[i];
-    `window`: the model's sliding window (0: none), for the tiles of its windowed layers."""
-    slot_rows: list[int] = []
-    token_sequences: list[int] = []
-    token_positions: list[int] = []
-    visible_tables: list[list[int]] = []
-    for index, (length, start, table) in enumerate(zip(query_lens, start_positions, block_tables)):
-        for pos in range(start, start + length):
-            first_row = table[pos // block_size] * num_kv_heads * block_size + pos % block_size
-            slot_rows.extend(range(first_row, first_row + num_kv_heads * block_size, block_size))
-        token_sequences.extend([index] * length)
-        token_positions.extend(range(start, start + length))
-        visible_tables.append(table[: -(-(start + length) // block_size)])
-    width = max(len(t) for t in visible_tables)
-    padded_tables = [t + [0] * (width - len(t)) for t in visible_tables]
+) -> list[AttentionMetadata]:
+    """Describes a step in which sequence i computes query_lens[i] tokens from start_positions[i]:
+    one metadata per KV group g (shoal.model.kv_groups), from its tables block_tables[g] and its
+    sliding window windows[g] (0: none). Only the tables, and what is read from them, differ."""
 
     def as_tensor(values: list) -> torch.Tensor:
         return torch.tensor(values, dtype=torch.int64, device=device)
 
-    meta = AttentionMetadata(
-        as_tensor(slot_rows),
-        as_tensor(padded_tables),
-        as_tensor(token_sequences),
-        as_tensor(token_positions),
-        window=window,
-    )
+    token_sequences: list[int] = []
+    token_positions: list[int] = []
+    for index, (length, start) in enumerate(zip(query_lens, start_positions)):
+        token_sequences.extend([index] * length)
+        token_positions.extend(range(start, start + length))
+    # Every table covers the blocks up to its sequence's last new token (windowed ones with
+    # NULL_BLOCK below their reach), so all groups have the same width.
+    visible = [-(-(start + length) // block_size) for length, start in zip(query_lens, start_positions)]
+    width = max(visible)
+    padded_tables = [[t[:v] + [0] * (width - v) for t, v in zip(tables, visible)] for tables in block_tables]
+    metas = [
+        AttentionMetadata(
+            as_tensor(_slot_rows(query_lens, start_positions, tables, block_size, num_kv_heads)),
+            as_tensor(tables),
+            as_tensor(token_sequences),
+            as_tensor(token_positions),
+            window=window,
+        )
+        for tables, window in zip(padded_tables, windows, strict=True)
+    ]
     if not with_tiles:
-        return meta
+        return metas
     row_tokens: list[list[int]] = []
     row_heads: list[list[int]] = []
     row_positions: list[list[int]] = []
-    tile_tables: list[list[int]] = []
+    tile_sequences: list[int] = []
     padding_token = sum(query_lens)
     first_token = 0
-    for length, start, table in zip(query_lens, start_positions, padded_tables):
+    for index, (length, start) in enumerate(zip(query_lens, start_positions)):
         rows = length * queries_per_kv
         for tile_start in range(0, rows, tile_height):
             tile = range(tile_start, min(rows, tile_start + tile_height))
@@ -101,23 +102,36 @@ def build_attention_metadata(
             row_tokens.append([first_token + r // queries_per_kv for r in tile] + [padding_token] * padding)
             row_heads.append([r % queries_per_kv for r in tile] + [0] * padding)
             row_positions.append([start + r // queries_per_kv for r in tile] + [0] * padding)
-            tile_tables.append(table)
+            tile_sequences.append(index)
         first_token += length
     key_positions = torch.arange(width * block_size, device=device).view(1, width, 1, 1, block_size)
     positions = as_tensor(row_positions).view(-1, 1, 1, tile_height, 1)
-    visible = key_positions <= positions
+    seen = key_positions <= positions
 
     def bias(visible: torch.Tensor) -> torch.Tensor:
         return torch.zeros(visible.shape, device=device).masked_fill_(~visible, float("-inf"))
 
-    return dataclasses.replace(
-        meta,
-        row_tokens=as_tensor(row_tokens),
-        row_heads=as_tensor(row_heads),
-        tile_blocks=as_tensor(tile_tables),
-        score_bias=bias(visible),
-        window_score_bias=bias(visible & (key_positions > positions - window)) if window else None,
-    )
+    tiles = {"row_tokens": as_tensor(row_tokens), "row_heads": as_tensor(row_heads), "score_bias": bias(seen)}
+    window_biases = {w: bias(seen & (key_positions > positions - w)) for w in set(windows) if w}
+    sequences = as_tensor(tile_sequences)
+    return [
+        dataclasses.replace(
+            meta, tile_blocks=meta.block_tables[sequences], window_score_bias=window_biases.get(meta.window), **tiles
+        )
+        for meta in metas
+    ]
+
+
+def _slot_rows(
+    query_lens: list[int], start_positions: list[int], tables: list[list[int]], block_size: int, num_kv_heads: int
+) -> list[int]:
+    """The row of each new (token, kv head) in a cache viewed as [-1, D], for one group's tables."""
+    rows: list[int] = []
+    for length, start, table in zip(query_lens, start_positions, tables):
+        for pos in range(start, start + length):
+            first_row = table[pos // block_size] * num_kv_heads * block_size + pos % block_size
+            rows.extend(range(first_row, first_row + num_kv_heads * block_size, block_size))
+    return rows
 
 
 def allocate_kv_cache(

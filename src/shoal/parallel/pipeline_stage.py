@@ -35,6 +35,7 @@ from shoal.config.engine import EngineConfig
 from shoal.model.loader import Checkpoint, load_checkpoint
 from shoal.observability.logging import configure_logging
 from shoal.parallel.cluster_sockets import ClusterContext
+from shoal.parallel.pipeline_kv_groups import pipeline_kv_groups
 from shoal.parallel.stage_messages import batch_frame, receive, send, step_batch
 from shoal.parallel.stage_profile import measure_node
 from shoal.protocol.cluster_secret import MissingClusterSecret, required_secret
@@ -64,8 +65,8 @@ log = logging.getLogger("shoal.parallel.pipeline_stage")
 
 
 class BoundaryLog:
-    """Outgoing activations, one row per KV slot. Invariant: for every slot written by the step that
-    computed it, the row is what was sent downstream for that slot."""
+    """Outgoing activations, one row per KV slot of the pipeline's one KV group. Invariant: for every
+    slot written by the step that computed it, the row is what was sent downstream for that slot."""
 
     def __init__(self, num_slots: int, hidden_size: int, dtype: torch.dtype, block_size: int):
         self.rows = torch.zeros(num_slots, hidden_size, dtype=dtype)
@@ -76,7 +77,7 @@ class BoundaryLog:
         return torch.tensor(
             [
                 table[p // bs] * bs + p % bs
-                for table, start, length in zip(batch.block_tables, batch.start_positions, batch.query_lens)
+                for table, start, length in zip(batch.block_tables[0], batch.start_positions, batch.query_lens)
                 for p in range(start, start + length)
             ],
             dtype=torch.int64,
@@ -87,7 +88,7 @@ class BoundaryLog:
 
     def replay(self, block_table: list[int], tokens: int) -> tuple[StepBatch, torch.Tensor]:
         """One sequence's first `tokens` positions as a batch, with the rows sent for them."""
-        batch = StepBatch([], list(range(tokens)), [tokens], [0], [block_table], [])
+        batch = StepBatch([], list(range(tokens)), [tokens], [0], [[block_table]], [])
         return batch, self.rows[self.slots(batch)]
 
 
@@ -207,7 +208,14 @@ class StageServer:
         if setup.end_layer > checkpoint.config.num_layers:
             raise BadFrame(f"Setup of layers up to {setup.end_layer} of a model of {checkpoint.config.num_layers}")
         head = self._push(setup.head)
-        model = build_model(config, checkpoint, device, dtype, layers=range(setup.first_layer, setup.end_layer))
+        model = build_model(
+            config,
+            checkpoint,
+            device,
+            dtype,
+            layers=range(setup.first_layer, setup.end_layer),
+            kv_groups=pipeline_kv_groups(checkpoint.config),
+        )
         self.runner = ModelRunner(model, setup.num_blocks, config.block_size)
         self.ident, self.upstream, self.stage = setup.ident, setup.upstream, setup.stage
         self.is_last = model.has_head
@@ -231,7 +239,7 @@ class StageServer:
         send(self.head, Ready(setup.ident))
 
     def _step(self, step: Step, hidden: torch.Tensor) -> None:
-        step.batch.check(self.runner.num_blocks, self.runner.block_size)
+        step.batch.check(self.runner.num_blocks, self.runner.block_size, self.runner.model.kv_groups.count)
         expected = (len(step.batch.positions), self.runner.model.config.hidden_size)
         if tuple(hidden.shape) != expected:
             raise BadFrame(f"Step {step.step_id} has hidden states of shape {list(hidden.shape)}, not {list(expected)}")

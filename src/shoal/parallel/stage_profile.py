@@ -12,6 +12,7 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.model.loader import Checkpoint, load_checkpoint
+from shoal.parallel.pipeline_kv_groups import pipeline_kv_groups
 from shoal.protocol.stage_frames import NodeProfile
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.memory import free_memory_bytes
@@ -35,7 +36,7 @@ def reference_batch(block_size: int) -> StepBatch:
         positions=list(range(PROMPT_TOKENS)) + [last] * DECODING_SEQUENCES,
         query_lens=[PROMPT_TOKENS] + [1] * DECODING_SEQUENCES,
         start_positions=[0] + [last] * DECODING_SEQUENCES,
-        block_tables=tables,
+        block_tables=[tables],
         last_rows=[],
     )
 
@@ -47,9 +48,10 @@ def measure_node(config: EngineConfig, checkpoint: Checkpoint | None = None) -> 
     dtype = resolve_dtype(config, device)
     free = free_memory_bytes(device)
     checkpoint = checkpoint or load_checkpoint(config.model, dtype, config.cache_dir, keeps_quantized(config, device))
-    model = build_model(config, checkpoint, device, dtype, layers=range(1))
+    groups = pipeline_kv_groups(checkpoint.config)
+    model = build_model(config, checkpoint, device, dtype, layers=range(1), kv_groups=groups)
     batch = reference_batch(config.block_size)
-    runner = ModelRunner(model, len(batch.block_tables) * len(batch.block_tables[0]), config.block_size)
+    runner = ModelRunner(model, sum(len(table) for table in batch.block_tables[0]), config.block_size)
     inputs = torch.tensor(batch.input_ids, device=device)
     times = []
     for run in range(TIMED_RUNS + 1):  # the first run warms caches and kernels up

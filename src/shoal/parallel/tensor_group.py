@@ -239,7 +239,7 @@ def follow(rank: int, shared_memory: str, store_path: str, steps: str, config: E
         begin = _expect(sock, Begin)
         runner = ModelRunner(model, begin.num_blocks, config.block_size)
         while isinstance(message := _expect(sock, RunBatch | Finish), RunBatch):
-            message.batch.check(begin.num_blocks, config.block_size)
+            message.batch.check(begin.num_blocks, config.block_size, model.kv_groups.count)
             runner.run(step_batch(message.batch))
     except BadFrame as error:
         raise SystemExit(f"tensor-parallel rank {rank}: bad message from rank 0: {error}") from None

@@ -1,6 +1,7 @@
 """KV blocks on the wire: one header frame (KVBlocksHeader: the layout, the blocks' chained hashes
-and tokens, the spec of each tensor), then per layer a keys frame and a values frame of raw buffers,
-[blocks, kv heads, block size, head size] each. decode checks that the frames are exactly what the
+and tokens, the first block each KV group carries, the spec of each tensor), then per KV slot a keys
+frame and a values frame of raw buffers, [blocks carried over all groups, kv heads, block size, head
+size] each. decode checks that the frames are exactly what the
 header says (count, shapes, dtype, sizes) before anyone reads a buffer; anything else is BadFrame.
 
 Between workers (shoal.worker.kv_peer) a request is one KVWanted frame; the answer is the blocks,
@@ -29,7 +30,8 @@ class KVLayoutFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     model: Annotated[str, msgspec.Meta(max_length=64)]
     dtype: str
     block_size: Positive
-    num_layers: Positive
+    kv_slots: Positive
+    kv_groups: Positive
     num_kv_heads: Positive
     head_dim: Positive
 
@@ -38,7 +40,8 @@ class KVBlocksHeader(msgspec.Struct, frozen=True, tag=True, forbid_unknown_field
     layout: KVLayoutFrame
     hashes: list[Annotated[bytes, msgspec.Meta(min_length=HASH_BYTES, max_length=HASH_BYTES)]]
     token_ids: list[Annotated[int, msgspec.Meta(ge=0)]]
-    tensors: list[TensorSpec]  # keys of layer 0, values of layer 0, keys of layer 1, ...
+    group_starts: list[Annotated[int, msgspec.Meta(ge=0)]]  # the first block of the prefix each KV group carries
+    tensors: list[TensorSpec]  # keys of KV slot 0, values of slot 0, keys of slot 1, ...
     shared_memory: Annotated[str, msgspec.Meta(pattern=SEGMENT_PATTERN)] | None = None
 
 
@@ -86,11 +89,14 @@ def decode(frames: list[bytes | memoryview]) -> KVBlocksHeader | KVRefused:
     blocks = len(header.hashes)
     if len(header.token_ids) != blocks * layout.block_size:
         raise BadFrame(f"{len(header.token_ids)} tokens for {blocks} blocks of {layout.block_size}")
-    expected = 2 * layout.num_layers
+    if len(header.group_starts) != layout.kv_groups or any(start > blocks for start in header.group_starts):
+        raise BadFrame(f"group starts {header.group_starts} for {layout.kv_groups} KV groups of {blocks} blocks")
+    expected = 2 * layout.kv_slots
     frames_expected = 1 if header.shared_memory else 1 + expected
     if len(header.tensors) != expected or len(frames) != frames_expected:
         raise BadFrame(f"{len(header.tensors)} tensor specs and {len(frames) - 1} tensor frames, not {expected}")
-    shape = (blocks, layout.num_kv_heads, layout.block_size, layout.head_dim)
+    carried = sum(blocks - start for start in header.group_starts)
+    shape = (carried, layout.num_kv_heads, layout.block_size, layout.head_dim)
     for spec in header.tensors:
         if tuple(spec.shape) != shape or spec.dtype != layout.dtype:
             raise BadFrame(f"a KV tensor of shape {list(spec.shape)} {spec.dtype}, not {list(shape)} {layout.dtype}")

@@ -34,7 +34,10 @@ class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
-    """A worker's load report. Blocks are `block_size` tokens; `kv_cache_budget_bytes` is the KV
+    """A worker's load report. Blocks are `block_size` tokens; `kv_capacity_tokens` and
+    `free_kv_tokens` are the longest sequence its KV cache, or its free blocks, would hold (counted
+    per KV group: a sliding-window layer holds only its window; without them, blocks times
+    block_size); `kv_cache_budget_bytes` is the KV
     budget the engine was given; speeds are the engine's recent measurements, `longest_step_s` how
     long its longest step now should take (a full prefill chunk beside its running sequences).
     `server` is "shoal" in every report a shoal worker sends: other servers answer /load too (vLLM
@@ -52,6 +55,8 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     free_kv_blocks: Count | None = None
     num_kv_blocks: Count | None = None
     block_size: Count | None = None
+    kv_capacity_tokens: Count | None = None
+    free_kv_tokens: Count | None = None
     kv_cache_budget_bytes: Count | None = None
     kv_cache_usage: Fraction | None = None
     prefill_tokens_per_s: Rate | None = None

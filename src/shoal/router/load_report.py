@@ -56,8 +56,8 @@ class LoadReport:
             max_num_seqs=report.max_num_seqs,
             outstanding_prefill_tokens=report.outstanding_prefill_tokens,
             outstanding_decode_tokens=report.outstanding_decode_tokens,
-            free_kv_tokens=None if report.free_kv_blocks is None else report.free_kv_blocks * block_size,
-            kv_capacity_tokens=None if report.num_kv_blocks is None else report.num_kv_blocks * block_size,
+            free_kv_tokens=_tokens(report.free_kv_tokens, report.free_kv_blocks, block_size),
+            kv_capacity_tokens=_tokens(report.kv_capacity_tokens, report.num_kv_blocks, block_size),
             kv_cache_usage=report.kv_cache_usage,
             max_model_len=report.max_model_len,
             prefill_tokens_per_s=report.prefill_tokens_per_s,
@@ -91,3 +91,10 @@ class LoadReport:
                     engine=engine,
                 )
         return None
+
+
+def _tokens(tokens: int | None, blocks: int | None, block_size: int) -> int | None:
+    """A KV figure in tokens: as the worker counted it, else its blocks' tokens (None: not said)."""
+    if tokens is not None:
+        return tokens
+    return None if blocks is None else blocks * block_size

@@ -9,6 +9,7 @@ import torch
 from shoal.config.engine import EngineConfig
 from shoal.model.config import LlamaConfig
 from shoal.model.invariant_linear import default_tile_rows
+from shoal.model.kv_groups import KVGroups
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
@@ -33,10 +34,12 @@ def build_model(
     dtype: torch.dtype,
     layers: range | None = None,
     tensor_parallel: TensorParallel | None = None,
+    kv_groups: KVGroups | None = None,
 ) -> LlamaModel:
     """The model (or the layers of one pipeline stage, or one tensor-parallel rank's shard) as the
     engine config asks: batch-invariant tiles, prepacked weights, attention kernel. Quantized
-    weights in the checkpoint (loaded so by `keeps_quantized`) stay quantized."""
+    weights in the checkpoint (loaded so by `keeps_quantized`) stay quantized. `kv_groups`: how its
+    layers share KV blocks (default: grouped by attention kind, shoal.model.kv_groups)."""
     tile_rows = default_tile_rows(dtype) if config.batch_invariant else 0
     weights = {k: v if isinstance(v, QuantizedWeight) else v.to(dtype) for k, v in checkpoint.weights.items()}
     return LlamaModel(
@@ -48,12 +51,13 @@ def build_model(
         config.attention_kernel,
         layers=layers,
         tensor_parallel=tensor_parallel,
+        kv_groups=kv_groups,
     )
 
 
 class ModelRunner:
     """Owns the model and its KV cache. Invariant: the cache has `num_blocks` blocks of `block_size`
-    slots per layer held, matching the BlockManager that hands them out."""
+    token slots in each KV slot the model's layers use, matching the BlockManager that hands them out."""
 
     def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
         self.model = model
@@ -105,7 +109,8 @@ class ModelRunner:
         """Callable from any thread: a wait on other processes in progress raises ReplicaFailedError
         (a single process never waits on others)."""
 
-    def metadata(self, batch: StepBatch) -> AttentionMetadata:
+    def metadata(self, batch: StepBatch) -> list[AttentionMetadata]:
+        """The step's attention metadata of each KV group."""
         return build_attention_metadata(
             query_lens=batch.query_lens,
             start_positions=batch.start_positions,
@@ -115,6 +120,6 @@ class ModelRunner:
             queries_per_kv=self.model.config.num_queries_per_kv,
             tile_height=self.attention_tile_height,
             device=self.model.device,
+            windows=self.model.kv_groups.windows,
             with_tiles=self.model.attention_uses_tiles,
-            window=self.model.config.sliding_window,
         )

@@ -95,6 +95,8 @@ def create_app(
             num_kv_blocks=stats.num_kv_blocks,
             kv_cache_budget_bytes=engine.engine.kv_cache_budget_bytes,
             block_size=stats.block_size,
+            kv_capacity_tokens=stats.max_cached_tokens,
+            free_kv_tokens=stats.free_cached_tokens,
             kv_cache_usage=stats.kv_cache_usage,
             prefill_tokens_per_s=stats.prefill_tokens_per_s,
             decode_tokens_per_s=stats.decode_tokens_per_s,
