@@ -12,6 +12,8 @@ import types
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
+from shoal.protocol.worker_load import WorkerLoad
+from shoal.router.load_report import LoadReport
 from tests.support.engine_runs import engine_factory, final_outputs
 from tests.support.family_variants import COMMON
 from tests.support.logits import forward_logits
@@ -53,6 +55,13 @@ def test_gemma3_at_8k_tokens_holds_a_third_of_full_length_kv_and_the_same_tokens
     reference = make(kv_cache_bytes=64 << 20)
     budget = int(0.4 * full_length_bytes(reference))
     engine = make(kv_cache_bytes=budget)
+    # What the worker reports to routers: the longest sequence that fits, counted per KV group.
+    report = LoadReport.from_shoal(
+        WorkerLoad(
+            num_kv_blocks=engine.block_manager.num_blocks, block_size=BLOCK, kv_capacity_tokens=engine.max_cached_tokens
+        )
+    )
+    assert report.kv_capacity_tokens == engine.max_cached_tokens >= CONTEXT + GREEDY.max_tokens
     held = []
     engine.add_request("long", PROMPT, GREEDY)
     tokens = []

@@ -61,3 +61,18 @@ def test_a_model_shoal_cannot_run_says_why(capsys, tiny_model_dir, tmp_path):
 def test_no_model_at_the_path_is_exit_status_2(capsys, tmp_path):
     assert main(["inspect", str(tmp_path / "absent")]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_sliding_window_layers_count_their_window_not_the_context(capsys, tmp_path):
+    from tests.support.family_variants import COMMON, LAYER_VARIANTS
+    from tests.support.tiny_model import write_random_family_model
+
+    config_class, model_class, fields = LAYER_VARIANTS["gemma3"]  # layers 0-1 windowed (21), layer 2 not
+    write_random_family_model(tmp_path, config_class, model_class, {**COMMON, **fields})
+    code, out = inspect(capsys, str(tmp_path), "--json")
+    report = json.loads(out)
+    per_layer_token = 2 * (16 + 17) * 2  # 2 KV heads x (16 keys + 17 values: the ones column) x 2 bytes
+    assert code == 0 and report["kv_bytes_per_token_16bit"] == per_layer_token
+    assert report["kv_window_bytes_16bit"] == 2 * 21 * per_layer_token
+    _, text = inspect(capsys, str(tmp_path))
+    assert "in its 1 full-attention layers; its 2 sliding-window layers hold at most 21 tokens each" in text

@@ -80,9 +80,19 @@ class ModelReport:
         return {name: t.tensors for name, t in self.types.items()}
 
     def kv_bytes_per_token(self, bytes_per_value: int = 2) -> int:
-        """KV-cache bytes a token takes over all layers (16-bit cache by default)."""
-        assert self.config is not None
-        return self.config.num_layers * kv_bytes_per_token_per_layer(self.config, bytes_per_value)
+        """KV-cache bytes a token takes over the layers that keep every token (all but the
+        sliding-window ones; 16-bit cache by default)."""
+        config = self.config
+        assert config is not None
+        full = sum(not config.window(layer) for layer in range(config.num_layers))
+        return full * kv_bytes_per_token_per_layer(config, bytes_per_value)
+
+    def kv_window_bytes(self, bytes_per_value: int = 2) -> int:
+        """The most KV-cache bytes a sequence's sliding-window layers hold (their window each)."""
+        config = self.config
+        assert config is not None
+        windows = sum(config.window(layer) for layer in range(config.num_layers))
+        return windows * kv_bytes_per_token_per_layer(config, bytes_per_value)
 
     def weight_bytes_in_memory(self, bytes_per_value: int, keep_quantized: bool) -> int:
         """The memory the loaded weights take: the natively run GGUF types (with keep_quantized) as
@@ -106,6 +116,7 @@ class ModelReport:
             "tensor_types": self.tensor_types,
             "family": config.architecture if config else None,
             "kv_bytes_per_token_16bit": self.kv_bytes_per_token(2) if config else None,
+            "kv_window_bytes_16bit": self.kv_window_bytes(2) if config else None,
             "runs": config is not None,
             "refusal": self.refusal,
         }
@@ -132,9 +143,21 @@ class ModelReport:
             f"family: {config.architecture}; {config.num_layers} layers, hidden {config.hidden_size}, "
             f"{config.num_heads} heads ({config.num_kv_heads} KV) of {config.head_dim}, vocabulary {config.vocab_size}",
             f"KV cache per token: {self.kv_bytes_per_token(2):,} bytes in 16 bits, "
-            f"{self.kv_bytes_per_token(4):,} in 32",
+            f"{self.kv_bytes_per_token(4):,} in 32{self._window_line()}",
             "runs here: yes",
         ]
+
+    def _window_line(self) -> str:
+        """What the sliding-window layers add: their window each, whatever the context (none: '')."""
+        config = self.config
+        windowed = sum(bool(config.window(layer)) for layer in range(config.num_layers))
+        if not windowed:
+            return ""
+        return (
+            f" in its {config.num_layers - windowed} full-attention layers; its {windowed} sliding-window layers "
+            f"hold at most {config.sliding_window:,} tokens each ({self.kv_window_bytes(2):,} bytes in 16 bits "
+            "a sequence)"
+        )
 
 
 def _safetensors_entries(model_dir: Path) -> list[tuple[str, int, int]]:
