@@ -14,9 +14,8 @@ import jsonschema
 import pytest
 from starlette.testclient import TestClient
 
-from shoal.engine.sampling_params import SamplingParams
 from shoal.model.families import family_named, family_of_hf_model_type
-from tests.support.engine_runs import engine_factory, final_outputs
+from tests.support.engine_runs import assert_streams_resume_token_exact, engine_factory
 from tests.support.family_variants import COMMON, FAMILIES, LAYER_VARIANTS
 from tests.support.tiny_model import TINY_CHAT_TEMPLATE, write_random_family_model
 from tests.support.tool_definitions import TIME, WEATHER
@@ -39,52 +38,9 @@ def family_model(request, tmp_path_factory):
     return directory
 
 
-GREEDY = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
-SEEDED = SamplingParams(temperature=1.5, top_p=0.95, max_tokens=32, seed=5, ignore_eos=True, logprobs=0)
-SHORT, LONG = list(range(10, 19)), [(7 * i) % 90 + 5 for i in range(70)]
-# Request id: prompt, params, and the output tokens sent before the stream breaks (the short prompt's
-# streams break after more tokens than a 21-token window, the long one's early).
-STREAMS = {
-    "short-greedy": (SHORT, GREEDY, 25),
-    "short-seeded": (SHORT, SEEDED, 25),
-    "long-greedy": (LONG, GREEDY, 6),
-    "long-seeded": (LONG, SEEDED, 6),
-}
-REQUESTS = {name: (prompt, params) for name, (prompt, params, _) in STREAMS.items()}
-
-
-def interrupted(engine) -> dict[str, list[int]]:
-    """Each stream's output tokens up to its break, after which its request is aborted."""
-    for request_id, (prompt, params) in REQUESTS.items():
-        engine.add_request(request_id, prompt, params)
-    sent: dict[str, list[int]] = {}
-    while engine.has_unfinished_requests():
-        for output in engine.step():
-            if len(output.outputs[0].token_ids) == STREAMS[output.request_id][2]:
-                sent[output.request_id] = output.outputs[0].token_ids
-                engine.abort_request(output.request_id)
-        engine.check_integrity()
-    return sent
-
-
-def continued(outputs: dict) -> dict:
-    """Each stream's output tokens, and the logprobs of those after its break."""
-    return {name: (out.token_ids, out.logprobs[STREAMS[name][2] :]) for name, out in outputs.items()}
-
-
 def test_each_familys_stream_resumes_token_exact_on_another_engine(family_model, shoal_cache_dir):
     make_engine = engine_factory(family_model, shoal_cache_dir, dtype="bfloat16", max_num_batched_tokens=32)
-    expected = continued(final_outputs(make_engine(), REQUESTS))
-    first = make_engine()
-    sent = interrupted(first)
-    assert continued(final_outputs(make_engine(), REQUESTS, resume=sent)) == expected
-    # With the KV moved: the receiver imports what the first engine computed and computes little more.
-    receiver = make_engine()
-    for name, (prompt, _) in REQUESTS.items():
-        receiver.import_kv(first.export_kv(prompt + sent[name]))
-    receiver.reset_counters()
-    assert continued(final_outputs(receiver, REQUESTS, resume=sent)) == expected
-    assert receiver.prompt_tokens_computed <= 4 * len(REQUESTS)  # at most the last block of each
+    assert_streams_resume_token_exact(make_engine)
 
 
 TOOL_REQUESTS = {

@@ -1,5 +1,6 @@
-"""Mixtures of experts: logits equal transformers' (tiny random Mixtral and Qwen3-MoE, float32), and a
-row's tokens do not depend on which other rows share its experts, the batch, the cache or chunking."""
+"""Mixtures of experts: logits equal transformers' (tiny random Mixtral, Qwen3-MoE and gpt-oss, float32);
+a row's tokens do not depend on which other rows share its experts, the batch, the cache or chunking;
+a stream resumes token-exact on another engine, with its KV recomputed or moved."""
 
 from __future__ import annotations
 
@@ -9,7 +10,11 @@ import pytest
 import torch
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import assert_tokens_ignore_batch_cache_and_chunking, engine_factory
+from tests.support.engine_runs import (
+    assert_streams_resume_token_exact,
+    assert_tokens_ignore_batch_cache_and_chunking,
+    engine_factory,
+)
 from tests.support.family_variants import COMMON
 from tests.support.logits import max_logit_difference
 from tests.support.tiny_model import write_random_family_model
@@ -125,3 +130,8 @@ def moe_model(request, tmp_path_factory):
 def test_moe_tokens_do_not_depend_on_the_batch_the_cache_or_chunking(moe_model, params, shoal_cache_dir):
     make_engine = engine_factory(moe_model, shoal_cache_dir, dtype="bfloat16", max_num_batched_tokens=32)
     assert_tokens_ignore_batch_cache_and_chunking(make_engine, params)
+
+
+def test_a_moe_stream_resumes_token_exact_on_another_engine(moe_model, shoal_cache_dir):
+    make_engine = engine_factory(moe_model, shoal_cache_dir, dtype="bfloat16", max_num_batched_tokens=32)
+    assert_streams_resume_token_exact(make_engine)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+from shoal.engine.sampling_params import SamplingParams
+
 
 def engine_factory(model_dir, cache_dir, **defaults):
     """make(**overrides) -> an LLMEngine on `model_dir` on the CPU with a 4 MiB KV cache of 4-token
@@ -77,3 +79,47 @@ def assert_tokens_ignore_batch_cache_and_chunking(make_engine, params) -> None:
     hits = engine.stats().prefix_cache_hit_tokens
     assert batched(engine, prompts, params) == expected
     assert engine.stats().prefix_cache_hit_tokens > hits
+
+
+def _resumed_streams() -> dict[str, tuple[list[int], SamplingParams, int]]:
+    """Request id: prompt, params, and the output tokens sent before the stream breaks (the short
+    prompt's streams break after more tokens than a 21-token window, the long one's early)."""
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True, logprobs=0)
+    seeded = SamplingParams(temperature=1.5, top_p=0.95, max_tokens=32, seed=5, ignore_eos=True, logprobs=0)
+    short, long = list(range(10, 19)), [(7 * i) % 90 + 5 for i in range(70)]
+    return {
+        "short-greedy": (short, greedy, 25),
+        "short-seeded": (short, seeded, 25),
+        "long-greedy": (long, greedy, 6),
+        "long-seeded": (long, seeded, 6),
+    }
+
+
+def assert_streams_resume_token_exact(make_engine) -> None:
+    """Streams cut off on one engine and resumed on fresh ones from their tokens so far (recomputing
+    their KV, or importing what the first engine computed) give the uninterrupted run's tokens and
+    logprobs; the importer computes at most the last block of each (4-token blocks)."""
+    streams = _resumed_streams()
+    requests = {name: (prompt, params) for name, (prompt, params, _) in streams.items()}
+
+    def continued(outputs: dict) -> dict:
+        return {name: (out.token_ids, out.logprobs[streams[name][2] :]) for name, out in outputs.items()}
+
+    expected = continued(final_outputs(make_engine(), requests))
+    first = make_engine()
+    for request_id, (prompt, params) in requests.items():
+        first.add_request(request_id, prompt, params)
+    sent: dict[str, list[int]] = {}
+    while first.has_unfinished_requests():
+        for output in first.step():
+            if len(output.outputs[0].token_ids) == streams[output.request_id][2]:
+                sent[output.request_id] = output.outputs[0].token_ids
+                first.abort_request(output.request_id)
+        first.check_integrity()
+    assert continued(final_outputs(make_engine(), requests, resume=sent)) == expected
+    receiver = make_engine()
+    for name, (prompt, _) in requests.items():
+        receiver.import_kv(first.export_kv(prompt + sent[name]))
+    receiver.reset_counters()
+    assert continued(final_outputs(receiver, requests, resume=sent)) == expected
+    assert receiver.prompt_tokens_computed <= 4 * len(requests)
