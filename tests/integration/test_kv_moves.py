@@ -2,7 +2,7 @@
 
 Disaggregated prefill and decode answer token for token like a colocated worker (greedy, seeded,
 n > 1, prompts longer than one prefill chunk), and the decode worker imports the prompt's blocks
-instead of computing them. A draining worker hands its streams to another at their next token:
+instead of computing them; so does a model whose sliding-window layers keep KV groups of their own. A draining worker hands its streams to another at their next token:
 they continue token-exact, and the receiver computes none of their prompts again. A P/D pool that
 loses its prefill worker still answers everything. A rolling restart moves streams the same way."""
 
@@ -17,9 +17,11 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.routers import SECRET, start_router, stop
 from tests.support.serving import shoal, supervised
 from tests.support.streams import read_stream
+from tests.support.tiny_model import write_random_family_model
 from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready
 
 BLOCK_SIZE = 16
@@ -43,11 +45,11 @@ def counter(url: str, name: str) -> float:
     return sum(v for k, v in scrape(url).items() if k.startswith(name))
 
 
-@pytest.fixture(scope="module")
-def fleet(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+def pd_fleet(model_dir, shoal_cache_dir, tmp_path_factory):
     """A prefill and a decode worker behind one router, and a colocated worker behind another (the
-    reference), all in small prefill chunks and with the cluster secret."""
-    common = tiny_worker_args(tiny_model_dir, MODEL, "--max-num-batched-tokens", "64", "--block-size", str(BLOCK_SIZE))
+    reference), all serving `model_dir` in small prefill chunks and with the cluster secret; yields
+    (worker urls, router urls, worker processes) by name."""
+    common = tiny_worker_args(model_dir, MODEL, "--max-num-batched-tokens", "64", "--block-size", str(BLOCK_SIZE))
     env = {"SHOAL_CLUSTER_SECRET": SECRET}
     workers = dict(
         zip(
@@ -75,6 +77,22 @@ def fleet(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
         process.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def fleet(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
+    yield from pd_fleet(tiny_model_dir, shoal_cache_dir, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def hybrid_fleet(shoal_cache_dir, tmp_path_factory):
+    """The same over a Gemma 3 whose two windowed layers (21 tokens) and one global layer keep their
+    KV in groups of their own (shoal.model.kv_groups)."""
+    config_class, model_class, fields = LAYER_VARIANTS["gemma3"]
+    directory = tmp_path_factory.mktemp("gemma3")
+    fields = {**COMMON, **fields, "max_position_embeddings": 1024}
+    write_random_family_model(directory, config_class, model_class, fields)
+    yield from pd_fleet(directory, shoal_cache_dir, tmp_path_factory)
+
+
 @pytest.mark.parametrize(
     ("content", "seed"),
     [("tell me a story", None), ("tell me a story", 11), (LONG_PROMPT, None), (LONG_PROMPT, 12)],
@@ -95,6 +113,19 @@ def test_prefill_and_decode_workers_answer_like_a_colocated_one_token_for_token(
     [transfer] = [span for span in spans if span["name"] == "kv.import"]  # in the request's trace
     assert transfer["attributes"]["shoal.kv_source"].startswith("tcp://127.0.0.1:")
     assert transfer["attributes"]["shoal.kv_blocks"] >= 1 and transfer["attributes"]["shoal.kv_bytes"] > 0
+
+
+@pytest.mark.parametrize("seed", [None, 13], ids=["greedy", "seeded"])
+def test_a_hybrid_kv_model_is_disaggregated_token_for_token(hybrid_fleet, seed):
+    """Its windowed groups send only the blocks the decode worker's next query reaches."""
+    workers, routers, _ = hybrid_fleet
+    colocated = read_stream(routers["colocated"], chat(LONG_PROMPT, seed))
+    disaggregated = read_stream(routers["pd"], chat(LONG_PROMPT, seed))
+    assert disaggregated["ids"] == colocated["ids"] and disaggregated["text"] == colocated["text"]
+    assert counter(workers["decode"], "shoal:kv_import_failures_total") == 0
+    spans = httpx.get(f"{workers['decode']}/debug/traces/{disaggregated['trace_id']}", timeout=10).json()["spans"]
+    [transfer] = [span for span in spans if span["name"] == "kv.import"]
+    assert transfer["attributes"]["shoal.kv_blocks"] >= 1
 
 
 def test_n_choices_and_non_streaming_requests_are_disaggregated_token_for_token(fleet):
