@@ -2,7 +2,8 @@
 one global in six, a 512-token window, as Gemma 3 270M; random weights, tiny widths) at 8k tokens of
 context holds at most a third of the KV that full-length tables would, in a KV budget that full-
 length tables would not fit; its tokens are those of one forward pass over full-length tables (every
-block kept); a prefix hit, and the KV moved to another engine (P/D, migration), give them again."""
+block kept); a prefix hit, and the KV moved to another engine (P/D, migration), give them again. A
+prefix evicted to the KV tier comes back with every group's blocks."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.protocol.worker_load import WorkerLoad
 from shoal.router.load_report import LoadReport
 from tests.support.engine_runs import engine_factory, final_outputs
-from tests.support.family_variants import COMMON
+from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.logits import forward_logits
 from tests.support.tiny_model import write_random_family_model
 
@@ -88,3 +89,30 @@ def test_gemma3_at_8k_tokens_holds_a_third_of_full_length_kv_and_the_same_tokens
     receiver.reset_counters()
     moved = final_outputs(receiver, {"moved": (PROMPT, GREEDY)})["moved"]
     assert moved.token_ids == tokens and receiver.prompt_tokens_computed <= BLOCK
+
+
+@pytest.fixture(scope="module")
+def small_gemma3(tmp_path_factory):
+    """Gemma 3's layer kinds at test scale: two layers with a 21-token window, one global."""
+    config_class, model_class, fields = LAYER_VARIANTS["gemma3"]
+    directory = tmp_path_factory.mktemp("gemma3-window-21")
+    write_random_family_model(directory, config_class, model_class, {**COMMON, **fields})
+    return directory
+
+
+def test_an_evicted_hybrid_prefix_comes_back_from_the_kv_tier(small_gemma3, shoal_cache_dir):
+    """The tier keeps each group's blocks under its own key: the full group's whole prefix and the
+    windowed groups' last blocks come back, and only the last token is computed again."""
+    make = engine_factory(small_gemma3, shoal_cache_dir, kv_tier_host_bytes=1 << 20)
+    probe = make()
+    block_bytes = probe.model.kv_bytes_per_block_token() * probe.block_manager.block_size
+    engine = make(kv_cache_bytes=40 * block_bytes)
+    prompt, params = list(range(5, 5 + 41)), SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    first = final_outputs(engine, {"first": (prompt, params)})["first"].token_ids
+    for i in range(4):  # other prompts evict it from the 40-block paged cache
+        other = [(7 * i + 3 * j) % 120 + 1 for j in range(41)]
+        final_outputs(engine, {f"other-{i}": (other, params)})
+    engine.reset_counters()
+    again = final_outputs(engine, {"again": (prompt, params)})["again"].token_ids
+    assert again == first and engine.prompt_tokens_computed == 1
+    assert engine.stats().kv_tier.hits["host"] > 10  # more than the full group's 10 blocks
