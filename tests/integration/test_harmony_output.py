@@ -4,11 +4,8 @@ the family's harmony template) behind a real router, asked through the official 
 A grammar (`structured_outputs`, the markers as special-token terminals) makes the model write
 harmony whatever its random weights prefer, and `tool_choice` forces a call message through the
 family's call grammar; the worker reads the channels into reasoning, content and tool calls, in
-chat completions (whole, streamed, resumed after a failover) and in the Responses API.
-
-`ignore_eos` lets the grammar alone end an output that goes on past an analysis message: shoal's
-tokenizer counts `<|end|>`, which ends a harmony message and not the turn, among the end-of-turn
-tokens of a template that writes it."""
+chat completions (whole, streamed, resumed after a failover) and in the Responses API. `<|end|>`
+ends a harmony message, not the turn: an output goes on past its analysis message."""
 
 from __future__ import annotations
 
@@ -75,7 +72,7 @@ def endpoints(model, tmp_path_factory, shoal_cache_dir):
 def harmony(ids: dict[str, int], *parts: str) -> dict:
     """structured_outputs for a Lark grammar written with harmony markers (as special tokens)."""
     rule = " ".join(f"<[{ids[part]}]>" if part in ids else part for part in parts)
-    return {"structured_outputs": {"grammar": f"start: {rule}\n"}, "ignore_eos": True}
+    return {"structured_outputs": {"grammar": f"start: {rule}\n"}}
 
 
 def think_then_answer(ids):

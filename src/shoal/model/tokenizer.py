@@ -25,6 +25,9 @@ TokenizerBackend = Backend | GGUFBackend
 
 # Special tokens that end an assistant turn; one counts as EOS when the chat template writes it.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|END_OF_TURN_TOKEN|>")
+# Harmony's (gpt-oss) turn enders: where a vocabulary has them, its <|end|> ends a message within the
+# turn, not the turn (llama.cpp drops <|end|> from its end-of-generation tokens for the same reason).
+HARMONY_TURN_ENDS = ("<|return|>", "<|call|>")
 _SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
 # Stands in for a continued final message's content while the template renders (its last occurrence is taken).
 _OPEN_END = "\x00shoal-open-end\x00"
@@ -79,6 +82,8 @@ class Tokenizer:
         specials = {t.content: i for i, t in self._backend.get_added_tokens_decoder().items() if t.special}
         template_text = "".join(self._templates.values())
         ids.extend(specials[t] for t in END_OF_TURN_TOKENS if t in specials and t in template_text)
+        if all(t in specials for t in HARMONY_TURN_ENDS):  # however the file or template named it
+            ids = [i for i in ids if i != specials.get("<|end|>")] + [specials[t] for t in HARMONY_TURN_ENDS]
         return tuple(dict.fromkeys(ids))
 
     @classmethod
