@@ -2,9 +2,10 @@
 
 Disaggregated prefill and decode answer token for token like a colocated worker (greedy, seeded,
 n > 1, prompts longer than one prefill chunk), and the decode worker imports the prompt's blocks
-instead of computing them; so does a model whose sliding-window layers keep KV groups of their own. A draining worker hands its streams to another at their next token:
-they continue token-exact, and the receiver computes none of their prompts again. A P/D pool that
-loses its prefill worker still answers everything. A rolling restart moves streams the same way."""
+instead of computing them; so does a model whose sliding-window layers keep KV groups of their
+own. A draining worker hands its streams to another at their next token: they continue
+token-exact, and the receiver computes none of their prompts again. A P/D pool that loses its
+prefill worker still answers everything. A rolling restart moves streams the same way."""
 
 from __future__ import annotations
 
