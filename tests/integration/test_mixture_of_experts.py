@@ -112,6 +112,27 @@ def test_the_native_experts_agree_with_the_torch_experts(variant, tmp_path):
     assert torch.allclose(native(x), plain(x), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("prepack", [True, False], ids=["native", "torch"])
+def test_experts_held_apart_and_summed_give_the_whole_mixtures_bits(prepack, tmp_path):
+    """Expert parallelism's arithmetic in one process: the outputs of experts 0-1 and 2-3, each
+    computed where only they are held (zeros for the others' choices), summed, then weighted, equal
+    the mixture run whole, bit for bit, on the native kernel and the torch code."""
+    from shoal.model.hf_loader import load_hf
+    from shoal.model.mlp_gates import gate_function
+    from shoal.model.moe import MixtureOfExperts
+
+    write_variant("gpt-oss", tmp_path)  # 4 experts, top-2, biases, the clamped SwiGLU
+    config, weights = load_hf(tmp_path)
+    weights = {name: tensor.to(torch.bfloat16) for name, tensor in weights.items()}
+    x = (torch.randn(37, config.hidden_size, generator=torch.Generator().manual_seed(3)) * 4).to(torch.bfloat16)
+    make = functools.partial(MixtureOfExperts, config, weights, "model.layers.0.", 16, prepack, gate_function(config))
+    whole = make()
+    chosen, routing = whole.route(x)
+    parts = [make(held=held).expert_outputs(x, chosen) for held in (range(0, 2), range(2, 4))]
+    assert all(part.abs().sum() > 0 for part in parts)
+    assert torch.equal(whole.weighted_sum(parts[0] + parts[1], routing), whole(x))
+
+
 @pytest.fixture(scope="module", params=["mixtral", "qwen3-moe", "gpt-oss"])
 def moe_model(request, tmp_path_factory):
     directory = tmp_path_factory.mktemp(request.param)

@@ -148,6 +148,33 @@ def test_a_mixture_of_experts_split_by_expert_columns_gives_the_single_process_t
     """Each rank holds its columns of every expert's intermediate and of the hidden state; the router
     is whole on every rank, the activations are gathered between the experts' two projections; gpt-oss's
     attention sinks go with their query heads, its expert biases with their columns."""
+    assert_tensor_parallel_moe_tokens(family, size, dtype, shoal_cache_dir, tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("family", "size"),
+    [
+        (("MixtralConfig", "MixtralForCausalLM", dict(num_local_experts=6, num_experts_per_tok=2)), 2),
+        (
+            (
+                "GptOssConfig",
+                "GptOssForCausalLM",
+                dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=48, swiglu_limit=1.0),
+            ),
+            3,
+        ),
+    ],
+    ids=["mixtral-ep2", "gpt-oss-ep3"],
+)
+def test_a_mixture_of_experts_split_by_expert_gives_the_single_process_tokens(family, size, shoal_cache_dir, tmp_path):
+    """Expert parallelism: each rank holds whole experts (3 and 3; 2, 1 and 1), attention is split as
+    before; the experts' outputs are summed over the ranks, then weighted on each."""
+    assert_tensor_parallel_moe_tokens(family, size, "bfloat16", shoal_cache_dir, tmp_path, enable_expert_parallel=True)
+
+
+def assert_tensor_parallel_moe_tokens(family, size, dtype, shoal_cache_dir, tmp_path, **options) -> None:
+    """A random model of `family` on `size` ranks (with `options`) gives one process's tokens and
+    logprobs, batched and alone, greedy and seeded."""
     config_class, model_class, extra = family
     fields = {**THREE_KV_HEADS, **extra}
     write_random_family_model(tmp_path, config_class, model_class, fields)
@@ -156,7 +183,7 @@ def test_a_mixture_of_experts_split_by_expert_columns_gives_the_single_process_t
         for i in range(4)
     ]
     run = dict(model=str(tmp_path), prompts=TEXT_PROMPTS[:4], cache_dir=shoal_cache_dir, params=params)
-    assert generated(**run, dtype=dtype, tensor_parallel_size=size) == generated(**run, dtype=dtype)
+    assert generated(**run, dtype=dtype, tensor_parallel_size=size, **options) == generated(**run, dtype=dtype)
 
 
 def test_more_ranks_than_kv_heads_is_refused(tiny_model_dir, shoal_cache_dir):

@@ -103,6 +103,7 @@ class ModelDeployment(Frozen):
     itl_target_ms: float | None = Field(None, gt=0)
     seed: int | None = None
     tensor_parallel_size: int = Field(1, ge=1)
+    enable_expert_parallel: bool = False
     pipeline_parallel_size: int = Field(1, ge=1)
     layers_per_stage: list[int] | None = None
     pipeline_wire_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"

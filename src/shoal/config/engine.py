@@ -30,16 +30,18 @@ class EngineConfig:
     seed draws the sampling seed of each request that names none (None: from the OS, so replicas
     and restarts draw differently); every drawn seed is reported, so a stream resumes exactly.
     tensor_parallel_size > 1 shards every layer over that many processes on this host (one failure
-    domain); pipeline_parallel_size > 1 splits the layers into that many stage processes linked by
-    messages (layers_per_stage overrides the planned split); pipeline_wire_dtype is the dtype of the
-    activations between stages ("auto": the model's, lossless; "bfloat16" halves float32 traffic);
-    stage_servers are `shoal stage` addresses for the stages after the first, spare_stage_servers
-    wait to replace a lost one, spare_stages local processes do the same. A micro-batch that takes
-    longer than pipeline_step_deadline_s makes the head ping its stages; one that does not answer
-    within pipeline_ping_timeout_s (a stage answers between steps, so this must exceed its longest
-    step) is replaced. kv_tier_host_bytes and kv_tier_disk_bytes size the KV tier below the paged
-    cache (shoal.engine.kv_tier; 0: none), its disk files under kv_tier_dir (default: the cache
-    directory's kv-tier); kv_tier_shared also reads the other engines' files there.
+    domain), a mixture's experts by their intermediate columns, or with enable_expert_parallel whole
+    experts on each rank (shoal.model.sharding); pipeline_parallel_size > 1 splits the layers into
+    that many stage processes linked by messages (layers_per_stage overrides the planned split);
+    pipeline_wire_dtype is the dtype of the activations between stages ("auto": the model's,
+    lossless; "bfloat16" halves float32 traffic); stage_servers are `shoal stage` addresses for the
+    stages after the first, spare_stage_servers wait to replace a lost one, spare_stages local
+    processes do the same. A micro-batch that takes longer than pipeline_step_deadline_s makes the
+    head ping its stages; one that does not answer within pipeline_ping_timeout_s (a stage answers
+    between steps, so this must exceed its longest step) is replaced. kv_tier_host_bytes and
+    kv_tier_disk_bytes size the KV tier below the paged cache (shoal.engine.kv_tier; 0: none), its
+    disk files under kv_tier_dir (default: the cache directory's kv-tier); kv_tier_shared also reads
+    the other engines' files there.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -67,6 +69,7 @@ class EngineConfig:
     cache_dir: str | None = None
     step_delay_ms: float = 0.0
     tensor_parallel_size: int = 1
+    enable_expert_parallel: bool = False
     pipeline_parallel_size: int = 1
     layers_per_stage: tuple[int, ...] | None = None
     pipeline_wire_dtype: str = "auto"

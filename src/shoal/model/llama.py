@@ -103,7 +103,9 @@ class DecoderLayer:
         self.gate = gate_function(config)
         self.experts = None
         if sparse:
-            self.experts = MixtureOfExperts(config, weights, prefix, tile_rows, prepack, self.gate)
+            experts = tensor_parallel is not None and tensor_parallel.expert_parallel
+            held = tensor_parallel.held_experts(config.num_experts) if experts else None
+            self.experts = MixtureOfExperts(config, weights, prefix, tile_rows, prepack, self.gate, held)
         else:
             self.gate_up = InvariantLinear(
                 [weights[prefix + "mlp.gate_proj.weight"], weights[prefix + "mlp.up_proj.weight"]],
@@ -188,7 +190,10 @@ class DecoderLayer:
         hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.after_attention)
         normed = self._normed(hidden, self.before_mlp)
         if self.experts is not None:
-            return hidden + self._joining(self._gathered(self._experts_part(normed), "hidden"), self.after_mlp)
+            part = self._experts_part(normed)
+            if self.tensor_parallel is not None and not self.tensor_parallel.expert_parallel:
+                part = self._gathered(part, "hidden")
+            return hidden + self._joining(part, self.after_mlp)
         gate, up = self.gate_up(normed).chunk(2, dim=1)
         activation = self._gathered(self.gate(gate, up), "intermediate")
         return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.after_mlp)
@@ -221,7 +226,7 @@ class DecoderLayer:
             if self.before_mlp is not None:
                 normed = torch.ops.shoal.rms_norm_rows(hidden, self.before_mlp, self.config.rms_norm_eps)
             part = self._experts_part(normed)
-            if self.tensor_parallel is None:
+            if self.tensor_parallel is None or self.tensor_parallel.expert_parallel:  # whole rows
                 return native.join_mlp(part, hidden)
             if self.config.norms_after:
                 return native.join_mlp(self._gathered(part, "hidden"), hidden)
@@ -233,11 +238,15 @@ class DecoderLayer:
 
     def _experts_part(self, normed: torch.Tensor) -> torch.Tensor:
         """The mixture's output for this rank's columns of the hidden state (all of them without
-        tensor parallelism), from the normalised MLP input: routed, each expert's activation
-        gathered from every rank, then combined."""
+        tensor parallelism, and under expert parallelism), from the normalised MLP input: routed,
+        each expert's activation gathered from every rank, then combined; or, under expert
+        parallelism, the held experts' outputs summed over the ranks, then weighted."""
         if self.tensor_parallel is None:
             return self.experts(normed)
         chosen, weights = self.experts.route(normed)
+        if self.tensor_parallel.expert_parallel:
+            outputs = self.tensor_parallel.all_sum(self.experts.expert_outputs(normed, chosen))
+            return self.experts.weighted_sum(outputs, weights)
         activation = self._gathered(self.experts.activations(normed, chosen), "expert_intermediate")
         return self.experts.combine(activation, chosen, weights)
 

@@ -5,8 +5,10 @@ It runs in three stages, which tensor parallelism gathers between (each rank hol
 every expert's intermediate and of the hidden state): `route` (each row's experts and weights),
 `activations` (act(gate) * up of every (row, chosen expert), in rows-by-expert order: expert
 ascending, then token ascending) and `combine` (each row's weighted sum of its experts' down
-projections). With every matrix on the native kernels the stages are C++ (csrc/moe_cpu.cpp),
-else torch code computing the same way.
+projections). Under expert parallelism a rank holds whole experts instead: `route`, `expert_outputs`
+(the outputs of the (row, choice)s of the experts held, zeros elsewhere), summed over the ranks
+(each output comes from one rank, x + 0 = x), and `weighted_sum`. With every matrix on the native
+kernels the stages are C++ (csrc/moe_cpu.cpp), else torch code computing the same way.
 
 Invariant (batch invariance): a token's output depends on its own row and the weights only. The
 router's logits come from the row-invariant matrix multiply and its softmax and top-k work per row;
@@ -57,9 +59,9 @@ def rows_by_expert(chosen: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, 
 class MixtureOfExperts:
     """The router (mlp.gate) and the experts (mlp.experts.{e}.gate_proj/up_proj/down_proj) of layer
     `prefix`, as `weights` holds them (a tensor-parallel rank's slices: its columns of each
-    expert's intermediate, and its rows of each down projection), with their biases where the model
-    has them (LlamaConfig.expert_bias); `gate` joins an expert's gate and up projections
-    (mlp_gates)."""
+    expert's intermediate, and its rows of each down projection; an expert-parallel rank's experts
+    `held` whole), with their biases where the model has them (LlamaConfig.expert_bias); `gate`
+    joins an expert's gate and up projections (mlp_gates)."""
 
     def __init__(
         self,
@@ -69,15 +71,17 @@ class MixtureOfExperts:
         tile_rows: int,
         prepack: bool,
         gate: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        held: range | None = None,
     ):
         self.config = config
         self.gate = gate
+        self.held = held or range(config.num_experts)
         mlp = prefix + "mlp."
         self.router = InvariantLinear(
             [weights[mlp + "gate.weight"]], [weights.get(mlp + "gate.bias")], tile_rows, prepack
         )
         self.gate_up, self.down = [], []
-        for expert in range(config.num_experts):
+        for expert in self.held:
             e = f"{mlp}experts.{expert}."
             pair = [weights[e + "gate_proj.weight"], weights[e + "up_proj.weight"]]
             biases = [weights.get(e + "gate_proj.bias"), weights.get(e + "up_proj.bias")]
@@ -93,6 +97,7 @@ class MixtureOfExperts:
                 self.router.packed,
                 [p.packed for p in self.gate_up],
                 [p.packed for p in self.down],
+                self.held.start,
                 config.experts_per_token,
                 config.expert_routing,
                 config.normalize_expert_weights,
@@ -124,7 +129,7 @@ class MixtureOfExperts:
         gathered = x[order // chosen.shape[1]]
         width = self.gate_up[0].out_features // 2
         out = torch.empty(chosen.numel(), width, dtype=x.dtype, device=x.device)
-        for expert, start, end in spans:
+        for expert, start, end in spans:  # every expert is held (tensor parallelism splits them)
             gate, up = self.gate_up[expert](gathered[start:end]).chunk(2, dim=1)
             out[start:end] = self.gate(gate, up)
         return out
@@ -141,8 +146,32 @@ class MixtureOfExperts:
             projected[start:end] = self.down[expert](activation[start:end])
         place = torch.empty_like(order)
         place[order] = torch.arange(order.numel(), device=order.device)
-        by_choice = projected[place].float().view(*chosen.shape, outputs)
-        total = torch.zeros(chosen.shape[0], outputs, dtype=torch.float32, device=activation.device)
-        for i in range(chosen.shape[1]):  # each row's experts in ascending index
+        return self.weighted_sum(projected[place], weights)
+
+    def expert_outputs(self, x: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+        """The down projection of act(gate) * up of each (row, choice) whose expert is held here,
+        [T x k, hidden] in (row, choice) order, in x's dtype; zeros for the others."""
+        x = x.contiguous()
+        if self.kernel is not None:
+            return self.kernel.expert_outputs(x, chosen)
+        flat = chosen.flatten()
+        out = torch.zeros(flat.numel(), self.down[0].out_features, dtype=x.dtype, device=x.device)
+        order, spans = rows_by_expert(chosen)
+        for expert, start, end in spans:
+            if expert in self.held:
+                slots = order[start:end]
+                local = expert - self.held.start
+                gate, up = self.gate_up[local](x[slots // chosen.shape[1]]).chunk(2, dim=1)
+                out[slots] = self.down[local](self.gate(gate, up))
+        return out
+
+    def weighted_sum(self, outputs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Each row's sum of its experts' outputs [T x k, hidden] ((row, choice) order) times their
+        weights [T, k]: from zero in float32, in choice order (ascending expert), rounded once."""
+        if self.kernel is not None:
+            return self.kernel.weighted_sum(outputs.contiguous(), weights)
+        by_choice = outputs.float().view(*weights.shape, -1)
+        total = torch.zeros(weights.shape[0], by_choice.shape[-1], dtype=torch.float32, device=outputs.device)
+        for i in range(weights.shape[1]):  # each row's experts in ascending index
             total += weights[:, i : i + 1] * by_choice[:, i]
-        return total.to(activation.dtype)
+        return total.to(outputs.dtype)

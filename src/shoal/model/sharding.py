@@ -2,7 +2,11 @@
 
 Attention is split by key/value-head groups: each rank holds whole groups (its KV heads and the
 query heads that read them), so attention needs nothing from other ranks. The MLP is split by
-intermediate columns, a mixture's experts each by theirs (the router stays whole on every rank).
+intermediate columns, a mixture's experts each by theirs (the router stays whole on every rank),
+or, with expert parallelism, a mixture's experts by expert: each rank holds whole experts (a
+contiguous range), computes the outputs of the (row, choice)s routed to them, and the outputs of
+all ranks meet in a sum where each element comes from one rank and the others add zeros (x + 0 is
+x), before each row's weighted sum, in its fixed order, on every rank.
 The output projections (o_proj, down_proj) are split by their output columns, each rank holding
 every input column of its rows: the layer code gathers their input (the attention output, the MLP
 activation) from all ranks in rank order, each rank computes its output columns, and those are
@@ -10,12 +14,11 @@ gathered. The embedding and the LM head are split by vocabulary.
 Splits may be uneven (SmolLM2 has 3 KV heads, so TP=2 holds 2 + 1), which is why the
 tensor-parallel size is bounded by the KV-head count.
 
-Invariant: nothing is ever summed across ranks except the embedding lookup, where exactly one
-rank holds each token's row and the others add zeros. Every output element of every projection is
-computed whole, by one kernel call over all of K, exactly as in one process (the native kernel's
-element does not depend on the columns around it), so every TP degree gives the single process's
-bits, and a stream can move between replicas of different degrees token-exact.
-"""
+Invariant: nothing is ever summed across ranks except the embedding lookup, where exactly one rank
+holds each token's row and the others add zeros, and experts' outputs alike. Every output element of
+every projection is computed whole, by one kernel call over all of K, exactly as in one process (the
+native kernel's element does not depend on the columns around it), so every TP degree gives the
+single process's bits, and a stream can move between replicas of different degrees token-exact."""
 
 from __future__ import annotations
 
@@ -37,6 +40,11 @@ class TensorParallel:
     rank: int
     size: int
     group: Any
+    expert_parallel: bool = False
+
+    def held_experts(self, num_experts: int) -> range:
+        """The experts this rank holds whole under expert parallelism."""
+        return range(*self.split(num_experts))
 
     def split(self, count: int) -> tuple[int, int]:
         """This rank's [start, end) of `count` units, contiguous and as even as possible (the first
@@ -90,8 +98,13 @@ def shard_weights(
     expert_start, expert_end = tp.split(config.expert_intermediate_size)
     out_start, out_end = tp.split(config.hidden_size)
     vocab_start, vocab_end = tp.split(config.vocab_size)
+    held = tp.held_experts(config.num_experts)
     local = {}
     for name, tensor in weights.items():
+        if tp.expert_parallel and ".mlp.experts." in name:
+            if int(name.split(".mlp.experts.")[1].split(".")[0]) in held:
+                local[name] = tensor  # a whole expert
+            continue
         if name.endswith(("q_proj.weight", "q_proj.bias")):
             local[name] = tensor[q_rows]
         elif name.endswith("self_attn.sinks"):  # one a query head
@@ -115,5 +128,5 @@ def shard_weights(
         num_heads=heads * group,
         num_kv_heads=heads,
         intermediate_size=mlp_end - mlp_start,
-        expert_intermediate_size=expert_end - expert_start,
+        expert_intermediate_size=config.expert_intermediate_size if tp.expert_parallel else expert_end - expert_start,
     ), local

@@ -133,7 +133,9 @@ class TensorParallelGroup:
             )
         self._await_followers()
         self.links.unlink()
-        self.context = TensorParallel(0, self.size, gathers(0, self.size, self.links, store_path, device))
+        self.context = TensorParallel(
+            0, self.size, gathers(0, self.size, self.links, store_path, device), config.enable_expert_parallel
+        )
         threading.Thread(target=self._watch, name="tensor-parallel-watch", daemon=True).start()
 
     def _await_followers(self) -> None:
@@ -233,7 +235,7 @@ def follow(rank: int, shared_memory: str, store_path: str, steps: str, config: E
     size = config.tensor_parallel_size
     links = SharedMemoryGroup(shared_memory, rank, size, SLOT_BYTES, COLLECTIVE_TIMEOUT_S)
     links.join()
-    tp = TensorParallel(rank, size, gathers(rank, size, links, store_path, device))
+    tp = TensorParallel(rank, size, gathers(rank, size, links, store_path, device), config.enable_expert_parallel)
     model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
     try:
         begin = _expect(sock, Begin)
