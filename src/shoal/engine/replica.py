@@ -72,8 +72,9 @@ def build_replica(
     if layout:
         blocks = layout.num_blocks
     else:
-        # What the longest sequences could hold at once, and a NULL_BLOCK.
-        most_blocks = config.max_num_seqs * model.kv_groups.blocks_held(max_model_len, config.block_size) + 1
+        # What the longest sequences could hold at once, and the NULL_BLOCK of windowed groups.
+        longest = model.kv_groups.blocks_held(max_model_len, config.block_size)
+        most_blocks = config.max_num_seqs * longest + model.kv_groups.windowed
         blocks = num_kv_blocks(
             budget, config.block_size, model.kv_bytes_per_block_token(), most_blocks * config.block_size
         )
