@@ -11,7 +11,8 @@ from typing import Any
 
 class CpuMonitor:
     """How many cores other processes kept busy while a section ran (from /proc/stat minus our own
-    rusage). Tells a clean measurement from one that shared the CPU with someone else."""
+    CPU time and our live child processes', such as tensor-parallel ranks). Tells a clean
+    measurement from one that shared the CPU with someone else."""
 
     def __init__(self) -> None:
         self.tick = os.sysconf("SC_CLK_TCK")
@@ -24,7 +25,22 @@ class CpuMonitor:
         except OSError:
             busy = float("nan")
         ru = resource.getrusage(resource.RUSAGE_SELF)
-        return time.perf_counter(), busy, ru.ru_utime + ru.ru_stime
+        return time.perf_counter(), busy, ru.ru_utime + ru.ru_stime + self._children_cpu()
+
+    def _children_cpu(self) -> float:
+        """CPU seconds the live child processes of this one have used (utime + stime, /proc)."""
+        me, total = str(os.getpid()), 0.0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()  # after the command name
+            except OSError:
+                continue
+            if fields[1] == me:  # ppid
+                total += (int(fields[11]) + int(fields[12])) / self.tick
+        return total
 
     def __enter__(self) -> CpuMonitor:
         self.start = self._sample()
