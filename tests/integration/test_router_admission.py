@@ -117,7 +117,8 @@ def test_sheddable_degrades_to_the_fallback_then_to_a_shorter_output_then_is_she
         post, url, {"model": "big", "prompt": "cut me", "max_tokens": 30, "ignore_eos": True}, KEY, "sheddable"
     )
     wait_until_queued(url, "sheddable")
-    shed = post(url, {"model": "big", "prompt": "no room", "max_tokens": 30}, priority="sheddable")
+    # OpenAI's flex tier is the sheddable class.
+    shed = post(url, {"model": "big", "prompt": "no room", "max_tokens": 30, "service_tier": "flex"})
     assert shed.status_code == 429 and shed.headers["retry-after"]
     for thread in (holder, small_holder, shortened):
         thread.join(timeout=60)
@@ -137,20 +138,21 @@ def test_sheddable_degrades_to_the_fallback_then_to_a_shorter_output_then_is_she
     assert root["attributes"]["shoal.priority"] == "sheddable"
 
 
-def test_critical_requests_go_ahead_of_standard_ones(router, slow_pair):
+def test_critical_requests_go_ahead_of_standard_ones_and_say_their_tier(router, slow_pair):
     url, _ = router
     holder, _ = in_background(post, url, long_request("big"))
     wait_until_placed(url, slow_pair["big"])
     finished: list[str] = []
 
-    def request(name: str, priority: str) -> None:
-        response = post(url, {"model": "big", "prompt": name, "max_tokens": 10, "ignore_eos": True}, priority=priority)
-        assert response.status_code == 200
+    def request(name: str, tier: str) -> None:
+        body = {"model": "big", "prompt": name, "max_tokens": 10, "ignore_eos": True, "service_tier": tier}
+        response = post(url, body)
+        assert response.status_code == 200 and response.json()["service_tier"] == tier
         finished.append(name)
 
-    standard, _ = in_background(request, "standard", "standard")
+    standard, _ = in_background(request, "standard", "default")
     wait_until_queued(url, "standard")
-    critical, _ = in_background(request, "critical", "critical")
+    critical, _ = in_background(request, "critical", "priority")  # OpenAI's priority tier: the critical class
     for thread in (holder, standard, critical):
         thread.join(timeout=60)
     assert finished == ["critical", "standard"]

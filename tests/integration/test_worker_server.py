@@ -271,6 +271,34 @@ def test_a_stop_string_stays_in_the_output_when_asked(client, field):
     assert kept.text == trimmed.text + stop
 
 
+def test_the_openai_fields_sdks_send_are_served(client):
+    """service_tier is reported back (auto as default), in the response and every chunk; the cache
+    and end-user keys (read by routers), verbosity and text modalities change no token."""
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
+    plain = client.chat.completions.create(**args)
+    fields = dict(
+        service_tier="auto",
+        prompt_cache_key="agent-7",
+        safety_identifier="end-user-1",
+        verbosity="low",
+        modalities=["text"],
+    )
+    served = client.chat.completions.create(**args, **fields)
+    assert served.service_tier == "default" and served.choices[0].message.content == plain.choices[0].message.content
+    chunks = list(client.chat.completions.create(**args, service_tier="flex", stream=True))
+    assert {chunk.service_tier for chunk in chunks} == {"flex"}
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"modalities": ["text", "audio"]}, "modalities"), ({"service_tier": "scale"}, "service_tier")],
+)
+def test_audio_and_unknown_tiers_are_refused_by_name(worker_url, fields, param):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+    response = httpx.post(worker_url + "/v1/chat/completions", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"].startswith(param)
+
+
 def test_hidden_states_are_refused_by_name(worker_url):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "return_hidden_states": True}
     response = httpx.post(worker_url + "/v1/chat/completions", json=body, timeout=30)

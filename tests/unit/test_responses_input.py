@@ -128,7 +128,13 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": "x", "tool_choice": {"type": "function", "name": "f"}}, "tool_choice"),
         ({"model": "m", "input": "x", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
         ({"model": "m", "input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}}, "text.format"),
-        ({"model": "m", "input": "x", "text": {"verbosity": "low"}}, "text"),
+        ({"model": "m", "input": "x", "text": {"verbosity": "terse"}}, "text.verbosity"),
+        ({"model": "m", "input": "x", "text": {"stop": "x"}}, "text"),
+        ({"model": "m", "input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
+        ({"model": "m", "input": "x", "include": "all"}, "include"),
+        ({"model": "m", "input": "x", "truncation": "auto"}, "truncation"),
+        ({"model": "m", "input": "x", "service_tier": "scale"}, "service_tier"),
+        ({"model": "m", "input": "x", "prompt_cache_key": 3}, "prompt_cache_key"),
         ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"model": "m", "input": [{"type": "reasoning"}]}, "input[0].summary"),
@@ -161,6 +167,11 @@ def test_the_chat_body_carries_only_what_was_given():
         text={"format": {"type": "text"}},
         metadata={"k": "v"},
         reasoning={"effort": "low", "summary": None},
+        include=[],
+        truncation="disabled",
+        service_tier="flex",
+        prompt_cache_key="agent-7",
+        safety_identifier="end-user-1",
     ).chat_body([])
     assert full == {
         "model": "tiny",
@@ -174,13 +185,19 @@ def test_the_chat_body_carries_only_what_was_given():
         "ignore_eos": True,
         "user": "u",
         "reasoning_effort": "low",
+        "service_tier": "flex",
+        "prompt_cache_key": "agent-7",
+        "safety_identifier": "end-user-1",
     }
+    verbose = parse(text={"format": {"type": "text"}, "verbosity": "high"})
+    assert verbose.chat_body([])["verbosity"] == "high"
+    assert response_skeleton("resp_1", verbose, 1)["text"]["verbosity"] == "high"
 
 
 def test_response_objects_validate_as_the_official_type():
-    request = parse(instructions="sys", metadata={"k": "v"}, max_output_tokens=5)
+    request = parse(instructions="sys", metadata={"k": "v"}, max_output_tokens=5, service_tier="priority")
     skeleton = response_skeleton("resp_1", request, 123)
-    Response.model_validate(skeleton)
+    assert Response.model_validate(skeleton).service_tier == "priority"
     output = assistant_output("msg_1", {"content": "out"}, "incomplete")
     done = finished_response(skeleton, output, "length", {"prompt_tokens": 7, "completion_tokens": 5}, "tiny")
     parsed = Response.model_validate(done)

@@ -24,9 +24,16 @@ GHOST_FACTOR = 4
 PRESSURE_WINDOW = 32
 
 
-def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS) -> tuple[bytes, ...]:
-    """Chained hashes of the full blocks of `text` (a trailing partial block is not cached anyway)."""
+def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS, cache_key: str | None = None) -> tuple[bytes, ...]:
+    """Chained hashes of the full blocks of `text` (a trailing partial block is not cached anyway).
+    With a `cache_key` (OpenAI's prompt_cache_key), a block of the key comes first and the text's
+    chain grows from it: requests with one key share that block whatever their text, so they go
+    where the key went before (ahead of their text's prefix), and requests with other keys share
+    none of its blocks."""
     blocks, parent = [], b""
+    if cache_key is not None:
+        parent = hashlib.blake2b(b"prompt_cache_key\0" + cache_key.encode(), digest_size=12).digest()
+        blocks.append(parent)
     for start in range(0, len(text) - block_chars + 1, block_chars):
         parent = hashlib.blake2b(parent + text[start : start + block_chars].encode(), digest_size=12).digest()
         blocks.append(parent)

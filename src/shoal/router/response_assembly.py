@@ -40,7 +40,8 @@ def _message(part: dict) -> dict:
 
 def assemble(events: list[dict], chat: bool) -> dict:
     """Invariant: each choice's text, reasoning, tool calls, token ids and logprobs are the
-    concatenation of its deltas in order; usage is the stream's final usage."""
+    concatenation of its deltas in order; usage is the stream's final usage; the service tier is
+    the stream's, where it reports one."""
     first = events[0]
     parts: dict[int, dict] = {}
     usage = None
@@ -82,11 +83,13 @@ def assemble(events: list[dict], chat: bool) -> dict:
         else:
             choice["text"] = "".join(part["text"])
         choices.append(choice)
+    tier = {"service_tier": first["service_tier"]} if "service_tier" in first else {}
     return {
         "id": first.get("id"),
         "created": first.get("created"),
         "model": first.get("model"),
         "object": "chat.completion" if chat else "text_completion",
+        **tier,
         "choices": choices,
         "usage": usage,
     }

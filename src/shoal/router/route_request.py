@@ -9,6 +9,10 @@ from shoal.router.views import RouteRequest
 
 SESSION_HEADERS = ("x-session-id", "x-shoal-session")
 PRIORITIES = ("critical", "standard", "sheddable")
+# OpenAI's service tiers as admission classes ("auto" and "default": the standard class).
+TIER_PRIORITIES = {"priority": "critical", "flex": "sheddable", "auto": "standard", "default": "standard"}
+# Who the request is for: OpenAI's safety_identifier, else its older `user`.
+END_USER_FIELDS = ("safety_identifier", "user")
 ROUTER_ONLY_FIELDS = ("kv_source",)  # a worker imports KV from the peer it names
 # Chat templates add a few tokens per message (role markers, separators).
 TEMPLATE_TOKENS_PER_MESSAGE = 4
@@ -52,15 +56,22 @@ def route_request(
             raise RequestError("`prompt` must be a string or a list of token ids", "prompt")
     max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
     decode = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else default_decode_tokens
-    priority = headers.get("x-shoal-priority") or body.get("priority") or "standard"
+    tier = body.get("service_tier")
+    if tier is not None and tier not in TIER_PRIORITIES:
+        raise RequestError(f"service_tier must be one of {', '.join(TIER_PRIORITIES)}", "service_tier")
+    priority = headers.get("x-shoal-priority") or body.get("priority") or TIER_PRIORITIES.get(tier, "standard")
     if priority not in PRIORITIES:
         raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
-    session = next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None) or body.get("user")
+    cache_key = body.get("prompt_cache_key")
+    if cache_key is not None and not (isinstance(cache_key, str) and cache_key):
+        raise RequestError("`prompt_cache_key` must be a non-empty string", "prompt_cache_key")
+    end_user = next((body[f] for f in END_USER_FIELDS if isinstance(body.get(f), str) and body[f]), None)
+    session = cache_key or next((headers[h] for h in SESSION_HEADERS if headers.get(h)), None) or end_user
     return RouteRequest(
         model=model,
         prompt_tokens=max(1, prompt_tokens),
         expected_decode_tokens=decode,
-        prefix_blocks=prefix_blocks(text),
+        prefix_blocks=prefix_blocks(text, cache_key=cache_key),
         chars_per_token=chars_per_token,
         block_chars=BLOCK_CHARS,
         session_key=session if isinstance(session, str) else None,

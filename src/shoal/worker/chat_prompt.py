@@ -58,17 +58,24 @@ def chat_prompt(tokenizer: Tokenizer, body: ChatCompletionRequest, tool_use: Too
         raise InvalidRequestError(f"the chat template refused the request: {exc}") from None
 
 
+# Request fields that reach the chat template as variables of the same name.
+TEMPLATE_FIELDS = ("reasoning_effort", "verbosity")
+
+
 def _template_kwargs(body: ChatCompletionRequest, template: str | None) -> dict | None:
-    """The request's chat_template_kwargs, with its reasoning_effort (given once, not in both)."""
-    if body.reasoning_effort is None:
-        return body.chat_template_kwargs
-    if "reasoning_effort" in (body.chat_template_kwargs or {}):
-        raise InvalidRequestError(
-            "give reasoning_effort as the field or in chat_template_kwargs, not both", param="reasoning_effort"
-        )
-    if "reasoning_effort" not in (template or ""):
-        logger.info("reasoning_effort %r is unused: this model's chat template does not read it", body.reasoning_effort)
-    return {**(body.chat_template_kwargs or {}), "reasoning_effort": body.reasoning_effort}
+    """The request's chat_template_kwargs, with its reasoning_effort and verbosity (each given once,
+    as the field or in chat_template_kwargs, not both)."""
+    kwargs = dict(body.chat_template_kwargs or {})
+    for name in TEMPLATE_FIELDS:
+        value = getattr(body, name)
+        if value is None:
+            continue
+        if name in kwargs:
+            raise InvalidRequestError(f"give {name} as the field or in chat_template_kwargs, not both", param=name)
+        if name not in (template or ""):
+            logger.info("%s %r is unused: this model's chat template does not read it", name, value)
+        kwargs[name] = value
+    return kwargs if body.chat_template_kwargs is not None or kwargs else None
 
 
 def _template_message(message: ChatMessage, native: bool) -> dict:

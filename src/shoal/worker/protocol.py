@@ -83,6 +83,17 @@ class SamplingFields(Strict):
     # Read by routers (session affinity, admission class); a worker has no use for them.
     user: str | None = None
     priority: Literal["critical", "standard", "sheddable"] | None = None
+    # OpenAI's service tier: a router admits "priority" as critical, "flex" as sheddable, "auto" and
+    # "default" as standard (shoal.router.route_request); the response reports the tier served.
+    service_tier: Literal["auto", "default", "flex", "priority"] | None = None
+    # OpenAI's cache key and end-user key: a router places a request by prompt_cache_key, ahead of
+    # guessing from its prefix, and takes safety_identifier (else user) as the request's end user.
+    prompt_cache_key: str | None = Field(None, min_length=1, max_length=1024)
+    safety_identifier: str | None = Field(None, min_length=1, max_length=1024)
+
+    def served_tier(self) -> str | None:
+        """The tier the response reports: "auto" is served as "default" (None: none was asked)."""
+        return "default" if self.service_tier == "auto" else self.service_tier
 
     def output_constraint(self) -> StructuredOutputs | None:
         """What the output must match, from the request's fields (None: free text)."""
@@ -235,6 +246,10 @@ class ChatCompletionRequest(SamplingFields):
     # (gpt-oss's harmony system message says `Reasoning: low|medium|high`, medium by default); a
     # model whose template does not read it leaves it unused, and the worker logs that.
     reasoning_effort: Literal["low", "medium", "high"] | None = None
+    # OpenAI's verbosity: the template variable `verbosity` of a template that reads it (logged as
+    # unused elsewhere, as reasoning_effort is); output modalities: text only (audio is refused).
+    verbosity: Literal["low", "medium", "high"] | None = None
+    modalities: list[Literal["text"]] | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

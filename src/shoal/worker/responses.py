@@ -143,6 +143,8 @@ async def _respond(
             await stream.aclose()
         raise
     meta = {"id": request_id, "created": int(time.time()), "model": model_name}
+    if body.service_tier is not None:
+        meta["service_tier"] = body.served_tier()
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     choices = (
         [ChatChoice(tool_use, first.seed, prompt_ids, reasoning, skip_special_tokens) for first in firsts]

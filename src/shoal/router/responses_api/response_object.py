@@ -41,10 +41,13 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
         "parallel_tool_calls": request.parallel_tool_calls,
         "tool_choice": request.tool_choice,
         "tools": request.tools,
-        "text": {"format": request.text_format},
+        "text": {"format": request.text_format, "verbosity": request.verbosity or "medium"},
         "reasoning": {"effort": request.reasoning_effort, "summary": None},
         "truncation": "disabled",
         "background": False,
+        "service_tier": "default" if request.service_tier in (None, "auto") else request.service_tier,
+        "prompt_cache_key": request.prompt_cache_key,
+        "safety_identifier": request.safety_identifier,
     }
 
 

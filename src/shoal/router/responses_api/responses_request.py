@@ -37,7 +37,14 @@ RESPONSES_FIELDS = (
     "parallel_tool_calls",
     "text",
     "reasoning",
+    "include",
+    "truncation",
+    "service_tier",
+    "prompt_cache_key",
+    "safety_identifier",
 )
+SERVICE_TIERS = ("auto", "default", "flex", "priority")
+VERBOSITIES = ("low", "medium", "high")
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 REASONING_EFFORTS = ("low", "medium", "high")
@@ -74,12 +81,43 @@ def _metadata(body: dict) -> dict[str, str]:
     return metadata
 
 
+def _include(body: dict) -> None:
+    """`include`: extra output data to return. None is served yet: an empty list (what SDKs send) is
+    accepted, any value is refused by name."""
+    include = _field(body, "include", list, "a list of strings", [])
+    if include:
+        raise RequestError(f"`include` value {include[0]!r} is not supported", "include")
+
+
+def _truncation(body: dict) -> None:
+    """`truncation`: "disabled" (the default: an input over the context is a 400) is served."""
+    truncation = _field(body, "truncation", str, '"auto" or "disabled"', "disabled")
+    if truncation != "disabled":
+        raise RequestError(f'`truncation` {truncation!r} is not supported; only "disabled" is', "truncation")
+
+
+def _choice(body: dict, name: str, choices: tuple[str, ...]) -> str | None:
+    value = _field(body, name, str, f"one of {', '.join(choices)}")
+    if value is not None and value not in choices:
+        raise RequestError(f"`{name}` must be one of {', '.join(choices)}", name)
+    return value
+
+
+def _verbosity(body: dict) -> str | None:
+    """`text.verbosity` (the chat request's verbosity)."""
+    text = _field(body, "text", dict, "an object", {})
+    verbosity = text.get("verbosity")
+    if verbosity is not None and verbosity not in VERBOSITIES:
+        raise RequestError(f"`text.verbosity` must be one of {', '.join(VERBOSITIES)}", "text.verbosity")
+    return verbosity
+
+
 def _text_format(body: dict) -> dict:
     """`text.format`: {"type": "text"} (the default), {"type": "json_object"}, or {"type":
     "json_schema", "name", "schema", "strict", "description"}."""
     text = _field(body, "text", dict, "an object", {})
-    if set(text) - {"format"}:
-        raise RequestError(f"`text.{sorted(set(text) - {'format'})[0]}` is not supported", "text")
+    if set(text) - {"format", "verbosity"}:
+        raise RequestError(f"`text.{sorted(set(text) - {'format', 'verbosity'})[0]}` is not supported", "text")
     text_format = text.get("format", {"type": "text"})
     if not isinstance(text_format, dict) or text_format.get("type") not in TEXT_FORMATS:
         raise RequestError(f"`text.format.type` must be one of {', '.join(TEXT_FORMATS)}", "text.format.type")
@@ -160,7 +198,11 @@ class ResponsesRequest:
     tool_choice: str | dict
     parallel_tool_calls: bool
     text_format: dict
+    verbosity: str | None
     reasoning_effort: str | None
+    service_tier: str | None
+    prompt_cache_key: str | None
+    safety_identifier: str | None
     extensions: dict
 
     @classmethod
@@ -178,6 +220,8 @@ class ResponsesRequest:
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
         tools = _function_tools(body)
+        _include(body)
+        _truncation(body)
         return cls(
             model=model,
             input_items=normalize_input(body.get("input")),
@@ -194,7 +238,11 @@ class ResponsesRequest:
             tool_choice=_tool_choice(body, tools),
             parallel_tool_calls=_field(body, "parallel_tool_calls", bool, "a boolean", True),
             text_format=_text_format(body),
+            verbosity=_verbosity(body),
             reasoning_effort=_reasoning_effort(body),
+            service_tier=_choice(body, "service_tier", SERVICE_TIERS),
+            prompt_cache_key=_field(body, "prompt_cache_key", str, "a string"),
+            safety_identifier=_field(body, "safety_identifier", str, "a string"),
             extensions={name: body[name] for name in SHOAL_EXTENSIONS if name in body},
         )
 
@@ -206,6 +254,10 @@ class ResponsesRequest:
             "top_p": self.top_p,
             "user": self.user,
             "reasoning_effort": self.reasoning_effort,
+            "verbosity": self.verbosity,
+            "service_tier": self.service_tier,
+            "prompt_cache_key": self.prompt_cache_key,
+            "safety_identifier": self.safety_identifier,
         }
         body = {
             **self.extensions,
