@@ -6,8 +6,8 @@ calls' arguments as objects (as Hugging Face templates expect). A template witho
 gets DEFAULT_TOOLS_PROMPT in the system message, assistant tool calls written in the Hermes format
 in the assistant's text, and tool results as user turns wrapped in <tool_response> tags. An
 assistant message's reasoning_content reaches the template as it is (Qwen3's and harmony's render
-it), and so do the request's chat_template_kwargs and its reasoning_effort (as the variable
-`reasoning_effort`; logged as unused where the template does not read it); a template that refuses
+it), and so do the request's chat_template_kwargs, its reasoning_effort and its verbosity (as
+variables of those names; logged as unused where the template does not read them); a template that refuses
 the conversation (its `raise_exception`) or fails on it is the request's fault, a 400.
 """
 
