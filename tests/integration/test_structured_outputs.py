@@ -93,6 +93,19 @@ def test_json_schema_output_validates_for_seeded_samples_at_temperature_one(flee
     assert len(set(outputs)) > 10  # sampled, not one greedy answer
 
 
+def test_a_schema_that_is_not_strict_ends_with_its_own_properties(fleet):
+    """instructor's JSON_SCHEMA mode: no additionalProperties, no strict; the output still ends."""
+    url, _ = fleet
+    loose = {key: value for key, value in PERSON.items() if key != "additionalProperties"}
+    response_format = {"type": "json_schema", "json_schema": {"name": "person", "schema": loose}}
+    for seed in range(4):
+        reply = client(url).chat.completions.create(
+            model=MODEL, messages=ASK, response_format=response_format, temperature=1.0, seed=seed, max_tokens=400
+        )
+        assert reply.choices[0].finish_reason == "stop"
+        assert set(json.loads(reply.choices[0].message.content)) == set(PERSON["properties"])
+
+
 def test_parse_with_a_pydantic_model_and_json_object(fleet):
     url, _ = fleet
     parsed = client(url).chat.completions.parse(

@@ -108,3 +108,37 @@ def test_a_spec_holds_exactly_one_constraint():
         StructuredOutputs()
     with pytest.raises(InvalidRequestError, match="choice"):
         StructuredOutputs(choice=("",))
+
+
+def test_objects_that_list_their_properties_take_no_others_unless_their_schema_says(compiler):
+    """A non-strict schema (instructor's JSON_SCHEMA mode) ends: once its properties are written
+    only the closing brace may follow; an object that says what more it takes keeps it."""
+    grammar, tokenizer = compiler
+    listed = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    matcher = grammar.matcher(StructuredOutputs.from_schema(listed, "response_format"))
+    for token in tokenizer.encode('{"ok": true', add_special_tokens=False):
+        assert matcher.consume_token(token)
+    [mask], _ = grammar.allowed_tokens([matcher])
+    allowed = {tokenizer.decode([int(t)]) for t in mask.nonzero().flatten()}
+    assert "}" in allowed and not any(text.startswith(",") for text in allowed)
+    walk(compiler, StructuredOutputs.from_schema({**listed, "additionalProperties": True}, "p"), '{"ok": true, "x": 1}')
+
+
+def test_closing_reaches_nested_objects_but_not_the_parts_of_an_all_of():
+    from shoal.engine.grammar import closed_objects
+
+    part = {"properties": {"a": {"type": "string"}}}
+    schema = {
+        "type": "object",
+        "properties": {"inner": part, "list": {"type": "array", "items": part}},
+        "$defs": {"d": part},
+        "allOf": [part],
+        "anyOf": [{"properties": {"b": {}}, "patternProperties": {"^x": {}}}],
+    }
+    closed = closed_objects(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["inner"]["additionalProperties"] is False
+    assert closed["properties"]["list"]["items"]["additionalProperties"] is False
+    assert closed["$defs"]["d"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["allOf"][0] and "additionalProperties" not in closed["anyOf"][0]
+    assert "additionalProperties" not in part  # the request's schema is left as it was

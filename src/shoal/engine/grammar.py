@@ -6,6 +6,9 @@ docs/performance.md): it compiles a tool schema in about a millisecond, needs no
 refuses the JSON Schema keywords it cannot enforce (`uniqueItems`, `if`/`then`, unknown formats)
 where xgrammar drops them silently and lets non-conforming output through.
 
+JSON is bounded so that a small model's output ends: no whitespace but the separators, and objects
+that list their properties take no others unless their schema says (`closed_objects`).
+
 Invariants: a sequence's mask depends only on the tokens its own matcher consumed, so constrained
 sampling stays batch-invariant and reproducible from (seed, position); compiled grammars are
 cached by spec, and `compile` is safe from any thread, so workers compile off the engine thread.
@@ -134,7 +137,8 @@ def _grammar_source(spec: StructuredOutputs) -> str:
     Lark nor GBNF."""
     match spec.kind:
         case "json":
-            return llguidance.LLMatcher.grammar_from_json_schema(spec.json, defaults=JSON_OPTIONS)
+            schema = closed_objects(json.loads(spec.json))
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
         case "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=JSON_OPTIONS)
         case "regex":
@@ -147,6 +151,36 @@ def _grammar_source(spec: StructuredOutputs) -> str:
                 return llguidance.LLMatcher.grammar_from_lark(any_to_lark(spec.grammar))
             except Exception as exc:  # the GBNF converter raises bare exceptions on bad input
                 raise InvalidRequestError(f"the grammar does not parse: {_short(str(exc))}", spec.param) from exc
+
+
+# Keywords whose value is one schema, a list of schemas, or a map of names to schemas.
+_ONE_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def closed_objects(schema: object, in_all_of: bool = False) -> object:
+    """The schema with every object that lists `properties` and says nothing of more closed to them
+    (additionalProperties false), as xgrammar and outlines read a schema (vLLM's guidance backend has
+    disable_additional_properties for it): a model otherwise free to add properties may add them
+    forever. An object that says what more it takes keeps it; the parts of an allOf stay open, each
+    being one part of the object."""
+    if not isinstance(schema, dict):
+        return schema
+    closed = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, dict):
+            closed[key] = {name: closed_objects(part) for name, part in value.items()}
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            closed[key] = [closed_objects(part, in_all_of=key == "allOf") for part in value]
+        elif key in _ONE_SCHEMA:
+            closed[key] = closed_objects(value)
+        else:
+            closed[key] = value
+    open_ended = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+    if "properties" in closed and not in_all_of and not any(key in closed for key in open_ended):
+        closed["additionalProperties"] = False
+    return closed
 
 
 def _described(spec: StructuredOutputs) -> str:
