@@ -289,11 +289,29 @@ def test_the_openai_fields_sdks_send_are_served(client):
     assert {chunk.service_tier for chunk in chunks} == {"flex"}
 
 
+def test_logit_bias_forbids_and_forces_tokens(client):
+    args = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
+    plain = client.chat.completions.create(**args, extra_body={"ignore_eos": True}).choices[0]
+    first = plain.model_extra["token_ids"][0]
+    forbidden = client.chat.completions.create(
+        **args, logit_bias={str(first): -100}, extra_body={"ignore_eos": True}
+    ).choices[0]
+    assert forbidden.model_extra["token_ids"][0] != first
+    forced = client.chat.completions.create(**args, logit_bias={"42": 100}, extra_body={"ignore_eos": True}).choices[0]
+    assert forced.model_extra["token_ids"] == [42] * 6
+
+
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"modalities": ["text", "audio"]}, "modalities"), ({"service_tier": "scale"}, "service_tier")],
+    [
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"service_tier": "scale"}, "service_tier"),
+        ({"logit_bias": {"a": 1}}, "logit_bias"),
+        ({"logit_bias": {"3": 101}}, "logit_bias"),
+        ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+    ],
 )
-def test_audio_and_unknown_tiers_are_refused_by_name(worker_url, fields, param):
+def test_audio_unknown_tiers_and_bad_biases_are_refused_by_name(worker_url, fields, param):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
     response = httpx.post(worker_url + "/v1/chat/completions", json=body, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"].startswith(param)

@@ -93,3 +93,26 @@ def test_a_draw_inverts_the_cumulative_distribution_at_the_rows_uniform(vocab):
         u = position_seed(r.seed, r.position) / 2**63
         below = float(cumulative[token - 1]) if token else 0.0
         assert token % 7 and below - 1e-5 <= u <= float(cumulative[token]) + 1e-5, (i, token, u)
+
+
+def test_logit_bias_forbids_and_forces_tokens_before_the_grammar_and_alone_as_in_a_batch():
+    logits = torch.tensor([0.1, 3.0, 2.0, -1.0])
+    greedy = SamplingParams(temperature=0)
+    assert sample(logits[None], [row(SamplingParams(temperature=0, logit_bias=((1, -100.0),)))])[0].token_id == 2
+    assert sample(logits[None], [row(SamplingParams(temperature=0, logit_bias=((3, 100.0),)))])[0].token_id == 3
+    forced = SamplingParams(temperature=1.0, logit_bias=((0, 100.0),))
+    assert set(draws(logits, forced, 50)) == {0}
+    # The grammar's mask comes after: a forced token the grammar forbids is not drawn.
+    allowed = torch.tensor([False, True, True, False])
+    masked = SamplingRow(forced, 7, 10, [], [], (), allowed)
+    assert sample(logits[None], [masked])[0].token_id in (1, 2)
+    # A biased row draws alone what it draws among others, seeded.
+    torch.manual_seed(1)
+    table = torch.randn(4, 64)
+    biased = SamplingParams(temperature=0.9, seed=3, logit_bias=((5, 4.0), (9, -3.0)))
+    alone = [sample(table[2:3], [row(biased, seed=3, position=p)])[0].token_id for p in range(20)]
+    neighbours = [row(greedy), row(SamplingParams(temperature=1.0))]
+    batched = [
+        sample(table, [*neighbours, row(biased, seed=3, position=p), row(greedy)])[2].token_id for p in range(20)
+    ]
+    assert alone == batched and 5 in alone

@@ -35,3 +35,10 @@ def test_out_of_range_values_are_rejected(field, value):
 
 def test_single_stop_string_is_accepted():
     assert SamplingParams(stop="\n").stop == ("\n",)
+
+
+def test_logit_bias_values_are_in_openais_range():
+    assert SamplingParams(logit_bias=[(3, -100), (4, 100)]).logit_bias == ((3, -100.0), (4, 100.0))
+    with pytest.raises(InvalidSamplingParamsError) as refused:
+        SamplingParams(logit_bias=((3, 101.0),))
+    assert refused.value.param == "logit_bias"

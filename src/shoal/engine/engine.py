@@ -218,6 +218,8 @@ class LLMEngine:
         vocab = self.model.config.vocab_size
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in token_ids + resumed):
             raise InvalidRequestError(f"token ids must be integers in [0, {vocab})", param="prompt")
+        if any(token >= vocab for token, _ in params.logit_bias):
+            raise InvalidRequestError(f"logit_bias names token ids outside [0, {vocab})", param="logit_bias")
         if len(resumed) >= params.max_tokens:
             raise InvalidRequestError("resume_token_ids already reach max_tokens", param="resume_token_ids")
         limit = min(self.max_model_len, self.max_cached_tokens)

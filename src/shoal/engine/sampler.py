@@ -86,10 +86,11 @@ def _argmax_rows(logits: torch.Tensor) -> torch.Tensor:
 
 
 def _unaltered(row: SamplingRow) -> bool:
-    """Nothing changes the row's logits: no penalty, banned token or grammar mask."""
+    """Nothing changes the row's logits: no bias, penalty, banned token or grammar mask."""
     p = row.params
     return (
-        not row.banned_token_ids
+        not p.logit_bias
+        and not row.banned_token_ids
         and row.allowed is None
         and p.repetition_penalty == 1.0
         and not p.presence_penalty
@@ -109,10 +110,15 @@ def _is_plain_draw(row: SamplingRow) -> bool:
 
 
 def _scores(logits: torch.Tensor, row: SamplingRow) -> torch.Tensor:
-    """The row's logits after penalties, banned tokens and the grammar's mask; for a draw, also -inf
-    for every token top-k, top-p and min-p drop (the distribution they leave, renormalized)."""
+    """The row's logits after its logit bias, penalties, banned tokens and the grammar's mask; for a
+    draw, also -inf for every token top-k, top-p and min-p drop (the distribution they leave,
+    renormalized)."""
     params = row.params
-    scores = _apply_penalties(logits.clone(), row)
+    scores = logits.clone()
+    if params.logit_bias:
+        ids, values = zip(*params.logit_bias)
+        scores[list(ids)] += torch.tensor(values, dtype=scores.dtype, device=scores.device)
+    scores = _apply_penalties(scores, row)
     if row.banned_token_ids:
         scores[list(row.banned_token_ids)] = float("-inf")
     if row.allowed is not None:

@@ -8,6 +8,7 @@ from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import InvalidSamplingParamsError
 
 MAX_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values
 
 
 @dataclass(frozen=True)
@@ -36,12 +37,16 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     # What the output must match (a JSON schema, regex, choice or grammar); None: free text.
     structured_outputs: StructuredOutputs | None = None
+    # OpenAI's logit_bias: (token id, value) pairs added to the row's logits before penalties and the
+    # grammar's mask (-100 all but forbids a token, 100 all but forces it).
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(v)) for t, v in self.logit_bias))
         self._validate()
 
     def _validate(self) -> None:
@@ -67,6 +72,11 @@ class SamplingParams:
                 "must be non-negative ints",
             ),
             (self.seed is None or isinstance(self.seed, int), "seed", "must be an integer"),
+            (
+                all(t >= 0 and -MAX_LOGIT_BIAS <= v <= MAX_LOGIT_BIAS for t, v in self.logit_bias),
+                "logit_bias",
+                f"must map token ids to values in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            ),
         ]
         for ok, name, rule in checks:
             if not ok:

@@ -90,6 +90,15 @@ class SamplingFields(Strict):
     # guessing from its prefix, and takes safety_identifier (else user) as the request's end user.
     prompt_cache_key: str | None = Field(None, min_length=1, max_length=1024)
     safety_identifier: str | None = Field(None, min_length=1, max_length=1024)
+    # OpenAI's logit_bias: token id (as a string) -> a value in [-100, 100] added to its logit.
+    logit_bias: dict[str, float] | None = Field(None, max_length=1024)
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias and not all(key.isdigit() for key in bias):
+            raise ValueError("logit_bias keys must be token ids")
+        return bias
 
     def served_tier(self) -> str | None:
         """The tier the response reports: "auto" is served as "default" (None: none was asked)."""
@@ -126,6 +135,7 @@ class SamplingFields(Strict):
             structured_outputs=constraint,
             skip_special_tokens=skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output or self.no_stop_trim,
+            logit_bias=tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items())),
         )
 
 
