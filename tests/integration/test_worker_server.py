@@ -282,6 +282,7 @@ def test_the_openai_fields_sdks_send_are_served(client):
         safety_identifier="end-user-1",
         verbosity="low",
         modalities=["text"],
+        prediction={"type": "content", "content": "a draft"},
     )
     served = client.chat.completions.create(**args, **fields)
     assert served.service_tier == "default" and served.choices[0].message.content == plain.choices[0].message.content

@@ -135,6 +135,8 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": "x", "truncation": "auto"}, "truncation"),
         ({"model": "m", "input": "x", "service_tier": "scale"}, "service_tier"),
         ({"model": "m", "input": "x", "prompt_cache_key": 3}, "prompt_cache_key"),
+        ({"model": "m", "input": "x", "background": True}, "background"),
+        ({"model": "m", "input": "x", "max_tool_calls": -1}, "max_tool_calls"),
         ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
         ({"model": "m", "input": [{"type": "reasoning"}]}, "input[0].summary"),
@@ -169,6 +171,8 @@ def test_the_chat_body_carries_only_what_was_given():
         reasoning={"effort": "low", "summary": None},
         include=[],
         truncation="disabled",
+        background=False,
+        max_tool_calls=3,
         service_tier="flex",
         prompt_cache_key="agent-7",
         safety_identifier="end-user-1",
@@ -195,9 +199,11 @@ def test_the_chat_body_carries_only_what_was_given():
 
 
 def test_response_objects_validate_as_the_official_type():
-    request = parse(instructions="sys", metadata={"k": "v"}, max_output_tokens=5, service_tier="priority")
+    request = parse(
+        instructions="sys", metadata={"k": "v"}, max_output_tokens=5, service_tier="priority", max_tool_calls=2
+    )
     skeleton = response_skeleton("resp_1", request, 123)
-    assert Response.model_validate(skeleton).service_tier == "priority"
+    assert Response.model_validate(skeleton).service_tier == "priority" and skeleton["max_tool_calls"] == 2
     output = assistant_output("msg_1", {"content": "out"}, "incomplete")
     done = finished_response(skeleton, output, "length", {"prompt_tokens": 7, "completion_tokens": 5}, "tiny")
     parsed = Response.model_validate(done)

@@ -223,6 +223,15 @@ class JsonSchemaFormat(Strict):
     strict: bool | None = None
 
 
+class Prediction(Strict):
+    """OpenAI's predicted output: text the answer is expected to repeat (a draft for speculative
+    decoding; until the engine speculates, it changes nothing, as a prediction never changes the
+    tokens)."""
+
+    type: Literal["content"]
+    content: str | list[ContentPart]
+
+
 class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
@@ -260,6 +269,7 @@ class ChatCompletionRequest(SamplingFields):
     # unused elsewhere, as reasoning_effort is); output modalities: text only (audio is refused).
     verbosity: Literal["low", "medium", "high"] | None = None
     modalities: list[Literal["text"]] | None = None
+    prediction: Prediction | None = None
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

@@ -48,6 +48,7 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
         "service_tier": "default" if request.service_tier in (None, "auto") else request.service_tier,
         "prompt_cache_key": request.prompt_cache_key,
         "safety_identifier": request.safety_identifier,
+        "max_tool_calls": request.max_tool_calls,
     }
 
 

@@ -42,6 +42,8 @@ RESPONSES_FIELDS = (
     "service_tier",
     "prompt_cache_key",
     "safety_identifier",
+    "max_tool_calls",
+    "background",
 )
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 VERBOSITIES = ("low", "medium", "high")
@@ -87,6 +89,20 @@ def _include(body: dict) -> None:
     include = _field(body, "include", list, "a list of strings", [])
     if include:
         raise RequestError(f"`include` value {include[0]!r} is not supported", "include")
+
+
+def _background(body: dict) -> None:
+    """`background`: false (answer in the request) is served."""
+    if _field(body, "background", bool, "a boolean", False):
+        raise RequestError("`background` true is not supported; responses are answered in the request", "background")
+
+
+def _max_tool_calls(body: dict) -> int | None:
+    """`max_tool_calls` bounds calls to built-in tools, which shoal has none of: any bound holds."""
+    bound = _field(body, "max_tool_calls", int, "a non-negative integer")
+    if bound is not None and bound < 0:
+        raise RequestError("`max_tool_calls` must be a non-negative integer", "max_tool_calls")
+    return bound
 
 
 def _truncation(body: dict) -> None:
@@ -203,6 +219,7 @@ class ResponsesRequest:
     service_tier: str | None
     prompt_cache_key: str | None
     safety_identifier: str | None
+    max_tool_calls: int | None
     extensions: dict
 
     @classmethod
@@ -222,6 +239,7 @@ class ResponsesRequest:
         tools = _function_tools(body)
         _include(body)
         _truncation(body)
+        _background(body)
         return cls(
             model=model,
             input_items=normalize_input(body.get("input")),
@@ -243,6 +261,7 @@ class ResponsesRequest:
             service_tier=_choice(body, "service_tier", SERVICE_TIERS),
             prompt_cache_key=_field(body, "prompt_cache_key", str, "a string"),
             safety_identifier=_field(body, "safety_identifier", str, "a string"),
+            max_tool_calls=_max_tool_calls(body),
             extensions={name: body[name] for name in SHOAL_EXTENSIONS if name in body},
         )
 
