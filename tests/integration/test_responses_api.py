@@ -206,6 +206,21 @@ def test_streamed_events_arrive_in_order_and_the_stored_response_is_the_final_on
     expect_full_context(worker, final, [("Say something", first)], "Say more")
 
 
+def test_output_text_logprobs_streamed_add_up_to_the_whole_ones(routers, tmp_path):
+    """include message.output_text.logprobs with top_logprobs: the deltas' logprobs, in order, are
+    the message's, and the same as a non-streamed response's for the same seed."""
+    _, url = routers({"sqlite_path": str(tmp_path / "responses.sqlite3")})
+    asked = dict(include=["message.output_text.logprobs"], top_logprobs=2, store=False)
+    whole = turn(url, "Say something", **asked)
+    [text] = whole.output[0].content
+    assert len(text.logprobs) == whole.usage.output_tokens and all(len(e.top_logprobs) == 2 for e in text.logprobs)
+    events = list(turn(url, "Say something", stream=True, **asked))
+    deltas = [event for event in events if event.type == "response.output_text.delta"]
+    streamed = [entry.model_dump() for event in deltas for entry in event.logprobs]
+    final = [e.model_dump() for e in events[-1].response.output[0].content[0].logprobs]
+    assert streamed == final == [e.model_dump() for e in text.logprobs]
+
+
 def test_errors_ownership_and_options(routers, tmp_path):
     keys = {"alpha": "key-alpha", "beta": "key-beta"}
     _, url = routers(

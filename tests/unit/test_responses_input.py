@@ -323,12 +323,12 @@ def chunk(content: str | None = None, finish_reason: str | None = None, **extra)
     }
 
 
-def run_events(chat: ChatStream, keep) -> list[dict]:
+def run_events(chat: ChatStream, keep, logprobs: bool = False) -> list[dict]:
     async def collect() -> list[dict]:
         skeleton = response_skeleton("resp_1", parse(stream=True), 0)
         return [
             json.loads(raw.decode().split("data: ", 1)[1])
-            async for raw in response_events(chat, skeleton, "msg_1", keep)
+            async for raw in response_events(chat, skeleton, "msg_1", keep, logprobs)
         ]
 
     events = asyncio.run(collect())
@@ -569,3 +569,39 @@ def test_bad_reasoning_items_name_the_field(item, param):
     with pytest.raises(RequestError) as refused:
         normalize_input([item])
     assert refused.value.param == param
+
+
+def entry(token: str) -> dict:
+    return {"token": token, "logprob": -0.5, "bytes": list(token.encode()), "top_logprobs": []}
+
+
+def test_output_text_logprobs_are_asked_of_the_chat_request_and_add_up_over_the_stream():
+    asked = parse(include=["message.output_text.logprobs"], top_logprobs=3)
+    assert asked.chat_body([])["logprobs"] is True and asked.chat_body([])["top_logprobs"] == 3
+    assert "logprobs" not in parse(top_logprobs=3).chat_body([])
+    with pytest.raises(RequestError) as refused:
+        parse(top_logprobs=21)
+    assert refused.value.param == "top_logprobs"
+
+    async def keep(response: dict) -> None:
+        pass
+
+    def with_logprobs(content: str | None, token: str, finish_reason: str | None = None) -> dict:
+        event = chunk(content, finish_reason)
+        event["choices"][0]["logprobs"] = {"content": [entry(token)]}
+        return event
+
+    # The middle token brings no text of its own (part of a character): its logprobs wait for text.
+    chat = ChatStream(
+        [with_logprobs("He", "He"), with_logprobs(None, "\xa0"), with_logprobs("llo", "llo", "stop"), "[DONE]"]
+    )
+    events = run_events(chat, keep, logprobs=True)
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [[x["token"] for x in d["logprobs"]] for d in deltas] == [["He"], ["\xa0", "llo"]]
+    [done] = [e for e in events if e["type"] == "response.output_item.done"]
+    assert [x["token"] for x in done["item"]["content"][0]["logprobs"]] == ["He", "\xa0", "llo"]
+    final = Response.model_validate(events[-1]["response"])
+    assert [x.token for x in final.output[0].content[0].logprobs] == ["He", "\xa0", "llo"]
+    message = {"role": "assistant", "content": "Hello"}
+    [item] = assistant_output("m", message, "completed", [entry("He"), entry("llo")])
+    assert [x["token"] for x in item["content"][0]["logprobs"]] == ["He", "llo"]

@@ -115,14 +115,15 @@ class ResponsesApi:
         if parsed.stream:
             # The chat stream's background task releases its worker even if this stream is never read.
             return StreamingResponse(
-                response_events(answer.body_iterator, skeleton, message_id, keep),
+                response_events(answer.body_iterator, skeleton, message_id, keep, parsed.output_logprobs),
                 media_type="text/event-stream",
                 headers=shoal_headers,
                 background=answer.background,
             )
         completion = json.loads(answer.body)
         choice = completion["choices"][0]
-        output = assistant_output(message_id, choice["message"], output_status(choice["finish_reason"]))
+        logprobs = (choice.get("logprobs") or {}).get("content") or [] if parsed.output_logprobs else None
+        output = assistant_output(message_id, choice["message"], output_status(choice["finish_reason"]), logprobs)
         response = finished_response(
             skeleton, output, choice["finish_reason"], completion.get("usage"), completion.get("model")
         )

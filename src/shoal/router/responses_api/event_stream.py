@@ -22,11 +22,14 @@ class _OutputItems:
     """The response's output items as the chat stream brings them: a reasoning item, opened at the
     first reasoning text; the assistant message, opened at its first text; and one function_call
     item per tool call, opened at the call's first delta (which names it). Output indexes follow
-    the order in which items opened."""
+    the order in which items opened. With `logprobs`, the output tokens' logprobs go with the next
+    text delta (those after the last text with output_text.done), so they add up to the message's."""
 
-    def __init__(self, message_id: str, event: Callable[..., bytes]):
+    def __init__(self, message_id: str, event: Callable[..., bytes], logprobs: bool = False):
         self.message_id = message_id
         self.event = event
+        self.logprobs: list[dict] | None = [] if logprobs else None  # all the output's so far
+        self.unsent = 0  # of which not yet sent with a delta
         self.order: list[dict] = []  # {"kind": "reasoning" | "message" | "call", "output_index", ...}
         self.thought: dict | None = None
         self.message: dict | None = None
@@ -37,10 +40,22 @@ class _OutputItems:
         self.thought["text"].append(delta)
         return [*events, self.event("response.reasoning_text.delta", **_position(self.thought), delta=delta)]
 
+    def token_logprobs(self, entries: list[dict]) -> None:
+        if self.logprobs is not None:
+            self.logprobs.extend(entries)
+            self.unsent += len(entries)
+
     def text(self, delta: str) -> list[bytes]:
         events = [] if self.message is not None else self._open_message()
         self.message["text"].append(delta)
-        return [*events, self.event("response.output_text.delta", **_position(self.message), delta=delta, logprobs=[])]
+        position, sent = _position(self.message), self._take_unsent()
+        return [*events, self.event("response.output_text.delta", **position, delta=delta, logprobs=sent)]
+
+    def _take_unsent(self) -> list[dict]:
+        if not self.unsent:
+            return []
+        sent, self.unsent = self.logprobs[-self.unsent :], 0
+        return sent
 
     def call(self, delta: dict) -> list[bytes]:
         events = []
@@ -88,10 +103,10 @@ class _OutputItems:
                 ]
             elif item["kind"] == "message":
                 text = "".join(item["text"])
-                part = output_text_part(text)
+                part = output_text_part(text, self.logprobs)
                 done = output_message(self.message_id, status, [part])
                 events += [
-                    self.event("response.output_text.done", **_position(item), text=text, logprobs=[]),
+                    self.event("response.output_text.done", **_position(item), text=text, logprobs=self._take_unsent()),
                     self.event("response.content_part.done", **_position(item), part=part),
                 ]
             else:
@@ -134,7 +149,11 @@ def _position(item: dict) -> dict:
 
 
 async def response_events(
-    chat_chunks: AsyncGenerator[bytes, None], skeleton: dict, message_id: str, keep: Callable[[dict], Awaitable[None]]
+    chat_chunks: AsyncGenerator[bytes, None],
+    skeleton: dict,
+    message_id: str,
+    keep: Callable[[dict], Awaitable[None]],
+    logprobs: bool = False,
 ) -> AsyncIterator[bytes]:
     """Invariants: sequence numbers count from 0 without gaps; the concatenated output_text.delta
     texts are the final text, the reasoning_text.delta texts the final reasoning, and each call's
@@ -157,7 +176,7 @@ async def response_events(
     # Sent once the chat stream has started: closing a chat stream that never started would not
     # run its clean-up, and its worker would stay taken.
     opening = [event("response.created", response=skeleton), event("response.in_progress", response=skeleton)]
-    items = _OutputItems(message_id, event)
+    items = _OutputItems(message_id, event, logprobs)
     finish_reason, usage, model, error = None, None, None, None
     try:
         async for chat_event in json_events(chat_chunks):
@@ -170,6 +189,7 @@ async def response_events(
             usage = chat_event.get("usage") or usage
             model = chat_event.get("model") or model
             for choice in chat_event.get("choices") or []:
+                items.token_logprobs((choice.get("logprobs") or {}).get("content") or [])
                 delta = choice.get("delta") or {}
                 reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                 for produced in items.reasoning(reasoning) if reasoning else []:

@@ -5,8 +5,11 @@ conversation (which also parse them from clients)."""
 from __future__ import annotations
 
 
-def output_text_part(text: str) -> dict:
-    return {"type": "output_text", "text": text, "annotations": []}
+def output_text_part(text: str, logprobs: list[dict] | None = None) -> dict:
+    """`logprobs` (include "message.output_text.logprobs"): the output tokens' entries, as the chat
+    completion's logprobs.content gives them (token, logprob, bytes, top_logprobs)."""
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return part if logprobs is None else {**part, "logprobs": logprobs}
 
 
 def output_message(message_id: str, status: str, content: list[dict]) -> dict:

@@ -49,6 +49,7 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
         "prompt_cache_key": request.prompt_cache_key,
         "safety_identifier": request.safety_identifier,
         "max_tool_calls": request.max_tool_calls,
+        "top_logprobs": request.top_logprobs,
     }
 
 
@@ -74,13 +75,14 @@ def output_status(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
 
 
-def assistant_output(message_id: str, message: dict, status: str) -> list[dict]:
+def assistant_output(message_id: str, message: dict, status: str, logprobs: list[dict] | None = None) -> list[dict]:
     """A chat completion's message as output items: a reasoning item (when it has reasoning), the
-    message (when it has text, or nothing else), then one function_call item per tool call."""
+    message (when it has text, or nothing else; with the output's token `logprobs` where asked),
+    then one function_call item per tool call."""
     calls = message.get("tool_calls") or []
     reasoning = message.get("reasoning_content")
     thought = [reasoning_item(new_reasoning_id(), status, [reasoning_text_part(reasoning)])] if reasoning else []
-    items = [output_message(message_id, status, [output_text_part(message.get("content") or "")])]
+    items = [output_message(message_id, status, [output_text_part(message.get("content") or "", logprobs)])]
     if (calls or thought) and not message.get("content"):
         items = []
     return (

@@ -44,7 +44,10 @@ RESPONSES_FIELDS = (
     "safety_identifier",
     "max_tool_calls",
     "background",
+    "top_logprobs",
 )
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
+MAX_TOP_LOGPROBS = 20
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 VERBOSITIES = ("low", "medium", "high")
 MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
@@ -83,12 +86,21 @@ def _metadata(body: dict) -> dict[str, str]:
     return metadata
 
 
-def _include(body: dict) -> None:
-    """`include`: extra output data to return. None is served yet: an empty list (what SDKs send) is
-    accepted, any value is refused by name."""
+def _output_logprobs(body: dict) -> bool:
+    """Whether `include` asks for the output text's logprobs, the one extra it can name here (the
+    others concern hosted tools, images and encrypted reasoning, which shoal has none of)."""
     include = _field(body, "include", list, "a list of strings", [])
-    if include:
-        raise RequestError(f"`include` value {include[0]!r} is not supported", "include")
+    unknown = [value for value in include if value != OUTPUT_LOGPROBS]
+    if unknown:
+        raise RequestError(f"`include` value {unknown[0]!r} is not supported", "include")
+    return bool(include)
+
+
+def _top_logprobs(body: dict) -> int | None:
+    top = _field(body, "top_logprobs", int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise RequestError(f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
+    return top
 
 
 def _background(body: dict) -> None:
@@ -220,6 +232,8 @@ class ResponsesRequest:
     prompt_cache_key: str | None
     safety_identifier: str | None
     max_tool_calls: int | None
+    output_logprobs: bool
+    top_logprobs: int | None
     extensions: dict
 
     @classmethod
@@ -237,7 +251,6 @@ class ResponsesRequest:
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
         tools = _function_tools(body)
-        _include(body)
         _truncation(body)
         _background(body)
         return cls(
@@ -262,6 +275,8 @@ class ResponsesRequest:
             prompt_cache_key=_field(body, "prompt_cache_key", str, "a string"),
             safety_identifier=_field(body, "safety_identifier", str, "a string"),
             max_tool_calls=_max_tool_calls(body),
+            output_logprobs=_output_logprobs(body),
+            top_logprobs=_top_logprobs(body),
             extensions={name: body[name] for name in SHOAL_EXTENSIONS if name in body},
         )
 
@@ -287,6 +302,8 @@ class ResponsesRequest:
         }
         if self.stream:
             body["stream_options"] = {"include_usage": True}
+        if self.output_logprobs:
+            body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
         if self.tools:
             body["tools"] = [
                 {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in self.tools
