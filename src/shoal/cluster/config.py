@@ -116,6 +116,8 @@ class ModelDeployment(Frozen):
     kv_tier_disk_bytes: int = Field(0, ge=0)
     kv_tier_dir: str | None = None
     kv_tier_shared: bool = False
+    embedding_pooling: Literal["last", "mean"] = "last"
+    embedding_normalize: bool = True
 
     @model_validator(mode="after")
     def replicas_within_bounds(self) -> ModelDeployment:

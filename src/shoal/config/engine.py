@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
+POOLINGS = ("last", "mean")
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,8 @@ class EngineConfig:
     between steps, so this must exceed its longest step) is replaced. kv_tier_host_bytes and
     kv_tier_disk_bytes size the KV tier below the paged cache (shoal.engine.kv_tier; 0: none), its
     disk files under kv_tier_dir (default: the cache directory's kv-tier); kv_tier_shared also reads
-    the other engines' files there.
+    the other engines' files there. embedding_pooling ("last" token or "mean" of the prompt's) and
+    embedding_normalize (to unit length) say how /v1/embeddings pools the final hidden states.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -82,6 +84,8 @@ class EngineConfig:
     kv_tier_disk_bytes: int = 0
     kv_tier_dir: str | None = None
     kv_tier_shared: bool = False
+    embedding_pooling: str = "last"
+    embedding_normalize: bool = True
 
     def __post_init__(self) -> None:
         if self.dtype != "auto" and self.dtype not in DTYPE_NAMES:
@@ -109,6 +113,8 @@ class EngineConfig:
             raise ValueError("kv_tier_host_bytes and kv_tier_disk_bytes must not be negative")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
+        if self.embedding_pooling not in POOLINGS:
+            raise ValueError(f"embedding_pooling must be one of {', '.join(POOLINGS)}, got {self.embedding_pooling!r}")
 
     @property
     def packs_weights(self) -> bool:

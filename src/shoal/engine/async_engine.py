@@ -25,6 +25,8 @@ import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
+import torch
+
 from shoal.engine.engine import EngineStats, LLMEngine
 from shoal.engine.kv_transfer import KVBlocks
 from shoal.engine.outputs import RequestOutput
@@ -127,6 +129,10 @@ class AsyncLLMEngine:
     async def import_kv(self, incoming: KVBlocks) -> int:
         """LLMEngine.import_kv, run on the engine thread between steps."""
         return await self._call(lambda engine: engine.import_kv(incoming))
+
+    async def embed(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """LLMEngine.embed, run on the engine thread between steps."""
+        return await self._call(lambda engine: engine.embed(prompts))
 
     async def _call(self, function):
         loop = asyncio.get_running_loop()

@@ -15,6 +15,7 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
+from shoal.engine.embedding_run import embed_prompts
 from shoal.engine.grammar import GrammarCompiler
 from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
 from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, open_tier
@@ -512,6 +513,20 @@ class LLMEngine:
         imported = import_blocks(self.kv_layout, self.block_manager, self._one_process_caches(), incoming)
         self.kv_blocks_imported += imported
         return imported
+
+    def embed(self, prompts: list[list[int]]) -> list[torch.Tensor]:
+        """Each prompt's embedding (float32 [hidden]), pooled as the config says (embedding_run).
+        Call between steps (the engine's own thread). InvalidRequestError for a prompt that is empty,
+        has ids outside the vocabulary or does not fit the context; a parallel replica's hidden
+        states are spread over its processes, so it computes none."""
+        if not self.moves_kv:
+            raise InvalidRequestError("embeddings come from a one-process replica", param="model")
+        for prompt in prompts:
+            self._validate_prompt(prompt, [], SamplingParams(max_tokens=1))
+        manager = self.block_manager
+        if max(manager.blocks_needed(len(p)) for p in prompts) * manager.groups.count > manager.num_free_blocks:
+            raise InvalidRequestError("the input does not fit the free KV cache now; retry shortly", param="input")
+        return embed_prompts(self, prompts, self.config.embedding_pooling, self.config.embedding_normalize)
 
     @property
     def moves_kv(self) -> bool:

@@ -387,15 +387,18 @@ class LlamaModel:
         return hidden
 
     @torch.inference_mode()
+    def final_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The last layer's hidden states [N, H] through the model's final norm (what transformers
+        calls the last hidden state)."""
+        eps = self.config.rms_norm_eps
+        if self.native_norm:
+            return torch.ops.shoal.rms_norm_rows(hidden, self.norm, eps)
+        return rms_norm(hidden, self.norm, eps)
+
+    @torch.inference_mode()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Float32 logits [N, vocab] from the last layer's hidden states (final norm, then LM head)."""
-        eps = self.config.rms_norm_eps
-        normed = (
-            torch.ops.shoal.rms_norm_rows(hidden, self.norm, eps)
-            if self.native_norm
-            else rms_norm(hidden, self.norm, eps)
-        )
-        logits = self.lm_head(normed).float()
+        logits = self.lm_head(self.final_norm(hidden)).float()
         if self.config.logits_scaling != 1.0:
             logits = logits / self.config.logits_scaling
         if self.config.logit_softcap:

@@ -29,6 +29,7 @@ from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, enc
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
 from shoal.worker.drain import DrainState
+from shoal.worker.embeddings import EmbeddingRequest, embedding_response
 from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.metrics import WorkerMetrics
@@ -208,7 +209,7 @@ def create_app(
             ],
         }
 
-    def check_model(body: SamplingFields) -> None:
+    def check_model(body: SamplingFields | EmbeddingRequest) -> None:
         if body.model != model_name:
             raise ModelNotFoundError(
                 f"model {body.model!r} is not served here; this worker serves {model_name!r}", param="model"
@@ -235,6 +236,14 @@ def create_app(
             handoff=kv.handoffs_for(request.headers, body),
             keep_alive=KEEP_ALIVE_HEADER in request.headers,
         )
+
+    @app.post("/v1/embeddings")
+    async def embeddings(body: EmbeddingRequest) -> dict:
+        check_model(body)
+        prompts = body.token_ids(tokenizer)
+        vectors = await engine.embed(prompts)
+        normalize = engine.engine.config.embedding_normalize
+        return embedding_response(body, vectors, sum(map(len, prompts)), model_name, normalize)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
