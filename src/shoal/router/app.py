@@ -1,7 +1,8 @@
 """The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door, and
-responses_api for /v1/responses), health, and the control endpoints: workers join and heartbeat
-with the cluster secret; operators list, drain and remove workers with the admin token, and watch
-the cluster on the dashboard (/dashboard)."""
+responses_api for /v1/responses), Anthropic's Messages API (messages_api for /v1/messages),
+health, and the control endpoints: workers join and heartbeat with the cluster secret; operators
+list, drain and remove workers with the admin token, and watch the cluster on the dashboard
+(/dashboard)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
+from shoal.router.messages_api.endpoints import MessagesApi
 from shoal.router.metrics import RouterMetrics, group_registry
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
@@ -151,6 +153,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     app.state.events = feed
     app.state.dashboard = dashboard
     app.include_router(responses_api.routes())
+    app.include_router(MessagesApi(front_door).routes())
     app.include_router(dashboard.routes(authorized=lambda request: _bearer_matches(request, admin_token)))
 
     @app.get("/health")

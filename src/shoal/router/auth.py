@@ -1,12 +1,14 @@
-"""Client authentication: API keys as Bearer tokens, stored as SHA-256 hashes (or given raw in an
-environment variable), each with optional rate limits. Keys never appear in logs: a key is named
-by its configured name, or by the first 8 hex digits of its hash."""
+"""Client authentication: API keys as Bearer tokens (or in Anthropic's x-api-key header), stored
+as SHA-256 hashes (or given raw in an environment variable), each with optional rate limits. Keys
+never appear in logs: a key is named by its configured name, or by the first 8 hex digits of its
+hash."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from shoal.router.config import ApiKey, RouterConfig
@@ -23,6 +25,15 @@ class Client:
 
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def authorization(headers: Mapping[str, str]) -> str | None:
+    """The credential a request presents, as an Authorization value: its Authorization header,
+    else its x-api-key (Anthropic's SDK sends the key there) as a Bearer token."""
+    if "authorization" in headers:
+        return headers["authorization"]
+    key = headers.get("x-api-key")
+    return f"Bearer {key}" if key else None
 
 
 # Keys recently accepted, by the Authorization value as sent: a client's next request skips the hash.

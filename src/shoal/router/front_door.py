@@ -17,7 +17,7 @@ from shoal.observability.tracing import Tracing
 from shoal.protocol.request_body import body_within
 from shoal.router.admission import Admission, Refused
 from shoal.router.admission_slots import GroupSlots, LocalSlots
-from shoal.router.auth import ApiKeys, Client
+from shoal.router.auth import ApiKeys, Client, authorization
 from shoal.router.balancer import Balancer
 from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import RouterConfig
@@ -118,10 +118,12 @@ class FrontDoor:
 
     async def read(self, request: Request, headers: Mapping[str, str]) -> Response | tuple[Client, object]:
         """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
-        client = self.api_keys.authenticate(headers.get("authorization"))
+        client = self.api_keys.authenticate(authorization(headers))
         if client is None:
             return error_response(
-                401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
+                401,
+                "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)",
+                "authentication_error",
             )
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:

@@ -40,8 +40,8 @@ def _message(part: dict) -> dict:
 
 def assemble(events: list[dict], chat: bool) -> dict:
     """Invariant: each choice's text, reasoning, tool calls, token ids and logprobs are the
-    concatenation of its deltas in order; usage is the stream's final usage; the service tier is
-    the stream's, where it reports one."""
+    concatenation of its deltas in order; its stop_reason the last one its events gave; usage is
+    the stream's final usage; the service tier is the stream's, where it reports one."""
     first = events[0]
     parts: dict[int, dict] = {}
     usage = None
@@ -57,6 +57,7 @@ def assemble(events: list[dict], chat: bool) -> dict:
                     "logprobs": [],
                     "finish_reason": None,
                     "seed": None,
+                    "stop_reason": None,
                     "tool_calls": {},
                 },
             )
@@ -68,12 +69,14 @@ def assemble(events: list[dict], chat: bool) -> dict:
             part["logprobs"].append(choice.get("logprobs"))
             part["finish_reason"] = choice.get("finish_reason") or part["finish_reason"]
             part["seed"] = choice.get("seed", part["seed"])
+            part["stop_reason"] = choice.get("stop_reason", part["stop_reason"])
     choices = []
     for index in sorted(parts):
         part = parts[index]
         choice = {
             "index": index,
             "finish_reason": part["finish_reason"],
+            "stop_reason": part["stop_reason"],
             "token_ids": part["token_ids"],
             "seed": part["seed"],
             "logprobs": _merge_logprobs(part["logprobs"], chat),

@@ -1,8 +1,10 @@
 """Completion and chat completion responses from engine streams: one JSON body, or server-sent
 events. Every choice carries its token ids and seed, so a router can resume the request elsewhere
-(prompt + token ids, same seed). A stream whose request asked for keep-alives (a router's) gets one
-after KEEP_ALIVE_S with nothing to send: a comment saying what the engine is busy with, so a router
-tells a long step from a hung worker."""
+(prompt + token ids, same seed); a finished choice carries its `stop_reason` (as vLLM's: the stop
+string or stop token id that ended it, else null), which tells which stop sequence matched. A
+stream whose request asked for keep-alives (a router's) gets one after KEEP_ALIVE_S with nothing to
+send: a comment saying what the engine is busy with, so a router tells a long step from a hung
+worker."""
 
 from __future__ import annotations
 
@@ -233,7 +235,13 @@ def _full_response(
     choices = []
     for index, final in enumerate(finals):
         out = final.outputs[0]
-        choice = {"index": index, "finish_reason": out.finish_reason, "token_ids": out.token_ids, "seed": final.seed}
+        choice = {
+            "index": index,
+            "finish_reason": out.finish_reason,
+            "stop_reason": out.stop_reason,
+            "token_ids": out.token_ids,
+            "seed": final.seed,
+        }
         choice["logprobs"] = render(out.token_ids, out.logprobs)
         if chats:
             chats[index].tokens(out.token_ids)
@@ -333,6 +341,8 @@ async def _sse(
                     choice["text_chars"] = len(output.new_text)
             else:
                 choice["text"] = output.new_text
+            if output.finished:
+                choice["stop_reason"] = output.outputs[0].stop_reason
             yield data_event({**meta, "object": kind, "choices": [choice]})
             if handoff and not output.finished and (moved := handoff(completion_tokens - resumed)):
                 yield handoff_event(moved)
