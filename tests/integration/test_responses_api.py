@@ -221,6 +221,22 @@ def test_output_text_logprobs_streamed_add_up_to_the_whole_ones(routers, tmp_pat
     assert streamed == final == [e.model_dump() for e in text.logprobs]
 
 
+def test_truncation_auto_fits_a_conversation_over_the_context_and_disabled_refuses_it(routers, tmp_path):
+    _, url = routers({"sqlite_path": str(tmp_path / "responses.sqlite3")})
+    history = [
+        {"role": "user" if i % 2 == 0 else "assistant", "content": f"turn {i}: " + "a long story " * 12}
+        for i in range(12)
+    ]
+    items = [*history, {"role": "user", "content": "and now?"}]
+    with pytest.raises(openai.BadRequestError):
+        client_for(url).responses.create(model=MODEL, input=items, max_output_tokens=8, store=False)
+    fitted = client_for(url).responses.create(
+        model=MODEL, input=items, max_output_tokens=8, store=False, truncation="auto"
+    )
+    assert fitted.status in ("completed", "incomplete") and fitted.truncation == "auto"
+    assert fitted.usage.input_tokens + 8 <= 512  # the tiny model's context
+
+
 def test_errors_ownership_and_options(routers, tmp_path):
     keys = {"alpha": "key-alpha", "beta": "key-beta"}
     _, url = routers(

@@ -310,7 +310,7 @@ def test_constrained_sampling_is_the_same_alone_and_in_a_mixed_batch(fleet):
         ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "exactly one"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "nope"),
         ({"tool_choice": "required"}, "tools"),
-        ({"logit_bias": {"5": 1}}, "logit_bias"),
+        ({"logit_bias": {"5": 1000}}, "logit_bias"),
     ],
 )
 def test_bad_constraints_are_400s_naming_the_problem(fleet, extra, named):

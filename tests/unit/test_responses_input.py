@@ -132,7 +132,7 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": "x", "text": {"stop": "x"}}, "text"),
         ({"model": "m", "input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
         ({"model": "m", "input": "x", "include": "all"}, "include"),
-        ({"model": "m", "input": "x", "truncation": "auto"}, "truncation"),
+        ({"model": "m", "input": "x", "truncation": "middle"}, "truncation"),
         ({"model": "m", "input": "x", "service_tier": "scale"}, "service_tier"),
         ({"model": "m", "input": "x", "prompt_cache_key": 3}, "prompt_cache_key"),
         ({"model": "m", "input": "x", "background": True}, "background"),

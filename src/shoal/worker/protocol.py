@@ -270,6 +270,9 @@ class ChatCompletionRequest(SamplingFields):
     verbosity: Literal["low", "medium", "high"] | None = None
     modalities: list[Literal["text"]] | None = None
     prediction: Prediction | None = None
+    # The Responses API's truncation, on chat requests: "auto" drops messages from the middle of a
+    # conversation over the context (worker/conversation_truncation); "disabled" refuses it.
+    truncation: Literal["auto", "disabled"] = "disabled"
     response_format: ResponseFormat | None = None
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None

@@ -28,6 +28,7 @@ from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
+from shoal.worker.conversation_truncation import fitted
 from shoal.worker.drain import DrainState
 from shoal.worker.embeddings import EmbeddingRequest, embedding_response
 from shoal.worker.heartbeat import RouterHeartbeat
@@ -249,9 +250,13 @@ def create_app(
     async def chat_completions(body: ChatCompletionRequest, request: Request):
         check_model(body)
         tool_use = ToolUse.of(body, tokenizer, family.harmony)
-        text = chat_prompt(tokenizer, body, tool_use)
+
+        def prompt_of(conversation: ChatCompletionRequest) -> tuple[str, list[int]]:
+            text = chat_prompt(tokenizer, conversation, tool_use)
+            return text, tokenizer.encode(text, add_special_tokens=False)
+
+        body, text, prompt_ids = fitted(body, prompt_of, max_model_len)
         reasoning = ReasoningUse.of(body, family.reasoning_markers, tokenizer, text, family.harmony)
-        prompt_ids = tokenizer.encode(text, add_special_tokens=False)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return await respond(
             engine,

@@ -117,11 +117,13 @@ def _max_tool_calls(body: dict) -> int | None:
     return bound
 
 
-def _truncation(body: dict) -> None:
-    """`truncation`: "disabled" (the default: an input over the context is a 400) is served."""
+def _truncation(body: dict) -> str:
+    """`truncation`: "disabled" (the default: an input over the context is a 400), or "auto" (the
+    worker drops items from the middle of the conversation until it fits)."""
     truncation = _field(body, "truncation", str, '"auto" or "disabled"', "disabled")
-    if truncation != "disabled":
-        raise RequestError(f'`truncation` {truncation!r} is not supported; only "disabled" is', "truncation")
+    if truncation not in ("auto", "disabled"):
+        raise RequestError('`truncation` must be "auto" or "disabled"', "truncation")
+    return truncation
 
 
 def _choice(body: dict, name: str, choices: tuple[str, ...]) -> str | None:
@@ -232,6 +234,7 @@ class ResponsesRequest:
     prompt_cache_key: str | None
     safety_identifier: str | None
     max_tool_calls: int | None
+    truncation: str
     output_logprobs: bool
     top_logprobs: int | None
     extensions: dict
@@ -251,7 +254,6 @@ class ResponsesRequest:
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
         tools = _function_tools(body)
-        _truncation(body)
         _background(body)
         return cls(
             model=model,
@@ -275,6 +277,7 @@ class ResponsesRequest:
             prompt_cache_key=_field(body, "prompt_cache_key", str, "a string"),
             safety_identifier=_field(body, "safety_identifier", str, "a string"),
             max_tool_calls=_max_tool_calls(body),
+            truncation=_truncation(body),
             output_logprobs=_output_logprobs(body),
             top_logprobs=_top_logprobs(body),
             extensions={name: body[name] for name in SHOAL_EXTENSIONS if name in body},
@@ -304,6 +307,8 @@ class ResponsesRequest:
             body["stream_options"] = {"include_usage": True}
         if self.output_logprobs:
             body.update(logprobs=True, top_logprobs=self.top_logprobs or 0)
+        if self.truncation == "auto":
+            body["truncation"] = "auto"
         if self.tools:
             body["tools"] = [
                 {"type": "function", "function": {k: v for k, v in tool.items() if k != "type"}} for tool in self.tools
