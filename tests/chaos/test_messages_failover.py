@@ -1,5 +1,5 @@
 """A Messages stream (the anthropic SDK's stream helper) whose worker is killed (kill -9) mid-way
-goes on on the other worker through the router and is, text and usage, the stream of a run without
+goes on on another worker through the router and is, text and usage, the stream of a run without
 the failure: the Messages API rides on the chat path's token-exact migration."""
 
 from __future__ import annotations
@@ -9,10 +9,9 @@ import signal
 
 import anthropic
 import pytest
-import yaml
 
-from tests.support.routers import start_router, stop
-from tests.support.workers import MODEL, scrape, spawn_worker, tiny_worker_args, wait_ready
+from tests.support.failover_trio import failover_trio
+from tests.support.workers import MODEL, scrape, tiny_worker_args
 
 MAX_TOKENS = 150
 SAMPLING = {"seed": 7, "temperature": 0.8, "ignore_eos": True}
@@ -20,21 +19,9 @@ SAMPLING = {"seed": 7, "temperature": 0.8, "ignore_eos": True}
 
 @pytest.fixture
 def pair(tiny_model_dir, shoal_cache_dir, tmp_path):
-    """(router url, {worker url: process}): two workers at 10 ms a step behind a router with a 1 s
-    token deadline."""
-    common = tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=10)
-    workers = [wait_ready(*w) for w in [spawn_worker(common + ["--seed", str(i)], shoal_cache_dir) for i in (1, 2)]]
-    config = tmp_path / "router.yaml"
-    config.write_text(
-        yaml.safe_dump({"workers": [{"url": url} for _, url in workers], "failover": {"token_deadline_min_s": 1.0}})
-    )
-    router, url = start_router(["--config", str(config)])
-    yield url, {worker_url: process for process, worker_url in workers}
-    stop(router)
-    for process, _ in workers:
-        if process.poll() is None:
-            process.kill()
-        process.wait(timeout=30)
+    """(router url, {worker url: process}): workers at 10 ms a step behind a router with a 1 s token
+    deadline."""
+    yield from failover_trio(tiny_worker_args(tiny_model_dir, MODEL, step_delay_ms=10), shoal_cache_dir, tmp_path)
 
 
 def streamed(url: str, kill_after: int | None = None, processes: dict | None = None) -> anthropic.types.Message:

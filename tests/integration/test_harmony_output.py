@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import openai
 import pytest
 import yaml
@@ -19,6 +18,7 @@ import yaml
 from tests.support.family_variants import COMMON
 from tests.support.harmony import write_harmony_tokenizer
 from tests.support.routers import start_router, stop
+from tests.support.streams import read_chunks
 from tests.support.tiny_model import write_random_family_model
 from tests.support.workers import start_worker, tiny_worker_args
 
@@ -228,19 +228,6 @@ def test_the_responses_api_gives_reasoning_then_the_message_or_the_call(endpoint
     )
     assert [item.type for item in calling.output] == ["reasoning", "function_call"]
     assert calling.output[1].name == "get_weather"
-
-
-def read_chunks(url: str, body: dict) -> tuple[list[dict], dict]:
-    """The choice of each chunk of a streamed chat completion, and its usage."""
-    choices, usage = [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                event = json.loads(line[6:])
-                usage = event.get("usage") or usage
-                choices += event["choices"]
-    return choices, usage
 
 
 def test_a_stream_resumed_from_its_tokens_reads_as_the_unbroken_one(endpoints, model):

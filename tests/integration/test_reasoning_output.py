@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import openai
 import pytest
 import yaml
 
 from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.routers import start_router, stop
+from tests.support.streams import read_chunks
 from tests.support.tiny_model import write_random_family_model
 from tests.support.workers import spawn_worker, tiny_worker_args, wait_ready
 
@@ -223,19 +223,6 @@ def test_the_responses_api_streams_reasoning_text_events(endpoints):
     assert [item.type for item in final.response.output] == ["reasoning", "message"]
     assert final.response.output_text == expected.content
     assert final.response.usage.output_tokens_details.reasoning_tokens == REASONING_TOKENS
-
-
-def read_chunks(url: str, body: dict) -> tuple[list[dict], dict]:
-    """The choice of each chunk of a streamed chat completion, and its usage."""
-    choices, usage = [], None
-    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line.startswith("data: {"):
-                event = json.loads(line[6:])
-                usage = event.get("usage") or usage
-                choices += event["choices"]
-    return choices, usage
 
 
 def test_a_stream_resumed_from_its_tokens_splits_as_the_unbroken_one(endpoints):

@@ -78,3 +78,16 @@ def story_request(seed: int, max_tokens: int) -> dict:
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+
+
+def read_chunks(url: str, body: dict) -> tuple[list[dict], dict]:
+    """The choice of each chunk of a streamed chat completion, and its usage."""
+    choices, usage = [], None
+    with httpx.stream("POST", url + "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200, response.read()
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                event = json.loads(line[6:])
+                usage = event.get("usage") or usage
+                choices += event["choices"]
+    return choices, usage

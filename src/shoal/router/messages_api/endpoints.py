@@ -43,13 +43,10 @@ class MessagesApi:
         return routes
 
     async def create(self, request: Request) -> Response:
-        read = await self._read(request, counting=False)
-        if isinstance(read, Response):
-            return read
-        headers, client, parsed = read
-        answer = await self.front_door.dispatch(parsed.chat_body(), headers, CHAT_PATH, True, client)
-        if answer.status_code != 200:
-            return anthropic_shaped(answer)
+        answered = await self._answered(request, counting=False)
+        if isinstance(answered, Response):
+            return answered
+        parsed, answer = answered
         shoal_headers = {k: v for k, v in answer.headers.items() if k.startswith("x-shoal-") or k == "x-request-id"}
         message_id = new_message_id()
         if parsed.stream:
@@ -67,14 +64,22 @@ class MessagesApi:
         return JSONResponse(message, headers=shoal_headers)
 
     async def count_tokens(self, request: Request) -> Response:
-        read = await self._read(request, counting=True)
+        answered = await self._answered(request, counting=True)
+        if isinstance(answered, Response):
+            return answered
+        _, answer = answered
+        return JSONResponse({"input_tokens": json.loads(answer.body)["usage"]["prompt_tokens"]})
+
+    async def _answered(self, request: Request, counting: bool) -> Response | tuple[MessagesRequest, Response]:
+        """(the parsed request, the chat path's 200 answer to it: to count_body when `counting`, else
+        to chat_body), or the Anthropic-shaped error to answer."""
+        read = await self._read(request, counting)
         if isinstance(read, Response):
             return read
         headers, client, parsed = read
-        answer = await self.front_door.dispatch(parsed.count_body(), headers, CHAT_PATH, True, client)
-        if answer.status_code != 200:
-            return anthropic_shaped(answer)
-        return JSONResponse({"input_tokens": json.loads(answer.body)["usage"]["prompt_tokens"]})
+        body = parsed.count_body() if counting else parsed.chat_body()
+        answer = await self.front_door.dispatch(body, headers, CHAT_PATH, True, client)
+        return (parsed, answer) if answer.status_code == 200 else anthropic_shaped(answer)
 
     async def _read(
         self, request: Request, counting: bool

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.router.body_fields import number_in_range, typed_field
 from shoal.router.messages_api.content_blocks import chat_messages, check_cache_control, system_messages
 from shoal.router.route_request import RequestError
 
@@ -47,25 +48,8 @@ SERVICE_TIERS = {"auto": "auto", "standard_only": "default"}
 MIN_THINKING_BUDGET = 1024
 
 
-def _typed(body: dict, name: str, kind: type | tuple[type, ...], description: str, default=None):
-    """body[name] when it has the type (null counts as absent); booleans are not numbers here."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise RequestError(f"`{name}` must be {description}", name)
-    return value
-
-
-def _in_range(body: dict, name: str, low: float, high: float) -> float | None:
-    value = _typed(body, name, (int, float), "a number")
-    if value is not None and not low <= value <= high:
-        raise RequestError(f"`{name}` must be in [{low}, {high}]", name)
-    return value
-
-
 def _positive(body: dict, name: str) -> int | None:
-    value = _typed(body, name, int, "a positive integer")
+    value = typed_field(body, name, int, "a positive integer")
     if value is not None and value < 1:
         raise RequestError(f"`{name}` must be a positive integer", name)
     return value
@@ -73,7 +57,7 @@ def _positive(body: dict, name: str) -> int | None:
 
 def _tools(body: dict) -> list[dict]:
     """Client tools as chat function tools."""
-    tools = _typed(body, "tools", list, "a list", [])
+    tools = typed_field(body, "tools", list, "a list", [])
     chat = []
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
@@ -96,7 +80,7 @@ def _tools(body: dict) -> list[dict]:
 
 def _tool_choice(body: dict, tools: list[dict]) -> tuple[str | dict | None, bool | None]:
     """(the chat tool_choice, parallel_tool_calls), each None when the request leaves it."""
-    choice = _typed(body, "tool_choice", dict, "an object")
+    choice = typed_field(body, "tool_choice", dict, "an object")
     if choice is None:
         return None, None
     kind = choice.get("type")
@@ -123,7 +107,7 @@ def _tool_choice(body: dict, tools: list[dict]) -> tuple[str | dict | None, bool
 
 def _enable_thinking(body: dict, max_tokens: int | None) -> bool | None:
     """The chat template's enable_thinking for `thinking`; None where the template decides."""
-    thinking = _typed(body, "thinking", dict, "an object")
+    thinking = typed_field(body, "thinking", dict, "an object")
     if thinking is None:
         return None
     kind = thinking.get("type")
@@ -148,7 +132,7 @@ def _enable_thinking(body: dict, max_tokens: int | None) -> bool | None:
 
 
 def _template_kwargs(body: dict, enable_thinking: bool | None) -> dict | None:
-    kwargs = _typed(body, "chat_template_kwargs", dict, "an object")
+    kwargs = typed_field(body, "chat_template_kwargs", dict, "an object")
     if enable_thinking is None:
         return kwargs
     if kwargs and "enable_thinking" in kwargs:
@@ -157,7 +141,7 @@ def _template_kwargs(body: dict, enable_thinking: bool | None) -> dict | None:
 
 
 def _user(body: dict) -> str | None:
-    metadata = _typed(body, "metadata", dict, "an object", {})
+    metadata = typed_field(body, "metadata", dict, "an object", {})
     unknown = sorted(set(metadata) - {"user_id"})
     if unknown:
         raise RequestError(f"`metadata.{unknown[0]}` is not supported", f"metadata.{unknown[0]}")
@@ -168,7 +152,7 @@ def _user(body: dict) -> str | None:
 
 
 def _stop(body: dict) -> list[str] | None:
-    stop = _typed(body, "stop_sequences", list, "a list of strings")
+    stop = typed_field(body, "stop_sequences", list, "a list of strings")
     if stop is not None and not all(isinstance(s, str) and s for s in stop):
         raise RequestError("`stop_sequences` must be a list of non-empty strings", "stop_sequences")
     return stop
@@ -208,7 +192,7 @@ class MessagesRequest:
         unknown = sorted(set(body) - set(fields) - set(extensions))
         if unknown:
             raise RequestError(f"unknown or unsupported parameter `{unknown[0]}`", unknown[0])
-        model = _typed(body, "model", str, "a non-empty string", "")
+        model = typed_field(body, "model", str, "a non-empty string", "")
         if not model:
             raise RequestError("`model` is required and must be a non-empty string", "model")
         max_tokens = _positive(body, "max_tokens")
@@ -218,7 +202,7 @@ class MessagesRequest:
         turns = chat_messages(body.get("messages"))
         tools = _tools(body)
         tool_choice, parallel_tool_calls = _tool_choice(body, tools)
-        tier = _typed(body, "service_tier", str, "auto or standard_only")
+        tier = typed_field(body, "service_tier", str, "auto or standard_only")
         if tier is not None and tier not in SERVICE_TIERS:
             raise RequestError("`service_tier` must be auto or standard_only", "service_tier")
         return cls(
@@ -226,9 +210,9 @@ class MessagesRequest:
             messages=system_messages(body.get("system")) + turns,
             prefill=body["messages"][-1]["role"] == "assistant",
             max_tokens=max_tokens,
-            stream=_typed(body, "stream", bool, "a boolean", False),
-            temperature=_in_range(body, "temperature", 0.0, 1.0),
-            top_p=_in_range(body, "top_p", 0.0, 1.0),
+            stream=typed_field(body, "stream", bool, "a boolean", False),
+            temperature=number_in_range(body, "temperature", 0.0, 1.0),
+            top_p=number_in_range(body, "top_p", 0.0, 1.0),
             top_k=_positive(body, "top_k"),
             stop=_stop(body),
             user=_user(body),

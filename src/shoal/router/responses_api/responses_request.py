@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shoal.router.body_fields import number_in_range, typed_field
 from shoal.router.responses_api.input_items import normalize_input
 from shoal.router.route_request import RequestError
 
@@ -55,25 +56,8 @@ TEXT_FORMATS = ("text", "json_object", "json_schema")
 REASONING_EFFORTS = ("low", "medium", "high")
 
 
-def _field(body: dict, name: str, kind: type | tuple[type, ...], description: str, default=None):
-    """body[name] when it has the type (null counts as absent); booleans are not numbers here."""
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise RequestError(f"`{name}` must be {description}", name)
-    return value
-
-
-def _number(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
-    value = _field(body, name, (int, float), "a number")
-    if value is not None and not (low < value <= high if low_open else low <= value <= high):
-        raise RequestError(f"`{name}` must be in {'(' if low_open else '['}{low}, {high}]", name)
-    return value
-
-
 def _metadata(body: dict) -> dict[str, str]:
-    metadata = _field(body, "metadata", dict, "an object of string values", {})
+    metadata = typed_field(body, "metadata", dict, "an object of string values", {})
     if len(metadata) > MAX_METADATA_KEYS or not all(
         isinstance(v, str) and len(k) <= MAX_METADATA_KEY_CHARS and len(v) <= MAX_METADATA_VALUE_CHARS
         for k, v in metadata.items()
@@ -89,7 +73,7 @@ def _metadata(body: dict) -> dict[str, str]:
 def _output_logprobs(body: dict) -> bool:
     """Whether `include` asks for the output text's logprobs, the one extra it can name here (the
     others concern hosted tools, images and encrypted reasoning, which shoal has none of)."""
-    include = _field(body, "include", list, "a list of strings", [])
+    include = typed_field(body, "include", list, "a list of strings", [])
     unknown = [value for value in include if value != OUTPUT_LOGPROBS]
     if unknown:
         raise RequestError(f"`include` value {unknown[0]!r} is not supported", "include")
@@ -97,7 +81,7 @@ def _output_logprobs(body: dict) -> bool:
 
 
 def _top_logprobs(body: dict) -> int | None:
-    top = _field(body, "top_logprobs", int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
+    top = typed_field(body, "top_logprobs", int, f"an integer in [0, {MAX_TOP_LOGPROBS}]")
     if top is not None and not 0 <= top <= MAX_TOP_LOGPROBS:
         raise RequestError(f"`top_logprobs` must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs")
     return top
@@ -105,13 +89,13 @@ def _top_logprobs(body: dict) -> int | None:
 
 def _background(body: dict) -> None:
     """`background`: false (answer in the request) is served."""
-    if _field(body, "background", bool, "a boolean", False):
+    if typed_field(body, "background", bool, "a boolean", False):
         raise RequestError("`background` true is not supported; responses are answered in the request", "background")
 
 
 def _max_tool_calls(body: dict) -> int | None:
     """`max_tool_calls` bounds calls to built-in tools, which shoal has none of: any bound holds."""
-    bound = _field(body, "max_tool_calls", int, "a non-negative integer")
+    bound = typed_field(body, "max_tool_calls", int, "a non-negative integer")
     if bound is not None and bound < 0:
         raise RequestError("`max_tool_calls` must be a non-negative integer", "max_tool_calls")
     return bound
@@ -120,14 +104,14 @@ def _max_tool_calls(body: dict) -> int | None:
 def _truncation(body: dict) -> str:
     """`truncation`: "disabled" (the default: an input over the context is a 400), or "auto" (the
     worker drops items from the middle of the conversation until it fits)."""
-    truncation = _field(body, "truncation", str, '"auto" or "disabled"', "disabled")
+    truncation = typed_field(body, "truncation", str, '"auto" or "disabled"', "disabled")
     if truncation not in ("auto", "disabled"):
         raise RequestError('`truncation` must be "auto" or "disabled"', "truncation")
     return truncation
 
 
 def _choice(body: dict, name: str, choices: tuple[str, ...]) -> str | None:
-    value = _field(body, name, str, f"one of {', '.join(choices)}")
+    value = typed_field(body, name, str, f"one of {', '.join(choices)}")
     if value is not None and value not in choices:
         raise RequestError(f"`{name}` must be one of {', '.join(choices)}", name)
     return value
@@ -135,7 +119,7 @@ def _choice(body: dict, name: str, choices: tuple[str, ...]) -> str | None:
 
 def _verbosity(body: dict) -> str | None:
     """`text.verbosity` (the chat request's verbosity)."""
-    text = _field(body, "text", dict, "an object", {})
+    text = typed_field(body, "text", dict, "an object", {})
     verbosity = text.get("verbosity")
     if verbosity is not None and verbosity not in VERBOSITIES:
         raise RequestError(f"`text.verbosity` must be one of {', '.join(VERBOSITIES)}", "text.verbosity")
@@ -145,7 +129,7 @@ def _verbosity(body: dict) -> str | None:
 def _text_format(body: dict) -> dict:
     """`text.format`: {"type": "text"} (the default), {"type": "json_object"}, or {"type":
     "json_schema", "name", "schema", "strict", "description"}."""
-    text = _field(body, "text", dict, "an object", {})
+    text = typed_field(body, "text", dict, "an object", {})
     if set(text) - {"format", "verbosity"}:
         raise RequestError(f"`text.{sorted(set(text) - {'format', 'verbosity'})[0]}` is not supported", "text")
     text_format = text.get("format", {"type": "text"})
@@ -167,7 +151,7 @@ def _text_format(body: dict) -> dict:
 def _reasoning_effort(body: dict) -> str | None:
     """`reasoning.effort` (the chat request's reasoning_effort); the object's other fields
     (summaries, which shoal does not write) are refused by name unless null."""
-    reasoning = _field(body, "reasoning", dict, "an object", {})
+    reasoning = typed_field(body, "reasoning", dict, "an object", {})
     unknown = sorted(name for name, value in reasoning.items() if name != "effort" and value is not None)
     if unknown:
         raise RequestError(f"`reasoning.{unknown[0]}` is not supported", f"reasoning.{unknown[0]}")
@@ -179,7 +163,7 @@ def _reasoning_effort(body: dict) -> str | None:
 
 def _function_tools(body: dict) -> list[dict]:
     """Function tools, in the Responses shape ({"type": "function", "name", "parameters", ...})."""
-    tools = _field(body, "tools", list, "a list", [])
+    tools = typed_field(body, "tools", list, "a list", [])
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
@@ -247,10 +231,10 @@ class ResponsesRequest:
         unknown = sorted(set(body) - set(RESPONSES_FIELDS) - set(SHOAL_EXTENSIONS))
         if unknown:
             raise RequestError(f"unknown or unsupported parameter `{unknown[0]}`", unknown[0])
-        model = _field(body, "model", str, "a non-empty string", "")
+        model = typed_field(body, "model", str, "a non-empty string", "")
         if not model:
             raise RequestError("`model` is required and must be a non-empty string", "model")
-        max_output_tokens = _field(body, "max_output_tokens", int, "a positive integer")
+        max_output_tokens = typed_field(body, "max_output_tokens", int, "a positive integer")
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
         tools = _function_tools(body)
@@ -258,24 +242,24 @@ class ResponsesRequest:
         return cls(
             model=model,
             input_items=normalize_input(body.get("input")),
-            instructions=_field(body, "instructions", str, "a string"),
-            previous_response_id=_field(body, "previous_response_id", str, "a response id"),
-            store=_field(body, "store", bool, "a boolean", True),
-            stream=_field(body, "stream", bool, "a boolean", False),
+            instructions=typed_field(body, "instructions", str, "a string"),
+            previous_response_id=typed_field(body, "previous_response_id", str, "a response id"),
+            store=typed_field(body, "store", bool, "a boolean", True),
+            stream=typed_field(body, "stream", bool, "a boolean", False),
             max_output_tokens=max_output_tokens,
-            temperature=_number(body, "temperature", 0.0, 2.0),
-            top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+            temperature=number_in_range(body, "temperature", 0.0, 2.0),
+            top_p=number_in_range(body, "top_p", 0.0, 1.0, low_open=True),
             metadata=_metadata(body),
-            user=_field(body, "user", str, "a string"),
+            user=typed_field(body, "user", str, "a string"),
             tools=tools,
             tool_choice=_tool_choice(body, tools),
-            parallel_tool_calls=_field(body, "parallel_tool_calls", bool, "a boolean", True),
+            parallel_tool_calls=typed_field(body, "parallel_tool_calls", bool, "a boolean", True),
             text_format=_text_format(body),
             verbosity=_verbosity(body),
             reasoning_effort=_reasoning_effort(body),
             service_tier=_choice(body, "service_tier", SERVICE_TIERS),
-            prompt_cache_key=_field(body, "prompt_cache_key", str, "a string"),
-            safety_identifier=_field(body, "safety_identifier", str, "a string"),
+            prompt_cache_key=typed_field(body, "prompt_cache_key", str, "a string"),
+            safety_identifier=typed_field(body, "safety_identifier", str, "a string"),
             max_tool_calls=_max_tool_calls(body),
             truncation=_truncation(body),
             output_logprobs=_output_logprobs(body),

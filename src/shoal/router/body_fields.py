@@ -1,0 +1,24 @@
+"""Reading the fields of a JSON request body that the router validates itself (the Responses and
+Messages APIs): a field has its type or the request is a 400 naming it."""
+
+from __future__ import annotations
+
+from shoal.router.route_request import RequestError
+
+
+def typed_field(body: dict, name: str, kind: type | tuple[type, ...], description: str, default=None):
+    """body[name] when it has the type (null counts as absent); booleans are not numbers here."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise RequestError(f"`{name}` must be {description}", name)
+    return value
+
+
+def number_in_range(body: dict, name: str, low: float, high: float, low_open: bool = False) -> float | None:
+    """body[name], a number in [low, high] (or (low, high] with `low_open`), or None."""
+    value = typed_field(body, name, (int, float), "a number")
+    if value is not None and not (low < value <= high if low_open else low <= value <= high):
+        raise RequestError(f"`{name}` must be in {'(' if low_open else '['}{low}, {high}]", name)
+    return value
