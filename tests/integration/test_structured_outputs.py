@@ -179,6 +179,37 @@ def test_required_and_named_tool_calls_match_their_schemas(fleet):
     assert call.function.name == "get_time" and json.loads(call.function.arguments)["zone"] in ("UTC", "CET")
 
 
+def test_legacy_functions_are_served_as_tools_in_the_legacy_shape(fleet):
+    """functions + function_call: one call, as message.function_call, finish reason
+    "function_call", streamed as a name then argument fragments (through the router both ways);
+    the call and its `function` result in the history carry the conversation on."""
+    url, _ = fleet
+    functions = [WEATHER["function"], TIME["function"]]
+    args = dict(model=MODEL, messages=ASK, functions=functions, function_call={"name": "get_weather"}, seed=3)
+    reply = client(url).chat.completions.create(**args, max_tokens=300)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    call = choice.message.function_call
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER["function"]["parameters"])
+    chunks = list(client(url).chat.completions.create(**args, max_tokens=300, stream=True))
+    deltas = [c.choices[0].delta.function_call for c in chunks if c.choices and c.choices[0].delta.function_call]
+    assert deltas[0].name == "get_weather" and "".join(d.arguments or "" for d in deltas) == call.arguments
+    history = [
+        *ASK,
+        {"role": "assistant", "content": None, "function_call": {"name": call.name, "arguments": call.arguments}},
+        {"role": "function", "name": "get_weather", "content": '{"temperature": 21}'},
+    ]
+    after = client(url).chat.completions.create(model=MODEL, messages=history, functions=functions, max_tokens=8)
+    assert after.choices[0].finish_reason in ("stop", "length", "function_call")
+    orphan = httpx.post(
+        url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": [*ASK, history[2]], "max_tokens": 4},
+        timeout=60,
+    )
+    assert orphan.status_code == 400 and "answers no function_call" in orphan.text
+
+
 def test_auto_reads_calls_the_model_writes_and_none_leaves_tools_out(fleet):
     url, _ = fleet
     written = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'

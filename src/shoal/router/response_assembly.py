@@ -32,6 +32,8 @@ def _message(part: dict) -> dict:
     content = "".join(part["text"])
     reasoning = "".join(part["reasoning"])
     shown = {"reasoning_content": reasoning} if reasoning else {}
+    if part["function_call"] is not None:  # a request of legacy functions
+        return {"role": "assistant", "content": content or None, **shown, "function_call": part["function_call"]}
     if not part["tool_calls"]:
         return {"role": "assistant", "content": content, **shown}
     calls = [part["tool_calls"][index] for index in sorted(part["tool_calls"])]
@@ -39,8 +41,8 @@ def _message(part: dict) -> dict:
 
 
 def assemble(events: list[dict], chat: bool) -> dict:
-    """Invariant: each choice's text, reasoning, tool calls, token ids and logprobs are the
-    concatenation of its deltas in order; its stop_reason the last one its events gave; usage is
+    """Invariant: each choice's text, reasoning, tool calls (or legacy function call), token ids and
+    logprobs are the concatenation of its deltas in order; its stop_reason the last one its events gave; usage is
     the stream's final usage; the service tier is the stream's, where it reports one."""
     first = events[0]
     parts: dict[int, dict] = {}
@@ -59,10 +61,15 @@ def assemble(events: list[dict], chat: bool) -> dict:
                     "seed": None,
                     "stop_reason": None,
                     "tool_calls": {},
+                    "function_call": None,
                 },
             )
             delta = choice.get("delta") or {}
             _add_tool_call_deltas(part["tool_calls"], delta.get("tool_calls") or [])
+            if delta.get("function_call"):
+                call = part["function_call"] = part["function_call"] or {"name": None, "arguments": ""}
+                call["name"] = delta["function_call"].get("name") or call["name"]
+                call["arguments"] += delta["function_call"].get("arguments") or ""
             part["reasoning"].append(delta.get("reasoning_content") or delta.get("reasoning") or "")
             part["token_ids"] += choice.get("token_ids") or []
             part["text"].append(delta.get("content") or "" if chat else choice.get("text") or "")

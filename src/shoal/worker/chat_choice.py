@@ -2,7 +2,9 @@
 (reasoning_use), the reasoning section split off as `reasoning_content`; and, when the request reads
 tool calls, `tool_calls` read from the content (streamed as deltas: a call's id, type and name
 first, then fragments of its arguments). A harmony model's output (gpt-oss) is read into all three
-by one parser (harmony_parser).
+by one parser (harmony_parser). A request of legacy `functions` gets its one call as
+`function_call` (streamed as a name, then fragments of its arguments) and finish reason
+"function_call".
 
 Invariant: the deltas of a stream add up to the message of the same text, however the text was cut
 into pieces, including a stream resumed elsewhere after `replay` of the text the client had (with
@@ -24,8 +26,11 @@ class ChatChoice:
         prompt_token_ids: list[int],
         reasoning: ReasoningUse | None = None,
         skip_special_tokens: bool = True,
+        legacy_functions: bool = False,
     ):
-        """`skip_special_tokens`: as the engine decodes this choice's output."""
+        """`skip_special_tokens`: as the engine decodes this choice's output; `legacy_functions`:
+        calls in the legacy function_call shape."""
+        self.legacy_functions = legacy_functions
         harmony = reasoning is not None and reasoning.harmony
         self.harmony = reasoning.harmony_parser(tool_use is not None) if harmony else None
         self.parser = tool_use.parser() if tool_use is not None and not harmony else None
@@ -74,7 +79,9 @@ class ChatChoice:
         delta = {"reasoning_content": reasoning} if reasoning else {}
         if content:
             delta["content"] = content
-        if calls:
+        if calls and self.legacy_functions:
+            delta["function_call"] = dict(calls[0]["function"])  # one call: parallel_tool_calls is off
+        elif calls:
             delta["tool_calls"] = calls
         return delta
 
@@ -87,11 +94,16 @@ class ChatChoice:
         shown = {"reasoning_content": reasoning} if reasoning else {}
         if not calls:
             return {"role": "assistant", "content": content, **shown}
+        if self.legacy_functions:
+            return {"role": "assistant", "content": content or None, **shown, "function_call": calls[0]["function"]}
         return {"role": "assistant", "content": content or None, **shown, "tool_calls": calls}
 
     def finish_reason(self, reason: str | None) -> str | None:
-        """OpenAI's "tool_calls" for an output that stopped after calling tools."""
-        return "tool_calls" if reason == "stop" and self.calls else reason
+        """OpenAI's "tool_calls" (legacy functions: "function_call") for an output that stopped
+        after calling tools."""
+        if reason != "stop" or not self.calls:
+            return reason
+        return "function_call" if self.legacy_functions else "tool_calls"
 
     def _read(self, text: str, final: bool) -> tuple[str, list[Event]]:
         """(reasoning, content and call events) of the next piece of raw text."""

@@ -163,9 +163,11 @@ class ToolCall(Strict):
 
 class ChatMessage(Strict):
     """One message of the history. The fields OpenAI's clients echo back with an assistant message
-    (refusal, annotations, audio, function_call) are accepted when empty."""
+    (refusal, annotations, audio) are accepted when empty; the legacy `function_call` of an
+    assistant message and `function` messages (its result, by `name`) become a tool call and its
+    tool message (ChatCompletionRequest's legacy functions)."""
 
-    role: Literal["system", "user", "assistant", "tool", "developer"]
+    role: Literal["system", "user", "assistant", "tool", "developer", "function"]
     content: str | list[ContentPart] | None = None
     # An assistant message's reasoning, as a reply gave it: passed to the chat template (Qwen3's
     # keeps it for the turns after the last user message, and drops it before).
@@ -176,7 +178,7 @@ class ChatMessage(Strict):
     refusal: None = None
     annotations: list[Any] | None = Field(None, max_length=0)
     audio: None = None
-    function_call: None = None
+    function_call: ToolCallFunction | None = None
 
     @model_validator(mode="after")
     def _tool_fields_fit_the_role(self) -> ChatMessage:
@@ -186,6 +188,10 @@ class ChatMessage(Strict):
             raise ValueError("only assistant messages carry reasoning_content")
         if self.role == "tool" and not self.tool_call_id:
             raise ValueError("a tool message needs the tool_call_id it answers")
+        if self.function_call is not None and (self.role != "assistant" or self.tool_calls):
+            raise ValueError("function_call belongs to an assistant message without tool_calls")
+        if self.role == "function" and not self.name:
+            raise ValueError("a function message needs the name of the function it answers")
         return self
 
     def text(self) -> str:
@@ -277,6 +283,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool = True
+    # OpenAI's legacy functions: served as tools (one call at most), the answer in the legacy shape
+    # (message.function_call, finish_reason "function_call"; chat_choice).
+    functions: list[FunctionDefinition] | None = Field(None, min_length=1)
+    function_call: Literal["none", "auto"] | FunctionName | None = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -285,6 +295,29 @@ class ChatCompletionRequest(SamplingFields):
         if taken:
             raise ValueError(f"{taken[0]!r} is set by the request itself, not by chat_template_kwargs")
         return kwargs
+
+    @model_validator(mode="after")
+    def _legacy_functions_are_tools(self) -> ChatCompletionRequest:
+        """functions and function_call as tools, tool_choice and one call at most; the history's
+        function calls and results as tool calls and tool messages (ids by their order)."""
+        if self.functions is None:
+            if self.function_call is not None:
+                raise ValueError("function_call needs functions")
+        else:
+            if self.tools is not None or self.tool_choice is not None:
+                raise ValueError("give functions and function_call, or tools and tool_choice, not both")
+            self.tools = [Tool(type="function", function=function) for function in self.functions]
+            choice = self.function_call
+            named = isinstance(choice, FunctionName)
+            self.tool_choice = NamedToolChoice(type="function", function=choice) if named else choice
+            self.parallel_tool_calls = False
+        self.messages = _legacy_calls_as_tool_calls(self.messages)
+        return self
+
+    @property
+    def legacy_functions(self) -> bool:
+        """Whether the answer takes the legacy function_call shape."""
+        return self.functions is not None
 
     @model_validator(mode="after")
     def _final_message_can_be_continued(self) -> ChatCompletionRequest:
@@ -309,3 +342,21 @@ class ChatCompletionRequest(SamplingFields):
             return StructuredOutputs(json_object=True, param="response_format")
         schema = format_.json_schema.schema_
         return StructuredOutputs.from_schema({} if schema is None else schema, "response_format.json_schema.schema")
+
+
+def _legacy_calls_as_tool_calls(messages: list[ChatMessage]) -> list[ChatMessage]:
+    """An assistant message's function_call as a tool call ("call_legacy_N", N its order), and a
+    function message as the tool message answering the latest call of that name."""
+    converted, latest, calls = [], {}, 0
+    for message in messages:
+        if message.function_call is not None:
+            call_id, calls = f"call_legacy_{calls}", calls + 1
+            latest[message.function_call.name] = call_id
+            call = ToolCall(id=call_id, function=message.function_call)
+            message = message.model_copy(update={"function_call": None, "tool_calls": [call]})
+        elif message.role == "function":
+            if message.name not in latest:
+                raise ValueError(f"function message for {message.name!r} answers no function_call before it")
+            message = message.model_copy(update={"role": "tool", "tool_call_id": latest[message.name]})
+        converted.append(message)
+    return converted

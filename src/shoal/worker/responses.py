@@ -149,7 +149,10 @@ async def _respond(
         meta["service_tier"] = body.served_tier()
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
     choices = (
-        [ChatChoice(tool_use, first.seed, prompt_ids, reasoning, skip_special_tokens) for first in firsts]
+        [
+            ChatChoice(tool_use, first.seed, prompt_ids, reasoning, skip_special_tokens, body.legacy_functions)
+            for first in firsts
+        ]
         if chat
         else None
     )
