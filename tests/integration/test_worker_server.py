@@ -283,6 +283,8 @@ def test_the_openai_fields_sdks_send_are_served(client):
         verbosity="low",
         modalities=["text"],
         prediction={"type": "content", "content": "a draft"},
+        metadata={"task": "greeting"},
+        store=False,
     )
     served = client.chat.completions.create(**args, **fields)
     assert served.service_tier == "default" and served.choices[0].message.content == plain.choices[0].message.content
@@ -310,6 +312,8 @@ def test_logit_bias_forbids_and_forces_tokens(client):
         ({"logit_bias": {"a": 1}}, "logit_bias"),
         ({"logit_bias": {"3": 101}}, "logit_bias"),
         ({"logit_bias": {"99999999": 1}}, "logit_bias"),
+        ({"store": True}, "store"),
+        ({"metadata": {"k": "v" * 513}}, "metadata"),
     ],
 )
 def test_audio_unknown_tiers_and_bad_biases_are_refused_by_name(worker_url, fields, param):

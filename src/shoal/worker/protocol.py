@@ -287,6 +287,17 @@ class ChatCompletionRequest(SamplingFields):
     # (message.function_call, finish_reason "function_call"; chat_choice).
     functions: list[FunctionDefinition] | None = Field(None, min_length=1)
     function_call: Literal["none", "auto"] | FunctionName | None = None
+    # OpenAI's stored-completion fields: metadata (up to 16 string pairs) labels a stored completion;
+    # chat completions are not stored here, so `store: true` is refused and metadata is unused.
+    metadata: dict[str, str] | None = Field(None, max_length=16)
+    store: Literal[False] | None = None
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_fits(cls, metadata: dict[str, str] | None) -> dict[str, str] | None:
+        if metadata and any(len(key) > 64 or len(value) > 512 for key, value in metadata.items()):
+            raise ValueError("metadata keys are at most 64 characters and values at most 512")
+        return metadata
 
     @field_validator("chat_template_kwargs")
     @classmethod
