@@ -23,6 +23,7 @@ from tests.support.workers import spawn_worker, wait_ready
 
 ADMIN = {"authorization": "Bearer peers-admin"}
 MAX_TOKENS = 48
+LONG_TOKENS = 200
 # llama.cpp writes about 70 tokens a second here: long enough that a kill lands mid-stream.
 LONG = 240
 
@@ -292,12 +293,14 @@ def test_a_request_is_retried_elsewhere_while_llama_cpp_has_sent_nothing(router,
 def test_a_vllm_stream_killed_mid_output_continues_token_exact_on_the_shoal_worker(router, shoal_worker, vllm):
     server = needs_vllm(vllm)
     user = user_for(router, server.url)
-    killed = read(router, "/v1/chat/completions", chat_body(user), fault=server.kill)
+    # Long enough that vLLM is still generating when the client has read 8 chunks and kills it.
+    long = {**chat_body(user, LONG_TOKENS), "ignore_eos": True}
+    killed = read(router, "/v1/chat/completions", long, fault=server.kill)
     attempts, seam = attempts_and_seam(router, killed["trace"])
     assert attempts[0]["shoal.worker"] == server.url and attempts[0]["shoal.outcome"] == "broken"
     assert attempts[-1]["shoal.worker"] == shoal_worker and attempts[-1]["shoal.continuation"] == "tokens"
-    assert len(killed["ids"]) == MAX_TOKENS and killed["roles"] == 1
+    assert len(killed["ids"]) == LONG_TOKENS and killed["roles"] == 1
     # The shoal worker went on from vLLM's own token ids: what it gives when handed them directly.
-    body = {**chat_body(user), "stream": False, "resume_token_ids": killed["ids"][:seam]}
+    body = {**long, "stream": False, "resume_token_ids": killed["ids"][:seam]}
     asked = httpx.post(shoal_worker + "/v1/chat/completions", json=body, timeout=120).json()
     assert asked["choices"][0]["token_ids"] == killed["ids"]  # a resumed answer repeats the ids it was handed
