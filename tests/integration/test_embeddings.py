@@ -2,7 +2,8 @@
 embedder (the tiny Llama, float32) gives transformers' final hidden states pooled the same way
 (the last token's, or the mean; normalised or not) within 1e-5, for inputs longer than a prefill
 chunk, alone and in a batch of inputs; base64 equals floats; `dimensions` truncates and
-renormalises; bad input is a 400 naming the field."""
+renormalises; bad input is a 400 naming the field. Through a router the answers are the worker's,
+and a worker that is gone (kill -9) is passed over for one that answers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ import numpy
 import openai
 import pytest
 import torch
+import yaml
 
+from tests.support.routers import start_router, stop
 from tests.support.workers import MODEL, start_worker, tiny_worker_args
 
 INPUTS = [[5 + (7 * i) % 90 for i in range(40)], [3, 4, 5], [60 + i % 7 for i in range(23)]]
@@ -89,3 +92,22 @@ def test_base64_and_dimensions(workers):
 def test_bad_input_is_a_400_naming_the_field(workers, fields, param):
     response = httpx.post(workers["last"] + "/v1/embeddings", json={"model": MODEL, **fields}, timeout=30)
     assert response.status_code in (400, 404) and response.json()["error"]["param"].startswith(param)
+
+
+def test_through_a_router_a_gone_worker_is_passed_over(workers, tiny_model_dir, shoal_cache_dir, tmp_path):
+    process, spare = start_worker(
+        tiny_worker_args(tiny_model_dir, MODEL, "--max-num-batched-tokens", "16"), shoal_cache_dir
+    )
+    config = tmp_path / "router.yaml"
+    config.write_text(yaml.safe_dump({"workers": [{"url": workers["last"]}, {"url": spare}], "policy": "round_robin"}))
+    router, url = start_router(["--config", str(config)])
+    try:
+        direct = client(workers["last"]).embeddings.create(model=MODEL, input=INPUTS).data
+        routed = client(url).embeddings.create(model=MODEL, input=INPUTS).data
+        assert [d.embedding for d in routed] == [d.embedding for d in direct]
+        process.kill()
+        process.wait(timeout=30)
+        for _ in range(4):  # round robin sends some to the gone worker: each goes on to the other
+            assert client(url).embeddings.create(model=MODEL, input=INPUTS[1]).data[0].embedding == direct[1].embedding
+    finally:
+        stop(router)

@@ -1,4 +1,4 @@
-"""POST /v1/chat/completions and /v1/completions, served ahead of FastAPI.
+"""POST /v1/chat/completions, /v1/completions and /v1/embeddings, served ahead of FastAPI.
 
 These two carry nearly all of a router's traffic. Served here, a request skips FastAPI's
 middleware stack, routing, dependency solving and exception wrappers, which together cost more CPU
@@ -20,7 +20,8 @@ from shoal.router.header_limit import oversized_headers
 from shoal.router.proxy import error_response
 
 log = logging.getLogger(__name__)
-CHAT_BY_PATH = {"/v1/chat/completions": True, "/v1/completions": False}
+# The paths answered here, and whether each is a chat completion.
+CHAT_BY_PATH = {"/v1/chat/completions": True, "/v1/completions": False, "/v1/embeddings": False}
 
 
 class CompletionEndpoints:

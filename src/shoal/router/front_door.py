@@ -27,7 +27,7 @@ from shoal.router.metrics import RouterMetrics
 from shoal.router.proxy import error_response
 from shoal.router.rate_limit import RateLimiter
 from shoal.router.request_telemetry import RequestTelemetry
-from shoal.router.route_request import RequestError, route_request
+from shoal.router.route_request import EMBEDDINGS_PATH, RequestError, embedding_route_request, route_request
 from shoal.router.stream_failover import StreamFailover
 from shoal.router.stream_journal import EventId, Journaled, ResumeRefused, StreamJournal
 from shoal.router.stream_relay import StreamBroken, StreamProgress
@@ -179,7 +179,11 @@ class FrontDoor:
         try:
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
-            routed = route_request(body, headers, chat, self.config.chars_per_token, self.config.default_decode_tokens)
+            routed = (
+                embedding_route_request(body, headers, self.config.chars_per_token)
+                if path == EMBEDDINGS_PATH
+                else route_request(body, headers, chat, self.config.chars_per_token, self.config.default_decode_tokens)
+            )
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
         if not self._serves(routed.model):  # counted as model "unknown": clients do not name labels
@@ -202,7 +206,7 @@ class FrontDoor:
                 headers={"retry-after": str(math.ceil(wait)) if math.isfinite(wait) else "60"},
             )
         degraded = None
-        if routed.priority == "sheddable" and not self.admission.has_room(routed.model):
+        if routed.priority == "sheddable" and path != EMBEDDINGS_PATH and not self.admission.has_room(routed.model):
             routed, body, degraded = self._degrade(routed, body)
         if self.capacity(routed.model) == 0 and routed.model in self.membership.known_models:
             # Its workers are gone: wait a little for one to return. A model whose first workers
@@ -264,6 +268,10 @@ class FrontDoor:
                 return error_response(503, f"the stream cannot be resumed now: {broken}", "service_unavailable")
             if journal is not None:
                 journal.resumed_at(len(resume[1].token_ids))
+        if path == EMBEDDINGS_PATH:
+            return await self.failover.serve_whole(
+                routed, body, path, headers, placement, release_slot, extra, telemetry, wait_s
+            )
         return await self.failover.serve(
             routed, body, path, headers, placement, release_slot, extra, chat, telemetry, wait_s, journal, progress
         )

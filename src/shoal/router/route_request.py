@@ -8,6 +8,7 @@ from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_bloc
 from shoal.router.views import RouteRequest
 
 SESSION_HEADERS = ("x-session-id", "x-shoal-session")
+EMBEDDINGS_PATH = "/v1/embeddings"
 PRIORITIES = ("critical", "standard", "sheddable")
 # OpenAI's service tiers as admission classes ("auto" and "default": the standard class).
 TIER_PRIORITIES = {"priority": "critical", "flex": "sheddable", "auto": "standard", "default": "standard"}
@@ -75,5 +76,41 @@ def route_request(
         chars_per_token=chars_per_token,
         block_chars=BLOCK_CHARS,
         session_key=session if isinstance(session, str) else None,
+        priority=priority,
+    )
+
+
+def embedding_route_request(body: dict, headers: dict[str, str], chars_per_token: float) -> RouteRequest:
+    """An embeddings request as policies see it: its inputs' tokens (estimated for texts), no
+    output, no prefix to find cached (an embedding's prompt is not kept); its class as a
+    completion's. Raises RequestError for a missing model or input."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("`model` is required and must be a string", "model")
+    inputs = body.get("input")
+    items = (
+        [inputs]
+        if isinstance(inputs, str) or (isinstance(inputs, list) and inputs and isinstance(inputs[0], int))
+        else inputs
+    )
+    if not isinstance(items, list) or not items:
+        raise RequestError("`input` must be a string, token ids, or a non-empty list of either", "input")
+    tokens = sum(
+        int(len(item) / chars_per_token) + 1 if isinstance(item, str) else len(item)
+        for item in items
+        if isinstance(item, str | list)
+    )
+    priority = headers.get("x-shoal-priority") or "standard"
+    if priority not in PRIORITIES:
+        raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
+    user = body.get("user")
+    return RouteRequest(
+        model=model,
+        prompt_tokens=max(1, tokens),
+        expected_decode_tokens=0,
+        prefix_blocks=(),
+        chars_per_token=chars_per_token,
+        block_chars=BLOCK_CHARS,
+        session_key=user if isinstance(user, str) and user else None,
         priority=priority,
     )

@@ -247,6 +247,31 @@ class StreamFailover:
             )
         return None
 
+    async def serve_whole(
+        self,
+        routed: RouteRequest,
+        body: dict,
+        path: str,
+        headers: Mapping[str, str],
+        placement: Placement,
+        done: Callable[[], None],
+        extra_headers: dict[str, str],
+        telemetry: RequestTelemetry,
+        wait_s: float,
+    ) -> Response:
+        """Serves a request a worker answers in one body (embeddings), sent as a stream's first
+        attempt is: to another worker while one cannot be reached or answers 5xx, waiting up to
+        `wait_s` for one; `done` runs once."""
+        attempt = Attempt(routed, body, False, telemetry, placement)
+        try:
+            answer = await self._start(attempt, path, headers, TriedWorkers(), wait_s, extra_headers)
+        finally:
+            self._finish(attempt)
+            done()
+        if answer is None:  # a stream where one body was due
+            return error_response(502, "the worker answered with a stream", "bad_gateway")
+        return answer
+
     async def serve(
         self,
         routed: RouteRequest,
