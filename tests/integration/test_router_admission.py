@@ -43,7 +43,7 @@ def router(slow_pair, tmp_path):
             "degrade_max_tokens": 3,
         },
         "api_keys": [
-            {"name": "alpha", "sha256": key_hash(KEY)},
+            {"name": "alpha", "sha256": key_hash(KEY), "end_user_requests_per_minute": 1},
             {"name": "beta", "sha256": key_hash(OTHER_KEY), "requests_per_minute": 2},
         ],
     }
@@ -98,6 +98,11 @@ def test_api_keys_are_required_and_rate_limits_answer_429(router):
     assert limited.status_code == 429 and int(limited.headers["retry-after"]) >= 1
     assert limited.json()["error"]["type"] == "rate_limit_error"
     assert post(url, body).status_code == 200  # another key is not limited
+    # Key alpha's end users (safety_identifier, else user) have a request a minute each.
+    assert post(url, {**body, "safety_identifier": "end-1"}).status_code == 200
+    again = post(url, {**body, "safety_identifier": "end-1"})
+    assert again.status_code == 429 and "end user end-1" in again.json()["error"]["message"]
+    assert post(url, {**body, "user": "end-2"}).status_code == 200
     stop(process)
     logs = router_log(process)
     assert KEY not in logs and OTHER_KEY not in logs

@@ -102,12 +102,26 @@ def test_waiting_past_the_timeout_is_a_503():
 
 def test_rate_limiter_counts_requests_and_tokens_and_says_how_long_to_wait():
     limiter = RateLimiter()
-    assert limiter.check("k", 2, None, 10) == 0 and limiter.check("k", 2, None, 10) == 0
-    wait = limiter.check("k", 2, None, 10)
+    assert limiter.check([("k", 2, None)], 10) == 0 and limiter.check([("k", 2, None)], 10) == 0
+    wait = limiter.check([("k", 2, None)], 10)
     assert 0 < wait <= 30
-    assert limiter.check("other", 2, None, 10) == 0
-    assert limiter.check("t", None, 100, 80) == 0 and limiter.check("t", None, 100, 80) > 0
-    assert limiter.check("t", None, 100, 1000) == float("inf")
+    assert limiter.check([("other", 2, None)], 10) == 0
+    assert limiter.check([("t", None, 100)], 80) == 0 and limiter.check([("t", None, 100)], 80) > 0
+    assert limiter.check([("t", None, 100)], 1000) == float("inf")
+
+
+def test_an_end_user_over_its_limit_takes_nothing_from_its_keys_buckets():
+    keys = ApiKeys(RouterConfig(api_keys=[{"name": "a", "sha256": key_hash("s"), "end_user_requests_per_minute": 1}]))
+    client = keys.authenticate("Bearer s")
+    limiter = RateLimiter()
+    assert limiter.check(client.limits("u1"), 5) == 0 and limiter.check(client.limits("u2"), 5) == 0
+    assert limiter.check(client.limits("u1"), 5) > 0  # u1's second request this minute
+    assert limiter.check(client.limits(None), 5) == 0  # the key itself is unlimited
+    limited = ApiKeys(RouterConfig(api_keys=[{"sha256": key_hash("t"), "requests_per_minute": 2}])).authenticate(
+        "Bearer t"
+    )
+    assert limiter.check(limited.limits("u"), 1) == 0 and limiter.check(limited.limits("u"), 1) == 0
+    assert limiter.check(limited.limits("v"), 1) > 0  # the key's own limit, whoever the end user
 
 
 def test_api_keys_by_hash_and_from_the_environment(monkeypatch):

@@ -51,6 +51,7 @@ def test_a_prompt_cache_key_is_a_shared_first_block_and_the_session():
 
 def test_the_end_user_is_the_safety_identifier_else_the_user():
     assert routed(safety_identifier="s", user="u").session_key == "s"
+    assert routed(safety_identifier="s", user="u").end_user == "s" and routed().end_user is None
     assert routed(user="u").session_key == "u"
     assert routed({"x-session-id": "h"}, user="u").session_key == "h"
     assert routed({"x-session-id": "h"}, prompt_cache_key="k").session_key == "k"

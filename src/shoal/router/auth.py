@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shoal.router.config import ApiKey, RouterConfig
+from shoal.router.config import ApiKey, RateLimits, RouterConfig
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,16 @@ class Client:
     name: str
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    end_user_requests_per_minute: int | None = None
+    end_user_tokens_per_minute: int | None = None
+
+    def limits(self, end_user: str | None) -> list[tuple[str, int | None, int | None]]:
+        """The rate limits a request of this client counts against (RateLimiter.check): its own, and
+        its end user's where it names one."""
+        own = [(self.name, self.requests_per_minute, self.tokens_per_minute)]
+        if end_user is None:
+            return own
+        return [*own, (f"{self.name}/{end_user}", self.end_user_requests_per_minute, self.end_user_tokens_per_minute)]
 
 
 def key_hash(key: str) -> str:
@@ -50,16 +60,9 @@ class ApiKeys:
         raw = os.environ.get(config.api_keys_env, "") if config.api_keys_env else ""
         keys += [ApiKey(sha256=key_hash(k.strip())) for k in raw.split(",") if k.strip()]
         default = config.default_rate_limits
-        self.anonymous = Client("anonymous", default.requests_per_minute, default.tokens_per_minute)
+        self.anonymous = Client("anonymous", *_limits(default, default))
         self.clients = [
-            (
-                bytes.fromhex(key.sha256),
-                Client(
-                    key.name or f"key-{key.sha256[:8]}",
-                    key.requests_per_minute or default.requests_per_minute,
-                    key.tokens_per_minute or default.tokens_per_minute,
-                ),
-            )
+            (bytes.fromhex(key.sha256), Client(key.name or f"key-{key.sha256[:8]}", *_limits(key, default)))
             for key in keys
         ]
         self.known: dict[str, Client] = {}
@@ -85,3 +88,9 @@ class ApiKeys:
                 self.known[authorization] = client
                 return client
         return None
+
+
+def _limits(key: RateLimits, default: RateLimits) -> tuple[int | None, ...]:
+    """A key's limits, each falling back to the default's."""
+    names = ("requests_per_minute", "tokens_per_minute", "end_user_requests_per_minute", "end_user_tokens_per_minute")
+    return tuple(getattr(key, name) or getattr(default, name) for name in names)

@@ -38,10 +38,13 @@ class ModelSettings(Frozen):
 
 
 class RateLimits(Frozen):
-    """Per-key limits; None is unlimited."""
+    """Per-key limits, and per end user of the key (a request's safety_identifier, else its user);
+    None is unlimited."""
 
     requests_per_minute: int | None = Field(None, ge=1)
     tokens_per_minute: int | None = Field(None, ge=1)
+    end_user_requests_per_minute: int | None = Field(None, ge=1)
+    end_user_tokens_per_minute: int | None = Field(None, ge=1)
 
 
 class ApiKey(RateLimits):

@@ -195,13 +195,12 @@ class FrontDoor:
             deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        wait = self.rate_limiter.check(
-            client.name, client.requests_per_minute, client.tokens_per_minute, routed.total_tokens
-        )
+        wait = self.rate_limiter.check(client.limits(routed.end_user), routed.total_tokens)
         if wait:
             return error_response(
                 429,
-                f"rate limit exceeded for {client.name}",
+                f"rate limit exceeded for {client.name}"
+                + (f" or its end user {routed.end_user}" if routed.end_user else ""),
                 "rate_limit_error",
                 headers={"retry-after": str(math.ceil(wait)) if math.isfinite(wait) else "60"},
             )

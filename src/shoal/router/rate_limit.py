@@ -1,4 +1,5 @@
-"""Per-key rate limits: requests per minute and tokens per minute, as token buckets.
+"""Per-key rate limits, and per end user of a key: requests per minute and tokens per minute, as
+token buckets.
 
 A bucket holds up to `per_minute` units and refills continuously at per_minute / 60 per second. A
 request takes 1 request unit and its estimated tokens (prompt + max output) from the key's buckets,
@@ -40,21 +41,19 @@ class RateLimiter:
     def __init__(self):
         self.buckets: dict[tuple[str, str], TokenBucket] = {}
 
-    def check(self, key: str, requests_per_minute: float | None, tokens_per_minute: float | None, tokens: int) -> float:
-        """Takes from the key's buckets and returns 0, or takes nothing and returns seconds to wait."""
-        if not requests_per_minute and not tokens_per_minute:
-            return 0.0
+    def check(self, limits: list[tuple[str, float | None, float | None]], tokens: int) -> float:
+        """For each (key, requests_per_minute, tokens_per_minute) of `limits` (a limit None is none):
+        takes from every key's buckets and returns 0, or takes nothing and returns seconds to wait."""
         now = time.monotonic()
-        wanted = [
-            (kind, limit, amount)
-            for kind, limit, amount in (("requests", requests_per_minute, 1), ("tokens", tokens_per_minute, tokens))
-            if limit
-        ]
         buckets = []
-        for kind, limit, amount in wanted:
-            bucket = self.buckets.setdefault((key, kind), TokenBucket(limit))
-            bucket.refill(now)
-            buckets.append((bucket, amount))
+        for key, requests_per_minute, tokens_per_minute in limits:
+            for kind, limit, amount in (("requests", requests_per_minute, 1), ("tokens", tokens_per_minute, tokens)):
+                if limit:
+                    bucket = self.buckets.get((key, kind))
+                    if bucket is None:  # full, as of now
+                        bucket = self.buckets[(key, kind)] = TokenBucket(limit, updated=now)
+                    bucket.refill(now)
+                    buckets.append((bucket, amount))
         wait = max((b.seconds_until(a) for b, a in buckets), default=0.0)
         if wait == 0.0:
             for bucket, amount in buckets:

@@ -77,6 +77,7 @@ def route_request(
         block_chars=BLOCK_CHARS,
         session_key=session if isinstance(session, str) else None,
         priority=priority,
+        end_user=end_user,
     )
 
 
@@ -113,4 +114,5 @@ def embedding_route_request(body: dict, headers: dict[str, str], chars_per_token
         block_chars=BLOCK_CHARS,
         session_key=user if isinstance(user, str) and user else None,
         priority=priority,
+        end_user=user if isinstance(user, str) and user else None,
     )

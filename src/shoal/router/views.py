@@ -27,6 +27,7 @@ class RouteRequest(msgspec.Struct, frozen=True):
     chars_per_token: float = 4.0
     block_chars: int = 32
     session_key: str | None = None
+    end_user: str | None = None  # OpenAI's safety_identifier, else user: its own rate limits
     priority: str = "standard"
 
     @property
