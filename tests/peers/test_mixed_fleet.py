@@ -165,9 +165,15 @@ def read(router_url: str, path: str, body: dict, fault=None, after_chunks: int =
 def attempts_and_seam(router_url: str, trace_id: str) -> tuple[list[dict], int]:
     """The request's attempts in order (worker, outcome, continuation) and the output tokens relayed
     before its migration."""
-    spans = httpx.get(f"{router_url}/debug/traces/{trace_id}", headers=ADMIN, timeout=10).json()["spans"]
-    [root] = [s for s in spans if s["name"] == "router.request"]
-    [migration] = [e for e in root["events"] if e["name"] == "migration"]
+    deadline = time.monotonic() + 15  # the router records a stream's spans as it winds down
+    while True:
+        spans = httpx.get(f"{router_url}/debug/traces/{trace_id}", headers=ADMIN, timeout=10).json()["spans"]
+        roots = [s for s in spans if s["name"] == "router.request"]
+        migrations = [e for root in roots for e in root["events"] if e["name"] == "migration"]
+        if migrations or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    [migration] = migrations
     attempts = sorted((s for s in spans if s["name"] == "router.attempt"), key=lambda s: s["start_ns"])
     return [a["attributes"] for a in attempts], migration["attributes"]["shoal.tokens_so_far"]
 
