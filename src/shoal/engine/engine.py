@@ -165,7 +165,7 @@ class LLMEngine:
         if self.kv_tier is not None:
             self.kv_tier.reset_counters()
 
-    @property
+    @functools.cached_property
     def max_cached_tokens(self) -> int:
         """The longest sequence the KV cache holds, counted per KV group (a windowed group holds
         only its window's blocks); at most every block's tokens."""

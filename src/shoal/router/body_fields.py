@@ -22,3 +22,15 @@ def number_in_range(body: dict, name: str, low: float, high: float, low_open: bo
     if value is not None and not (low < value <= high if low_open else low <= value <= high):
         raise RequestError(f"`{name}` must be in {'(' if low_open else '['}{low}, {high}]", name)
     return value
+
+
+def known_fields(body: object, allowed: set[str]) -> dict:
+    """The body, a JSON object of `allowed` fields only (the first other one is named) and a model."""
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise RequestError(f"unknown or unsupported parameter `{unknown[0]}`", unknown[0])
+    if not typed_field(body, "model", str, "a non-empty string", ""):
+        raise RequestError("`model` is required and must be a non-empty string", "model")
+    return body

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.router.body_fields import number_in_range, typed_field
+from shoal.router.body_fields import known_fields, number_in_range, typed_field
 from shoal.router.messages_api.content_blocks import chat_messages, check_cache_control, system_messages
 from shoal.router.route_request import RequestError
 
@@ -186,15 +186,9 @@ class MessagesRequest:
     def parse(cls, body: object, counting: bool = False) -> MessagesRequest:
         """Raises RequestError (an HTTP 400) naming the first field that is wrong; `counting`: a
         count_tokens body."""
-        if not isinstance(body, dict):
-            raise RequestError("the body must be a JSON object")
         fields, extensions = (COMMON_FIELDS, COUNT_EXTENSIONS) if counting else (MESSAGES_FIELDS, SHOAL_EXTENSIONS)
-        unknown = sorted(set(body) - set(fields) - set(extensions))
-        if unknown:
-            raise RequestError(f"unknown or unsupported parameter `{unknown[0]}`", unknown[0])
-        model = typed_field(body, "model", str, "a non-empty string", "")
-        if not model:
-            raise RequestError("`model` is required and must be a non-empty string", "model")
+        body = known_fields(body, {*fields, *extensions})
+        model = body["model"]
         max_tokens = _positive(body, "max_tokens")
         if max_tokens is None and not counting:
             raise RequestError("`max_tokens` is required", "max_tokens")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.router.body_fields import number_in_range, typed_field
+from shoal.router.body_fields import known_fields, number_in_range, typed_field
 from shoal.router.responses_api.input_items import normalize_input
 from shoal.router.route_request import RequestError
 
@@ -226,14 +226,8 @@ class ResponsesRequest:
     @classmethod
     def parse(cls, body: object) -> ResponsesRequest:
         """Raises RequestError (an HTTP 400) naming the first field that is wrong."""
-        if not isinstance(body, dict):
-            raise RequestError("the body must be a JSON object")
-        unknown = sorted(set(body) - set(RESPONSES_FIELDS) - set(SHOAL_EXTENSIONS))
-        if unknown:
-            raise RequestError(f"unknown or unsupported parameter `{unknown[0]}`", unknown[0])
-        model = typed_field(body, "model", str, "a non-empty string", "")
-        if not model:
-            raise RequestError("`model` is required and must be a non-empty string", "model")
+        body = known_fields(body, {*RESPONSES_FIELDS, *SHOAL_EXTENSIONS})
+        model = body["model"]
         max_output_tokens = typed_field(body, "max_output_tokens", int, "a positive integer")
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
