@@ -49,7 +49,7 @@ class NetworkFleet:
                 "token_deadline_min_s": args.token_deadline_min_s,
                 "wait_for_capacity_s": args.wait_for_capacity_s,
             },
-            "responses": {"store": "redis", "redis_url": self.redis_url},
+            "state": {"store": "redis", "redis_url": self.redis_url},
         }
         (self.log_dir / "router.yaml").write_text(yaml.safe_dump(config))
         secret = secrets.token_hex(16)

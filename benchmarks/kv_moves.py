@@ -69,7 +69,7 @@ class Processes:
     def router(self, name: str, workers: list[str]) -> str:
         port = free_port()
         config = self.log_dir / f"{name}.yaml"
-        config.write_text(yaml.safe_dump({"workers": [{"url": u} for u in workers], "responses": {"store": "none"}}))
+        config.write_text(yaml.safe_dump({"workers": [{"url": u} for u in workers], "state": {"store": "none"}}))
         process = subprocess.Popen(
             [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(config)],
             stdout=subprocess.DEVNULL,

@@ -77,7 +77,7 @@ def main() -> int:
     processes = [redis, worker]
     try:
         wait_for(f"http://127.0.0.1:{worker_port}/ready", worker)
-        base = {"workers": [{"url": f"http://127.0.0.1:{worker_port}"}], "responses": {"store": "none"}}
+        base = {"workers": [{"url": f"http://127.0.0.1:{worker_port}"}], "state": {"store": "none"}}
         journaled = {
             **base,
             "resumable_streams": {"store": "redis", "redis_url": redis_url, "flush_tokens": args.flush_tokens},

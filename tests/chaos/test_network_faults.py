@@ -65,7 +65,7 @@ def cluster(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
                 "port": ROUTER_PORT,
                 "health": {"heartbeat_interval_s": HEARTBEAT_S},
                 "failover": {"token_deadline_min_s": TOKEN_DEADLINE_S},
-                "responses": {"store": "redis", "redis_url": redis_url},
+                "state": {"store": "redis", "redis_url": redis_url},
             }
         )
     )

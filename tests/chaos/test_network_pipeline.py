@@ -43,7 +43,7 @@ def pipeline(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
 
     config = logs / "router.yaml"
     config.write_text(
-        yaml.safe_dump({"host": bed["router"].address, "port": ROUTER_PORT, "responses": {"store": "none"}})
+        yaml.safe_dump({"host": bed["router"].address, "port": ROUTER_PORT, "state": {"store": "none"}})
     )
     start("router", ["router", "--config", str(config)])
     stage, spare = (f"tcp://{bed[name].address}:{STAGE_PORT}" for name in ("stage", "spare"))

@@ -55,7 +55,7 @@ def cluster(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
                     "port": ROUTER_PORT,
                     "workers": [{"url": worker.url(WORKER_PORT)}],
                     "resumable_streams": {"store": "redis", "redis_url": redis_url, "flush_tokens": 16},
-                    "responses": {"store": "none"},
+                    "state": {"store": "none"},
                 }
             )
         )

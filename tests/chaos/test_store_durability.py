@@ -30,7 +30,7 @@ def router(worker, tmp_path):
 
     def start(responses: dict):
         config = tmp_path / f"router-{len(started)}.yaml"
-        config.write_text(yaml.safe_dump({"workers": [{"url": worker}], "responses": responses}))
+        config.write_text(yaml.safe_dump({"workers": [{"url": worker}], "state": responses}))
         started.append(start_router(["--config", str(config)]))
         return started[-1]
 

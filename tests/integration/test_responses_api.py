@@ -37,7 +37,7 @@ def routers(worker, tmp_path):
 
     def start(responses: dict, **config) -> tuple:
         path = tmp_path / f"router-{len(started)}.yaml"
-        path.write_text(yaml.safe_dump({"workers": [{"url": worker}], "responses": responses, **config}))
+        path.write_text(yaml.safe_dump({"workers": [{"url": worker}], "state": responses, **config}))
         process, url = start_router(["--config", str(path)])
         started.append(process)
         return process, url
@@ -143,7 +143,7 @@ def test_the_next_turn_goes_to_the_worker_holding_the_conversation_and_survives_
         yaml.safe_dump(
             {
                 "workers": [{"url": url} for _, url in workers],
-                "responses": {"store": "sqlite", "sqlite_path": str(tmp_path / "responses.sqlite3")},
+                "state": {"store": "sqlite", "sqlite_path": str(tmp_path / "responses.sqlite3")},
             }
         )
     )

@@ -53,7 +53,7 @@ def router_config(directory, workers: list[str], redis_url: str):
     config = directory / "router.yaml"
     config.write_text(
         yaml.safe_dump(
-            {"workers": [{"url": url} for url in workers], "responses": {"store": "redis", "redis_url": redis_url}}
+            {"workers": [{"url": url} for url in workers], "state": {"store": "redis", "redis_url": redis_url}}
         )
     )
     return ["--config", str(config)]

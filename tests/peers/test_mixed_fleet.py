@@ -173,6 +173,7 @@ def attempts_and_seam(router_url: str, trace_id: str) -> tuple[list[dict], int]:
         if migrations or time.monotonic() > deadline:
             break
         time.sleep(0.2)
+    assert len(migrations) == 1, [(s["name"], s["attributes"], s["events"]) for s in spans]
     [migration] = migrations
     attempts = sorted((s for s in spans if s["name"] == "router.attempt"), key=lambda s: s["start_ns"])
     return [a["attributes"] for a in attempts], migration["attributes"]["shoal.tokens_so_far"]

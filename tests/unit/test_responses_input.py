@@ -23,8 +23,9 @@ from shoal.router.responses_api.response_object import (
     responses_usage,
 )
 from shoal.router.responses_api.responses_request import ResponsesRequest
-from shoal.router.responses_api.store import StoredTurn, StoreUnavailable
+from shoal.router.responses_api.stored_turn import StoredTurn
 from shoal.router.route_request import RequestError
+from shoal.router.state.records import StoreUnavailable
 
 ITEMS = pydantic.TypeAdapter(list[ResponseItem])
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)

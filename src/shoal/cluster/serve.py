@@ -55,10 +55,12 @@ def serve(config: DeploymentConfig) -> int:
     directory = run_dir(config.state_dir)
     directory.mkdir(parents=True, exist_ok=True)
     router_config = config.router_config()
-    if "responses" not in config.router.model_fields_set:  # conversations live with the deployment's state
-        sqlite_path = str(Path(config.state_dir).expanduser() / "responses.sqlite3")
-        responses = router_config.responses.model_copy(update={"sqlite_path": sqlite_path})
-        router_config = router_config.model_copy(update={"responses": responses})
+    if "state" not in config.router.model_fields_set:  # conversations and batches live with the deployment's state
+        state_dir = Path(config.state_dir).expanduser()
+        state = router_config.state.model_copy(
+            update={"sqlite_path": str(state_dir / "state.sqlite3"), "files_dir": str(state_dir / "files")}
+        )
+        router_config = router_config.model_copy(update={"state": state})
     admin_token = os.environ.get(router_config.admin_token_env) or secrets.token_hex(16)
     os.environ[router_config.admin_token_env] = admin_token
     app = create_router_app(router_config)

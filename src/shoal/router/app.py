@@ -38,6 +38,7 @@ from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.endpoints import ResponsesApi
 from shoal.router.sibling_bus import SiblingBus
+from shoal.router.state.open_records import SharedRecords
 from shoal.router.upstream_client import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -106,7 +107,8 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     sync = GroupSync(membership, balancer, front_door.admission) if group else None
     exposed = group_registry(group.metrics_directory) if group else registry
     metrics.watch(exposed, membership, front_door.admission.queued)
-    responses_api = ResponsesApi(front_door, config.responses)
+    records = SharedRecords(config.state)
+    responses_api = ResponsesApi(front_door, records)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
     dashboard = Dashboard(membership, front_door.admission, tracing, metrics.window, feed)
@@ -120,7 +122,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         membership.session = session
         upstream = UpstreamClient(config.connect_timeout_s, config.read_timeout_s)
         front_door.open(upstream)
-        await responses_api.open()
+        await records.open()
         if sync is not None:
             sync.bus = SiblingBus(
                 group.directory, group.member, group.members, group.token, sync.apply, sync.gone, sync.snapshot
@@ -139,7 +141,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         await monitor.close()
         if sync is not None:
             await sync.bus.close()
-        await responses_api.close()
+        await records.close()
         await front_door.close()
         await upstream.close()
         await session.close()

@@ -144,18 +144,22 @@ class HealthSettings(Frozen):
     outliers: OutlierSettings = OutlierSettings()
 
 
-class ResponsesSettings(Frozen):
-    """Where /v1/responses keeps stored responses: `sqlite` (one file on this host, survives a
-    restart; `~` is expanded and the directory created), `redis` (shared by every router pointing at
-    it) or `none` (nothing is stored, so nothing can be continued or retrieved). A response is stored
-    before the client gets its end. `sqlite_synchronous`: `full` syncs the file to disk with each
-    stored response (it survives a power cut), `normal` only at checkpoints (it survives the router
-    being killed, not a power cut; about 2 ms less per stored response)."""
+class StateSettings(Frozen):
+    """Where the router keeps what it stores (responses, chat completions, batches, uploaded files'
+    records): `sqlite` (one file on this host, survives a restart; `~` is expanded and the directory
+    created), `redis` (shared by every router pointing at it) or `none` (nothing is stored, so
+    nothing can be continued, retrieved or batched). What is stored is stored before the client
+    gets its end. `sqlite_synchronous`: `full` syncs the file to disk with each write (it survives
+    a power cut), `normal` only at checkpoints (it survives the router being killed, not a power
+    cut; about 2 ms less per write). Uploaded files' contents live in `files_dir` (a directory
+    every router of a group shares when they share a Redis store), at most `max_file_bytes` each."""
 
     store: Literal["sqlite", "redis", "none"] = "sqlite"
-    sqlite_path: str = "~/.local/state/shoal/responses.sqlite3"
+    sqlite_path: str = "~/.local/state/shoal/state.sqlite3"
     sqlite_synchronous: Literal["full", "normal"] = "full"
     redis_url: str = "redis://127.0.0.1:6379/0"
+    files_dir: str = "~/.local/state/shoal/files"
+    max_file_bytes: int = Field(200 << 20, ge=1)
 
 
 class ResumableStreamsSettings(Frozen):
@@ -208,7 +212,7 @@ class RouterConfig(Frozen):
     default_rate_limits: RateLimits = RateLimits()
     admission: AdmissionSettings = AdmissionSettings()
     failover: FailoverSettings = FailoverSettings()
-    responses: ResponsesSettings = ResponsesSettings()
+    state: StateSettings = StateSettings()
     resumable_streams: ResumableStreamsSettings = ResumableStreamsSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_header_bytes: int = Field(16 << 10, ge=1024)

@@ -19,13 +19,11 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.router.auth import Client
-from shoal.router.config import ResponsesSettings
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
 from shoal.router.responses_api.input_items import conversation_messages, input_items_page
-from shoal.router.responses_api.open_store import open_store
 from shoal.router.responses_api.response_object import (
     assistant_output,
     finished_response,
@@ -33,8 +31,10 @@ from shoal.router.responses_api.response_object import (
     response_skeleton,
 )
 from shoal.router.responses_api.responses_request import ResponsesRequest
-from shoal.router.responses_api.store import ResponseStore, StoredTurn, StoreUnavailable
+from shoal.router.responses_api.stored_turn import KIND, StoredTurn
 from shoal.router.route_request import RequestError
+from shoal.router.state.open_records import SharedRecords
+from shoal.router.state.records import StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +62,9 @@ class ResponsesApi:
     responses its own key created (another key's ids are unknown to it); every refusal is an
     OpenAI-shaped error (400 bad input, 401, 404 unknown id, 503 store unavailable)."""
 
-    def __init__(self, front_door: FrontDoor, settings: ResponsesSettings):
+    def __init__(self, front_door: FrontDoor, records: SharedRecords):
         self.front_door = front_door
-        self.settings = settings
-        self.store: ResponseStore | None = None
-
-    async def open(self) -> None:
-        """Called by the app's lifespan, inside the event loop."""
-        self.store = await open_store(self.settings)
-
-    async def close(self) -> None:
-        await self.store.close()
+        self.records = records
 
     def routes(self) -> APIRouter:
         routes = APIRouter()
@@ -110,7 +102,7 @@ class ResponsesApi:
 
         async def keep(response: dict) -> None:
             if parsed.store:
-                await self.store.put(StoredTurn(response, parsed.input_items, client.name))
+                await self.records.store.put(StoredTurn(response, parsed.input_items, client.name).record())
 
         if parsed.stream:
             # The chat stream's background task releases its worker even if this stream is never read.
@@ -142,7 +134,7 @@ class ResponsesApi:
         if isinstance(found, Response):
             return found
         try:
-            await self.store.delete(response_id)
+            await self.records.store.delete(KIND, response_id)
         except StoreUnavailable as exc:
             return _store_unavailable(exc)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
@@ -175,10 +167,10 @@ class ResponsesApi:
             return _store_unavailable(exc)
 
     async def _owned(self, response_id: str, client: Client, param: str | None = None) -> StoredTurn:
-        turn = await self.store.get(response_id)
-        if turn is None or turn.owner != client.name:
+        record = await self.records.store.get(KIND, response_id)
+        if record is None or record.owner != client.name:
             raise _not_found(response_id, param)
-        return turn
+        return StoredTurn.from_record(record)
 
     async def _chain(self, previous_response_id: str | None, client: Client) -> list[StoredTurn]:
         """The stored turns a new response continues, oldest first. Raises UnknownResponse if the

@@ -15,7 +15,7 @@ from shoal.router.responses_api.message_items import (
     reasoning_text_part,
 )
 from shoal.router.responses_api.response_object import failed_response, finished_response, output_status
-from shoal.router.responses_api.store import StoreUnavailable
+from shoal.router.state.records import StoreUnavailable
 
 
 class _OutputItems:

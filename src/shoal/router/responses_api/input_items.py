@@ -16,7 +16,7 @@ from shoal.router.responses_api.message_items import (
     reasoning_item,
     reasoning_text_part,
 )
-from shoal.router.responses_api.store import StoredTurn
+from shoal.router.responses_api.stored_turn import StoredTurn
 from shoal.router.route_request import RequestError
 
 ROLES = ("user", "system", "developer", "assistant")
