@@ -42,9 +42,7 @@ def pipeline(network_bed, tiny_model_dir, shoal_cache_dir, tmp_path_factory):
             bed[host].popen([sys.executable, "-m", "shoal.cli", *argv], env=env, stderr=log)
 
     config = logs / "router.yaml"
-    config.write_text(
-        yaml.safe_dump({"host": bed["router"].address, "port": ROUTER_PORT, "state": {"store": "none"}})
-    )
+    config.write_text(yaml.safe_dump({"host": bed["router"].address, "port": ROUTER_PORT, "state": {"store": "none"}}))
     start("router", ["router", "--config", str(config)])
     stage, spare = (f"tcp://{bed[name].address}:{STAGE_PORT}" for name in ("stage", "spare"))
     start("stage", ["stage", "--bind", stage])

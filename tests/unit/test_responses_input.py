@@ -10,10 +10,10 @@ import pydantic
 import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
+from shoal.router.list_pages import PageQuery
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.input_items import (
     conversation_messages,
-    input_items_page,
     normalize_input,
 )
 from shoal.router.responses_api.response_object import (
@@ -269,9 +269,15 @@ def test_function_calls_and_their_outputs_become_tool_messages():
     ]
 
 
+def input_items_page(items: list[dict], order: str, limit: str, after: str | None) -> dict:
+    query = {"order": order, "limit": limit, **({"after": after} if after else {})}
+    return PageQuery.parse(query, "desc").of(items, "an input item of this response")
+
+
 def test_input_item_pages():
     items = normalize_input([{"role": "user", "content": str(i)} for i in range(5)])
     ids = [item["id"] for item in items]
+    assert input_items_page(items, "desc", "20", None) == PageQuery.parse({}, "desc").of(items, "")
     newest = input_items_page(items, "desc", "20", None)
     assert [i["id"] for i in newest["data"]] == ids[::-1] and newest["has_more"] is False
     first = input_items_page(items, "asc", "2", None)

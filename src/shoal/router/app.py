@@ -1,5 +1,5 @@
 """The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door, and
-responses_api for /v1/responses), Anthropic's Messages API (messages_api for /v1/messages),
+responses_api for /v1/responses, stored_completions for stored chat completions), Anthropic's Messages API (messages_api for /v1/messages),
 health, and the control endpoints: workers join and heartbeat with the cluster secret; operators
 list, drain and remove workers with the admin token, and watch the cluster on the dashboard
 (/dashboard)."""
@@ -39,6 +39,7 @@ from shoal.router.proxy import error_response
 from shoal.router.responses_api.endpoints import ResponsesApi
 from shoal.router.sibling_bus import SiblingBus
 from shoal.router.state.open_records import SharedRecords
+from shoal.router.stored_completions.endpoints import StoredCompletions
 from shoal.router.upstream_client import UpstreamClient
 
 log = logging.getLogger(__name__)
@@ -148,13 +149,17 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         tracing.shutdown()
 
     app = RouterApp(title="shoal router", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
-    app.completions = CompletionEndpoints(front_door, config.max_header_bytes)
+    stored_completions = StoredCompletions(front_door, records)
+    app.completions = CompletionEndpoints(
+        front_door, config.max_header_bytes, {"/v1/chat/completions": stored_completions.around}
+    )
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
     app.state.tracing = tracing
     app.state.events = feed
     app.state.dashboard = dashboard
     app.include_router(responses_api.routes())
+    app.include_router(stored_completions.routes())
     app.include_router(MessagesApi(front_door).routes())
     app.include_router(dashboard.routes(authorized=lambda request: _bearer_matches(request, admin_token)))
 

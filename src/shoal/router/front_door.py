@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 from msgspec.structs import replace
@@ -107,17 +107,23 @@ class FrontDoor:
         settings = self.config.models.get(model)
         return list(settings.fallbacks) if settings else []
 
-    async def handle(self, request: Request, path: str, chat: bool) -> Response:
+    async def handle(self, request: Request, path: str, chat: bool, around: Around | None = None) -> Response:
+        """Serves a client's own completion request; `around`, when given, serves the parsed body
+        itself through the dispatch it is handed (to keep what it answers, say)."""
         headers = header_dict(request)
         read = await self.read(request, headers)
         if isinstance(read, Response):
             RequestTelemetry(self.tracing, self.metrics, headers, path, self.events).finish(read.status_code)
             return read
         client, body = read
-        return await self.dispatch(body, headers, path, chat, client, resumable=True)
 
-    async def read(self, request: Request, headers: Mapping[str, str]) -> Response | tuple[Client, object]:
-        """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
+        async def dispatch(body: object) -> Response:
+            return await self.dispatch(body, headers, path, chat, client, resumable=True)
+
+        return await dispatch(body) if around is None else await around(body, client, dispatch)
+
+    def client(self, headers: Mapping[str, str]) -> Client | Response:
+        """The client a request's API key names, or the 401 to answer."""
         client = self.api_keys.authenticate(authorization(headers))
         if client is None:
             return error_response(
@@ -125,6 +131,13 @@ class FrontDoor:
                 "a valid API key is required (Authorization: Bearer KEY, or x-api-key: KEY)",
                 "authentication_error",
             )
+        return client
+
+    async def read(self, request: Request, headers: Mapping[str, str]) -> Response | tuple[Client, object]:
+        """Authenticates and parses a client request: (client, JSON body), or the error to answer."""
+        client = self.client(headers)
+        if isinstance(client, Response):
+            return client
         declared = headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.config.max_body_bytes:
             return self._too_large()
@@ -345,6 +358,8 @@ def header_dict(request: Request) -> dict[str, str]:
     return {name.decode("latin-1"): value.decode("latin-1") for name, value in reversed(request.scope["headers"])}
 
 
+# Serves a parsed request body from a client through the dispatch it is given (FrontDoor.handle).
+Around = Callable[[object, Client, Callable[[object], Awaitable[Response]]], Awaitable[Response]]
 _ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 503: "service_unavailable"}
 
 

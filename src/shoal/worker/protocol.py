@@ -287,8 +287,9 @@ class ChatCompletionRequest(SamplingFields):
     # (message.function_call, finish_reason "function_call"; chat_choice).
     functions: list[FunctionDefinition] | None = Field(None, min_length=1)
     function_call: Literal["none", "auto"] | FunctionName | None = None
-    # OpenAI's stored-completion fields: metadata (up to 16 string pairs) labels a stored completion;
-    # chat completions are not stored here, so `store: true` is refused and metadata is unused.
+    # OpenAI's stored-completion fields: metadata (up to 16 string pairs) labels a stored completion.
+    # A router stores completions (shoal.router.stored_completions) and never forwards `store`; a
+    # worker has no store, so `store: true` sent to it directly is refused.
     metadata: dict[str, str] | None = Field(None, max_length=16)
     store: Literal[False] | None = None
 

@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.router.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
+from shoal.router.list_pages import PageQuery
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
-from shoal.router.responses_api.input_items import conversation_messages, input_items_page
+from shoal.router.responses_api.input_items import conversation_messages
 from shoal.router.responses_api.response_object import (
     assistant_output,
     finished_response,
@@ -143,22 +144,17 @@ class ResponsesApi:
         found = await self._lookup(response_id, request)
         if isinstance(found, Response):
             return found
-        query = request.query_params
         try:
-            page = input_items_page(
-                found.input_items, query.get("order", "desc"), query.get("limit", "20"), query.get("after")
-            )
+            page = PageQuery.parse(request.query_params, "desc").of(found.input_items, "an input item of this response")
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
         return JSONResponse(page)
 
     async def _lookup(self, response_id: str, request: Request) -> StoredTurn | Response:
         """The caller's stored turn, or the error to answer (401, 404, 503)."""
-        client = self.front_door.api_keys.authenticate(request.headers.get("authorization"))
-        if client is None:
-            return error_response(
-                401, "a valid API key is required (Authorization: Bearer KEY)", "authentication_error"
-            )
+        client = self.front_door.client(header_dict(request))
+        if isinstance(client, Response):
+            return client
         try:
             return await self._owned(response_id, client)
         except UnknownResponse as exc:

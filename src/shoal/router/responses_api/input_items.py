@@ -21,7 +21,6 @@ from shoal.router.route_request import RequestError
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")
-MAX_PAGE = 100
 
 
 def normalize_input(raw: object) -> list[dict]:
@@ -181,26 +180,3 @@ def conversation_messages(instructions: str | None, chain: list[StoredTurn], new
     for turn in chain:
         messages += item_messages(turn.input_items) + item_messages(turn.response["output"])
     return messages + item_messages(new_items)
-
-
-def input_items_page(items: list[dict], order: str, limit: str, after: str | None) -> dict:
-    """One page of a response's input items in OpenAI's list shape. `order` is "desc" (newest
-    first, OpenAI's default) or "asc"; `limit` 1..100; `after` an item id of the previous page."""
-    if order not in ("asc", "desc"):
-        raise RequestError('`order` must be "asc" or "desc"', "order")
-    if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
-        raise RequestError(f"`limit` must be an integer from 1 to {MAX_PAGE}", "limit")
-    ordered = items if order == "asc" else items[::-1]
-    if after is not None:
-        position = next((index for index, item in enumerate(ordered) if item["id"] == after), None)
-        if position is None:
-            raise RequestError(f"`after` {after!r} is not an input item of this response", "after")
-        ordered = ordered[position + 1 :]
-    page = ordered[: int(limit)]
-    return {
-        "object": "list",
-        "data": page,
-        "first_id": page[0]["id"] if page else None,
-        "last_id": page[-1]["id"] if page else None,
-        "has_more": len(ordered) > len(page),
-    }

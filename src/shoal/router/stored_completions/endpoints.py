@@ -1,0 +1,200 @@
+"""Stored chat completions: `POST /v1/chat/completions` with `store: true` keeps the completion
+(streamed or not) with its request's messages and metadata; `GET /v1/chat/completions` lists them
+(by `model` and `metadata[KEY]=VALUE`, paged), and `GET`, `POST` (metadata) and `DELETE
+/v1/chat/completions/{id}` and `GET /v1/chat/completions/{id}/messages` read, label and delete
+one. They live in the router's state store, so every router sharing it serves them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from shoal.protocol.sse import data_of, is_done, json_data
+from shoal.router.auth import Client
+from shoal.router.front_door import FrontDoor, header_dict
+from shoal.router.list_pages import PageQuery, list_object
+from shoal.router.proxy import error_response
+from shoal.router.response_assembly import assemble
+from shoal.router.route_request import RequestError
+from shoal.router.state.open_records import SharedRecords
+from shoal.router.state.records import Record, StoreUnavailable
+from shoal.router.stored_completions.stored_completion import (
+    KIND,
+    completion_record,
+    listed_message,
+    metadata_filter,
+    valid_metadata,
+)
+
+log = logging.getLogger(__name__)
+
+
+def _store_unavailable(exc: StoreUnavailable) -> Response:
+    log.warning("state store unavailable: %s", exc)
+    return error_response(503, str(exc), "service_unavailable", headers={"retry-after": "1"})
+
+
+class StoredCompletions:
+    """Invariants: only a completion that finished (no error) is stored, and only when its request
+    said `store: true`; it is stored before its client gets the end of it (the JSON body, or the
+    stream's [DONE]); workers never see `store`. A client sees only the completions its own key
+    stored (another key's ids are unknown to it)."""
+
+    def __init__(self, front_door: FrontDoor, records: SharedRecords):
+        self.front_door = front_door
+        self.records = records
+
+    def routes(self) -> APIRouter:
+        routes = APIRouter()
+        routes.add_api_route("/v1/chat/completions", self.list, methods=["GET"])
+        routes.add_api_route("/v1/chat/completions/{completion_id}", self.retrieve, methods=["GET"])
+        routes.add_api_route("/v1/chat/completions/{completion_id}", self.update, methods=["POST"])
+        routes.add_api_route("/v1/chat/completions/{completion_id}", self.delete, methods=["DELETE"])
+        routes.add_api_route("/v1/chat/completions/{completion_id}/messages", self.messages, methods=["GET"])
+        return routes
+
+    async def around(self, body: object, client: Client, dispatch: Callable[[object], Awaitable[Response]]) -> Response:
+        """Serves a chat completion request (FrontDoor.handle), storing its answer if it asks to."""
+        if not isinstance(body, dict) or "store" not in body:
+            return await dispatch(body)
+        store = body["store"]
+        if store is not None and not isinstance(store, bool):
+            return error_response(400, "invalid request: `store` must be a boolean", "invalid_request_error", "store")
+        forwarded = {key: value for key, value in body.items() if key != "store"}
+        if not store:
+            return await dispatch(forwarded)
+        try:
+            valid_metadata(body.get("metadata"))
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        answer = await dispatch(forwarded)
+        if answer.status_code != 200:
+            return answer
+        if isinstance(answer, StreamingResponse):
+            answer.body_iterator = self._kept_stream(answer.body_iterator, body, client)
+            return answer
+        try:
+            await self.records.store.put(completion_record(json.loads(answer.body), body, client.name))
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        return answer
+
+    async def _kept_stream(self, chunks: AsyncIterator[bytes], request: dict, client: Client) -> AsyncIterator[bytes]:
+        """The stream as it comes; at its [DONE], its events assembled into the completion are
+        stored first (a store that fails sends an error event before the [DONE])."""
+        events = []
+        async for chunk in chunks:
+            data = data_of(chunk)
+            if data is not None and is_done(data):
+                failure = await self._keep_streamed(events, request, client)
+                if failure is not None:
+                    yield failure
+            elif data is not None:
+                events.append(json_data(data))
+            yield chunk
+
+    async def _keep_streamed(self, events: list[dict], request: dict, client: Client) -> bytes | None:
+        if not events or any("error" in event for event in events):
+            return None
+        try:
+            await self.records.store.put(completion_record(assemble(events, True), request, client.name))
+        except StoreUnavailable as exc:
+            log.warning("state store unavailable: %s", exc)
+            message = f"the completion was generated but could not be stored: {exc}"
+            return (
+                b"data: "
+                + json.dumps({"error": {"message": message, "type": "service_unavailable"}}).encode()
+                + b"\n\n"
+            )
+        return None
+
+    async def list(self, request: Request) -> Response:
+        client = self.front_door.client(header_dict(request))
+        if isinstance(client, Response):
+            return client
+        try:
+            query = PageQuery.parse(request.query_params, "asc")
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        model, metadata = request.query_params.get("model"), metadata_filter(request.query_params.multi_items())
+
+        def match(record: Record) -> bool:
+            completion = record.body["completion"]
+            labels = completion.get("metadata") or {}
+            return (model is None or completion["model"] == model) and all(
+                labels.get(key) == value for key, value in metadata.items()
+            )
+
+        try:
+            page = await self.records.store.page(KIND, client.name, query.after, query.limit, query.order, match)
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        return JSONResponse(list_object([r.body["completion"] for r in page.records], page.has_more))
+
+    async def retrieve(self, completion_id: str, request: Request) -> Response:
+        found = await self._lookup(completion_id, request)
+        return found if isinstance(found, Response) else JSONResponse(found.body["completion"])
+
+    async def update(self, completion_id: str, request: Request) -> Response:
+        """Sets a stored completion's metadata: the only field that can change."""
+        found = await self._lookup(completion_id, request)
+        if isinstance(found, Response):
+            return found
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict) or "metadata" not in body:
+                raise RequestError("the body must be a JSON object with `metadata`", "metadata")
+            unknown = sorted(set(body) - {"metadata"})
+            if unknown:
+                raise RequestError(f"only `metadata` can be updated, not `{unknown[0]}`", unknown[0])
+            metadata = valid_metadata(body["metadata"])
+        except json.JSONDecodeError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error")
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        completion = {**found.body["completion"], "metadata": metadata}
+        try:
+            await self.records.store.put(
+                Record(KIND, found.id, found.owner, found.created_at, {**found.body, "completion": completion})
+            )
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        return JSONResponse(completion)
+
+    async def delete(self, completion_id: str, request: Request) -> Response:
+        found = await self._lookup(completion_id, request)
+        if isinstance(found, Response):
+            return found
+        try:
+            await self.records.store.delete(KIND, completion_id)
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        return JSONResponse({"object": "chat.completion.deleted", "id": completion_id, "deleted": True})
+
+    async def messages(self, completion_id: str, request: Request) -> Response:
+        found = await self._lookup(completion_id, request)
+        if isinstance(found, Response):
+            return found
+        try:
+            query = PageQuery.parse(request.query_params, "asc")
+            page = query.of(found.body["messages"], "a message of this completion")
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        return JSONResponse({**page, "data": [listed_message(m) for m in page["data"]]})
+
+    async def _lookup(self, completion_id: str, request: Request) -> Record | Response:
+        """The caller's stored completion, or the error to answer (401, 404, 503)."""
+        client = self.front_door.client(header_dict(request))
+        if isinstance(client, Response):
+            return client
+        try:
+            record = await self.records.store.get(KIND, completion_id)
+        except StoreUnavailable as exc:
+            return _store_unavailable(exc)
+        if record is None or record.owner != client.name:
+            return error_response(404, f"no stored chat completion found with id {completion_id!r}", "not_found_error")
+        return record
