@@ -6,7 +6,9 @@ free slot and nobody of its class or a higher one is waiting for that model; oth
 its class's queue, FIFO, until a slot frees or its queue timeout passes (503 + Retry-After). A full
 queue refuses with 429 + Retry-After, except for critical requests, which evict the newest waiting
 sheddable request, then the newest standard one, and are refused only when neither exists. So a
-critical request is never shed while a lower-class one is still queued.
+critical request is never shed while a lower-class one is still queued. Below them all, batch work
+never queues: it is admitted only while its model has a free slot and nobody waits for the model
+at all, else refused at once (429), and its runner tries again later.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from shoal.router.admission_slots import GroupSlots, LocalSlots
 
 PRIORITY_ORDER = ("critical", "standard", "sheddable")
+BATCH = "batch"  # below every queued class (route_request.BATCH_PRIORITY)
 
 
 class Refused(Exception):
@@ -64,7 +67,7 @@ class Admission:
         return self.slots.held(model) < self.capacity(model)
 
     def _waiting_ahead(self, model: str, priority: str) -> bool:
-        ahead = PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
+        ahead = PRIORITY_ORDER if priority == BATCH else PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
     def try_admit(self, model: str, priority: str) -> bool:
@@ -77,6 +80,9 @@ class Admission:
         timeout_s = self.queue_timeout_s if timeout_s is None else timeout_s
         if self.try_admit(model, priority):
             return
+        if priority == BATCH:
+            self.shed[priority] += 1
+            raise Refused(429, f"no idle capacity for batch work on {model!r} now", self.retry_after_s)
         queue = self.queues[priority]
         if len(queue) >= self.queue_limits[priority] and not (priority == "critical" and self._evict_lower()):
             self.shed[priority] += 1

@@ -1,8 +1,8 @@
-"""The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door, and
-responses_api for /v1/responses, stored_completions for stored chat completions), Anthropic's Messages API (messages_api for /v1/messages),
-health, and the control endpoints: workers join and heartbeat with the cluster secret; operators
-list, drain and remove workers with the admin token, and watch the cluster on the dashboard
-(/dashboard)."""
+"""The router's ASGI app: the OpenAI endpoints in front of the fleet (see front_door; responses_api
+for /v1/responses, stored_completions for stored chat completions, files_api and batch_api for
+files and batches), Anthropic's Messages API (messages_api for /v1/messages), health, and the
+control endpoints: workers join and heartbeat with the cluster secret; operators list, drain and
+remove workers with the admin token, and watch the cluster on the dashboard (/dashboard)."""
 
 from __future__ import annotations
 
@@ -23,9 +23,13 @@ from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
 from shoal.router.admission_slots import GroupSlots
 from shoal.router.balancer import Balancer
+from shoal.router.batch_api.batch_runner import BatchRunner
+from shoal.router.batch_api.endpoints import BatchesApi
 from shoal.router.completion_endpoints import CompletionEndpoints, RouterApp
 from shoal.router.config import RouterConfig
 from shoal.router.dashboard import Dashboard
+from shoal.router.files_api.endpoints import FilesApi
+from shoal.router.files_api.file_store import FileStore
 from shoal.router.front_door import FrontDoor
 from shoal.router.group_sync import GroupMember, GroupSync
 from shoal.router.header_limit import HeaderLimitMiddleware
@@ -110,6 +114,9 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     metrics.watch(exposed, membership, front_door.admission.queued)
     records = SharedRecords(config.state)
     responses_api = ResponsesApi(front_door, records)
+    files = FileStore(records, config.state.files_dir, config.state.max_file_bytes)
+    batches_api = BatchesApi(front_door, files, responses_api)
+    batch_runner = BatchRunner(records, files, batches_api.serve_line, front_door.api_keys, config.batches)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
     dashboard = Dashboard(membership, front_door.admission, tracing, metrics.window, feed)
@@ -135,10 +142,12 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
             asyncio.create_task(membership.run()),
             asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake)),
             asyncio.create_task(dashboard.run()),
+            asyncio.create_task(batch_runner.run()),
         ]
         yield
         for task in tasks:
             task.cancel()
+        await batch_runner.close()
         await monitor.close()
         if sync is not None:
             await sync.bus.close()
@@ -160,6 +169,8 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     app.state.dashboard = dashboard
     app.include_router(responses_api.routes())
     app.include_router(stored_completions.routes())
+    app.include_router(FilesApi(front_door, files).routes())
+    app.include_router(batches_api.routes())
     app.include_router(MessagesApi(front_door).routes())
     app.include_router(dashboard.routes(authorized=lambda request: _bearer_matches(request, admin_token)))
 

@@ -71,6 +71,13 @@ class ApiKeys:
     def open(self) -> bool:
         return not self.clients
 
+    def named(self, name: str) -> Client | None:
+        """The client of that name (work the router does later for a client, such as a batch, runs
+        as it), or None once its key is no longer configured."""
+        if self.open:
+            return self.anonymous if name == self.anonymous.name else None
+        return next((client for _, client in self.clients if client.name == name), None)
+
     def authenticate(self, authorization: str | None) -> Client | None:
         """The caller for an Authorization header value, or None if it is missing or wrong."""
         if self.open:

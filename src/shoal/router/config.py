@@ -106,6 +106,10 @@ class FailoverSettings(Frozen):
     def every_class(cls, attempts: dict[str, int]) -> dict[str, int]:
         return per_priority("attempts", attempts, minimum=1)
 
+    def attempts_for(self, priority: str) -> int:
+        """Batch work (below the three classes) gets the sheddable class's attempts."""
+        return self.attempts.get(priority, self.attempts["sheddable"])
+
 
 class BreakerSettings(Frozen):
     """Consecutive failures that open a worker's breaker; how long it stays open before a probe
@@ -162,6 +166,20 @@ class StateSettings(Frozen):
     max_file_bytes: int = Field(200 << 20, ge=1)
 
 
+class BatchSettings(Frozen):
+    """How a router runs batches (batch_api): at most `max_in_flight` batch requests at once, each
+    admitted only on idle capacity (the batch class: never queued, refused while anyone waits); a
+    refused request is tried again after `retry_s`. A router holds a batch by a lease of `lease_s`
+    in the state store, renewed while it runs it; another router takes over a batch whose lease ran
+    out (its router died) and runs only the lines that have no result. Routers look for batches to
+    run every `poll_interval_s`."""
+
+    max_in_flight: int = Field(8, ge=1)
+    retry_s: float = Field(0.5, gt=0)
+    lease_s: float = Field(10.0, gt=0)
+    poll_interval_s: float = Field(1.0, gt=0)
+
+
 class ResumableStreamsSettings(Frozen):
     """With `store: redis`, every single-choice stream gets event ids and a journal in Redis
     (shoal.router.stream_journal), and a client that reconnects with `Last-Event-ID` to any router
@@ -213,6 +231,7 @@ class RouterConfig(Frozen):
     admission: AdmissionSettings = AdmissionSettings()
     failover: FailoverSettings = FailoverSettings()
     state: StateSettings = StateSettings()
+    batches: BatchSettings = BatchSettings()
     resumable_streams: ResumableStreamsSettings = ResumableStreamsSettings()
     max_body_bytes: int = Field(4 << 20, ge=1024)
     max_header_bytes: int = Field(16 << 10, ge=1024)

@@ -4,11 +4,18 @@ router.upstream_client."""
 
 from __future__ import annotations
 
+import logging
+
 from starlette.responses import Response
 
 from shoal.errors import error_json
 
-FORWARDED_HEADERS = ("content-type", "traceparent", "tracestate", "x-request-id")
+log = logging.getLogger(__name__)
+
+# A client's headers a worker gets; the body the router sends is JSON it encoded itself, whatever
+# content type its client named (or none, for requests the router makes itself, such as a batch's).
+FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-id")
+JSON_CONTENT = {"content-type": "application/json"}
 
 
 def error_response(
@@ -25,3 +32,9 @@ def error_response(
         media_type="application/json",
         headers=headers,
     )
+
+
+def store_unavailable(exc: Exception) -> Response:
+    """The 503 for a state store that could not be read or written (the router goes on)."""
+    log.warning("state store unavailable: %s", exc)
+    return error_response(503, str(exc), "service_unavailable", headers={"retry-after": "1"})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_blocks
 from shoal.router.views import RouteRequest
@@ -10,6 +11,9 @@ from shoal.router.views import RouteRequest
 SESSION_HEADERS = ("x-session-id", "x-shoal-session")
 EMBEDDINGS_PATH = "/v1/embeddings"
 PRIORITIES = ("critical", "standard", "sheddable")
+# The lowest class, below sheddable: work the router runs on idle capacity (batches). It is asked
+# for with the x-shoal-priority header only (workers know the three classes of a body).
+BATCH_PRIORITY = "batch"
 # OpenAI's service tiers as admission classes ("auto" and "default": the standard class).
 TIER_PRIORITIES = {"priority": "critical", "flex": "sheddable", "auto": "standard", "default": "standard"}
 # Who the request is for: OpenAI's safety_identifier, else its older `user`.
@@ -60,9 +64,7 @@ def route_request(
     tier = body.get("service_tier")
     if tier is not None and tier not in TIER_PRIORITIES:
         raise RequestError(f"service_tier must be one of {', '.join(TIER_PRIORITIES)}", "service_tier")
-    priority = headers.get("x-shoal-priority") or body.get("priority") or TIER_PRIORITIES.get(tier, "standard")
-    if priority not in PRIORITIES:
-        raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
+    priority = _priority(headers, body.get("priority") or TIER_PRIORITIES.get(tier, "standard"))
     cache_key = body.get("prompt_cache_key")
     if cache_key is not None and not (isinstance(cache_key, str) and cache_key):
         raise RequestError("`prompt_cache_key` must be a non-empty string", "prompt_cache_key")
@@ -101,9 +103,7 @@ def embedding_route_request(body: dict, headers: dict[str, str], chars_per_token
         for item in items
         if isinstance(item, str | list)
     )
-    priority = headers.get("x-shoal-priority") or "standard"
-    if priority not in PRIORITIES:
-        raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
+    priority = _priority(headers, "standard")
     user = body.get("user")
     return RouteRequest(
         model=model,
@@ -116,3 +116,15 @@ def embedding_route_request(body: dict, headers: dict[str, str], chars_per_token
         priority=priority,
         end_user=user if isinstance(user, str) and user else None,
     )
+
+
+def _priority(headers: Mapping[str, str], otherwise: str) -> str:
+    """The admission class: the x-shoal-priority header's (any class, batch included), else the body's."""
+    if "x-shoal-priority" in headers:
+        priority = headers["x-shoal-priority"]
+        if priority not in (*PRIORITIES, BATCH_PRIORITY):
+            raise RequestError(f"priority must be one of {', '.join((*PRIORITIES, BATCH_PRIORITY))}", "priority")
+        return priority
+    if otherwise not in PRIORITIES:
+        raise RequestError(f"priority must be one of {', '.join(PRIORITIES)}", "priority")
+    return otherwise

@@ -51,7 +51,7 @@ from shoal.router.config import FailoverSettings
 from shoal.router.failover_attempt import Attempt
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.membership import Membership, WorkerState
-from shoal.router.proxy import FORWARDED_HEADERS, error_response
+from shoal.router.proxy import FORWARDED_HEADERS, JSON_CONTENT, error_response
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.response_assembly import assemble
 from shoal.router.stream_continuation import by_tokens
@@ -88,9 +88,9 @@ class StreamFailover:
     async def open(self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
         answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
-        forwarded = {k: headers[k] for k in FORWARDED_HEADERS if k in headers}
+        forwarded = {**JSON_CONTENT, **{k: headers[k] for k in FORWARDED_HEADERS if k in headers}}
         resuming = attempt.continues is not None
-        for try_number in range(self.settings.attempts[attempt.routed.priority]):
+        for try_number in range(self.settings.attempts_for(attempt.routed.priority)):
             if attempt.placement is None:
                 return False
             if try_number:

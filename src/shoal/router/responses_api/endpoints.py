@@ -12,7 +12,6 @@ well.
 from __future__ import annotations
 
 import json
-import logging
 import time
 
 from fastapi import APIRouter, Request
@@ -21,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from shoal.router.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery
-from shoal.router.proxy import error_response
+from shoal.router.proxy import error_response, store_unavailable
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
 from shoal.router.responses_api.input_items import conversation_messages
@@ -37,8 +36,6 @@ from shoal.router.route_request import RequestError
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.state.records import StoreUnavailable
 
-log = logging.getLogger(__name__)
-
 
 class UnknownResponse(LookupError):
     """No stored response with that id for this client (answered as 404 naming `param`)."""
@@ -50,11 +47,6 @@ class UnknownResponse(LookupError):
 
 def _not_found(response_id: str, param: str | None = None) -> UnknownResponse:
     return UnknownResponse(f"no response found with id {response_id!r}", param)
-
-
-def _store_unavailable(exc: StoreUnavailable) -> Response:
-    log.warning("response store unavailable: %s", exc)
-    return error_response(503, str(exc), "service_unavailable", headers={"retry-after": "1"})
 
 
 class ResponsesApi:
@@ -81,6 +73,10 @@ class ResponsesApi:
         if isinstance(read, Response):
             return read
         client, body = read
+        return await self.serve(body, headers, client)
+
+    async def serve(self, body: object, headers: dict[str, str], client: Client) -> Response:
+        """Creates a response from a parsed request body (a client's, or a batch's line)."""
         try:
             parsed = ResponsesRequest.parse(body)
             chain = await self._chain(parsed.previous_response_id, client)
@@ -89,7 +85,7 @@ class ResponsesApi:
         except UnknownResponse as exc:
             return error_response(404, str(exc), "not_found_error", exc.param)
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         response_id, message_id = new_response_id(), new_message_id()
         skeleton = response_skeleton(response_id, parsed, int(time.time()))
         session = chain[0].response_id if chain else response_id
@@ -123,7 +119,7 @@ class ResponsesApi:
         try:
             await keep(response)
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         return JSONResponse(response, headers=shoal_headers)
 
     async def retrieve(self, response_id: str, request: Request) -> Response:
@@ -137,7 +133,7 @@ class ResponsesApi:
         try:
             await self.records.store.delete(KIND, response_id)
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})
 
     async def input_items(self, response_id: str, request: Request) -> Response:
@@ -160,7 +156,7 @@ class ResponsesApi:
         except UnknownResponse as exc:
             return error_response(404, str(exc), "not_found_error")
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
 
     async def _owned(self, response_id: str, client: Client, param: str | None = None) -> StoredTurn:
         record = await self.records.store.get(KIND, response_id)

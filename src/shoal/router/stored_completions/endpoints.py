@@ -17,7 +17,7 @@ from shoal.protocol.sse import data_of, is_done, json_data
 from shoal.router.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response
+from shoal.router.proxy import error_response, store_unavailable
 from shoal.router.response_assembly import assemble
 from shoal.router.route_request import RequestError
 from shoal.router.state.open_records import SharedRecords
@@ -31,11 +31,6 @@ from shoal.router.stored_completions.stored_completion import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def _store_unavailable(exc: StoreUnavailable) -> Response:
-    log.warning("state store unavailable: %s", exc)
-    return error_response(503, str(exc), "service_unavailable", headers={"retry-after": "1"})
 
 
 class StoredCompletions:
@@ -80,7 +75,7 @@ class StoredCompletions:
         try:
             await self.records.store.put(completion_record(json.loads(answer.body), body, client.name))
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         return answer
 
     async def _kept_stream(self, chunks: AsyncIterator[bytes], request: dict, client: Client) -> AsyncIterator[bytes]:
@@ -132,7 +127,7 @@ class StoredCompletions:
         try:
             page = await self.records.store.page(KIND, client.name, query.after, query.limit, query.order, match)
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         return JSONResponse(list_object([r.body["completion"] for r in page.records], page.has_more))
 
     async def retrieve(self, completion_id: str, request: Request) -> Response:
@@ -162,7 +157,7 @@ class StoredCompletions:
                 Record(KIND, found.id, found.owner, found.created_at, {**found.body, "completion": completion})
             )
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         return JSONResponse(completion)
 
     async def delete(self, completion_id: str, request: Request) -> Response:
@@ -172,7 +167,7 @@ class StoredCompletions:
         try:
             await self.records.store.delete(KIND, completion_id)
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         return JSONResponse({"object": "chat.completion.deleted", "id": completion_id, "deleted": True})
 
     async def messages(self, completion_id: str, request: Request) -> Response:
@@ -194,7 +189,7 @@ class StoredCompletions:
         try:
             record = await self.records.store.get(KIND, completion_id)
         except StoreUnavailable as exc:
-            return _store_unavailable(exc)
+            return store_unavailable(exc)
         if record is None or record.owner != client.name:
             return error_response(404, f"no stored chat completion found with id {completion_id!r}", "not_found_error")
         return record

@@ -1,0 +1,170 @@
+"""OpenAI's Batch API on the router: `POST /v1/batches`, `GET /v1/batches` (`after`, `limit`,
+newest first), `GET /v1/batches/{id}` and `POST /v1/batches/{id}/cancel`, for chat completions,
+completions, responses and embeddings. The batches run on idle capacity (batch_runner)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fastapi import APIRouter, Request
+from starlette.responses import JSONResponse, Response
+
+from shoal.router.auth import Client
+from shoal.router.batch_api.batch_object import (
+    ACTIVE_KIND,
+    ACTIVE_OWNER,
+    CANCEL_KIND,
+    ENDPOINTS,
+    FINISHED,
+    KIND,
+    as_seen,
+    new_batch,
+)
+from shoal.router.body_fields import typed_field
+from shoal.router.files_api.file_store import FileStore
+from shoal.router.front_door import FrontDoor, header_dict
+from shoal.router.list_pages import PageQuery, list_object
+from shoal.router.proxy import error_response, store_unavailable
+from shoal.router.responses_api.endpoints import ResponsesApi
+from shoal.router.route_request import BATCH_PRIORITY, RequestError
+from shoal.router.state.records import Record, StoreUnavailable
+from shoal.router.stored_completions.stored_completion import valid_metadata
+
+CREATE_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata"}
+CHAT_PATH = "/v1/chat/completions"
+
+
+class BatchesApi:
+    """Invariants: a client sees only its own batches (another key's ids are unknown: 404); a batch
+    is stored, then marked active for the routers to run; cancelling writes a request its runner
+    acts on, never the batch itself (only the router holding a batch's lease writes it)."""
+
+    def __init__(self, front_door: FrontDoor, files: FileStore, responses: ResponsesApi):
+        self.front_door = front_door
+        self.files = files
+        self.responses = responses
+
+    @property
+    def store(self):
+        return self.files.records.store
+
+    def routes(self) -> APIRouter:
+        routes = APIRouter()
+        routes.add_api_route("/v1/batches", self.create, methods=["POST"])
+        routes.add_api_route("/v1/batches", self.list, methods=["GET"])
+        routes.add_api_route("/v1/batches/{batch_id}", self.retrieve, methods=["GET"])
+        routes.add_api_route("/v1/batches/{batch_id}/cancel", self.cancel, methods=["POST"])
+        return routes
+
+    async def serve_line(self, endpoint: str, body: dict, client: Client) -> tuple[int, dict, str | None]:
+        """One batch request, through the front door in the batch class (batch_runner.ServeLine)."""
+        headers = {"x-shoal-priority": BATCH_PRIORITY}
+        if endpoint == "/v1/responses":
+            response = await self.responses.serve(body, headers, client)
+        else:
+            response = await self.front_door.dispatch(body, headers, endpoint, endpoint == CHAT_PATH, client)
+        return response.status_code, json.loads(response.body), response.headers.get("x-request-id")
+
+    async def create(self, request: Request) -> Response:
+        headers = header_dict(request)
+        client = self.front_door.client(headers)
+        if isinstance(client, Response):
+            return client
+        try:
+            body = json.loads(await request.body())
+            if not isinstance(body, dict):
+                raise RequestError("the body must be a JSON object")
+            unknown = sorted(set(body) - CREATE_FIELDS)
+            if unknown:
+                raise RequestError(f"unknown or unsupported parameter `{unknown[0]}`", unknown[0])
+            input_file_id = typed_field(body, "input_file_id", str, "a file id")
+            if input_file_id is None:
+                raise RequestError("`input_file_id` is required", "input_file_id")
+            endpoint = body.get("endpoint")
+            if endpoint not in ENDPOINTS:
+                raise RequestError(f"`endpoint` must be one of {', '.join(ENDPOINTS)}", "endpoint")
+            batch = new_batch(
+                client.name,
+                input_file_id,
+                endpoint,
+                body.get("completion_window"),
+                valid_metadata(body.get("metadata")),
+            )
+        except json.JSONDecodeError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error")
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        try:
+            source = await self.files.owned(input_file_id, client.name)
+            if source is None:
+                return error_response(
+                    404, f"no file found with id {input_file_id!r}", "not_found_error", "input_file_id"
+                )
+            if source.body["purpose"] != "batch":
+                return error_response(
+                    400,
+                    f"invalid request: file {input_file_id!r} was uploaded for {source.body['purpose']!r}, not batch",
+                    "invalid_request_error",
+                    "input_file_id",
+                )
+            await self.store.put(batch)
+            await self.store.put(Record(ACTIVE_KIND, batch.id, ACTIVE_OWNER, batch.created_at, {}))
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
+        return JSONResponse(batch.body)
+
+    async def list(self, request: Request) -> Response:
+        client = self.front_door.client(header_dict(request))
+        if isinstance(client, Response):
+            return client
+        try:
+            query = PageQuery.parse(request.query_params, "desc")
+        except RequestError as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        try:
+            page = await self.store.page(KIND, client.name, query.after, query.limit, query.order)
+            shown = [as_seen(batch, await self.store.get(CANCEL_KIND, batch.id)) for batch in page.records]
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
+        return JSONResponse(list_object(shown, page.has_more))
+
+    async def retrieve(self, batch_id: str, request: Request) -> Response:
+        found = await self._lookup(batch_id, request)
+        if isinstance(found, Response):
+            return found
+        try:
+            return JSONResponse(as_seen(found, await self.store.get(CANCEL_KIND, batch_id)))
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
+
+    async def cancel(self, batch_id: str, request: Request) -> Response:
+        found = await self._lookup(batch_id, request)
+        if isinstance(found, Response):
+            return found
+        if found.body["status"] in FINISHED:
+            return error_response(
+                409, f"batch {batch_id!r} is {found.body['status']} and cannot be cancelled", "invalid_request_error"
+            )
+        try:
+            cancel = await self.store.get(CANCEL_KIND, batch_id)
+            if cancel is None:
+                cancel = Record(
+                    CANCEL_KIND, batch_id, found.owner, found.created_at, {"cancelling_at": int(time.time())}
+                )
+                await self.store.put(cancel)
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
+        return JSONResponse(as_seen(found, cancel))
+
+    async def _lookup(self, batch_id: str, request: Request) -> Record | Response:
+        client = self.front_door.client(header_dict(request))
+        if isinstance(client, Response):
+            return client
+        try:
+            record = await self.store.get(KIND, batch_id)
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
+        if record is None or record.owner != client.name:
+            return error_response(404, f"no batch found with id {batch_id!r}", "not_found_error")
+        return record
