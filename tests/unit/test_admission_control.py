@@ -45,6 +45,28 @@ def test_waiters_are_admitted_by_class_then_arrival():
     assert run(scenario()) == ["c1", "t1", "t2", "s1"]
 
 
+def test_batch_work_takes_only_idle_slots_and_never_queues():
+    async def scenario():
+        admission = Admission(lambda m: 2, LIMITS, queue_timeout_s=5)
+        await admission.admit("m", "batch")  # an idle slot: taken
+        await admission.admit("m", "standard")
+        with pytest.raises(Refused) as full:  # no slot: refused at once, not queued
+            await admission.admit("m", "batch")
+        assert full.value.status == 429 and admission.queued() == {"critical": 0, "standard": 0, "sheddable": 0}
+        waiter = asyncio.create_task(admission.admit("m", "sheddable"))
+        await asyncio.sleep(0.01)
+        admission.release("m")  # the slot goes to the waiting sheddable request, not to batch work
+        await waiter
+        assert not admission.try_admit("m", "batch")
+        admission.release("m")
+        waiter = asyncio.create_task(admission.admit("other", "standard"))
+        await waiter
+        assert admission.try_admit("m", "batch")  # a free slot and nobody waiting for "m"
+        assert admission.shed["batch"] == 1
+
+    run(scenario())
+
+
 def test_a_new_request_does_not_overtake_waiters_of_its_class():
     async def scenario():
         admission = Admission(lambda m: 1, LIMITS, queue_timeout_s=5)
