@@ -186,9 +186,12 @@ def test_oversized_bodies_and_headers_are_refused(router):
         headers={"authorization": f"Bearer {KEY}", "content-type": "application/json"},
     )
     assert streamed.status_code == 413 and streamed.json()["error"]["type"] == "invalid_request_error"
-    wrong_method = httpx.get(url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"})
+    wrong_method = httpx.get(url + "/v1/completions", headers={"authorization": f"Bearer {KEY}"})
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert "use POST" in wrong_method.json()["error"]["message"]
+    # A GET of /v1/chat/completions lists the key's stored chat completions (none here).
+    listed = httpx.get(url + "/v1/chat/completions", headers={"authorization": f"Bearer {KEY}"})
+    assert listed.status_code == 200 and listed.json()["data"] == []
 
 
 def test_bad_configs_are_refused_with_the_reason(tmp_path):

@@ -57,7 +57,9 @@ class RecordingDispatch:
 @pytest.fixture
 def service(tmp_path):
     """(test client, recorded dispatch) for a router app without workers, storing in SQLite."""
-    app = create_router_app(RouterConfig(responses={"sqlite_path": str(tmp_path / "responses.sqlite3")}))
+    app = create_router_app(
+        RouterConfig(state={"sqlite_path": str(tmp_path / "state.sqlite3"), "files_dir": str(tmp_path / "files")})
+    )
     app.state.front_door.dispatch = dispatch = RecordingDispatch()
     with TestClient(app) as client:
         yield client, dispatch
