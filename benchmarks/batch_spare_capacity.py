@@ -64,6 +64,7 @@ class Router:
                         "files_dir": str(state_dir / "files"),
                     },
                     "batches": {"max_in_flight": max_in_flight},
+                    "health": {"canary_interval_s": 3600},  # the worker's request count is the clients' alone
                 }
             )
         )
@@ -91,14 +92,13 @@ async def interactive(url: str, args, rng: random.Random, duration_s: float, rec
         try:
             async with client.stream("POST", "/v1/chat/completions", json=body) as response:
                 if response.status_code != 200:
-                    records.append({"error": response.status_code})
+                    records.append({"error": response.status_code, "body": (await response.aread())[:300]})
                     return
+                first = None
                 async for line in response.aiter_lines():
-                    if line.startswith("data: ") and '"content"' in line:
-                        records.append({"ttft_s": time.perf_counter() - sent})
-                        async for _ in response.aiter_lines():
-                            pass
-                        return
+                    if first is None and line.startswith("data: ") and '"content"' in line:
+                        first = time.perf_counter() - sent
+                records.append({"ttft_s": first} if first is not None else {"error": "no output"})
         except httpx.HTTPError as exc:
             records.append({"error": type(exc).__name__})
 
@@ -176,6 +176,8 @@ async def run(router: Router, worker_url: str, args, with_batch: bool) -> dict:
         }
     ran = requests_finished(worker_url) - before
     result["worker_requests"] = ran
+    # Requests the worker finished beyond the interactive streams that got an answer and the batch's
+    # lines: those cut off by the kill (interactive streams among them) that ran again.
     result["ran_again"] = ran - len([r for r in records if "ttft_s" in r]) - (args.batch_requests if with_batch else 0)
     router.kill()
     return result
@@ -192,6 +194,8 @@ def requests_finished(worker_url: str) -> float:
 
 def summarise(records: list[dict]) -> dict:
     ttfts = [r["ttft_s"] for r in records if "ttft_s" in r]
+    if not ttfts:
+        raise RuntimeError(f"no stream got a first token: {records[:5]}")
     return {
         "streams": len(ttfts),
         "failed": len(records) - len(ttfts),

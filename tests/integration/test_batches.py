@@ -50,7 +50,8 @@ def router(worker, tmp_path):
                 {
                     "workers": [{"url": worker}],
                     "state": {**state, **settings.pop("state", {})},
-                    "batches": {"max_in_flight": 4, "lease_s": 2.0, "poll_interval_s": 0.2},
+                    "batches": {"max_in_flight": 4},
+                    "health": {"canary_interval_s": 3600},  # the worker's request count is the batch's alone
                     "api_keys": [{"name": name, "sha256": key_hash(key)} for name, key in KEYS.items()],
                     **settings,
                 }

@@ -136,7 +136,7 @@ def test_the_conversation_is_instructions_then_every_turn_then_the_new_input():
         ({"model": "m", "input": "x", "truncation": "middle"}, "truncation"),
         ({"model": "m", "input": "x", "service_tier": "scale"}, "service_tier"),
         ({"model": "m", "input": "x", "prompt_cache_key": 3}, "prompt_cache_key"),
-        ({"model": "m", "input": "x", "background": True}, "background"),
+        ({"model": "m", "input": "x", "background": True, "store": False}, "background"),
         ({"model": "m", "input": "x", "max_tool_calls": -1}, "max_tool_calls"),
         ({"model": "m", "input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input[0].arguments"),
         ({"model": "m", "input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),

@@ -23,6 +23,7 @@ from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
 from shoal.router.admission_slots import GroupSlots
 from shoal.router.balancer import Balancer
+from shoal.router.batch_api.batch_object import KIND as BATCH_KIND
 from shoal.router.batch_api.batch_runner import BatchRunner
 from shoal.router.batch_api.endpoints import BatchesApi
 from shoal.router.completion_endpoints import CompletionEndpoints, RouterApp
@@ -40,8 +41,10 @@ from shoal.router.messages_api.endpoints import MessagesApi
 from shoal.router.metrics import RouterMetrics, group_registry
 from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
+from shoal.router.responses_api.background import KIND as BACKGROUND_KIND
 from shoal.router.responses_api.endpoints import ResponsesApi
 from shoal.router.sibling_bus import SiblingBus
+from shoal.router.state.leased_work import LeasedWork
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.stored_completions.endpoints import StoredCompletions
 from shoal.router.upstream_client import UpstreamClient
@@ -117,6 +120,16 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     files = FileStore(records, config.state.files_dir, config.state.max_file_bytes)
     batches_api = BatchesApi(front_door, files, responses_api)
     batch_runner = BatchRunner(records, files, batches_api.serve_line, front_door.api_keys, config.batches)
+    background_work = LeasedWork(
+        records,
+        BACKGROUND_KIND,
+        responses_api.background.run_response,
+        config.state.lease_s,
+        config.state.work_poll_interval_s,
+    )
+    batch_work = LeasedWork(
+        records, BATCH_KIND, batch_runner.run_batch, config.state.lease_s, config.state.work_poll_interval_s
+    )
     cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
     dashboard = Dashboard(membership, front_door.admission, tracing, metrics.window, feed)
@@ -142,12 +155,14 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
             asyncio.create_task(membership.run()),
             asyncio.create_task(monitor.run(capacity_grew=front_door.admission.wake)),
             asyncio.create_task(dashboard.run()),
-            asyncio.create_task(batch_runner.run()),
+            asyncio.create_task(batch_work.run()),
+            asyncio.create_task(background_work.run()),
         ]
         yield
         for task in tasks:
             task.cancel()
-        await batch_runner.close()
+        await batch_work.close()
+        await background_work.close()
         await monitor.close()
         if sync is not None:
             await sync.bus.close()

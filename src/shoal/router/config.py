@@ -156,7 +156,10 @@ class StateSettings(Frozen):
     gets its end. `sqlite_synchronous`: `full` syncs the file to disk with each write (it survives
     a power cut), `normal` only at checkpoints (it survives the router being killed, not a power
     cut; about 2 ms less per write). Uploaded files' contents live in `files_dir` (a directory
-    every router of a group shares when they share a Redis store), at most `max_file_bytes` each."""
+    every router of a group shares when they share a Redis store), at most `max_file_bytes` each.
+    Work the routers share (batches, background responses) is run by one router at a time under a
+    lease of `lease_s` in the store, renewed while it runs; another router takes over work whose
+    lease ran out (its router died). Routers look for work to take every `work_poll_interval_s`."""
 
     store: Literal["sqlite", "redis", "none"] = "sqlite"
     sqlite_path: str = "~/.local/state/shoal/state.sqlite3"
@@ -164,20 +167,17 @@ class StateSettings(Frozen):
     redis_url: str = "redis://127.0.0.1:6379/0"
     files_dir: str = "~/.local/state/shoal/files"
     max_file_bytes: int = Field(200 << 20, ge=1)
+    lease_s: float = Field(10.0, gt=0)
+    work_poll_interval_s: float = Field(1.0, gt=0)
 
 
 class BatchSettings(Frozen):
     """How a router runs batches (batch_api): at most `max_in_flight` batch requests at once, each
     admitted only on idle capacity (the batch class: never queued, refused while anyone waits); a
-    refused request is tried again after `retry_s`. A router holds a batch by a lease of `lease_s`
-    in the state store, renewed while it runs it; another router takes over a batch whose lease ran
-    out (its router died) and runs only the lines that have no result. Routers look for batches to
-    run every `poll_interval_s`."""
+    refused request is tried again after `retry_s`."""
 
     max_in_flight: int = Field(8, ge=1)
     retry_s: float = Field(0.5, gt=0)
-    lease_s: float = Field(10.0, gt=0)
-    poll_interval_s: float = Field(1.0, gt=0)
 
 
 class ResumableStreamsSettings(Frozen):

@@ -1,6 +1,6 @@
 """A batch as OpenAI describes it, and the records that hold it: the batch (its state, written by
-the router that runs it), a cancel request (written by whoever asks), and an active marker that
-routers scan for work."""
+the router that runs it) and a cancel request (written by whoever asks); while unfinished it is
+marked active for the routers to run (state.leased_work)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,6 @@ from shoal.router.state.records import Record
 
 KIND = "batch"
 CANCEL_KIND = "batch_cancel"  # id: the batch id; its presence asks the batch's runner to stop
-ACTIVE_KIND = "batch_active"  # id: the batch id, owner ACTIVE_OWNER, until the batch is finished
-ACTIVE_OWNER = ""
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/embeddings")
 FINISHED = ("completed", "failed", "expired", "cancelled")
 WINDOW = re.compile(r"^([1-9][0-9]*)([smh])$")

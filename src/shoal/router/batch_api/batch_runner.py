@@ -1,15 +1,14 @@
 """Runs batches on the capacity interactive traffic leaves idle, and finishes them.
 
-Each router looks for unfinished batches every poll interval and takes the ones whose lease is free
-(one router runs a batch at a time; one whose router died is taken over once its lease runs out).
-A line's result is stored, under the line's number, the moment it is known, and a batch's runner
-runs only the lines without one: a router restart loses no finished line and no line gets two
-results. Its requests go through the front door in the batch class: never queued, refused while
-anyone else waits, tried again after a pause. A batch ends completed (every line has a result),
-cancelled or expired (its window passed: what finished is reported, the rest fail as
-batch_cancelled or batch_expired); its output and error files are then written and it is marked
-finished, in that order, so a batch taken over while finalising is finalised again, to the same
-files."""
+A batch is run by one router at a time, under a lease (state.leased_work): one whose router died
+is taken over once its lease runs out. A line's result is stored, under the line's number, the
+moment it is known, and a batch's runner runs only the lines without one: a router restart loses
+no finished line and no line gets two results. Its requests go through the front door in the
+batch class: never queued, refused while anyone else waits, tried again after a pause. A batch
+ends completed (every line has a result), cancelled or expired (its window passed: what finished
+is reported, the rest fail as batch_cancelled or batch_expired); its output and error files are
+then written and it is marked finished, in that order, so a batch taken over while finalising is
+finalised again, to the same files."""
 
 from __future__ import annotations
 
@@ -24,10 +23,11 @@ from dataclasses import dataclass, field
 
 from shoal.router.auth import ApiKeys, Client
 from shoal.router.batch_api.batch_input import BatchLine, read_lines
-from shoal.router.batch_api.batch_object import ACTIVE_KIND, ACTIVE_OWNER, CANCEL_KIND, FINISHED, KIND
+from shoal.router.batch_api.batch_object import CANCEL_KIND, FINISHED, KIND
 from shoal.router.config import BatchSettings
 from shoal.router.files_api.file_store import FileStore
-from shoal.router.state.records import Record, StoreUnavailable
+from shoal.router.state.leased_work import mark_finished
+from shoal.router.state.records import Record
 
 log = logging.getLogger(__name__)
 
@@ -65,10 +65,9 @@ class _Run:
 
 
 class BatchRunner:
-    """Invariants: this router runs a batch only while it holds its lease (renewed every third of
-    lease_s; a lost lease stops the run); at most `max_in_flight` batch requests are in flight from
-    this router, whatever the number of batches; every result is stored before the counts that
-    include it."""
+    """Invariants: a batch runs here only while this router holds its lease (state.leased_work,
+    which calls run_batch); at most `max_in_flight` batch requests are in flight from this router,
+    whatever the number of batches; every result is stored before the counts that include it."""
 
     def __init__(
         self,
@@ -83,75 +82,17 @@ class BatchRunner:
         self.serve_line = serve_line
         self.api_keys = api_keys
         self.settings = settings
-        self.holder = f"router-{secrets.token_hex(8)}"
-        self.running: dict[str, asyncio.Task] = {}
         self.in_flight = asyncio.Semaphore(settings.max_in_flight)
 
     @property
     def store(self):
         return self.records.store
 
-    async def run(self) -> None:
-        """The router's batch loop (a lifespan task)."""
-        while True:
-            try:
-                await self.sweep()
-            except StoreUnavailable as exc:
-                log.warning("batches wait for the state store: %s", exc)
-            await asyncio.sleep(self.settings.poll_interval_s)
-
-    async def sweep(self) -> None:
-        """Takes every unfinished batch whose lease is free."""
-        async for marker in self._active():
-            if marker.id not in self.running and await self.store.claim(
-                KIND, marker.id, self.holder, self.settings.lease_s
-            ):
-                task = asyncio.create_task(self._hold(marker.id))
-                self.running[marker.id] = task
-                task.add_done_callback(lambda _, batch_id=marker.id: self.running.pop(batch_id, None))
-
-    async def _active(self) -> AsyncIterator[Record]:
-        after = None
-        while True:
-            page = await self.store.page(ACTIVE_KIND, ACTIVE_OWNER, after, 100)
-            for marker in page.records:
-                yield marker
-            if not page.has_more:
-                return
-            after = page.records[-1].id
-
-    async def close(self) -> None:
-        """Stops the batches run here and gives their leases back, for another router to go on."""
-        tasks = list(self.running.values())
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    async def _hold(self, batch_id: str) -> None:
-        run = asyncio.create_task(self._run(batch_id))
-        try:
-            while not run.done():
-                await asyncio.wait({run}, timeout=self.settings.lease_s / 3)
-                if not run.done() and not await self.store.claim(KIND, batch_id, self.holder, self.settings.lease_s):
-                    log.warning("batch %s: its lease was lost; another router goes on with it", batch_id)
-                    run.cancel()
-            await run
-        except StoreUnavailable as exc:
-            log.warning("batch %s stops here: the state store failed (%s)", batch_id, exc)
-        except asyncio.CancelledError:
-            run.cancel()
-            await asyncio.gather(run, return_exceptions=True)
-            raise
-        except Exception:
-            log.exception("batch %s failed on this router", batch_id)
-        finally:
-            with contextlib.suppress(StoreUnavailable):
-                await asyncio.shield(self.store.release(KIND, batch_id, self.holder))
-
-    async def _run(self, batch_id: str) -> None:
+    async def run_batch(self, batch_id: str) -> None:
+        """Runs one batch to its end (LeasedWork calls it while this router holds the batch's lease)."""
         batch = await self.store.get(KIND, batch_id)
         if batch is None or batch.body["status"] in FINISHED:
-            await self.store.delete(ACTIVE_KIND, batch_id)
+            await mark_finished(self.store, KIND, batch_id)
             return
         client = self.api_keys.named(batch.owner)
         if client is None:
@@ -266,7 +207,7 @@ class BatchRunner:
             **changes,
             **{f"{ending}_at": int(time.time())},
         )
-        await self.store.delete(ACTIVE_KIND, run.batch.id)
+        await mark_finished(self.store, KIND, run.batch.id)
         log.info("batch %s %s: %s", run.batch.id, ending, run.counts)
 
     async def _outputs(self, run: _Run, ending: str) -> tuple[list[dict], list[dict]]:
@@ -301,7 +242,7 @@ class BatchRunner:
             "errors": {"object": "list", "data": [error]},
         }
         await self.store.put(Record(KIND, batch.id, batch.owner, batch.created_at, body))
-        await self.store.delete(ACTIVE_KIND, batch.id)
+        await mark_finished(self.store, KIND, batch.id)
 
 
 async def _once(data: bytes) -> AsyncIterator[bytes]:

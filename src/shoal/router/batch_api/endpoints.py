@@ -12,8 +12,6 @@ from starlette.responses import JSONResponse, Response
 
 from shoal.router.auth import Client
 from shoal.router.batch_api.batch_object import (
-    ACTIVE_KIND,
-    ACTIVE_OWNER,
     CANCEL_KIND,
     ENDPOINTS,
     FINISHED,
@@ -28,6 +26,7 @@ from shoal.router.list_pages import PageQuery, list_object
 from shoal.router.proxy import error_response, store_unavailable
 from shoal.router.responses_api.endpoints import ResponsesApi
 from shoal.router.route_request import BATCH_PRIORITY, RequestError
+from shoal.router.state.leased_work import mark_active
 from shoal.router.state.records import Record, StoreUnavailable
 from shoal.router.stored_completions.stored_completion import valid_metadata
 
@@ -109,7 +108,7 @@ class BatchesApi:
                     "input_file_id",
                 )
             await self.store.put(batch)
-            await self.store.put(Record(ACTIVE_KIND, batch.id, ACTIVE_OWNER, batch.created_at, {}))
+            await mark_active(self.store, KIND, batch.id, batch.created_at)
         except StoreUnavailable as exc:
             return store_unavailable(exc)
         return JSONResponse(batch.body)

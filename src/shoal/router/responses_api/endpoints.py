@@ -21,6 +21,7 @@ from shoal.router.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery
 from shoal.router.proxy import error_response, store_unavailable
+from shoal.router.responses_api.background import BackgroundResponses
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
 from shoal.router.responses_api.input_items import conversation_messages
@@ -58,12 +59,14 @@ class ResponsesApi:
     def __init__(self, front_door: FrontDoor, records: SharedRecords):
         self.front_door = front_door
         self.records = records
+        self.background = BackgroundResponses(front_door, records, front_door.api_keys)
 
     def routes(self) -> APIRouter:
         routes = APIRouter()
         routes.add_api_route("/v1/responses", self.create, methods=["POST"])
         routes.add_api_route("/v1/responses/{response_id}", self.retrieve, methods=["GET"])
         routes.add_api_route("/v1/responses/{response_id}", self.delete, methods=["DELETE"])
+        routes.add_api_route("/v1/responses/{response_id}/cancel", self.cancel, methods=["POST"])
         routes.add_api_route("/v1/responses/{response_id}/input_items", self.input_items, methods=["GET"])
         return routes
 
@@ -90,6 +93,14 @@ class ResponsesApi:
         skeleton = response_skeleton(response_id, parsed, int(time.time()))
         session = chain[0].response_id if chain else response_id
         chat_body = parsed.chat_body(conversation_messages(parsed.instructions, chain, parsed.input_items))
+        if parsed.background:
+            try:
+                queued = await self.background.start(
+                    chat_body, skeleton, message_id, session, parsed.input_items, client
+                )
+            except StoreUnavailable as exc:
+                return store_unavailable(exc)
+            return self.background.streamed(response_id, -1) if parsed.stream else JSONResponse(queued)
         answer = await self.front_door.dispatch(
             chat_body, {**headers, "x-shoal-session": session}, "/v1/chat/completions", True, client
         )
@@ -123,8 +134,46 @@ class ResponsesApi:
         return JSONResponse(response, headers=shoal_headers)
 
     async def retrieve(self, response_id: str, request: Request) -> Response:
+        """The stored response; with `stream=true`, a background response's events after
+        `starting_after` (from its first without), live until its end."""
         found = await self._lookup(response_id, request)
-        return found if isinstance(found, Response) else JSONResponse(found.response)
+        if isinstance(found, Response):
+            return found
+        if request.query_params.get("stream") != "true":
+            return JSONResponse(found.response)
+        starting_after = request.query_params.get("starting_after", "-1")
+        if not found.response.get("background"):
+            return error_response(
+                400,
+                "invalid request: only a background response can be streamed again",
+                "invalid_request_error",
+                "stream",
+            )
+        if not starting_after.lstrip("-").isdigit():
+            return error_response(
+                400, "invalid request: `starting_after` must be an integer", "invalid_request_error", "starting_after"
+            )
+        return self.background.streamed(response_id, int(starting_after))
+
+    async def cancel(self, response_id: str, request: Request) -> Response:
+        """Stops a background response (answered once its router has stopped it)."""
+        found = await self._lookup(response_id, request)
+        if isinstance(found, Response):
+            return found
+        if not found.response.get("background"):
+            return error_response(
+                400, "invalid request: only a background response can be cancelled", "invalid_request_error"
+            )
+        if found.response["status"] in ("completed", "incomplete", "failed"):
+            return error_response(
+                409,
+                f"response {response_id!r} is {found.response['status']} and cannot be cancelled",
+                "invalid_request_error",
+            )
+        try:
+            return await self.background.cancel(found)
+        except StoreUnavailable as exc:
+            return store_unavailable(exc)
 
     async def delete(self, response_id: str, request: Request) -> Response:
         found = await self._lookup(response_id, request)
@@ -132,6 +181,7 @@ class ResponsesApi:
             return found
         try:
             await self.records.store.delete(KIND, response_id)
+            await self.background.forget(response_id)
         except StoreUnavailable as exc:
             return store_unavailable(exc)
         return JSONResponse({"id": response_id, "object": "response", "deleted": True})

@@ -6,7 +6,7 @@ import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from shoal.protocol.sse import json_events, named_event
-from shoal.router.responses_api.ids import new_function_call_id, new_reasoning_id
+from shoal.router.responses_api.ids import ItemIds
 from shoal.router.responses_api.message_items import (
     function_call_item,
     output_message,
@@ -25,8 +25,9 @@ class _OutputItems:
     the order in which items opened. With `logprobs`, the output tokens' logprobs go with the next
     text delta (those after the last text with output_text.done), so they add up to the message's."""
 
-    def __init__(self, message_id: str, event: Callable[..., bytes], logprobs: bool = False):
+    def __init__(self, message_id: str, event: Callable[..., bytes], logprobs: bool, ids: ItemIds):
         self.message_id = message_id
+        self.ids = ids
         self.event = event
         self.logprobs: list[dict] | None = [] if logprobs else None  # all the output's so far
         self.unsent = 0  # of which not yet sent with a delta
@@ -65,8 +66,8 @@ class _OutputItems:
             item = {
                 "kind": "call",
                 "output_index": len(self.order),
-                "item_id": new_function_call_id(),
-                "call_id": delta.get("id") or new_function_call_id("call_"),
+                "item_id": self.ids.function_call(),
+                "call_id": self.ids.call(delta.get("id")),
                 "name": function.get("name") or "",
                 "arguments": [],
             }
@@ -125,7 +126,12 @@ class _OutputItems:
         return output, events
 
     def _open_reasoning(self) -> list[bytes]:
-        self.thought = {"kind": "reasoning", "output_index": len(self.order), "item_id": new_reasoning_id(), "text": []}
+        self.thought = {
+            "kind": "reasoning",
+            "output_index": len(self.order),
+            "item_id": self.ids.reasoning(),
+            "text": [],
+        }
         self.order.append(self.thought)
         opened = reasoning_item(self.thought["item_id"], "in_progress", [])
         return [
@@ -154,6 +160,7 @@ async def response_events(
     message_id: str,
     keep: Callable[[dict], Awaitable[None]],
     logprobs: bool = False,
+    ids: ItemIds | None = None,
 ) -> AsyncIterator[bytes]:
     """Invariants: sequence numbers count from 0 without gaps; the concatenated output_text.delta
     texts are the final text, the reasoning_text.delta texts the final reasoning, and each call's
@@ -176,7 +183,7 @@ async def response_events(
     # Sent once the chat stream has started: closing a chat stream that never started would not
     # run its clean-up, and its worker would stay taken.
     opening = [event("response.created", response=skeleton), event("response.in_progress", response=skeleton)]
-    items = _OutputItems(message_id, event, logprobs)
+    items = _OutputItems(message_id, event, logprobs, ids or ItemIds())
     finish_reason, usage, model, error = None, None, None, None
     try:
         async for chat_event in json_events(chat_chunks):

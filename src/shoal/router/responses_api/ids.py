@@ -19,3 +19,27 @@ def new_reasoning_id() -> str:
 
 def new_function_call_id(prefix: str = "fc_") -> str:
     return prefix + uuid.uuid4().hex
+
+
+class ItemIds:
+    """The ids of a response's output items as its events name them: random, or, for a response
+    that may be generated again elsewhere (a background response taken over by another router),
+    derived from the response id and the item's place, so a second run names its items as the first
+    did. A derived call id replaces the one the worker chose."""
+
+    def __init__(self, derived_from: str | None = None):
+        self.base = derived_from.removeprefix("resp_") if derived_from else None
+        self.issued = 0
+
+    def _next(self, prefix: str) -> str:
+        self.issued += 1
+        return f"{prefix}{self.base}_{self.issued}" if self.base else prefix + uuid.uuid4().hex
+
+    def reasoning(self) -> str:
+        return self._next("rs_")
+
+    def function_call(self) -> str:
+        return self._next("fc_")
+
+    def call(self, given: str | None) -> str:
+        return self._next("call_") if self.base or not given else given

@@ -44,7 +44,7 @@ def response_skeleton(response_id: str, request: ResponsesRequest, created_at: i
         "text": {"format": request.text_format, "verbosity": request.verbosity or "medium"},
         "reasoning": {"effort": request.reasoning_effort, "summary": None},
         "truncation": request.truncation,
-        "background": False,
+        "background": request.background,
         "service_tier": "default" if request.service_tier in (None, "auto") else request.service_tier,
         "prompt_cache_key": request.prompt_cache_key,
         "safety_identifier": request.safety_identifier,

@@ -87,10 +87,13 @@ def _top_logprobs(body: dict) -> int | None:
     return top
 
 
-def _background(body: dict) -> None:
-    """`background`: false (answer in the request) is served."""
-    if typed_field(body, "background", bool, "a boolean", False):
-        raise RequestError("`background` true is not supported; responses are answered in the request", "background")
+def _background(body: dict) -> bool:
+    """`background`: true runs the response after the request returns (responses_api.background);
+    such a response is stored, so `store: false` with it is refused."""
+    background = typed_field(body, "background", bool, "a boolean", False)
+    if background and body.get("store") is False:
+        raise RequestError("a background response is stored: `store` cannot be false with `background`", "background")
+    return background
 
 
 def _max_tool_calls(body: dict) -> int | None:
@@ -203,6 +206,7 @@ class ResponsesRequest:
     previous_response_id: str | None
     store: bool
     stream: bool
+    background: bool
     max_output_tokens: int | None
     temperature: float | None
     top_p: float | None
@@ -232,7 +236,6 @@ class ResponsesRequest:
         if max_output_tokens is not None and max_output_tokens < 1:
             raise RequestError("`max_output_tokens` must be a positive integer", "max_output_tokens")
         tools = _function_tools(body)
-        _background(body)
         return cls(
             model=model,
             input_items=normalize_input(body.get("input")),
@@ -240,6 +243,7 @@ class ResponsesRequest:
             previous_response_id=typed_field(body, "previous_response_id", str, "a response id"),
             store=typed_field(body, "store", bool, "a boolean", True),
             stream=typed_field(body, "stream", bool, "a boolean", False),
+            background=_background(body),
             max_output_tokens=max_output_tokens,
             temperature=number_in_range(body, "temperature", 0.0, 2.0),
             top_p=number_in_range(body, "top_p", 0.0, 1.0, low_open=True),
