@@ -217,6 +217,7 @@ def main() -> int:
     parser.add_argument("--batch-requests", type=int, default=1000)
     parser.add_argument("--batch-max-tokens", type=int, default=8)
     parser.add_argument("--max-in-flight", type=int, default=8, help="the router's batches.max_in_flight")
+    parser.add_argument("--background-step-tokens", type=int, default=32, help="the worker engine setting")
     parser.add_argument("--seed", type=int, default=7)
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="shoal-batch-bench-"))
@@ -226,6 +227,7 @@ def main() -> int:
     worker = subprocess.Popen(
         [sys.executable, "-m", "shoal.cli", "worker", "--model", model, "--port", str(worker_port)]
         + ["--served-model-name", SERVED, "--kv-cache", "512MiB"]
+        + ["--background-step-tokens", str(args.background_step_tokens)]
         + (["--dtype", "float32", "--step-delay-ms", "10"] if args.tiny else []),
         stdout=subprocess.DEVNULL,
         stderr=open(log_dir / "worker.log", "a"),

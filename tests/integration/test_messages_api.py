@@ -5,6 +5,8 @@ over two turns, token counts, and refusals in Anthropic's shape."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
 import httpx
 import pytest
@@ -103,6 +105,27 @@ def test_a_stop_sequence_ends_the_message_and_is_named(fleet):
     cut = create(url, messages=ASK, max_tokens=24, stop_sequences=["never said", stop_at])
     assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == stop_at
     assert text_of(cut) == text[: text.index(stop_at)]
+
+
+def test_output_config_format_constrains_the_answer_to_its_schema(fleet):
+    url, _ = fleet
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 8}, "sunny": {"type": "boolean"}},
+        "required": ["city", "sunny"],
+        "additionalProperties": False,
+    }
+    answer = create(
+        url,
+        messages=ASK,
+        max_tokens=60,
+        extra={"output_config": {"effort": "low", "format": {"type": "json_schema", "schema": schema}}},
+    )
+    parsed = json.loads(text_of(answer))
+    assert set(parsed) == {"city", "sunny"} and isinstance(parsed["sunny"], bool)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        create(url, messages=ASK, extra={"output_config": {"format": {"type": "regex", "pattern": "a+"}}})
+    assert "output_config.format" in refused.value.message
 
 
 def test_tool_use_over_two_turns(fleet):

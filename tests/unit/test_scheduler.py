@@ -110,3 +110,82 @@ def test_random_traffic_keeps_invariants(requests, num_blocks, budget):
                 scheduler.finish(seq, "length")
         check(scheduler)
     assert not scheduler.has_work()
+
+
+def classed(request_id: str, length: int, scheduling: str) -> Sequence:
+    seq = make_seq(request_id, length)
+    seq.scheduling = scheduling
+    return seq
+
+
+def test_waiting_sequences_queue_by_class_then_arrival():
+    scheduler = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=8)
+    for name, scheduling in [("b1", "background"), ("i1", "interactive"), ("p1", "probe")]:
+        scheduler.add(classed(name, 4, scheduling))
+    for name, scheduling in [("b2", "background"), ("i2", "interactive")]:
+        scheduler.add(classed(name, 4, scheduling))
+    assert [s.request_id for s in scheduler.waiting] == ["p1", "i1", "i2", "b1", "b2"]
+    assert [c.seq.request_id for c in scheduler.schedule()] == ["p1", "i1"]
+
+
+def test_background_sequences_sit_out_the_steps_in_which_an_interactive_one_prefills():
+    scheduler = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=8)
+    background = [classed(name, 3, "background") for name in ("b1", "b2")]
+    for seq in background:
+        scheduler.add(seq)
+    complete(scheduler.schedule())  # both prefilled: decoding from here
+    decodes = scheduler.schedule()
+    assert [c.seq.request_id for c in decodes] == ["b1", "b2"]
+    complete(decodes)
+    interactive = classed("i1", 12, "interactive")
+    scheduler.add(interactive)
+    steps = []
+    while interactive.num_uncomputed_tokens > 1 or not steps:
+        chunks = scheduler.schedule()
+        steps.append([c.seq.request_id for c in chunks])
+        complete(chunks)
+        check(scheduler)
+    assert steps == [["i1"], ["i1"]]  # its prefill, in chunks of its own
+    assert [c.seq.request_id for c in scheduler.schedule()] == ["i1", "b1", "b2"]  # decodes together again
+    assert [s.scheduling for s in scheduler.running] == ["background", "background", "interactive"]
+
+
+def test_preemption_takes_a_background_sequence_first():
+    scheduler = Scheduler(BlockManager(6, 4), max_num_seqs=8, max_num_batched_tokens=64)
+    interactive, background = classed("i1", 8, "interactive"), classed("b1", 8, "background")
+    scheduler.add(background)
+    complete(scheduler.schedule())
+    scheduler.add(interactive)
+    complete(scheduler.schedule())
+    while not scheduler.waiting:  # both grow until the blocks run out
+        complete(scheduler.schedule())
+    assert [s.request_id for s in scheduler.waiting] == ["b1"] and scheduler.running == [interactive]
+
+
+def test_an_interactive_sequence_takes_the_place_or_blocks_of_background_ones():
+    full = Scheduler(BlockManager(64, 4), max_num_seqs=2, max_num_batched_tokens=64)
+    for name in ("b1", "b2"):
+        full.add(classed(name, 4, "background"))
+    complete(full.schedule())
+    full.add(classed("i1", 4, "interactive"))
+    assert [c.seq.request_id for c in full.schedule()] == ["i1"]  # b2 gave its place
+    assert [s.request_id for s in full.waiting] == ["b2"]
+    tight = Scheduler(BlockManager(3, 4), max_num_seqs=8, max_num_batched_tokens=64)
+    tight.add(classed("b1", 8, "background"))
+    complete(tight.schedule())
+    tight.add(classed("i1", 8, "interactive"))
+    assert [c.seq.request_id for c in tight.schedule()] == ["i1"]  # b1 gave its blocks
+    check(tight)
+
+
+def test_background_work_computes_at_most_its_tokens_per_step():
+    scheduler = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=64, background_step_tokens=10)
+    for name in ("b1", "b2"):
+        scheduler.add(classed(name, 25, "background"))
+    steps = []
+    while any(not s.output_token_ids for s in scheduler.running + list(scheduler.waiting)):
+        chunks = scheduler.schedule()
+        steps.append(sum(c.length for c in chunks))
+        complete(chunks)
+        check(scheduler)
+    assert max(steps) == 10 and len(steps) >= 5  # 50 prompt tokens, 10 a step

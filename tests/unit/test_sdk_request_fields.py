@@ -125,12 +125,12 @@ MESSAGES = {
     "tools": [{"name": "get_weather", "input_schema": WEATHER["parameters"]}],
     "service_tier": "auto",
     "cache_control": {"type": "ephemeral"},
+    "output_config": {"effort": "low", "format": {"type": "json_schema", "schema": WEATHER["parameters"]}},
 }
 MESSAGES_REFUSED = {
     "container",
     "diagnostics",
     "inference_geo",
-    "output_config",
     "speed",
     "user_profile_id",
     "workspace_id",

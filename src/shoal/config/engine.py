@@ -44,6 +44,8 @@ class EngineConfig:
     disk files under kv_tier_dir (default: the cache directory's kv-tier); kv_tier_shared also reads
     the other engines' files there. embedding_pooling ("last" token or "mean" of the prompt's) and
     embedding_normalize (to unit length) say how /v1/embeddings pools the final hidden states.
+    background_step_tokens bounds the tokens background work (a router's batches) computes in one
+    step, so an interactive request that arrives behind such a step waits only a short one.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -59,6 +61,7 @@ class EngineConfig:
     kv_cache_fraction: float = 0.1
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
+    background_step_tokens: int = 32
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
@@ -96,6 +99,7 @@ class EngineConfig:
             "block_size",
             "max_num_seqs",
             "max_num_batched_tokens",
+            "background_step_tokens",
             "tensor_parallel_size",
             "pipeline_parallel_size",
         ):

@@ -89,7 +89,7 @@ class AsyncLLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         request_id: str | None = None,
-        jump_queue: bool = False,
+        scheduling: str = "interactive",
         resume: Resume | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step that produced tokens for this request. Raises the
@@ -100,7 +100,7 @@ class AsyncLLMEngine:
         loop = asyncio.get_running_loop()
         accepted = loop.create_future()
         subscriber = _Subscriber(loop, asyncio.Queue())
-        self._commands.put(("add", request_id, prompt, params, jump_queue, resume, subscriber, accepted))
+        self._commands.put(("add", request_id, prompt, params, scheduling, resume, subscriber, accepted))
         await accepted
         finished = False
         try:
@@ -202,13 +202,13 @@ class AsyncLLMEngine:
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, prompt, params, jump_queue, resume, subscriber, accepted = command
+            _, request_id, prompt, params, scheduling, resume, subscriber, accepted = command
             try:
                 self.engine.add_request(
                     request_id,
                     prompt,
                     params,
-                    jump_queue=jump_queue,
+                    scheduling=scheduling,
                     resume_token_ids=resume.token_ids if resume else None,
                     resume_text_offset=resume.text_offset if resume else None,
                 )

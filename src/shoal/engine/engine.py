@@ -28,7 +28,7 @@ from shoal.engine.replica import build_replica
 from shoal.engine.sampler import SampledToken, SamplingRow, sample
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler, batch_of
-from shoal.engine.sequence import Sequence
+from shoal.engine.sequence import SCHEDULING_CLASSES, Sequence
 from shoal.engine.speed import SpeedEstimator
 from shoal.errors import (
     DuplicateRequestError,
@@ -129,7 +129,9 @@ class LLMEngine:
         self.tensor_group = replica.tensor_group
         self.kv_cache_budget_bytes = replica.kv_cache_budget_bytes
         self.kv_tier = self._open_tier()
-        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens)
+        self.scheduler = Scheduler(
+            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.background_step_tokens
+        )
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
         self.grammars = GrammarCompiler(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
@@ -186,7 +188,7 @@ class LLMEngine:
         prompt: str | list[int],
         params: SamplingParams | None = None,
         resume_token_ids: list[int] | None = None,
-        jump_queue: bool = False,
+        scheduling: str = "interactive",
         resume_text_offset: int | None = None,
     ) -> Sequence:
         """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input.
@@ -194,23 +196,25 @@ class LLMEngine:
         resume_token_ids continues a request that another engine started: those output tokens are
         taken as already generated (they count toward max_tokens, penalties and stop strings, and
         are not streamed again). With the same seed the rest of the output is what the first
-        engine would have produced.
+        engine would have produced. `scheduling` is the request's class (sequence.SCHEDULING_CLASSES).
         """
         params = params or SamplingParams()
+        if scheduling not in SCHEDULING_CLASSES:
+            raise ValueError(f"unknown scheduling class {scheduling!r}")
         if request_id in self.sequences:
             raise DuplicateRequestError(f"request id {request_id!r} is already running", param="request_id")
         token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         resumed = list(resume_token_ids or [])
         self._validate_prompt(token_ids, resumed, params)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
-        seq = Sequence(request_id, token_ids, params, seed, output_token_ids=resumed)
+        seq = Sequence(request_id, token_ids, params, seed, scheduling, output_token_ids=resumed)
         matcher = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
         stream = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len, matcher)
         stream.resume(resumed, resume_text_offset)
         self.sequences[request_id] = seq
         self.streams[request_id] = stream
         self.prompts[request_id] = prompt if isinstance(prompt, str) else None
-        self.scheduler.add(seq, front=jump_queue)
+        self.scheduler.add(seq)
         return seq
 
     def _validate_prompt(self, token_ids: list[int], resumed: list[int], params: SamplingParams) -> None:

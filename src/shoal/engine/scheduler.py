@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from shoal.engine.block_manager import BlockManager
 from shoal.engine.sequence import Sequence, SequenceStatus
@@ -45,34 +45,75 @@ def batch_of(chunks: list[ScheduledChunk], groups: int) -> StepBatch:
     )
 
 
+@dataclass
+class _Step:
+    """One step being planned: its sequence limit, token budget left, room for chunks, and chunks."""
+
+    limit: int
+    budget: int
+    room: int
+    chunks: list[ScheduledChunk] = field(default_factory=list)
+
+    @property
+    def open(self) -> bool:
+        return self.budget > 0 and len(self.chunks) < self.room
+
+    def add(self, chunk: ScheduledChunk) -> None:
+        self.chunks.append(chunk)
+        self.budget -= chunk.length
+
+
 class Scheduler:
     """Running sequences first (decode or the rest of a chunked prefill), then waiting ones, under a
-    per-step token budget. When blocks run out the newest running sequence is preempted by
-    recompute: its blocks are freed (full ones stay in the prefix cache) and it re-enters the
-    front of the waiting queue with all its tokens, output included, to prefill again. A sequence
+    per-step token budget. Waiting sequences queue by scheduling class (sequence.SCHEDULING_CLASSES),
+    then arrival; while a sequence of another class waits or prefills, running background ones sit
+    the step out (they keep their blocks, unless a foreground one needs them or their place), so
+    interactive prefills run in short steps of their own.
+    When blocks run out the newest running sequence is preempted by recompute: its blocks are freed
+    (full ones stay in the prefix cache) and it re-enters the front of its class in the waiting
+    queue with all its tokens, output included, to prefill again. A sequence
     alone whose prefill chunk does not fit the free blocks (a windowed KV group holds a chunk's
     whole span) computes the part that does.
 
     Invariants: every sequence is in exactly one of `waiting` and `running`; WAITING sequences hold
-    no blocks; at most `max_num_seqs` sequences run.
+    no blocks; at most `max_num_seqs` sequences run; `waiting` is in class order. Preemption takes
+    the newest background sequence first.
     """
 
-    def __init__(self, block_manager: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+    def __init__(
+        self,
+        block_manager: BlockManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        background_step_tokens: int | None = None,
+    ):
+        """`background_step_tokens`: the most tokens background sequences compute in one step
+        (default: the whole step budget)."""
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
+        self.background_step_tokens = background_step_tokens or max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # Sequences finished because they no longer fit the whole KV cache; the engine reports them.
         self.outgrown: list[Sequence] = []
         self.num_preemptions = 0
 
-    def add(self, seq: Sequence, front: bool = False) -> None:
-        """Queues a sequence; `front` puts it ahead of everything waiting (health probes)."""
-        if front:
-            self.waiting.appendleft(seq)
-        else:
-            self.waiting.append(seq)
+    def add(self, seq: Sequence) -> None:
+        """Queues a sequence behind those of its class and ahead of later classes."""
+        self._queue(seq, behind_its_class=True)
+
+    def _queue(self, seq: Sequence, behind_its_class: bool) -> None:
+        rank = seq.scheduling_rank
+        position = next(
+            (
+                i
+                for i, other in enumerate(self.waiting)
+                if other.scheduling_rank > rank or (not behind_its_class and other.scheduling_rank == rank)
+            ),
+            len(self.waiting),
+        )
+        self.waiting.insert(position, seq)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -98,43 +139,70 @@ class Scheduler:
     ) -> list[ScheduledChunk]:
         """Plans one step. `seq_limit` (from the adaptive batch controller) caps admissions; `busy`
         sequences (in a micro-batch still in flight) are neither scheduled nor preempted;
-        `max_chunks` caps the sequences in this step (a pipeline's micro-batch)."""
-        limit = min(self.max_num_seqs, seq_limit or self.max_num_seqs)
-        budget = self.max_num_batched_tokens
-        room = max_chunks or self.max_num_seqs
-        chunks: list[ScheduledChunk] = []
+        `max_chunks` caps the sequences in this step (a pipeline's micro-batch). Foreground
+        sequences (every class but background) are planned first, and may preempt background ones
+        for blocks or a place; background ones are planned only when no foreground sequence
+        prefills in this step or is left waiting."""
+        step = _Step(
+            min(self.max_num_seqs, seq_limit or self.max_num_seqs),
+            self.max_num_batched_tokens,
+            max_chunks or self.max_num_seqs,
+        )
+        self._continue_running(step, busy, background=False)
+        self._admit_waiting(step, busy, background=False)
+        foreground_prefills = any(c.length > 1 for c in step.chunks) or any(
+            s.scheduling != "background" for s in self.waiting
+        )
+        if not foreground_prefills:
+            step.budget = min(step.budget, self.background_step_tokens)
+            self._continue_running(step, busy, background=True)
+            self._admit_waiting(step, busy, background=True)
+        return step.chunks
+
+    def _continue_running(self, step: _Step, busy: frozenset[str], background: bool) -> None:
+        """Decodes and prefill chunks of running sequences of the class, in order; when blocks run
+        out the newest (background first) is preempted."""
         index = 0
-        while index < len(self.running) and budget > 0 and len(chunks) < room:
+        while index < len(self.running) and step.open:
             seq = self.running[index]
-            if seq.request_id in busy:
+            if seq.request_id in busy or (seq.scheduling == "background") != background:
                 index += 1
                 continue
-            length = min(seq.num_uncomputed_tokens, budget)
+            length = min(seq.num_uncomputed_tokens, step.budget)
             if len(self.running) == 1:  # no one to preempt: a prefill chunk shrinks to what fits
                 length = self.block_manager.tokens_appendable(seq, length) or length
             while not self.block_manager.append_slots(seq, length):
-                victim = next(s for s in reversed(self.running) if s.request_id not in busy)  # seq at the latest
+                victim = self._victim(busy)  # seq at the latest
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
-                chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
-                budget -= length
+                step.add(ScheduledChunk(seq, seq.num_computed_tokens, length))
                 index += 1
-        while self.waiting and budget > 0 and len(self.running) < limit and len(chunks) < room:
+
+    def _admit_waiting(self, step: _Step, busy: frozenset[str], background: bool) -> None:
+        """Starts waiting sequences of the class, in queue order; a foreground one preempts running
+        background sequences (newest first) when it needs their place or blocks."""
+        while self.waiting and step.open and (self.waiting[0].scheduling == "background") == background:
             seq = self.waiting[0]
+            if len(self.running) >= step.limit:
+                if background or not self._preempt_background(busy):
+                    return
+                continue
             cached = self.block_manager.allocate_cached_prefix(seq)
             seq.num_computed_tokens = cached
             if not seq.num_preemptions:
                 seq.num_cached_tokens = cached
-            length = min(seq.num_uncomputed_tokens, budget)
+            length = min(seq.num_uncomputed_tokens, step.budget)
             if not self.running:  # alone: a prefill chunk shrinks to what fits
                 length = self.block_manager.tokens_appendable(seq, length) or length
             if not self.block_manager.append_slots(seq, length):
                 self.block_manager.free(seq)
                 seq.num_computed_tokens = 0
+                if not background and self._preempt_background(busy):
+                    continue
                 if self.running or not self._outgrew_the_cache(seq):
-                    break
+                    return
                 # Alone with the whole cache and still too long: it has used all the room there is.
                 self.finish(seq, "length")
                 self.outgrown.append(seq)
@@ -142,9 +210,21 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, length))
-            budget -= length
-        return chunks
+            step.add(ScheduledChunk(seq, seq.num_computed_tokens, length))
+
+    def _preempt_background(self, busy: frozenset[str]) -> bool:
+        """Preempts the newest running background sequence not in flight; False when there is none."""
+        victim = next(
+            (s for s in reversed(self.running) if s.scheduling == "background" and s.request_id not in busy), None
+        )
+        if victim is not None:
+            self._preempt(victim)
+        return victim is not None
+
+    def _victim(self, busy: frozenset[str]) -> Sequence:
+        """The newest running background sequence not in flight, else the newest one not in flight."""
+        candidates = [s for s in reversed(self.running) if s.request_id not in busy]
+        return next((s for s in candidates if s.scheduling == "background"), candidates[0])
 
     def _outgrew_the_cache(self, seq: Sequence) -> bool:
         manager = self.block_manager
@@ -157,4 +237,4 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1
-        self.waiting.appendleft(seq)
+        self._queue(seq, behind_its_class=False)

@@ -15,6 +15,11 @@ class SequenceStatus(enum.Enum):
     FINISHED = "finished"
 
 
+# Scheduling classes, first to last: health probes go ahead of everything waiting; background work
+# (a router's batches) waits behind the others and pauses while an interactive request prefills.
+SCHEDULING_CLASSES = ("probe", "interactive", "background")
+
+
 @dataclass
 class Sequence:
     """Prompt + generated tokens, and how much of them is in the KV cache.
@@ -29,6 +34,7 @@ class Sequence:
     prompt_token_ids: list[int]
     params: SamplingParams
     seed: int
+    scheduling: str = "interactive"  # one of SCHEDULING_CLASSES
     arrival_time: float = field(default_factory=time.monotonic)
     # Monotonic times of this engine's first scheduling, and first and latest sampled token.
     first_scheduled_time: float | None = None
@@ -45,6 +51,10 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+
+    @property
+    def scheduling_rank(self) -> int:
+        return SCHEDULING_CLASSES.index(self.scheduling)
 
     @property
     def num_tokens(self) -> int:

@@ -9,12 +9,13 @@ import logging
 from starlette.responses import Response
 
 from shoal.errors import error_json
+from shoal.protocol.admission_class import PRIORITY_HEADER
 
 log = logging.getLogger(__name__)
 
 # A client's headers a worker gets; the body the router sends is JSON it encoded itself, whatever
 # content type its client named (or none, for requests the router makes itself, such as a batch's).
-FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-id")
+FORWARDED_HEADERS = ("traceparent", "tracestate", "x-request-id", PRIORITY_HEADER)
 JSON_CONTENT = {"content-type": "application/json"}
 
 

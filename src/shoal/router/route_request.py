@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from shoal.protocol.admission_class import BATCH, PRIORITY_HEADER
 from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_blocks
 from shoal.router.views import RouteRequest
 
@@ -13,7 +14,7 @@ EMBEDDINGS_PATH = "/v1/embeddings"
 PRIORITIES = ("critical", "standard", "sheddable")
 # The lowest class, below sheddable: work the router runs on idle capacity (batches). It is asked
 # for with the x-shoal-priority header only (workers know the three classes of a body).
-BATCH_PRIORITY = "batch"
+BATCH_PRIORITY = BATCH
 # OpenAI's service tiers as admission classes ("auto" and "default": the standard class).
 TIER_PRIORITIES = {"priority": "critical", "flex": "sheddable", "auto": "standard", "default": "standard"}
 # Who the request is for: OpenAI's safety_identifier, else its older `user`.
@@ -120,8 +121,8 @@ def embedding_route_request(body: dict, headers: dict[str, str], chars_per_token
 
 def _priority(headers: Mapping[str, str], otherwise: str) -> str:
     """The admission class: the x-shoal-priority header's (any class, batch included), else the body's."""
-    if "x-shoal-priority" in headers:
-        priority = headers["x-shoal-priority"]
+    if PRIORITY_HEADER in headers:
+        priority = headers[PRIORITY_HEADER]
         if priority not in (*PRIORITIES, BATCH_PRIORITY):
             raise RequestError(f"priority must be one of {', '.join((*PRIORITIES, BATCH_PRIORITY))}", "priority")
         return priority

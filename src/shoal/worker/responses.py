@@ -50,6 +50,7 @@ async def respond(
     handoff: Callable[[int], Handoff | None] | None = None,
     keep_alive: bool = False,
     reasoning: ReasoningUse | None = None,
+    scheduling: str = "interactive",
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
@@ -57,7 +58,8 @@ async def respond(
     by a grammar where tool_choice asks for a call; with `reasoning`, its reasoning section is
     split off its answer and its tokens counted. With `kv`, the KV named by `kv_source` is
     imported first; a stream is handed off when `handoff` (given the tokens sent) says; with
-    `keep_alive` (the request asked for them) a silent stream gets keep-alives."""
+    `keep_alive` (the request asked for them) a silent stream gets keep-alives. `scheduling` is the
+    engine's class for it (background for a router's batch work)."""
     try:
         response = await _respond(
             engine,
@@ -74,6 +76,7 @@ async def respond(
             handoff,
             keep_alive,
             reasoning,
+            scheduling,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -98,6 +101,7 @@ async def _respond(
     handoff: Callable[[int], Handoff | None] | None,
     keep_alive: bool,
     reasoning: ReasoningUse | None,
+    scheduling: str,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -133,6 +137,7 @@ async def _respond(
                 max_tokens, logprobs, None if body.seed is None else body.seed + i, constraint, skip_special_tokens
             ),
             request_id=f"{request_id}-{i}",
+            scheduling=scheduling,
             resume=resume,
         )
         for i in range(body.n)

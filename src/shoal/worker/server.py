@@ -24,6 +24,7 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.errors import ModelNotFoundError, ShoalError, error_body
 from shoal.model.families import family_named
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
+from shoal.protocol.admission_class import scheduling_class
 from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
@@ -179,7 +180,7 @@ def create_app(
         try:
             async with asyncio.timeout(timeout_s):
                 async for output in engine.generate(
-                    canary_prompt, params, f"canary-{uuid.uuid4().hex}", jump_queue=True
+                    canary_prompt, params, f"canary-{uuid.uuid4().hex}", scheduling="probe"
                 ):
                     token_ids = output.outputs[0].token_ids
         except TimeoutError:
@@ -236,6 +237,7 @@ def create_app(
             kv=kv,
             handoff=kv.handoffs_for(request.headers, body),
             keep_alive=KEEP_ALIVE_HEADER in request.headers,
+            scheduling=scheduling_class(request.headers),
         )
 
     @app.post("/v1/embeddings")
@@ -273,6 +275,7 @@ def create_app(
             handoff=kv.handoffs_for(request.headers, body),
             keep_alive=KEEP_ALIVE_HEADER in request.headers,
             reasoning=reasoning,
+            scheduling=scheduling_class(request.headers),
         )
 
     return app

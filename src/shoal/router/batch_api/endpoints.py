@@ -10,6 +10,7 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
+from shoal.protocol.admission_class import PRIORITY_HEADER
 from shoal.router.auth import Client
 from shoal.router.batch_api.batch_object import (
     CANCEL_KIND,
@@ -58,7 +59,7 @@ class BatchesApi:
 
     async def serve_line(self, endpoint: str, body: dict, client: Client) -> tuple[int, dict, str | None]:
         """One batch request, through the front door in the batch class (batch_runner.ServeLine)."""
-        headers = {"x-shoal-priority": BATCH_PRIORITY}
+        headers = {PRIORITY_HEADER: BATCH_PRIORITY}
         if endpoint == "/v1/responses":
             response = await self.responses.serve(body, headers, client)
         else:

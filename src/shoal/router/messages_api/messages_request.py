@@ -21,7 +21,7 @@ from shoal.router.body_fields import known_fields, number_in_range, typed_field
 from shoal.router.messages_api.content_blocks import chat_messages, check_cache_control, system_messages
 from shoal.router.route_request import RequestError
 
-COMMON_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control")
+COMMON_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "output_config")
 MESSAGES_FIELDS = (
     *COMMON_FIELDS,
     "max_tokens",
@@ -151,6 +151,38 @@ def _user(body: dict) -> str | None:
     return user
 
 
+# Anthropic's output_config.effort as the chat templates' reasoning_effort (the top two levels have
+# no stronger counterpart there).
+EFFORTS = {"low": "low", "medium": "medium", "high": "high", "xhigh": "high", "max": "high"}
+
+
+def _output_config(body: dict) -> tuple[str | None, dict | None]:
+    """output_config as (reasoning_effort, a chat response_format): `effort` goes to the family's
+    template switch (reported unused where the template has none); `format` (json_schema) is a
+    strict JSON schema constraint on the answer, as Anthropic's structured outputs are."""
+    config = typed_field(body, "output_config", dict, "an object", {})
+    unknown = sorted(set(config) - {"effort", "format"})
+    if unknown:
+        raise RequestError(f"`output_config.{unknown[0]}` is not supported", f"output_config.{unknown[0]}")
+    effort = config.get("effort")
+    if effort is not None and effort not in EFFORTS:
+        raise RequestError(f"`output_config.effort` must be one of {', '.join(EFFORTS)}", "output_config.effort")
+    output_format = config.get("format")
+    if output_format is None:
+        return EFFORTS.get(effort), None
+    if (
+        not isinstance(output_format, dict)
+        or output_format.get("type") != "json_schema"
+        or not isinstance(output_format.get("schema"), dict)
+        or set(output_format) - {"type", "schema"}
+    ):
+        raise RequestError(
+            '`output_config.format` must be {"type": "json_schema", "schema": {...}}', "output_config.format"
+        )
+    schema = {"name": "output", "schema": output_format["schema"], "strict": True}
+    return EFFORTS.get(effort), {"type": "json_schema", "json_schema": schema}
+
+
 def _stop(body: dict) -> list[str] | None:
     stop = typed_field(body, "stop_sequences", list, "a list of strings")
     if stop is not None and not all(isinstance(s, str) and s for s in stop):
@@ -180,6 +212,8 @@ class MessagesRequest:
     parallel_tool_calls: bool | None
     template_kwargs: dict | None
     service_tier: str | None
+    reasoning_effort: str | None
+    response_format: dict | None
     extensions: dict
 
     @classmethod
@@ -196,6 +230,7 @@ class MessagesRequest:
         turns = chat_messages(body.get("messages"))
         tools = _tools(body)
         tool_choice, parallel_tool_calls = _tool_choice(body, tools)
+        reasoning_effort, response_format = _output_config(body)
         tier = typed_field(body, "service_tier", str, "auto or standard_only")
         if tier is not None and tier not in SERVICE_TIERS:
             raise RequestError("`service_tier` must be auto or standard_only", "service_tier")
@@ -215,6 +250,8 @@ class MessagesRequest:
             parallel_tool_calls=parallel_tool_calls,
             template_kwargs=_template_kwargs(body, _enable_thinking(body, max_tokens)),
             service_tier=SERVICE_TIERS.get(tier),
+            reasoning_effort=reasoning_effort,
+            response_format=response_format,
             extensions={k: body[k] for k in extensions if k in body and k != "chat_template_kwargs"},
         )
 
@@ -232,6 +269,8 @@ class MessagesRequest:
             "parallel_tool_calls": self.parallel_tool_calls,
             "chat_template_kwargs": self.template_kwargs,
             "service_tier": self.service_tier,
+            "reasoning_effort": self.reasoning_effort,
+            "response_format": self.response_format,
         }
         body = {
             **self.extensions,
@@ -247,5 +286,6 @@ class MessagesRequest:
         return body
 
     def count_body(self) -> dict:
-        """The one-token chat request whose usage.prompt_tokens is this request's input tokens."""
-        return {**self.chat_body(), "max_tokens": 1}
+        """The one-token chat request whose usage.prompt_tokens is this request's input tokens (an
+        output format does not change the prompt, so none is compiled for it)."""
+        return {key: value for key, value in self.chat_body().items() if key != "response_format"} | {"max_tokens": 1}
