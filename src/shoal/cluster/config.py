@@ -96,6 +96,7 @@ class ModelDeployment(Frozen):
     max_model_len: int | None = Field(None, ge=1)
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
+    background_step_tokens: int = Field(32, ge=1)
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
