@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import openai
 import pytest
-import yaml
 
-from tests.support.routers import start_router, stop
+from tests.support.routers import RouterFactory, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, start_worker, tiny_worker_args
 
@@ -30,19 +29,10 @@ def worker(tiny_model_dir, shoal_cache_dir):
 def router(worker, tmp_path):
     """Factory: a router (process, url) over the worker; all share one SQLite state store, with a
     1 s lease on shared work."""
-    config = tmp_path / "router.yaml"
     state = {"store": "sqlite", "sqlite_path": str(tmp_path / "state.sqlite3"), "lease_s": 1.0}
-    config.write_text(yaml.safe_dump({"workers": [{"url": worker}], "state": {**state, "work_poll_interval_s": 0.2}}))
-    started = []
-
-    def start() -> tuple:
-        started.append(start_router(["--config", str(config)]))
-        return started[-1]
-
-    yield start
-    for process, _ in started:
-        if process.poll() is None:
-            stop(process)
+    routers = RouterFactory(tmp_path, {"workers": [{"url": worker}], "state": {**state, "work_poll_interval_s": 0.2}})
+    yield routers.start
+    routers.stop_all()
 
 
 def client_for(url: str) -> openai.OpenAI:

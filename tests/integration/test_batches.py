@@ -13,10 +13,9 @@ import time
 import httpx
 import openai
 import pytest
-import yaml
 
 from shoal.router.auth import key_hash
-from tests.support.routers import start_router, stop
+from tests.support.routers import RouterFactory, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, scrape, start_worker, tiny_worker_args
 
@@ -36,35 +35,25 @@ def worker(tiny_model_dir, shoal_cache_dir):
 @pytest.fixture
 def router(worker, tmp_path):
     """Factory: (re)starts a router over the worker on one SQLite state file and files directory."""
-    started = []
-
-    def start(**settings) -> tuple:
-        config = tmp_path / f"router-{len(started)}.yaml"
-        state = {
-            "store": "sqlite",
-            "sqlite_path": str(tmp_path / "state.sqlite3"),
-            "files_dir": str(tmp_path / "files"),
-        }
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "workers": [{"url": worker}],
-                    "state": {**state, **settings.pop("state", {})},
-                    "batches": {"max_in_flight": 4},
-                    "health": {"canary_interval_s": 3600},  # the worker's request count is the batch's alone
-                    "api_keys": [{"name": name, "sha256": key_hash(key)} for name, key in KEYS.items()],
-                    **settings,
-                }
-            )
-        )
-        process, url = start_router(["--config", str(config)])
-        started.append(process)
-        return process, url
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            stop(process)
+    state = {
+        "store": "sqlite",
+        "sqlite_path": str(tmp_path / "state.sqlite3"),
+        "files_dir": str(tmp_path / "files"),
+        "lease_s": 2.0,
+        "work_poll_interval_s": 0.2,
+    }
+    routers = RouterFactory(
+        tmp_path,
+        {
+            "workers": [{"url": worker}],
+            "state": state,
+            "batches": {"max_in_flight": 4},
+            "health": {"canary_interval_s": 3600},  # the worker's request count is the batch's alone
+            "api_keys": [{"name": name, "sha256": key_hash(key)} for name, key in KEYS.items()],
+        },
+    )
+    yield routers.start
+    routers.stop_all()
 
 
 def client_for(url: str, name: str = "alpha") -> openai.OpenAI:
@@ -219,7 +208,7 @@ def test_cancel_and_an_expired_window_report_what_finished(router):
 
 
 def test_bad_files_and_batches_are_refused_with_the_right_status(router):
-    _, url = router(state={"max_file_bytes": 4096})
+    _, url = router({"state": {"max_file_bytes": 4096}})
     alpha = client_for(url)
     with pytest.raises(openai.APIStatusError) as large:
         upload(alpha, [chat_line(f"q{i}", "x" * 200) for i in range(40)])

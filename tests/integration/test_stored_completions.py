@@ -8,10 +8,9 @@ from __future__ import annotations
 import httpx
 import openai
 import pytest
-import yaml
 
 from shoal.router.auth import key_hash
-from tests.support.routers import start_router, stop
+from tests.support.routers import RouterFactory, stop
 from tests.support.workers import MODEL, start_worker, tiny_worker_args
 
 KEYS = {"alpha": "key-alpha", "beta": "key-beta"}
@@ -27,27 +26,16 @@ def worker(tiny_model_dir, shoal_cache_dir):
 @pytest.fixture
 def router(worker, tmp_path):
     """Factory: (re)starts the router over the worker, on one SQLite state file."""
-    started = []
-    config = tmp_path / "router.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "workers": [{"url": worker}],
-                "state": {"store": "sqlite", "sqlite_path": str(tmp_path / "state.sqlite3")},
-                "api_keys": [{"name": name, "sha256": key_hash(key)} for name, key in KEYS.items()],
-            }
-        )
+    routers = RouterFactory(
+        tmp_path,
+        {
+            "workers": [{"url": worker}],
+            "state": {"store": "sqlite", "sqlite_path": str(tmp_path / "state.sqlite3")},
+            "api_keys": [{"name": name, "sha256": key_hash(key)} for name, key in KEYS.items()],
+        },
     )
-
-    def start() -> tuple:
-        process, url = start_router(["--config", str(config)])
-        started.append(process)
-        return process, url
-
-    yield start
-    for process in started:
-        if process.poll() is None:
-            stop(process)
+    yield routers.start
+    routers.stop_all()
 
 
 def client_for(url: str, name: str = "alpha") -> openai.OpenAI:

@@ -7,9 +7,11 @@ import os
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from tests.support.waiting import wait_for
 from tests.support.workers import free_port
@@ -59,3 +61,28 @@ def router_log(process: subprocess.Popen) -> str:
 def stop(process: subprocess.Popen) -> None:
     process.terminate()
     process.wait(timeout=30)
+
+
+class RouterFactory:
+    """Routers started from one base config (each with its own overrides: a top-level mapping in
+    them is merged into the base's), all stopped by stop_all."""
+
+    def __init__(self, directory: Path, base: dict):
+        self.directory = directory
+        self.base = base
+        self.started: list[subprocess.Popen] = []
+
+    def start(self, overrides: dict | None = None) -> tuple[subprocess.Popen, str]:
+        config = dict(self.base)
+        for key, value in (overrides or {}).items():
+            config[key] = {**config[key], **value} if isinstance(value, dict) and key in config else value
+        path = self.directory / f"router-{len(self.started)}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        process, url = start_router(["--config", str(path)])
+        self.started.append(process)
+        return process, url
+
+    def stop_all(self) -> None:
+        for process in self.started:
+            if process.poll() is None:
+                stop(process)
