@@ -84,6 +84,8 @@ def test_a_background_response_is_cancelled(router):
     assert cancelled.status == "cancelled"
     events = list(client.responses.retrieve(started.id, stream=True))  # ends: nothing more will come
     assert 0 < len(events) < 400
+    streamed_text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert client.responses.retrieve(started.id).output_text == streamed_text  # what it had so far
     with pytest.raises(openai.APIStatusError) as again:
         client.responses.cancel(
             final(client, client.responses.create(model=MODEL, input="x", max_output_tokens=2, background=True).id).id

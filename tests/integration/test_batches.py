@@ -155,8 +155,14 @@ def test_each_endpoint_runs_in_a_batch(router, endpoint, body, check):
     assert all(o["response"]["status_code"] == 200 and check(o["response"]["body"]) for o in outputs)
 
 
-def test_a_batch_survives_kill_9_of_its_router_with_no_line_lost_or_run_twice(router, worker):
-    process, url = router()
+@pytest.mark.parametrize("store", ["sqlite", "redis"])
+def test_a_batch_survives_kill_9_of_its_router_with_no_line_lost_or_run_twice(router, worker, store, request):
+    """With SQLite the router is started again on the file; with Redis (a router group's store)
+    another router, on the same Redis and files directory, takes the batch over."""
+    shared = (
+        {"state": {"store": "redis", "redis_url": request.getfixturevalue("redis_url")}} if store == "redis" else {}
+    )
+    process, url = router(shared)
     alpha = client_for(url)
     total = 40
     lines = [chat_line(f"q{i}", f"question {i}", max_tokens=24, ignore_eos=True) for i in range(total)]
@@ -167,7 +173,7 @@ def test_a_batch_survives_kill_9_of_its_router_with_no_line_lost_or_run_twice(ro
     wait_for(lambda: alpha.batches.retrieve(batch.id).request_counts.completed >= 8, 120)
     process.kill()  # kill -9 mid-batch: up to max_in_flight requests were running
     process.wait(timeout=30)
-    _, url = router()
+    _, url = router(shared)
     alpha = client_for(url)
     done = finished(alpha, batch.id, 240)
     assert done.status == "completed" and done.request_counts.completed == total
@@ -213,6 +219,25 @@ def test_bad_files_and_batches_are_refused_with_the_right_status(router):
     with pytest.raises(openai.APIStatusError) as large:
         upload(alpha, [chat_line(f"q{i}", "x" * 200) for i in range(40)])
     assert large.value.status_code == 413
+    boundary = "shoal-test-boundary"
+
+    def chunked_upload():  # no Content-Length: the size is counted as the body arrives
+        yield f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'.encode()
+        yield f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'.encode()
+        for _ in range(100):
+            yield b"x" * 1024
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    unsized = httpx.post(
+        url + "/v1/files",
+        content=chunked_upload(),
+        headers={
+            "authorization": f"Bearer {KEYS['alpha']}",
+            "content-type": f"multipart/form-data; boundary={boundary}",
+        },
+        timeout=30,
+    )
+    assert unsized.status_code == 413, unsized.text
     assert list(alpha.files.list()) == []  # nothing was left behind
     with pytest.raises(openai.BadRequestError) as purpose:
         upload(alpha, [chat_line("a", "x")], purpose="fine-tune")

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import APIRouter, Request
 from starlette.datastructures import FormData, UploadFile
@@ -26,6 +26,22 @@ FORM_OVERHEAD_BYTES = 64 << 10  # multipart headers and the other fields, beyond
 
 def _bad(exc: RequestError) -> Response:
     return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+
+
+def _counted(receive: Callable[[], Awaitable[dict]], limit: int) -> Callable[[], Awaitable[dict]]:
+    """`receive`, raising FileTooLarge once the body passes `limit` bytes (before the multipart
+    parser spools any more of it), with or without a Content-Length."""
+    received = 0
+
+    async def counted() -> dict:
+        nonlocal received
+        message = await receive()
+        received += len(message.get("body", b""))
+        if received > limit:
+            raise FileTooLarge(f"the upload is larger than {limit} bytes")
+        return message
+
+    return counted
 
 
 def _upload_fields(form: FormData) -> tuple[UploadFile, str]:
@@ -79,8 +95,11 @@ class FilesApi:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.files.max_bytes + FORM_OVERHEAD_BYTES:
             return self._too_large()
+        limited = Request(request.scope, _counted(request.receive, self.files.max_bytes + FORM_OVERHEAD_BYTES))
         try:
-            form = await request.form(max_files=1, max_fields=8)
+            form = await limited.form(max_files=1, max_fields=8)
+        except FileTooLarge:
+            return self._too_large()
         except Exception as exc:  # Starlette's multipart parser raises its own errors for bad forms
             return error_response(
                 400, f"invalid request: a multipart form is required ({exc})", "invalid_request_error"

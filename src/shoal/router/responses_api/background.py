@@ -3,9 +3,9 @@ router generates it afterwards. GET /v1/responses/{id} polls it; with `stream=tr
 `starting_after`, a sequence number) it streams its events from there on, live until the end;
 POST /v1/responses/{id}/cancel stops it.
 
-A background response lives in the state store: its stored turn (status queued, in_progress, then
-final), the chat request that produces it (with a sampling seed fixed at creation), and each of its
-events as it is made. One router generates it at a time, under a lease (state.leased_work). When
+A cancelled response keeps the text its message had so far. A background response lives in the
+state store: its stored turn (status queued, in_progress, then final), the chat request that
+produces it (with a sampling seed fixed at creation), and each of its events as it is made. One router generates it at a time, under a lease (state.leased_work). When
 that router dies, another takes it over and generates it again from the start: with the same seed
 and batch-invariant kernels the same tokens come, and its items keep their ids (responses_api.ids
 derives them from the response id), so the events already stored are made again identically and
@@ -27,6 +27,7 @@ from shoal.router.auth import ApiKeys, Client
 from shoal.router.front_door import FrontDoor
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import ItemIds
+from shoal.router.responses_api.message_items import output_message, output_text_part
 from shoal.router.responses_api.response_object import failed_response
 from shoal.router.responses_api.stored_turn import KIND as TURN_KIND
 from shoal.router.responses_api.stored_turn import StoredTurn
@@ -139,7 +140,7 @@ class BackgroundResponses:
         turn = StoredTurn.from_record(turn_record)
         stored = await self._stored_events(response_id)
         if await self.store.get(CANCEL_KIND, response_id) is not None:
-            await self._end(turn, {**turn.response, "status": "cancelled"})
+            await self._end(turn, _cancelled(work.body, ""))
             return
         client = self.api_keys.named(work.owner)
         if client is None:
@@ -163,19 +164,21 @@ class BackgroundResponses:
             bool(work.body["chat_body"].get("logprobs")),
             ItemIds(response_id),
         )
-        sequence, checked, last = 0, time.monotonic(), b""
+        sequence, checked, last, text = 0, time.monotonic(), b"", []
         try:
             async for event in events:
                 if sequence >= stored:
                     await self._store_event(response_id, sequence, event)
                 if sequence == 1 and turn.response["status"] == "queued":
                     await self.store.put(StoredTurn(work.body["skeleton"], turn.input_items, turn.owner).record())
+                if _event_type(event) == "response.output_text.delta":
+                    text.append(json.loads(event.partition(b"data: ")[2])["delta"])
                 sequence, last = sequence + 1, event
                 if time.monotonic() - checked > CANCEL_CHECK_S:
                     checked = time.monotonic()
                     if await self.store.get(CANCEL_KIND, response_id) is not None:
                         await events.aclose()
-                        await self._end(turn, {**work.body["skeleton"], "status": "cancelled"})
+                        await self._end(turn, _cancelled(work.body, "".join(text)))
                         return
         finally:
             await events.aclose()
@@ -214,6 +217,14 @@ class BackgroundResponses:
         await self.store.delete(KIND, response_id)
         await mark_finished(self.store, KIND, response_id)
         log.info("background response %s finished", response_id)
+
+
+def _cancelled(work: dict, text: str) -> dict:
+    """The response as its cancel left it: the message's text so far (a reasoning or a tool call in
+    progress is not kept)."""
+    content = [output_text_part(text)] if text else []
+    output = [output_message(work["message_id"], "incomplete", content)] if content else []
+    return {**work["skeleton"], "status": "cancelled", "output": output}
 
 
 def _error_message(answer: Response) -> str:
