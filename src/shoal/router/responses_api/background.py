@@ -1,11 +1,11 @@
 """Background responses (`background: true`): the request returns the response queued, and a
 router generates it afterwards. GET /v1/responses/{id} polls it; with `stream=true` (and
 `starting_after`, a sequence number) it streams its events from there on, live until the end;
-POST /v1/responses/{id}/cancel stops it.
+POST /v1/responses/{id}/cancel stops it. A cancelled response keeps the text its message had so far.
 
-A cancelled response keeps the text its message had so far. A background response lives in the
-state store: its stored turn (status queued, in_progress, then final), the chat request that
-produces it (with a sampling seed fixed at creation), and each of its events as it is made. One router generates it at a time, under a lease (state.leased_work). When
+A background response lives in the state store: its stored turn (status queued, in_progress, then
+final), the chat request that produces it (with a sampling seed fixed at creation), and each of its
+events as it is made. One router generates it at a time, under a lease (state.leased_work). When
 that router dies, another takes it over and generates it again from the start: with the same seed
 and batch-invariant kernels the same tokens come, and its items keep their ids (responses_api.ids
 derives them from the response id), so the events already stored are made again identically and
