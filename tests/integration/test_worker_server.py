@@ -290,6 +290,10 @@ def test_the_openai_fields_sdks_send_are_served(client):
     assert served.service_tier == "default" and served.choices[0].message.content == plain.choices[0].message.content
     chunks = list(client.chat.completions.create(**args, service_tier="flex", stream=True))
     assert {chunk.service_tier for chunk in chunks} == {"flex"}
+    # A prediction that is the answer is drafted and kept; the answer is the same either way.
+    answer = plain.choices[0].message.content
+    predicted = client.chat.completions.create(**args, prediction={"type": "content", "content": answer})
+    assert predicted.choices[0].message.content == answer
 
 
 def test_logit_bias_forbids_and_forces_tokens(client):

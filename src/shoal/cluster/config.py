@@ -97,6 +97,10 @@ class ModelDeployment(Frozen):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     background_step_tokens: int = Field(32, ge=1)
+    speculative_method: Literal["ngram"] | None = None
+    num_speculative_tokens: int = Field(4, ge=1)
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
     batch_invariant: bool = True

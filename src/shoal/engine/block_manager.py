@@ -178,6 +178,16 @@ class BlockManager:
                 table.append(block)
         return True
 
+    def release_beyond(self, seq: Sequence, num_tokens: int) -> None:
+        """Gives back the blocks past the first `num_tokens` slots (those only rejected drafts
+        used); a block past them holds no registered hash (only computed tokens' blocks do)."""
+        length = self.blocks_needed(num_tokens)
+        for table in seq.block_tables:
+            while len(table) > length:
+                block = table.pop()
+                if self._real(block):
+                    self._release(block)
+
     def tokens_appendable(self, seq: Sequence, wanted: int) -> int:
         """The most of the next `wanted` tokens whose slots the free blocks hold (after the blocks
         out of reach are freed): a chunk of prefill that fits where the whole one does not."""

@@ -21,6 +21,7 @@ from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
 from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, open_tier
 from shoal.engine.kv_transfer import KVBlocks, export_prefix, import_blocks
 from shoal.engine.memory_fit import check_fits
+from shoal.engine.ngram_drafter import ngram_draft, predicted_draft
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -161,6 +162,8 @@ class LLMEngine:
         self.prompt_tokens = 0
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
+        self.draft_tokens = 0  # proposed by speculative decoding, and of those kept
+        self.accepted_draft_tokens = 0
         self.kv_blocks_exported = self.kv_blocks_imported = 0
         self.block_manager.prefix_queries = self.block_manager.prefix_hits = 0
         self.scheduler.num_preemptions = 0
@@ -289,14 +292,19 @@ class LLMEngine:
             return outputs
         handle, chunks, submitted = self.in_flight.popleft()
         sampling = [c for c in chunks if c.completes_sequence]  # the logits' rows, in order
-        rows = [i for i, c in enumerate(sampling) if not c.seq.is_finished]  # not aborted while in flight
+        spans, row = [], 0  # each sampling chunk's rows: its last token's, then one per draft
+        for chunk in sampling:
+            spans.append(range(row, row + 1 + len(chunk.seq.draft_token_ids)))
+            row += len(spans[-1])
+        live = [i for i, c in enumerate(sampling) if not c.seq.is_finished]  # not aborted while in flight
+        rows = [r for i in live for r in spans[i]]
         chunks = [c for c in chunks if not c.seq.is_finished]
-        completing = [sampling[i] for i in rows]
+        completing = [sampling[i] for i in live]
         prefill_tokens, decode_tokens = _split_work(chunks)
         self.step_expected_s = self.speed.step_seconds(prefill_tokens, decode_tokens)
         try:
             logits = self.runner.collect(handle)
-            sampled = self._sample(completing, logits if len(rows) == len(sampling) else logits[rows])
+            sampled = self._sample(completing, logits if len(rows) == row else logits[rows])
             stage_times = self.runner.stage_times(handle)
         except ReplicaFailedError as exc:
             self._replica_failed(exc)
@@ -307,25 +315,35 @@ class LLMEngine:
         finished_at = time.perf_counter()
         elapsed = finished_at - max(submitted, self._last_collected)
         self._last_collected = finished_at
-        for chunk in chunks:
-            chunk.seq.num_computed_tokens += chunk.length
+        for chunk in chunks:  # drafts' KV counts once they are kept, below
+            chunk.seq.num_computed_tokens += chunk.length - len(chunk.seq.draft_token_ids)
             self.block_manager.commit_computed(chunk.seq)
         self.prompt_tokens_computed += prefill_tokens
         self.speed.observe(prefill_tokens, decode_tokens, elapsed)
         now = time.monotonic()
-        for chunk, token in zip(completing, sampled):
+        for chunk, tokens in zip(completing, sampled):
             seq = chunk.seq
             if seq.first_token_time is None:
                 seq.first_token_stage_times = stage_times
-            seq.output_token_ids.append(token.token_id)
-            self.generation_tokens += 1
-            self._observe_token(seq, now)
             stream = self.streams[seq.request_id]
-            stream.append(token)
+            kept = self._kept(seq, tokens)
+            for index, token in enumerate(kept):
+                seq.num_computed_tokens += index > 0  # the draft before this token was kept: its KV holds
+                seq.output_token_ids.append(token.token_id)
+                self.generation_tokens += 1
+                self._observe_token(seq, now)
+                stream.append(token)
+                if stream.finish_reason:
+                    kept = kept[: index + 1]
+                    break
+            seq.draft_token_ids.clear()
             if stream.finish_reason:
                 self.scheduler.finish(seq, stream.finish_reason)
                 seq.stop_reason = stream.stop_reason
-            output = self._output(seq, [token.token_id], stream.take_new_text())
+            elif len(tokens) > 1:
+                self.block_manager.commit_computed(seq)
+                self.block_manager.release_beyond(seq, seq.num_tokens)
+            output = self._output(seq, [t.token_id for t in kept], stream.take_new_text())
             if stream.finish_reason == "error":
                 output.error = InvalidRequestError(
                     f"the output's grammar allows no token of this model's vocabulary after "
@@ -342,6 +360,8 @@ class LLMEngine:
         the way."""
         outputs: list[RequestOutput] = []
         depth = self.runner.depth
+        if depth == 1:
+            self._propose_drafts()
         # Sequences share the micro-batches evenly, so that every stage has one to work on.
         share = -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // depth) if depth > 1 else None
         while len(self.in_flight) < depth:
@@ -361,38 +381,79 @@ class LLMEngine:
                 outputs += self._fail_culprits(chunks, exc)
         return outputs
 
+    def _propose_drafts(self) -> None:
+        """Drafts for every decoding sequence without a grammar, as many as fit its max_tokens and
+        the context: from its predicted output where the request gave one, else by the engine's
+        speculative_method (none: no drafts)."""
+        config = self.config
+        for seq in self.scheduler.running:
+            predicted = seq.params.predicted_token_ids
+            if seq.num_uncomputed_tokens != 1 or self.streams[seq.request_id].matcher is not None:
+                continue
+            if not predicted and not config.speculative_method:
+                continue
+            room = min(
+                config.num_speculative_tokens,
+                seq.params.max_tokens - len(seq.output_token_ids) - 1,
+                self.max_model_len - seq.num_tokens,
+            )
+            if predicted:
+                drafts = predicted_draft(list(predicted), seq.output_token_ids, room, config.prompt_lookup_max)
+            else:
+                drafts = ngram_draft(seq.all_token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max)
+            seq.draft_token_ids = drafts
+
     def _replica_failed(self, exc: ReplicaFailedError) -> NoReturn:
         """No request is to blame, and none can run here any more."""
         if self.on_replica_failure is not None:
             self.on_replica_failure(str(exc))
         raise exc
 
-    def _forward_and_sample(self, chunks: list[ScheduledChunk]) -> list[SampledToken]:
+    def _forward_and_sample(self, chunks: list[ScheduledChunk]) -> list[list[SampledToken]]:
         return self._sample([c for c in chunks if c.completes_sequence], self.runner.run(self._batch(chunks)))
 
-    def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[SampledToken]:
-        """Tokens for the chunks that complete their sequence, from their rows of `logits`; a
-        sequence with a grammar samples only among the tokens its matcher allows."""
+    def _sample(self, completing: list[ScheduledChunk], logits: torch.Tensor) -> list[list[SampledToken]]:
+        """Tokens for the chunks that complete their sequence, from their rows of `logits`: for each,
+        the token after its last one, then the token after each of its drafts as if the drafts
+        before it were its output (each drawn at its own position, so exactly the token the
+        sequence would sample there). A sequence with a grammar (it has no drafts) samples only
+        among the tokens its matcher allows."""
         streams = [self.streams[c.seq.request_id] for c in completing]
         constrained = [i for i, stream in enumerate(streams) if stream.matcher is not None]
         masks, only = {}, {}
         if constrained:
             allowed, single = self.grammars.allowed_tokens([streams[i].matcher for i in constrained])
             masks, only = dict(zip(constrained, allowed.to(logits.device))), dict(zip(constrained, single))
-        rows = [
-            SamplingRow(
-                c.seq.params,
-                c.seq.seed,
-                c.seq.num_tokens,
-                c.seq.prompt_token_ids,
-                c.seq.output_token_ids,
-                stream.banned_token_ids(),
-                masks.get(i),
-                only.get(i),
-            )
-            for i, (c, stream) in enumerate(zip(completing, streams))
-        ]
-        return sample(logits, rows)
+        rows, owners = [], []
+        for i, (c, stream) in enumerate(zip(completing, streams)):
+            drafts = c.seq.draft_token_ids
+            for ahead in range(1 + len(drafts)):
+                rows.append(
+                    SamplingRow(
+                        c.seq.params,
+                        c.seq.seed,
+                        c.seq.num_tokens + ahead,
+                        c.seq.prompt_token_ids,
+                        c.seq.output_token_ids + drafts[:ahead] if ahead else c.seq.output_token_ids,
+                        stream.banned_token_ids(ahead),
+                        masks.get(i) if not ahead else None,
+                        only.get(i) if not ahead else None,
+                    )
+                )
+                owners.append(i)
+        sampled: list[list[SampledToken]] = [[] for _ in completing]
+        for owner, token in zip(owners, sample(logits, rows)):
+            sampled[owner].append(token)
+        return sampled
+
+    def _kept(self, seq: Sequence, tokens: list[SampledToken]) -> list[SampledToken]:
+        """The sampled tokens up to the first that differs from the draft in its place (that one
+        included): a draft is kept exactly when it is the token the sequence sampled itself."""
+        drafts = seq.draft_token_ids
+        kept = next((j for j, draft in enumerate(drafts) if tokens[j].token_id != draft), len(drafts))
+        self.draft_tokens += len(drafts)
+        self.accepted_draft_tokens += kept
+        return tokens[: kept + 1]
 
     def _fail_culprits(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:
         """Re-runs each chunk alone (nothing is committed, so this only costs time) and fails the

@@ -58,9 +58,10 @@ class OutputStream:
             self.text += self.detokenizer.add(token)
         self.emitted = len(self.text) if text_offset is None else min(text_offset, len(self.text))
 
-    def banned_token_ids(self) -> tuple[int, ...]:
-        """Tokens that may not be sampled yet (stop tokens before min_tokens)."""
-        return tuple(sorted(self.stop_ids)) if self.num_tokens < self.params.min_tokens else ()
+    def banned_token_ids(self, ahead: int = 0) -> tuple[int, ...]:
+        """Tokens that may not be sampled yet (stop tokens before min_tokens), for the token
+        `ahead` places after the next (a draft's)."""
+        return tuple(sorted(self.stop_ids)) if self.num_tokens + ahead < self.params.min_tokens else ()
 
     def append(self, sampled: SampledToken) -> None:
         """Adds one token; sets finish_reason when the request is done."""

@@ -40,6 +40,9 @@ class SamplingParams:
     # OpenAI's logit_bias: (token id, value) pairs added to the row's logits before penalties and the
     # grammar's mask (-100 all but forbids a token, 100 all but forces it).
     logit_bias: tuple[tuple[int, float], ...] = ()
+    # OpenAI's predicted output, as token ids: drafts for speculative decoding (never a change of
+    # the tokens: a draft is kept only where it is the token the request samples itself).
+    predicted_token_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -47,6 +50,7 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", tuple((int(t), float(v)) for t, v in self.logit_bias))
+        object.__setattr__(self, "predicted_token_ids", tuple(self.predicted_token_ids))
         self._validate()
 
     def _validate(self) -> None:

@@ -20,21 +20,25 @@ class ScheduledChunk:
 
     @property
     def completes_sequence(self) -> bool:
-        """True when the chunk reaches the last known token, so a new token is sampled after it."""
-        return self.start + self.length == self.seq.num_tokens
+        """True when the chunk reaches the last known token (and the drafts after it), so a new
+        token is sampled after it (one after each of them)."""
+        return self.start + self.length == self.seq.num_tokens + len(self.seq.draft_token_ids)
 
 
 def batch_of(chunks: list[ScheduledChunk], groups: int) -> StepBatch:
-    """The step batch that computes `chunks` (logits wanted for those completing their sequence),
-    with the block tables of each of the `groups` KV groups."""
+    """The step batch that computes `chunks` (logits wanted for those completing their sequence:
+    for the last token and each draft after it), with the block tables of each of the `groups` KV
+    groups."""
     input_ids: list[int] = []
     positions: list[int] = []
     last_rows: list[int] = []
     for chunk in chunks:
-        input_ids.extend(chunk.seq.all_token_ids[chunk.start : chunk.start + chunk.length])
+        tokens = chunk.seq.all_token_ids + chunk.seq.draft_token_ids
+        input_ids.extend(tokens[chunk.start : chunk.start + chunk.length])
         positions.extend(range(chunk.start, chunk.start + chunk.length))
         if chunk.completes_sequence:
-            last_rows.append(len(input_ids) - 1)
+            scored = 1 + len(chunk.seq.draft_token_ids)
+            last_rows.extend(range(len(input_ids) - scored, len(input_ids)))
     return StepBatch(
         input_ids,
         positions,
@@ -168,9 +172,10 @@ class Scheduler:
             if seq.request_id in busy or (seq.scheduling == "background") != background:
                 index += 1
                 continue
-            length = min(seq.num_uncomputed_tokens, step.budget)
+            length = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), step.budget)
             if len(self.running) == 1:  # no one to preempt: a prefill chunk shrinks to what fits
                 length = self.block_manager.tokens_appendable(seq, length) or length
+            del seq.draft_token_ids[max(0, length - seq.num_uncomputed_tokens) :]  # the drafts that fit
             while not self.block_manager.append_slots(seq, length):
                 victim = self._victim(busy)  # seq at the latest
                 self._preempt(victim)
@@ -232,6 +237,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.draft_token_ids.clear()
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

@@ -51,6 +51,9 @@ class Sequence:
     num_preemptions: int = 0
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # Tokens proposed for the next step (speculative decoding): scored with the last token, kept
+    # as far as they equal the tokens the sequence samples itself; never part of all_token_ids.
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @property
     def scheduling_rank(self) -> int:

@@ -115,6 +115,7 @@ class SamplingFields(Strict):
         seed: int | None,
         constraint: StructuredOutputs | None = None,
         skip_special_tokens: bool = True,
+        predicted_token_ids: tuple[int, ...] = (),
     ) -> SamplingParams:
         stop = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return SamplingParams(
@@ -136,6 +137,7 @@ class SamplingFields(Strict):
             skip_special_tokens=skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output or self.no_stop_trim,
             logit_bias=tuple(sorted((int(token), value) for token, value in (self.logit_bias or {}).items())),
+            predicted_token_ids=predicted_token_ids,
         )
 
 
@@ -230,12 +232,15 @@ class JsonSchemaFormat(Strict):
 
 
 class Prediction(Strict):
-    """OpenAI's predicted output: text the answer is expected to repeat (a draft for speculative
-    decoding; until the engine speculates, it changes nothing, as a prediction never changes the
-    tokens)."""
+    """OpenAI's predicted output: text the answer is expected to repeat, drafted for speculative
+    decoding (a draft is kept only where it is the token the request samples itself, so a
+    prediction changes the speed, never the tokens)."""
 
     type: Literal["content"]
     content: str | list[ContentPart]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
 
 
 class ResponseFormat(Strict):

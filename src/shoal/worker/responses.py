@@ -51,6 +51,7 @@ async def respond(
     keep_alive: bool = False,
     reasoning: ReasoningUse | None = None,
     scheduling: str = "interactive",
+    predicted: tuple[int, ...] = (),
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
@@ -59,7 +60,8 @@ async def respond(
     split off its answer and its tokens counted. With `kv`, the KV named by `kv_source` is
     imported first; a stream is handed off when `handoff` (given the tokens sent) says; with
     `keep_alive` (the request asked for them) a silent stream gets keep-alives. `scheduling` is the
-    engine's class for it (background for a router's batch work)."""
+    engine's class for it (background for a router's batch work); `predicted`, the token ids of its
+    predicted output (drafts for speculative decoding)."""
     try:
         response = await _respond(
             engine,
@@ -77,6 +79,7 @@ async def respond(
             keep_alive,
             reasoning,
             scheduling,
+            predicted,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -102,6 +105,7 @@ async def _respond(
     keep_alive: bool,
     reasoning: ReasoningUse | None,
     scheduling: str,
+    predicted: tuple[int, ...],
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -134,7 +138,12 @@ async def _respond(
         engine.generate(
             prompt_ids,
             body.sampling_params(
-                max_tokens, logprobs, None if body.seed is None else body.seed + i, constraint, skip_special_tokens
+                max_tokens,
+                logprobs,
+                None if body.seed is None else body.seed + i,
+                constraint,
+                skip_special_tokens,
+                predicted,
             ),
             request_id=f"{request_id}-{i}",
             scheduling=scheduling,

@@ -276,6 +276,9 @@ def create_app(
             keep_alive=KEEP_ALIVE_HEADER in request.headers,
             reasoning=reasoning,
             scheduling=scheduling_class(request.headers),
+            predicted=tuple(tokenizer.encode(body.prediction.text(), add_special_tokens=False))
+            if body.prediction
+            else (),
         )
 
     return app

@@ -1,0 +1,88 @@
+"""Speculative decoding never changes the output: a draft (by prompt lookup, or from a request's
+predicted output) is kept exactly when it equals the token the sequence samples itself at that
+position, so greedy and seeded requests give the tokens they give without speculation: alone,
+batched, and under preemption; rejected drafts' blocks go back (the block counts return to idle)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from shoal.engine.sampling_params import SamplingParams
+from tests.support.engine_runs import mixed_prompts, run_to_completion
+
+SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": 4}
+PARAMS = [
+    SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+    SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=5, ignore_eos=True, repetition_penalty=1.1),
+]
+
+
+def prompts() -> list[list[int]]:
+    """Mixed prompts, and prompts that quote themselves (what prompt lookup drafts from)."""
+    quoting = [[7, 8, 9, 10, 11, 12] * 6, [20, 21, 22] * 10 + [20, 21], list(range(30, 60)) * 2]
+    return quoting + mixed_prompts(9, seed=4)
+
+
+def outputs(engine, params: SamplingParams, batched: bool) -> list[list[int]]:
+    requests = {f"r{i}": (prompt, params) for i, prompt in enumerate(prompts())}
+    if batched:
+        done = run_to_completion(engine, requests)
+        return [done[f"r{i}"] for i in range(len(requests))]
+    return [run_to_completion(engine, {request_id: request})[request_id] for request_id, request in requests.items()]
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "batched"])
+def test_prompt_lookup_keeps_the_output_token_for_token(make_tiny_engine, params, batched):
+    expected = outputs(make_tiny_engine(), params, batched)
+    engine = make_tiny_engine(**SPECULATIVE)
+    idle = engine.block_manager.num_free_blocks
+    assert outputs(engine, params, batched) == expected
+    assert engine.draft_tokens > 0  # it did speculate (a random tiny model seldom repeats itself)
+    assert engine.block_manager.num_free_blocks == idle  # rejected drafts' blocks came back
+
+
+@pytest.mark.parametrize("params", PARAMS, ids=["greedy", "seeded"])
+def test_a_predicted_output_is_drafted_and_kept_where_it_is_right(make_tiny_engine, params):
+    """Predictions: exactly the output (every draft kept), the output with wrong tokens in it (kept
+    up to each, then found again), and unrelated tokens; batched together, outputs unchanged."""
+    expected = outputs(make_tiny_engine(), params, True)
+    predictions = []
+    for i, output in enumerate(expected):
+        wrong = list(output)
+        wrong[10] = wrong[25] = (output[10] + 1) % 100
+        predictions.append([output, wrong, [3] * 30][i % 3])
+    engine = make_tiny_engine()  # no speculative_method: predictions alone are drafted
+    idle = engine.block_manager.num_free_blocks
+    requests = {
+        f"r{i}": (prompt, dataclasses.replace(params, predicted_token_ids=tuple(predictions[i])))
+        for i, prompt in enumerate(prompts())
+    }
+    done = run_to_completion(engine, requests)
+    assert [done[f"r{i}"] for i in range(len(requests))] == expected
+    assert engine.accepted_draft_tokens > len(expected) // 3 * 30  # the right predictions were taken
+    assert engine.draft_tokens > engine.accepted_draft_tokens  # and wrong drafts refused
+    assert engine.block_manager.num_free_blocks == idle
+
+
+def test_speculation_under_preemption_keeps_the_output(make_tiny_engine):
+    expected = outputs(make_tiny_engine(), PARAMS[0], True)
+    per_token = make_tiny_engine().model.kv_bytes_per_block_token()
+    engine = make_tiny_engine(kv_cache_bytes=40 * 4 * per_token, **SPECULATIVE)
+    assert outputs(engine, PARAMS[0], True) == expected
+    assert engine.stats().num_preemptions > 0 and engine.draft_tokens > 0
+
+
+def test_drafts_follow_the_latest_earlier_occurrence():
+    from shoal.engine.ngram_drafter import ngram_draft, predicted_draft
+
+    tokens = [1, 2, 3, 4, 9, 1, 2, 3, 5, 6, 1, 2, 3]
+    assert ngram_draft(tokens, 3, 2, 3) == [5, 6, 1]  # "1 2 3" last seen before the end at index 5
+    assert ngram_draft(tokens, 1, 2, 3) == [5]
+    assert ngram_draft([1, 2, 3, 4], 3, 1, 2) == []  # "4" and "3 4" never occurred before
+    assert ngram_draft(tokens, 0, 1, 3) == []
+    assert predicted_draft([5, 6, 7, 8, 9], [5, 6], 2, 3) == [7, 8]  # on the prediction's track
+    assert predicted_draft([5, 6, 7, 8, 9], [5, 1, 7], 2, 3) == [8, 9]  # off it, then back at "7"
+    assert predicted_draft([5, 6, 7], [1, 2], 2, 3) == []
