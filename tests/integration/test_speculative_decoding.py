@@ -12,7 +12,8 @@ import pytest
 from shoal.engine.sampling_params import SamplingParams
 from tests.support.engine_runs import mixed_prompts, run_to_completion
 
-SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": 4}
+# Drafting in batches of any size (the engine turns it off above 8 by default, for speed).
+SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": 4, "speculative_disable_by_batch_size": 64}
 PARAMS = [
     SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
     SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=5, ignore_eos=True, repetition_penalty=1.1),
@@ -54,7 +55,7 @@ def test_a_predicted_output_is_drafted_and_kept_where_it_is_right(make_tiny_engi
         wrong = list(output)
         wrong[10] = wrong[25] = (output[10] + 1) % 100
         predictions.append([output, wrong, [3] * 30][i % 3])
-    engine = make_tiny_engine()  # no speculative_method: predictions alone are drafted
+    engine = make_tiny_engine(speculative_disable_by_batch_size=64)  # no speculative_method: predictions alone
     idle = engine.block_manager.num_free_blocks
     requests = {
         f"r{i}": (prompt, dataclasses.replace(params, predicted_token_ids=tuple(predictions[i])))
@@ -86,3 +87,14 @@ def test_drafts_follow_the_latest_earlier_occurrence():
     assert predicted_draft([5, 6, 7, 8, 9], [5, 6], 2, 3) == [7, 8]  # on the prediction's track
     assert predicted_draft([5, 6, 7, 8, 9], [5, 1, 7], 2, 3) == [8, 9]  # off it, then back at "7"
     assert predicted_draft([5, 6, 7], [1, 2], 2, 3) == []
+
+
+def test_speculation_stands_down_for_large_batches(make_tiny_engine):
+    """Above speculative_disable_by_batch_size running sequences a step is compute-bound: no drafts."""
+    engine = make_tiny_engine(speculative_method="ngram", speculative_disable_by_batch_size=4)
+    requests = {f"r{i}": ([20, 21, 22] * 10, PARAMS[0]) for i in range(12)}
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished_requests() and len(engine.scheduler.running) + len(engine.scheduler.waiting) > 4:
+        engine.step()
+        assert engine.draft_tokens == 0

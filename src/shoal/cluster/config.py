@@ -101,6 +101,7 @@ class ModelDeployment(Frozen):
     num_speculative_tokens: int = Field(4, ge=1)
     prompt_lookup_min: int = Field(2, ge=1)
     prompt_lookup_max: int = Field(4, ge=1)
+    speculative_disable_by_batch_size: int = Field(8, ge=0)
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
     batch_invariant: bool = True

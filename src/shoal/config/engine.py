@@ -50,7 +50,9 @@ class EngineConfig:
     speculative_method "ngram" drafts up to num_speculative_tokens tokens a step for each decoding
     sequence by prompt lookup (the tokens after the latest earlier occurrence of its last
     prompt_lookup_max..prompt_lookup_min tokens: shoal.engine.ngram_drafter); a draft is kept as far
-    as it equals what the sequence samples itself, so the output is the same as without it.
+    as it equals what the sequence samples itself, so the output is the same as without it. With
+    more than speculative_disable_by_batch_size sequences running (vLLM's name) the step is
+    compute-bound and nothing is drafted.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -71,6 +73,7 @@ class EngineConfig:
     num_speculative_tokens: int = 4
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
+    speculative_disable_by_batch_size: int = 8
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True

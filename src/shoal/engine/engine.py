@@ -44,6 +44,7 @@ from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
+DRAFT_PAUSE_STEPS = 8  # steps a sequence drafts nothing after a refused single draft
 
 
 @dataclass(frozen=True)
@@ -384,16 +385,27 @@ class LLMEngine:
     def _propose_drafts(self) -> None:
         """Drafts for every decoding sequence without a grammar, as many as fit its max_tokens and
         the context: from its predicted output where the request gave one, else by the engine's
-        speculative_method (none: no drafts)."""
-        config = self.config
-        for seq in self.scheduler.running:
+        speculative_method (none: no drafts). None while more sequences run than
+        speculative_disable_by_batch_size, or while a prompt is prefilled or waits to be: such a
+        step is compute-bound, and drafts would slow it."""
+        config, running = self.config, self.scheduler.running
+        if (
+            len(running) > config.speculative_disable_by_batch_size
+            or self.scheduler.waiting
+            or any(seq.num_uncomputed_tokens > 1 for seq in running)
+        ):
+            return
+        for seq in running:
             predicted = seq.params.predicted_token_ids
             if seq.num_uncomputed_tokens != 1 or self.streams[seq.request_id].matcher is not None:
                 continue
             if not predicted and not config.speculative_method:
                 continue
+            if seq.draft_pause:
+                seq.draft_pause -= 1
+                continue
             room = min(
-                config.num_speculative_tokens,
+                config.num_speculative_tokens if seq.draft_limit is None else seq.draft_limit,
                 seq.params.max_tokens - len(seq.output_token_ids) - 1,
                 self.max_model_len - seq.num_tokens,
             )
@@ -453,7 +465,17 @@ class LLMEngine:
         kept = next((j for j, draft in enumerate(drafts) if tokens[j].token_id != draft), len(drafts))
         self.draft_tokens += len(drafts)
         self.accepted_draft_tokens += kept
+        if drafts:
+            self._adapt_drafting(seq, len(drafts), kept)
         return tokens[: kept + 1]
+
+    def _adapt_drafting(self, seq: Sequence, drafted: int, kept: int) -> None:
+        """A sequence drafts one more token than it last kept (up to num_speculative_tokens); one
+        whose single draft was refused drafts nothing for DRAFT_PAUSE_STEPS steps, so text that
+        does not repeat costs next to nothing."""
+        seq.draft_limit = min(self.config.num_speculative_tokens, kept + 1)
+        if drafted == 1 and not kept:
+            seq.draft_pause = DRAFT_PAUSE_STEPS
 
     def _fail_culprits(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:
         """Re-runs each chunk alone (nothing is committed, so this only costs time) and fails the

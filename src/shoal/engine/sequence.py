@@ -54,6 +54,10 @@ class Sequence:
     # Tokens proposed for the next step (speculative decoding): scored with the last token, kept
     # as far as they equal the tokens the sequence samples itself; never part of all_token_ids.
     draft_token_ids: list[int] = field(default_factory=list)
+    # How many tokens to draft next (None: the engine's most), and steps left without drafting:
+    # set from how many drafts were kept (engine.LLMEngine._adapt_drafting).
+    draft_limit: int | None = None
+    draft_pause: int = 0
 
     @property
     def scheduling_rank(self) -> int:
