@@ -10,7 +10,7 @@ import dataclasses
 import pytest
 
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import mixed_prompts, run_to_completion
+from tests.support.engine_runs import final_outputs, mixed_prompts, run_to_completion
 
 # Drafting in batches of any size (the engine turns it off above 8 by default, for speed).
 SPECULATIVE = {"speculative_method": "ngram", "num_speculative_tokens": 4, "speculative_disable_by_batch_size": 64}
@@ -61,10 +61,14 @@ def test_a_predicted_output_is_drafted_and_kept_where_it_is_right(make_tiny_engi
         f"r{i}": (prompt, dataclasses.replace(params, predicted_token_ids=tuple(predictions[i])))
         for i, prompt in enumerate(prompts())
     }
-    done = run_to_completion(engine, requests)
-    assert [done[f"r{i}"] for i in range(len(requests))] == expected
+    done = final_outputs(engine, requests)
+    assert [done[f"r{i}"].token_ids for i in range(len(requests))] == expected
     assert engine.accepted_draft_tokens > len(expected) // 3 * 30  # the right predictions were taken
     assert engine.draft_tokens > engine.accepted_draft_tokens  # and wrong drafts refused
+    # Each request's own count (its usage's accepted and rejected prediction tokens) adds up.
+    assert sum(out.kept_drafts for out in done.values()) == engine.accepted_draft_tokens
+    assert sum(out.refused_drafts for out in done.values()) == engine.draft_tokens - engine.accepted_draft_tokens
+    assert done["r0"].refused_drafts == 0 and done["r0"].kept_drafts > 0  # the exact prediction: all kept
     assert engine.block_manager.num_free_blocks == idle
 
 

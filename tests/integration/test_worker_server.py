@@ -294,6 +294,18 @@ def test_the_openai_fields_sdks_send_are_served(client):
     answer = plain.choices[0].message.content
     predicted = client.chat.completions.create(**args, prediction={"type": "content", "content": answer})
     assert predicted.choices[0].message.content == answer
+    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    wrong = client.chat.completions.create(
+        **args,
+        prediction={"type": "content", "content": "zebra " * 8},
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(wrong)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == answer
+    counted = chunks[-1].usage.completion_tokens_details  # a prediction was given: its drafts are counted
+    assert counted.accepted_prediction_tokens is not None and counted.rejected_prediction_tokens is not None
+    assert plain.usage.completion_tokens_details is None  # no prediction: nothing to count
 
 
 def test_logit_bias_forbids_and_forces_tokens(client):

@@ -465,6 +465,8 @@ class LLMEngine:
         kept = next((j for j, draft in enumerate(drafts) if tokens[j].token_id != draft), len(drafts))
         self.draft_tokens += len(drafts)
         self.accepted_draft_tokens += kept
+        seq.kept_drafts += kept
+        seq.refused_drafts += len(drafts) - kept
         if drafts:
             self._adapt_drafting(seq, len(drafts), kept)
         return tokens[: kept + 1]
@@ -519,6 +521,8 @@ class LLMEngine:
             logprobs=stream.logprobs,
             finish_reason=seq.finish_reason,
             stop_reason=seq.stop_reason,
+            kept_drafts=seq.kept_drafts,
+            refused_drafts=seq.refused_drafts,
         )
         out = RequestOutput(
             seq.request_id,

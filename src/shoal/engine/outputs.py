@@ -19,6 +19,9 @@ class CompletionOutput:
     logprobs: list[dict[int, float]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    # Speculative drafts (a predicted output's tokens, or prompt lookup's) kept and refused so far.
+    kept_drafts: int = 0
+    refused_drafts: int = 0
 
 
 @dataclass

@@ -58,6 +58,9 @@ class Sequence:
     # set from how many drafts were kept (engine.LLMEngine._adapt_drafting).
     draft_limit: int | None = None
     draft_pause: int = 0
+    # Drafts kept and refused so far (a predicted output's accepted and rejected tokens).
+    kept_drafts: int = 0
+    refused_drafts: int = 0
 
     @property
     def scheduling_rank(self) -> int:

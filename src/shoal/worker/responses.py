@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from starlette.background import BackgroundTask
 
 from shoal.engine.async_engine import AsyncLLMEngine, Resume
-from shoal.engine.outputs import RequestOutput
+from shoal.engine.outputs import CompletionOutput, RequestOutput
 from shoal.engine.structured_outputs import StructuredOutputs
 from shoal.errors import InvalidRequestError, PromptTooLongError, ShoalError
 from shoal.model.tokenizer import IncrementalDetokenizer
@@ -189,12 +189,13 @@ async def _respond(
                 trace,
                 handoff,
                 KEEP_ALIVE_S if keep_alive else None,
+                bool(predicted),
             ),
             media_type="text/event-stream",
             background=BackgroundTask(trace.end),
         )
     finals = await asyncio.gather(*(_last(s, f) for s, f in zip(streams, firsts)))
-    return _full_response(finals, meta, choices, len(prompt_ids), render)
+    return _full_response(finals, meta, choices, len(prompt_ids), render, bool(predicted))
 
 
 def _constraint(engine: AsyncLLMEngine, body: SamplingFields, tool_use: ToolUse | None) -> StructuredOutputs | None:
@@ -227,17 +228,30 @@ async def _last(stream: AsyncIterator[RequestOutput], first: RequestOutput) -> R
     return last
 
 
-def _usage(prompt_tokens: int, completion_tokens: int, chats: list[ChatChoice] | None = None) -> dict:
+def _usage(
+    prompt_tokens: int,
+    completion_tokens: int,
+    chats: list[ChatChoice] | None = None,
+    predicted: list[CompletionOutput] | None = None,
+) -> dict:
     """With chat choices that split reasoning off, their reasoning tokens too (OpenAI's
-    completion_tokens_details.reasoning_tokens)."""
+    completion_tokens_details.reasoning_tokens); with the choices' last outputs of a request that
+    gave a predicted output, its tokens kept and refused as drafts (accepted_prediction_tokens,
+    rejected_prediction_tokens)."""
     usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    details = {}
     counts = [chat.reasoning_tokens() for chat in chats or ()]
     if any(count is not None for count in counts):
-        usage["completion_tokens_details"] = {"reasoning_tokens": sum(count or 0 for count in counts)}
+        details["reasoning_tokens"] = sum(count or 0 for count in counts)
+    if predicted is not None:
+        details["accepted_prediction_tokens"] = sum(out.kept_drafts for out in predicted)
+        details["rejected_prediction_tokens"] = sum(out.refused_drafts for out in predicted)
+    if details:
+        usage["completion_tokens_details"] = details
     return usage
 
 
@@ -247,8 +261,10 @@ def _full_response(
     chats: list[ChatChoice] | None,
     prompt_tokens: int,
     render: LogprobRenderer,
+    predicted: bool = False,
 ) -> dict:
-    """chats: each choice's message shaper for a chat completion; None for a text completion."""
+    """chats: each choice's message shaper for a chat completion; None for a text completion;
+    `predicted`: the request gave a predicted output (its drafts are counted in usage)."""
     choices = []
     for index, final in enumerate(finals):
         out = final.outputs[0]
@@ -272,7 +288,7 @@ def _full_response(
         **meta,
         "object": "chat.completion" if chats else "text_completion",
         "choices": choices,
-        "usage": _usage(prompt_tokens, completion_tokens, chats),
+        "usage": _usage(prompt_tokens, completion_tokens, chats, [f.outputs[0] for f in finals] if predicted else None),
     }
 
 
@@ -289,6 +305,7 @@ async def _sse(
     trace: WorkerRequestSpan,
     handoff: Callable[[int], Handoff | None] | None = None,
     keep_alive_s: float | None = None,
+    predicted: bool = False,
 ):
     """Merges the choices' outputs into SSE chunks, with a keep-alive after every keep_alive_s
     without one (None: none); abandoning it (client gone) aborts every choice. Usage counts the `resumed`
@@ -312,6 +329,7 @@ async def _sse(
     tasks = [asyncio.create_task(pump(i, s, f)) for i, (s, f) in enumerate(zip(streams, firsts))]
     kind = "chat.completion.chunk" if chat else "text_completion"
     completion_tokens = resumed
+    latest = [first.outputs[0] for first in firsts]  # each choice's output so far
     try:
         if chat:
             for index in range(len(streams)):
@@ -341,6 +359,7 @@ async def _sse(
                 yield data_event(output.body())
                 continue
             completion_tokens += len(output.new_token_ids)
+            latest[index] = output.outputs[0]
             finish_reason = output.outputs[0].finish_reason if output.finished else None
             choice = {
                 "index": index,
@@ -365,7 +384,7 @@ async def _sse(
                 yield handoff_event(moved)
                 return
         if include_usage:
-            usage = _usage(prompt_tokens, completion_tokens, chats)
+            usage = _usage(prompt_tokens, completion_tokens, chats, latest if predicted else None)
             yield data_event({**meta, "object": kind, "choices": [], "usage": usage})
         yield DONE
     finally:
