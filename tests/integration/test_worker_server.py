@@ -271,7 +271,7 @@ def test_a_stop_string_stays_in_the_output_when_asked(client, field):
     assert kept.text == trimmed.text + stop
 
 
-def test_the_openai_fields_sdks_send_are_served(client):
+def test_the_openai_fields_sdks_send_are_served(client, worker_url):
     """service_tier is reported back (auto as default), in the response and every chunk; the cache
     and end-user keys (read by routers), verbosity and text modalities change no token."""
     args = dict(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
@@ -292,9 +292,17 @@ def test_the_openai_fields_sdks_send_are_served(client):
     assert {chunk.service_tier for chunk in chunks} == {"flex"}
     # A prediction that is the answer is drafted and kept; the answer is the same either way.
     answer = plain.choices[0].message.content
+    before = scrape(worker_url)
     predicted = client.chat.completions.create(**args, prediction={"type": "content", "content": answer})
     assert predicted.choices[0].message.content == answer
-    assert predicted.usage.completion_tokens_details.accepted_prediction_tokens > 0
+    kept = predicted.usage.completion_tokens_details.accepted_prediction_tokens
+    after = scrape(worker_url)
+    assert kept > 0  # counted as vLLM counts speculative decoding, too
+    assert (
+        after["shoal:spec_decode_num_accepted_tokens_total"] - before["shoal:spec_decode_num_accepted_tokens_total"]
+        == kept
+    )
+    assert after["shoal:spec_decode_num_drafts_total"] > before["shoal:spec_decode_num_drafts_total"]
     wrong = client.chat.completions.create(
         **args,
         prediction={"type": "content", "content": "zebra " * 8},

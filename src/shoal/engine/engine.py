@@ -83,6 +83,9 @@ class EngineStats:
     kv_blocks_exported: int = 0
     kv_blocks_imported: int = 0
     kv_tier: TierCounters | None = None  # None: no KV tier
+    spec_decode_num_drafts: int = 0  # verifications with drafts, their draft tokens, and those kept
+    spec_decode_num_draft_tokens: int = 0
+    spec_decode_num_accepted_tokens: int = 0
 
 
 class LLMEngine:
@@ -163,7 +166,8 @@ class LLMEngine:
         self.prompt_tokens = 0
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
-        self.draft_tokens = 0  # proposed by speculative decoding, and of those kept
+        self.drafts = 0  # verifications with drafts (speculative decoding), their tokens, and those kept
+        self.draft_tokens = 0
         self.accepted_draft_tokens = 0
         self.kv_blocks_exported = self.kv_blocks_imported = 0
         self.block_manager.prefix_queries = self.block_manager.prefix_hits = 0
@@ -463,6 +467,7 @@ class LLMEngine:
         included): a draft is kept exactly when it is the token the sequence sampled itself."""
         drafts = seq.draft_token_ids
         kept = next((j for j, draft in enumerate(drafts) if tokens[j].token_id != draft), len(drafts))
+        self.drafts += bool(drafts)
         self.draft_tokens += len(drafts)
         self.accepted_draft_tokens += kept
         seq.kept_drafts += kept
@@ -575,6 +580,9 @@ class LLMEngine:
             kv_blocks_exported=self.kv_blocks_exported,
             kv_blocks_imported=self.kv_blocks_imported,
             kv_tier=self.kv_tier.counters() if self.kv_tier is not None else None,
+            spec_decode_num_drafts=self.drafts,
+            spec_decode_num_draft_tokens=self.draft_tokens,
+            spec_decode_num_accepted_tokens=self.accepted_draft_tokens,
         )
 
     @functools.cached_property

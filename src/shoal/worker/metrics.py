@@ -44,6 +44,19 @@ ENGINE_SERIES = (
     ),
     (CounterMetricFamily, "generation_tokens", "Tokens generated.", "generation_tokens"),
     (CounterMetricFamily, "num_preemptions", "Sequences preempted (recomputed later).", "num_preemptions"),
+    (CounterMetricFamily, "spec_decode_num_drafts", "Verifications of speculative drafts.", "spec_decode_num_drafts"),
+    (
+        CounterMetricFamily,
+        "spec_decode_num_draft_tokens",
+        "Speculative draft tokens verified.",
+        "spec_decode_num_draft_tokens",
+    ),
+    (
+        CounterMetricFamily,
+        "spec_decode_num_accepted_tokens",
+        "Speculative draft tokens kept (each the token the request sampled itself).",
+        "spec_decode_num_accepted_tokens",
+    ),
 )
 
 
