@@ -396,14 +396,13 @@ class LLMEngine:
         if (
             len(running) > config.speculative_disable_by_batch_size
             or self.scheduler.waiting
+            or not (config.speculative_method or any(seq.params.predicted_token_ids for seq in running))
             or any(seq.num_uncomputed_tokens > 1 for seq in running)
         ):
             return
         for seq in running:
             predicted = seq.params.predicted_token_ids
-            if seq.num_uncomputed_tokens != 1 or self.streams[seq.request_id].matcher is not None:
-                continue
-            if not predicted and not config.speculative_method:
+            if not (predicted or config.speculative_method) or self.streams[seq.request_id].matcher is not None:
                 continue
             if seq.draft_pause:
                 seq.draft_pause -= 1

@@ -154,8 +154,9 @@ class Scheduler:
         )
         self._continue_running(step, busy, background=False)
         self._admit_waiting(step, busy, background=False)
-        foreground_prefills = any(c.length > 1 for c in step.chunks) or any(
-            s.scheduling != "background" for s in self.waiting
+        # A chunk longer than its token and drafts is a prefill; `waiting` is in class order.
+        foreground_prefills = any(c.length > 1 + len(c.seq.draft_token_ids) for c in step.chunks) or bool(
+            self.waiting and self.waiting[0].scheduling != "background"
         )
         if not foreground_prefills:
             step.budget = min(step.budget, self.background_step_tokens)

@@ -43,6 +43,7 @@ from shoal.router.policies import make_policy
 from shoal.router.proxy import error_response
 from shoal.router.responses_api.background import KIND as BACKGROUND_KIND
 from shoal.router.responses_api.endpoints import ResponsesApi
+from shoal.router.route_request import CHAT_PATH
 from shoal.router.sibling_bus import SiblingBus
 from shoal.router.state.leased_work import LeasedWork
 from shoal.router.state.open_records import SharedRecords
@@ -119,7 +120,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     responses_api = ResponsesApi(front_door, records)
     files = FileStore(records, config.state.files_dir, config.state.max_file_bytes)
     batches_api = BatchesApi(front_door, files, responses_api)
-    batch_runner = BatchRunner(records, files, batches_api.serve_line, front_door.api_keys, config.batches)
+    batch_runner = BatchRunner(files, batches_api.serve_line, front_door.api_keys, config.batches)
     background_work = LeasedWork(
         records,
         BACKGROUND_KIND,
@@ -174,9 +175,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
 
     app = RouterApp(title="shoal router", lifespan=lifespan, telemetry=FASTAPI_TELEMETRY)
     stored_completions = StoredCompletions(front_door, records)
-    app.completions = CompletionEndpoints(
-        front_door, config.max_header_bytes, {"/v1/chat/completions": stored_completions.around}
-    )
+    app.completions = CompletionEndpoints(front_door, config.max_header_bytes, {CHAT_PATH: stored_completions.around})
     app.add_middleware(HeaderLimitMiddleware, max_header_bytes=config.max_header_bytes)
     app.state.front_door = front_door
     app.state.tracing = tracing

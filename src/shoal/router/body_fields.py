@@ -24,6 +24,28 @@ def number_in_range(body: dict, name: str, low: float, high: float, low_open: bo
     return value
 
 
+MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def metadata_field(body: dict, default=None) -> dict[str, str] | None:
+    """OpenAI's `metadata` (responses, stored chat completions, batches): at most 16 string
+    values under keys of up to 64 characters, values up to 512; `default` when absent or null."""
+    metadata = typed_field(body, "metadata", dict, "an object of string values", default)
+    if metadata and (
+        len(metadata) > MAX_METADATA_KEYS
+        or not all(
+            isinstance(v, str) and len(k) <= MAX_METADATA_KEY_CHARS and len(v) <= MAX_METADATA_VALUE_CHARS
+            for k, v in metadata.items()
+        )
+    ):
+        raise RequestError(
+            f"`metadata` takes at most {MAX_METADATA_KEYS} keys of up to {MAX_METADATA_KEY_CHARS} "
+            f"characters with string values of up to {MAX_METADATA_VALUE_CHARS}",
+            "metadata",
+        )
+    return metadata
+
+
 def known_fields(body: object, allowed: set[str]) -> dict:
     """The body, a JSON object of `allowed` fields only (the first other one is named) and a model."""
     if not isinstance(body, dict):

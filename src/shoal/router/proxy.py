@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from shoal.errors import error_json
 from shoal.protocol.admission_class import PRIORITY_HEADER
+from shoal.router.route_request import RequestError
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,11 @@ def error_response(
         media_type="application/json",
         headers=headers,
     )
+
+
+def invalid_request(exc: RequestError) -> Response:
+    """The 400 for a request the router found invalid: its message, naming its `param`."""
+    return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
 
 
 def store_unavailable(exc: Exception) -> Response:

@@ -10,6 +10,7 @@ from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_bloc
 from shoal.router.views import RouteRequest
 
 SESSION_HEADERS = ("x-session-id", "x-shoal-session")
+CHAT_PATH = "/v1/chat/completions"
 EMBEDDINGS_PATH = "/v1/embeddings"
 PRIORITIES = ("critical", "standard", "sheddable")
 # The lowest class, below sheddable: work the router runs on idle capacity (batches). It is asked

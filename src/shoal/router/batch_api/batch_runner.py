@@ -27,7 +27,7 @@ from shoal.router.batch_api.batch_object import CANCEL_KIND, FINISHED, KIND
 from shoal.router.config import BatchSettings
 from shoal.router.files_api.file_store import FileStore
 from shoal.router.state.leased_work import mark_finished
-from shoal.router.state.records import Record
+from shoal.router.state.records import Record, RecordStore, every_record
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +69,7 @@ class BatchRunner:
     which calls run_batch); at most `max_in_flight` batch requests are in flight from this router,
     whatever the number of batches; every result is stored before the counts that include it."""
 
-    def __init__(
-        self,
-        records,
-        files: FileStore,
-        serve_line: ServeLine,
-        api_keys: ApiKeys,
-        settings: BatchSettings,
-    ):
-        self.records = records
+    def __init__(self, files: FileStore, serve_line: ServeLine, api_keys: ApiKeys, settings: BatchSettings):
         self.files = files
         self.serve_line = serve_line
         self.api_keys = api_keys
@@ -85,8 +77,8 @@ class BatchRunner:
         self.in_flight = asyncio.Semaphore(settings.max_in_flight)
 
     @property
-    def store(self):
-        return self.records.store
+    def store(self) -> RecordStore:
+        return self.files.records.store
 
     async def run_batch(self, batch_id: str) -> None:
         """Runs one batch to its end (LeasedWork calls it while this router holds the batch's lease)."""
@@ -128,15 +120,9 @@ class BatchRunner:
 
     async def _count_results(self, run: _Run) -> None:
         """The lines that already have a result (stored by this batch's earlier runners)."""
-        after = None
-        while True:
-            page = await self.store.page(RESULT_KIND, run.batch.id, after, 1000)
-            for result in page.records:
-                run.done.add(int(result.created_at))
-                run.counts["completed" if result.body["ok"] else "failed"] += 1
-            if not page.has_more:
-                return
-            after = page.records[-1].id
+        async for result in every_record(self.store, RESULT_KIND, run.batch.id):
+            run.done.add(int(result.created_at))
+            run.counts["completed" if result.body["ok"] else "failed"] += 1
 
     async def _serve(self, run: _Run, pending: asyncio.Queue, client: Client) -> None:
         while not run.stop.is_set() and not pending.empty():
@@ -213,14 +199,7 @@ class BatchRunner:
     async def _outputs(self, run: _Run, ending: str) -> tuple[list[dict], list[dict]]:
         """Every line's result in line order, split into successes and failures; a line without
         one (the batch was cancelled or expired) fails as batch_cancelled or batch_expired."""
-        results: dict[int, dict] = {}
-        after = None
-        while True:
-            page = await self.store.page(RESULT_KIND, run.batch.id, after, 1000)
-            results.update((int(r.created_at), r.body) for r in page.records)
-            if not page.has_more:
-                break
-            after = page.records[-1].id
+        results = {int(r.created_at): r.body async for r in every_record(self.store, RESULT_KIND, run.batch.id)}
         outputs, errors = [], []
         code = f"batch_{ending}"
         for line in run.lines:

@@ -20,19 +20,17 @@ from shoal.router.batch_api.batch_object import (
     as_seen,
     new_batch,
 )
-from shoal.router.body_fields import typed_field
+from shoal.router.body_fields import metadata_field, typed_field
 from shoal.router.files_api.file_store import FileStore
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response, store_unavailable
+from shoal.router.proxy import error_response, invalid_request, store_unavailable
 from shoal.router.responses_api.endpoints import ResponsesApi
-from shoal.router.route_request import BATCH_PRIORITY, RequestError
+from shoal.router.route_request import BATCH_PRIORITY, CHAT_PATH, RequestError
 from shoal.router.state.leased_work import mark_active
-from shoal.router.state.records import Record, StoreUnavailable
-from shoal.router.stored_completions.stored_completion import valid_metadata
+from shoal.router.state.records import Record, RecordStore, StoreUnavailable, owned_record
 
 CREATE_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata"}
-CHAT_PATH = "/v1/chat/completions"
 
 
 class BatchesApi:
@@ -46,7 +44,7 @@ class BatchesApi:
         self.responses = responses
 
     @property
-    def store(self):
+    def store(self) -> RecordStore:
         return self.files.records.store
 
     def routes(self) -> APIRouter:
@@ -67,12 +65,11 @@ class BatchesApi:
         return response.status_code, json.loads(response.body), response.headers.get("x-request-id")
 
     async def create(self, request: Request) -> Response:
-        headers = header_dict(request)
-        client = self.front_door.client(headers)
-        if isinstance(client, Response):
-            return client
+        read = await self.front_door.read(request, header_dict(request))
+        if isinstance(read, Response):
+            return read
+        client, body = read
         try:
-            body = json.loads(await request.body())
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
             unknown = sorted(set(body) - CREATE_FIELDS)
@@ -89,12 +86,10 @@ class BatchesApi:
                 input_file_id,
                 endpoint,
                 body.get("completion_window"),
-                valid_metadata(body.get("metadata")),
+                metadata_field(body),
             )
-        except json.JSONDecodeError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error")
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         try:
             source = await self.files.owned(input_file_id, client.name)
             if source is None:
@@ -121,7 +116,7 @@ class BatchesApi:
         try:
             query = PageQuery.parse(request.query_params, "desc")
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         try:
             page = await self.store.page(KIND, client.name, query.after, query.limit, query.order)
             shown = [as_seen(batch, await self.store.get(CANCEL_KIND, batch.id)) for batch in page.records]
@@ -162,9 +157,9 @@ class BatchesApi:
         if isinstance(client, Response):
             return client
         try:
-            record = await self.store.get(KIND, batch_id)
+            record = await owned_record(self.store, KIND, batch_id, client.name)
         except StoreUnavailable as exc:
             return store_unavailable(exc)
-        if record is None or record.owner != client.name:
+        if record is None:
             return error_response(404, f"no batch found with id {batch_id!r}", "not_found_error")
         return record

@@ -14,7 +14,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from shoal.router.files_api.file_store import KIND, FileStore, FileTooLarge
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response, store_unavailable
+from shoal.router.proxy import error_response, invalid_request, store_unavailable
 from shoal.router.route_request import RequestError
 from shoal.router.state.records import Record, StoreUnavailable
 
@@ -22,10 +22,6 @@ UPLOAD_PURPOSES = ("batch", "user_data")  # what a client may upload for; batch_
 PURPOSES = (*UPLOAD_PURPOSES, "batch_output")
 CHUNK_BYTES = 1 << 20
 FORM_OVERHEAD_BYTES = 64 << 10  # multipart headers and the other fields, beyond the file itself
-
-
-def _bad(exc: RequestError) -> Response:
-    return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
 
 
 def _counted(receive: Callable[[], Awaitable[dict]], limit: int) -> Callable[[], Awaitable[dict]]:
@@ -108,7 +104,7 @@ class FilesApi:
             upload, purpose = _upload_fields(form)
             record = await self.files.save(client.name, upload.filename or "upload", purpose, _chunks(upload))
         except RequestError as exc:
-            return _bad(exc)
+            return invalid_request(exc)
         except FileTooLarge:
             return self._too_large()
         except StoreUnavailable as exc:
@@ -127,7 +123,7 @@ class FilesApi:
             if purpose is not None and purpose not in PURPOSES:
                 raise RequestError(f"`purpose` must be one of {', '.join(PURPOSES)}", "purpose")
         except RequestError as exc:
-            return _bad(exc)
+            return invalid_request(exc)
 
         def match(record: Record) -> bool:
             return purpose is None or record.body["purpose"] == purpose

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from shoal.router.state.open_records import SharedRecords
-from shoal.router.state.records import Record
+from shoal.router.state.records import Record, owned_record
 
 KIND = "file"
 
@@ -75,8 +75,7 @@ class FileStore:
         return record
 
     async def owned(self, file_id: str, owner: str) -> Record | None:
-        record = await self.records.store.get(KIND, file_id)
-        return record if record is not None and record.owner == owner else None
+        return await owned_record(self.records.store, KIND, file_id, owner)
 
     async def read(self, file_id: str) -> bytes:
         return await asyncio.to_thread(self.path(file_id).read_bytes)

@@ -26,9 +26,7 @@ from shoal.router.messages_api.errors import anthropic_error, anthropic_shaped
 from shoal.router.messages_api.event_stream import MessagesPosition, message_events
 from shoal.router.messages_api.message_object import message_object, new_message_id
 from shoal.router.messages_api.messages_request import MessagesRequest
-from shoal.router.route_request import RequestError
-
-CHAT_PATH = "/v1/chat/completions"
+from shoal.router.route_request import CHAT_PATH, RequestError
 
 
 class MessagesApi:

@@ -31,8 +31,10 @@ from shoal.router.responses_api.message_items import output_message, output_text
 from shoal.router.responses_api.response_object import failed_response
 from shoal.router.responses_api.stored_turn import KIND as TURN_KIND
 from shoal.router.responses_api.stored_turn import StoredTurn
+from shoal.router.route_request import CHAT_PATH
 from shoal.router.state.leased_work import mark_active, mark_finished
-from shoal.router.state.records import Record
+from shoal.router.state.open_records import SharedRecords
+from shoal.router.state.records import Record, RecordStore, every_record
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,6 @@ FINAL_EVENTS = ("response.completed", "response.incomplete", "response.failed")
 POLL_S = 0.1  # how often a streaming reader looks for new events
 CANCEL_CHECK_S = 0.5  # how often a generating router looks for a cancel
 CANCEL_WAIT_S = 5.0  # how long a cancel waits for the generating router to stop
-CHAT_PATH = "/v1/chat/completions"
 MAX_SEED = 2**31
 
 
@@ -62,13 +63,13 @@ class BackgroundResponses:
     once; its stored turn is final (completed, incomplete, failed, cancelled) before its work is
     marked finished; only the router holding its lease writes its turn and events after creation."""
 
-    def __init__(self, front_door: FrontDoor, records, api_keys: ApiKeys):
+    def __init__(self, front_door: FrontDoor, records: SharedRecords, api_keys: ApiKeys):
         self.front_door = front_door
         self.records = records
         self.api_keys = api_keys
 
     @property
-    def store(self):
+    def store(self) -> RecordStore:
         return self.records.store
 
     async def start(
@@ -126,9 +127,8 @@ class BackgroundResponses:
 
     async def forget(self, response_id: str) -> None:
         """Deletes what a deleted response left besides its turn: its events and cancel request."""
-        while (page := await self.store.page(EVENT_KIND, response_id, None, 100)).records:
-            for record in page.records:
-                await self.store.delete(EVENT_KIND, record.id)
+        for record in [record async for record in every_record(self.store, EVENT_KIND, response_id)]:
+            await self.store.delete(EVENT_KIND, record.id)
         await self.store.delete(CANCEL_KIND, response_id)
 
     async def run_response(self, response_id: str) -> None:
@@ -188,13 +188,7 @@ class BackgroundResponses:
         await self._finished(response_id)
 
     async def _stored_events(self, response_id: str) -> int:
-        count, after = 0, None
-        while True:
-            page = await self.store.page(EVENT_KIND, response_id, after, 1000)
-            count += len(page.records)
-            if not page.has_more:
-                return count
-            after = page.records[-1].id
+        return sum([1 async for _ in every_record(self.store, EVENT_KIND, response_id)])
 
     async def _store_event(self, response_id: str, sequence: int, event: bytes) -> None:
         record = Record(EVENT_KIND, _event_id(response_id, sequence), response_id, sequence, {"event": event.decode()})

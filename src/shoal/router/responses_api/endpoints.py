@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from shoal.router.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery
-from shoal.router.proxy import error_response, store_unavailable
+from shoal.router.proxy import error_response, invalid_request, store_unavailable
 from shoal.router.responses_api.background import BackgroundResponses
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
@@ -33,9 +33,9 @@ from shoal.router.responses_api.response_object import (
 )
 from shoal.router.responses_api.responses_request import ResponsesRequest
 from shoal.router.responses_api.stored_turn import KIND, StoredTurn
-from shoal.router.route_request import RequestError
+from shoal.router.route_request import CHAT_PATH, RequestError
 from shoal.router.state.open_records import SharedRecords
-from shoal.router.state.records import StoreUnavailable
+from shoal.router.state.records import StoreUnavailable, owned_record
 
 
 class UnknownResponse(LookupError):
@@ -84,7 +84,7 @@ class ResponsesApi:
             parsed = ResponsesRequest.parse(body)
             chain = await self._chain(parsed.previous_response_id, client)
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         except UnknownResponse as exc:
             return error_response(404, str(exc), "not_found_error", exc.param)
         except StoreUnavailable as exc:
@@ -102,7 +102,7 @@ class ResponsesApi:
                 return store_unavailable(exc)
             return self.background.streamed(response_id, -1) if parsed.stream else JSONResponse(queued)
         answer = await self.front_door.dispatch(
-            chat_body, {**headers, "x-shoal-session": session}, "/v1/chat/completions", True, client
+            chat_body, {**headers, "x-shoal-session": session}, CHAT_PATH, True, client
         )
         if answer.status_code != 200 or not isinstance(answer, StreamingResponse if parsed.stream else JSONResponse):
             return answer
@@ -193,7 +193,7 @@ class ResponsesApi:
         try:
             page = PageQuery.parse(request.query_params, "desc").of(found.input_items, "an input item of this response")
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         return JSONResponse(page)
 
     async def _lookup(self, response_id: str, request: Request) -> StoredTurn | Response:
@@ -209,8 +209,8 @@ class ResponsesApi:
             return store_unavailable(exc)
 
     async def _owned(self, response_id: str, client: Client, param: str | None = None) -> StoredTurn:
-        record = await self.records.store.get(KIND, response_id)
-        if record is None or record.owner != client.name:
+        record = await owned_record(self.records.store, KIND, response_id, client.name)
+        if record is None:
             raise _not_found(response_id, param)
         return StoredTurn.from_record(record)
 

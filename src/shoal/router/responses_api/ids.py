@@ -31,15 +31,17 @@ class ItemIds:
         self.base = derived_from.removeprefix("resp_") if derived_from else None
         self.issued = 0
 
-    def _next(self, prefix: str) -> str:
+    def _derived(self, prefix: str) -> str:
         self.issued += 1
-        return f"{prefix}{self.base}_{self.issued}" if self.base else prefix + uuid.uuid4().hex
+        return f"{prefix}{self.base}_{self.issued}"
 
     def reasoning(self) -> str:
-        return self._next("rs_")
+        return self._derived("rs_") if self.base else new_reasoning_id()
 
     def function_call(self) -> str:
-        return self._next("fc_")
+        return self._derived("fc_") if self.base else new_function_call_id()
 
     def call(self, given: str | None) -> str:
-        return self._next("call_") if self.base or not given else given
+        if self.base:
+            return self._derived("call_")
+        return given or new_function_call_id("call_")

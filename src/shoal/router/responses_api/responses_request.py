@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.router.body_fields import known_fields, number_in_range, typed_field
+from shoal.router.body_fields import known_fields, metadata_field, number_in_range, typed_field
 from shoal.router.responses_api.input_items import normalize_input
 from shoal.router.route_request import RequestError
 
@@ -51,23 +51,8 @@ OUTPUT_LOGPROBS = "message.output_text.logprobs"
 MAX_TOP_LOGPROBS = 20
 SERVICE_TIERS = ("auto", "default", "flex", "priority")
 VERBOSITIES = ("low", "medium", "high")
-MAX_METADATA_KEYS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
 TEXT_FORMATS = ("text", "json_object", "json_schema")
 REASONING_EFFORTS = ("low", "medium", "high")
-
-
-def _metadata(body: dict) -> dict[str, str]:
-    metadata = typed_field(body, "metadata", dict, "an object of string values", {})
-    if len(metadata) > MAX_METADATA_KEYS or not all(
-        isinstance(v, str) and len(k) <= MAX_METADATA_KEY_CHARS and len(v) <= MAX_METADATA_VALUE_CHARS
-        for k, v in metadata.items()
-    ):
-        raise RequestError(
-            f"`metadata` takes at most {MAX_METADATA_KEYS} keys of up to {MAX_METADATA_KEY_CHARS} "
-            f"characters with string values of up to {MAX_METADATA_VALUE_CHARS}",
-            "metadata",
-        )
-    return metadata
 
 
 def _output_logprobs(body: dict) -> bool:
@@ -247,7 +232,7 @@ class ResponsesRequest:
             max_output_tokens=max_output_tokens,
             temperature=number_in_range(body, "temperature", 0.0, 2.0),
             top_p=number_in_range(body, "top_p", 0.0, 1.0, low_open=True),
-            metadata=_metadata(body),
+            metadata=metadata_field(body, {}),
             user=typed_field(body, "user", str, "a string"),
             tools=tools,
             tool_choice=_tool_choice(body, tools),

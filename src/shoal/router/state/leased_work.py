@@ -9,9 +9,10 @@ import asyncio
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
-from shoal.router.state.records import Record, RecordStore, StoreUnavailable
+from shoal.router.state.open_records import SharedRecords
+from shoal.router.state.records import Record, RecordStore, StoreUnavailable, every_record
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class LeasedWork:
 
     def __init__(
         self,
-        records,
+        records: SharedRecords,
         kind: str,
         work: Callable[[str], Awaitable[None]],
         lease_s: float,
@@ -65,21 +66,11 @@ class LeasedWork:
     async def sweep(self) -> None:
         """Takes every active unit whose lease is free."""
         store = self.records.store
-        async for marker in self._active(store):
+        async for marker in every_record(store, active_kind(self.kind), ACTIVE_OWNER, 100):
             if marker.id not in self.running and await store.claim(self.kind, marker.id, self.holder, self.lease_s):
                 task = asyncio.create_task(self._hold(marker.id))
                 self.running[marker.id] = task
                 task.add_done_callback(lambda _, work_id=marker.id: self.running.pop(work_id, None))
-
-    async def _active(self, store: RecordStore) -> AsyncIterator[Record]:
-        after = None
-        while True:
-            page = await store.page(active_kind(self.kind), ACTIVE_OWNER, after, 100)
-            for marker in page.records:
-                yield marker
-            if not page.has_more:
-                return
-            after = page.records[-1].id
 
     async def close(self) -> None:
         """Stops the units run here and gives their leases back, for another router to go on."""

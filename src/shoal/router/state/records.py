@@ -5,7 +5,7 @@ time work on a record."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -76,3 +76,21 @@ class RecordStore(Protocol):
     async def release(self, kind: str, record_id: str, holder: str) -> None: ...
 
     async def close(self) -> None: ...
+
+
+async def owned_record(store: RecordStore, kind: str, record_id: str, owner: str) -> Record | None:
+    """The record, if `owner` owns it (another owner's records are as unknown as missing ones)."""
+    record = await store.get(kind, record_id)
+    return record if record is not None and record.owner == owner else None
+
+
+async def every_record(store: RecordStore, kind: str, owner: str | None, chunk: int = 1000) -> AsyncIterator[Record]:
+    """Every record of `owner` (every owner's when None) in list order, read `chunk` at a time."""
+    after = None
+    while True:
+        page = await store.page(kind, owner, after, chunk)
+        for record in page.records:
+            yield record
+        if not page.has_more:
+            return
+        after = page.records[-1].id

@@ -96,7 +96,15 @@ class SQLiteRecords:
     ) -> Page:
         return await self._run(lambda: self._page(kind, owner, after, limit, order, match))
 
-    def _page(self, kind, owner, after, limit, order, match) -> Page:
+    def _page(
+        self,
+        kind: str,
+        owner: str | None,
+        after: str | None,
+        limit: int,
+        order: Order,
+        match: Callable[[Record], bool] | None,
+    ) -> Page:
         found = []
         for record in self._scan(kind, owner, after, order):
             if match is None or match(record):

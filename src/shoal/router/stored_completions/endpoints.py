@@ -13,21 +13,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from shoal.protocol.sse import data_of, is_done, json_data
+from shoal.errors import error_body
+from shoal.protocol.sse import data_event, data_of, is_done, json_data
 from shoal.router.auth import Client
+from shoal.router.body_fields import metadata_field
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response, store_unavailable
+from shoal.router.proxy import error_response, invalid_request, store_unavailable
 from shoal.router.response_assembly import assemble
 from shoal.router.route_request import RequestError
 from shoal.router.state.open_records import SharedRecords
-from shoal.router.state.records import Record, StoreUnavailable
+from shoal.router.state.records import Record, StoreUnavailable, owned_record
 from shoal.router.stored_completions.stored_completion import (
     KIND,
     completion_record,
     listed_message,
     metadata_filter,
-    valid_metadata,
 )
 
 log = logging.getLogger(__name__)
@@ -58,14 +59,14 @@ class StoredCompletions:
             return await dispatch(body)
         store = body["store"]
         if store is not None and not isinstance(store, bool):
-            return error_response(400, "invalid request: `store` must be a boolean", "invalid_request_error", "store")
+            return invalid_request(RequestError("`store` must be a boolean", "store"))
         forwarded = {key: value for key, value in body.items() if key != "store"}
         if not store:
             return await dispatch(forwarded)
         try:
-            valid_metadata(body.get("metadata"))
+            metadata_field(body)
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         answer = await dispatch(forwarded)
         if answer.status_code != 200:
             return answer
@@ -100,11 +101,7 @@ class StoredCompletions:
         except StoreUnavailable as exc:
             log.warning("state store unavailable: %s", exc)
             message = f"the completion was generated but could not be stored: {exc}"
-            return (
-                b"data: "
-                + json.dumps({"error": {"message": message, "type": "service_unavailable"}}).encode()
-                + b"\n\n"
-            )
+            return data_event(error_body(message, 503, "service_unavailable"))
         return None
 
     async def list(self, request: Request) -> Response:
@@ -114,7 +111,7 @@ class StoredCompletions:
         try:
             query = PageQuery.parse(request.query_params, "asc")
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         model, metadata = request.query_params.get("model"), metadata_filter(request.query_params.multi_items())
 
         def match(record: Record) -> bool:
@@ -136,21 +133,22 @@ class StoredCompletions:
 
     async def update(self, completion_id: str, request: Request) -> Response:
         """Sets a stored completion's metadata: the only field that can change."""
-        found = await self._lookup(completion_id, request)
+        read = await self.front_door.read(request, header_dict(request))
+        if isinstance(read, Response):
+            return read
+        client, body = read
+        found = await self._owned(completion_id, client)
         if isinstance(found, Response):
             return found
         try:
-            body = json.loads(await request.body())
             if not isinstance(body, dict) or "metadata" not in body:
                 raise RequestError("the body must be a JSON object with `metadata`", "metadata")
             unknown = sorted(set(body) - {"metadata"})
             if unknown:
                 raise RequestError(f"only `metadata` can be updated, not `{unknown[0]}`", unknown[0])
-            metadata = valid_metadata(body["metadata"])
-        except json.JSONDecodeError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error")
+            metadata = metadata_field(body)
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         completion = {**found.body["completion"], "metadata": metadata}
         try:
             await self.records.store.put(
@@ -178,18 +176,19 @@ class StoredCompletions:
             query = PageQuery.parse(request.query_params, "asc")
             page = query.of(found.body["messages"], "a message of this completion")
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+            return invalid_request(exc)
         return JSONResponse({**page, "data": [listed_message(m) for m in page["data"]]})
 
     async def _lookup(self, completion_id: str, request: Request) -> Record | Response:
         """The caller's stored completion, or the error to answer (401, 404, 503)."""
         client = self.front_door.client(header_dict(request))
-        if isinstance(client, Response):
-            return client
+        return client if isinstance(client, Response) else await self._owned(completion_id, client)
+
+    async def _owned(self, completion_id: str, client: Client) -> Record | Response:
         try:
-            record = await self.records.store.get(KIND, completion_id)
+            record = await owned_record(self.records.store, KIND, completion_id, client.name)
         except StoreUnavailable as exc:
             return store_unavailable(exc)
-        if record is None or record.owner != client.name:
+        if record is None:
             return error_response(404, f"no stored chat completion found with id {completion_id!r}", "not_found_error")
         return record

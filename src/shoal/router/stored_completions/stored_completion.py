@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import time
 
-from shoal.router.route_request import RequestError
 from shoal.router.state.records import Record
 
 KIND = "chat.completion"
-MAX_METADATA = 16
 
 
 def completion_record(completion: dict, request: dict, owner: str) -> Record:
@@ -28,25 +26,6 @@ def listed_message(message: dict) -> dict:
     text = "".join(p.get("text") or "" for p in parts if isinstance(p, dict)) if parts is not None else content
     shown = {key: value for key, value in message.items() if key not in ("content", "name")}
     return {**shown, "content": text, "name": message.get("name"), "content_parts": parts}
-
-
-def valid_metadata(metadata: object) -> dict[str, str] | None:
-    """OpenAI's metadata: at most 16 string pairs, keys up to 64 characters and values up to 512."""
-    if metadata is None:
-        return None
-    if (
-        not isinstance(metadata, dict)
-        or len(metadata) > MAX_METADATA
-        or not all(
-            isinstance(k, str) and isinstance(v, str) and len(k) <= 64 and len(v) <= 512 for k, v in metadata.items()
-        )
-    ):
-        raise RequestError(
-            f"`metadata` must be an object of at most {MAX_METADATA} strings (keys up to 64 characters,"
-            " values up to 512)",
-            "metadata",
-        )
-    return metadata
 
 
 def metadata_filter(query_items: list[tuple[str, str]]) -> dict[str, str]:
