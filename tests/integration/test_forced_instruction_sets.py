@@ -133,6 +133,7 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, report_at)
         assert all(r["relative_error"] < TOLERANCE[name] for name, r in formats.items()), formats
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
+        assert run["speculation_keeps_tokens"] and run["drafts_kept"] > 0, (dtype, run)
     if shutil.which("c++"):
         moe = report["moe"]
         assert moe["native_experts"] and moe["invariant"] and moe["distinct_outputs"] > 1, moe

@@ -5,7 +5,9 @@
 The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
 CPU kernels loaded here, per dtype the GEMM backend of packed and of shared weights and whether
-requests run alone and together got the same tokens, and the native matrix multiply's bitwise row
+requests run alone and together got the same tokens (and the same again when each is handed its
+own output as a prediction: speculative drafts scored in multi-token chunks, kept), and the native
+matrix multiply's bitwise row
 check (tests.support.linear_rows_check) on this level's kernel path, with a digest of its quantized
 blocks against bfloat16 x; and for a mixture of experts (MOE_DIR, in bfloat16) whether its requests run
 alone and together got the same tokens, on its native experts kernel.
@@ -13,6 +15,7 @@ alone and together got the same tokens, on its native experts kernel.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -67,6 +70,11 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
         together_engine, alone_engine = engine(dtype), engine(dtype)
         together = run_to_completion(together_engine, prompts)
         alone = {key: run_to_completion(alone_engine, {key: request})[key] for key, request in prompts.items()}
+        speculating = engine(dtype)
+        predicted = {
+            key: (prompt, dataclasses.replace(request_params, predicted_token_ids=tuple(alone[key])))
+            for key, (prompt, request_params) in prompts.items()
+        }
         # Shared weights run on torch's kernels (oneDNN where it has them): the cap must reach those too.
         shared = engine(dtype, share_weights=True)
         runs[dtype] = {
@@ -76,6 +84,8 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
             if dtype == "float32"
             else None,
             "invariant": alone == together,
+            "speculation_keeps_tokens": run_to_completion(speculating, predicted) == alone,
+            "drafts_kept": speculating.accepted_draft_tokens,
             "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
             "attention_uses_tiles": together_engine.model.attention_uses_tiles,
         }
