@@ -41,7 +41,7 @@ def test_prompt_lookup_keeps_the_output_token_for_token(make_tiny_engine, params
     engine = make_tiny_engine(**SPECULATIVE)
     idle = engine.block_manager.num_free_blocks
     assert outputs(engine, params, batched) == expected
-    assert engine.draft_tokens > 0  # it did speculate (a random tiny model seldom repeats itself)
+    assert engine.speculation.draft_tokens > 0  # it did speculate (a random tiny model seldom repeats itself)
     assert engine.block_manager.num_free_blocks == idle  # rejected drafts' blocks came back
 
 
@@ -63,11 +63,14 @@ def test_a_predicted_output_is_drafted_and_kept_where_it_is_right(make_tiny_engi
     }
     done = final_outputs(engine, requests)
     assert [done[f"r{i}"].token_ids for i in range(len(requests))] == expected
-    assert engine.accepted_draft_tokens > len(expected) // 3 * 30  # the right predictions were taken
-    assert engine.draft_tokens > engine.accepted_draft_tokens  # and wrong drafts refused
+    assert engine.speculation.accepted_draft_tokens > len(expected) // 3 * 30  # the right predictions were taken
+    assert engine.speculation.draft_tokens > engine.speculation.accepted_draft_tokens  # and wrong drafts refused
     # Each request's own count (its usage's accepted and rejected prediction tokens) adds up.
-    assert sum(out.kept_drafts for out in done.values()) == engine.accepted_draft_tokens
-    assert sum(out.refused_drafts for out in done.values()) == engine.draft_tokens - engine.accepted_draft_tokens
+    assert sum(out.kept_drafts for out in done.values()) == engine.speculation.accepted_draft_tokens
+    assert (
+        sum(out.refused_drafts for out in done.values())
+        == engine.speculation.draft_tokens - engine.speculation.accepted_draft_tokens
+    )
     assert done["r0"].refused_drafts == 0 and done["r0"].kept_drafts > 0  # the exact prediction: all kept
     assert engine.block_manager.num_free_blocks == idle
 
@@ -77,7 +80,7 @@ def test_speculation_under_preemption_keeps_the_output(make_tiny_engine):
     per_token = make_tiny_engine().model.kv_bytes_per_block_token()
     engine = make_tiny_engine(kv_cache_bytes=40 * 4 * per_token, **SPECULATIVE)
     assert outputs(engine, PARAMS[0], True) == expected
-    assert engine.stats().num_preemptions > 0 and engine.draft_tokens > 0
+    assert engine.stats().num_preemptions > 0 and engine.speculation.draft_tokens > 0
 
 
 def test_drafts_follow_the_latest_earlier_occurrence():
@@ -101,4 +104,4 @@ def test_speculation_stands_down_for_large_batches(make_tiny_engine):
         engine.add_request(request_id, prompt, params)
     while engine.has_unfinished_requests() and len(engine.scheduler.running) + len(engine.scheduler.waiting) > 4:
         engine.step()
-        assert engine.draft_tokens == 0
+        assert engine.speculation.draft_tokens == 0

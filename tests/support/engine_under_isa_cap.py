@@ -85,7 +85,7 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
             else None,
             "invariant": alone == together,
             "speculation_keeps_tokens": run_to_completion(speculating, predicted) == alone,
-            "drafts_kept": speculating.accepted_draft_tokens,
+            "drafts_kept": speculating.speculation.accepted_draft_tokens,
             "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
             "attention_uses_tiles": together_engine.model.attention_uses_tiles,
         }

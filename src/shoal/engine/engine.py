@@ -21,7 +21,6 @@ from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
 from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, open_tier
 from shoal.engine.kv_transfer import KVBlocks, export_prefix, import_blocks
 from shoal.engine.memory_fit import check_fits
-from shoal.engine.ngram_drafter import ngram_draft, predicted_draft
 from shoal.engine.observer import RequestObserver
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.outputs import CompletionOutput, RequestOutput
@@ -30,6 +29,7 @@ from shoal.engine.sampler import SampledToken, SamplingRow, sample
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler, batch_of
 from shoal.engine.sequence import SCHEDULING_CLASSES, Sequence
+from shoal.engine.speculation import Speculation
 from shoal.engine.speed import SpeedEstimator
 from shoal.errors import (
     DuplicateRequestError,
@@ -44,7 +44,6 @@ from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
-DRAFT_PAUSE_STEPS = 8  # steps a sequence drafts nothing after a refused single draft
 
 
 @dataclass(frozen=True)
@@ -138,6 +137,7 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.background_step_tokens
         )
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
+        self.speculation = Speculation(config, self.max_model_len)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
         self.grammars = GrammarCompiler(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
         self.sequences: dict[str, Sequence] = {}
@@ -166,9 +166,6 @@ class LLMEngine:
         self.prompt_tokens = 0
         self.prompt_tokens_computed = 0
         self.generation_tokens = 0
-        self.drafts = 0  # verifications with drafts (speculative decoding), their tokens, and those kept
-        self.draft_tokens = 0
-        self.accepted_draft_tokens = 0
         self.kv_blocks_exported = self.kv_blocks_imported = 0
         self.block_manager.prefix_queries = self.block_manager.prefix_hits = 0
         self.scheduler.num_preemptions = 0
@@ -331,7 +328,7 @@ class LLMEngine:
             if seq.first_token_time is None:
                 seq.first_token_stage_times = stage_times
             stream = self.streams[seq.request_id]
-            kept = self._kept(seq, tokens)
+            kept = self.speculation.keep(seq, tokens)
             for index, token in enumerate(kept):
                 seq.num_computed_tokens += index > 0  # the draft before this token was kept: its KV holds
                 seq.output_token_ids.append(token.token_id)
@@ -366,7 +363,7 @@ class LLMEngine:
         outputs: list[RequestOutput] = []
         depth = self.runner.depth
         if depth == 1:
-            self._propose_drafts()
+            self.speculation.propose(self.scheduler, self.streams)
         # Sequences share the micro-batches evenly, so that every stage has one to work on.
         share = -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // depth) if depth > 1 else None
         while len(self.in_flight) < depth:
@@ -385,38 +382,6 @@ class LLMEngine:
             except Exception as exc:
                 outputs += self._fail_culprits(chunks, exc)
         return outputs
-
-    def _propose_drafts(self) -> None:
-        """Drafts for every decoding sequence without a grammar, as many as fit its max_tokens and
-        the context: from its predicted output where the request gave one, else by the engine's
-        speculative_method (none: no drafts). None while more sequences run than
-        speculative_disable_by_batch_size, or while a prompt is prefilled or waits to be: such a
-        step is compute-bound, and drafts would slow it."""
-        config, running = self.config, self.scheduler.running
-        if (
-            len(running) > config.speculative_disable_by_batch_size
-            or self.scheduler.waiting
-            or not (config.speculative_method or any(seq.params.predicted_token_ids for seq in running))
-            or any(seq.num_uncomputed_tokens > 1 for seq in running)
-        ):
-            return
-        for seq in running:
-            predicted = seq.params.predicted_token_ids
-            if not (predicted or config.speculative_method) or self.streams[seq.request_id].matcher is not None:
-                continue
-            if seq.draft_pause:
-                seq.draft_pause -= 1
-                continue
-            room = min(
-                config.num_speculative_tokens if seq.draft_limit is None else seq.draft_limit,
-                seq.params.max_tokens - len(seq.output_token_ids) - 1,
-                self.max_model_len - seq.num_tokens,
-            )
-            if predicted:
-                drafts = predicted_draft(list(predicted), seq.output_token_ids, room, config.prompt_lookup_max)
-            else:
-                drafts = ngram_draft(seq.all_token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max)
-            seq.draft_token_ids = drafts
 
     def _replica_failed(self, exc: ReplicaFailedError) -> NoReturn:
         """No request is to blame, and none can run here any more."""
@@ -460,28 +425,6 @@ class LLMEngine:
         for owner, token in zip(owners, sample(logits, rows)):
             sampled[owner].append(token)
         return sampled
-
-    def _kept(self, seq: Sequence, tokens: list[SampledToken]) -> list[SampledToken]:
-        """The sampled tokens up to the first that differs from the draft in its place (that one
-        included): a draft is kept exactly when it is the token the sequence sampled itself."""
-        drafts = seq.draft_token_ids
-        kept = next((j for j, draft in enumerate(drafts) if tokens[j].token_id != draft), len(drafts))
-        self.drafts += bool(drafts)
-        self.draft_tokens += len(drafts)
-        self.accepted_draft_tokens += kept
-        seq.kept_drafts += kept
-        seq.refused_drafts += len(drafts) - kept
-        if drafts:
-            self._adapt_drafting(seq, len(drafts), kept)
-        return tokens[: kept + 1]
-
-    def _adapt_drafting(self, seq: Sequence, drafted: int, kept: int) -> None:
-        """A sequence drafts one more token than it last kept (up to num_speculative_tokens); one
-        whose single draft was refused drafts nothing for DRAFT_PAUSE_STEPS steps, so text that
-        does not repeat costs next to nothing."""
-        seq.draft_limit = min(self.config.num_speculative_tokens, kept + 1)
-        if drafted == 1 and not kept:
-            seq.draft_pause = DRAFT_PAUSE_STEPS
 
     def _fail_culprits(self, chunks: list[ScheduledChunk], exc: Exception) -> list[RequestOutput]:
         """Re-runs each chunk alone (nothing is committed, so this only costs time) and fails the
@@ -579,9 +522,9 @@ class LLMEngine:
             kv_blocks_exported=self.kv_blocks_exported,
             kv_blocks_imported=self.kv_blocks_imported,
             kv_tier=self.kv_tier.counters() if self.kv_tier is not None else None,
-            spec_decode_num_drafts=self.drafts,
-            spec_decode_num_draft_tokens=self.draft_tokens,
-            spec_decode_num_accepted_tokens=self.accepted_draft_tokens,
+            spec_decode_num_drafts=self.speculation.drafts,
+            spec_decode_num_draft_tokens=self.speculation.draft_tokens,
+            spec_decode_num_accepted_tokens=self.speculation.accepted_draft_tokens,
         )
 
     @functools.cached_property

@@ -1,0 +1,82 @@
+"""Speculative decoding's drafting and keeping: which sequences draft, how many tokens, from where
+(a request's predicted output, else prompt lookup: engine.ngram_drafter), and which drafts a step
+keeps. A draft is kept exactly when it is the token its sequence sampled itself at that place, so
+speculation changes the speed, never the tokens."""
+
+from __future__ import annotations
+
+from shoal.config.engine import EngineConfig
+from shoal.engine.ngram_drafter import ngram_draft, predicted_draft
+from shoal.engine.output_stream import OutputStream
+from shoal.engine.sampler import SampledToken
+from shoal.engine.scheduler import Scheduler
+from shoal.engine.sequence import Sequence
+
+DRAFT_PAUSE_STEPS = 8  # steps a sequence drafts nothing after a refused single draft
+
+
+class Speculation:
+    """Invariants: `drafts` counts the verifications that had drafts, `draft_tokens` their draft
+    tokens and `accepted_draft_tokens` those kept (vLLM's spec_decode counters); a sequence's
+    draft_token_ids are set here before a step and cleared by the engine after it."""
+
+    def __init__(self, config: EngineConfig, max_model_len: int):
+        self.config = config
+        self.max_model_len = max_model_len
+        self.drafts = 0
+        self.draft_tokens = 0
+        self.accepted_draft_tokens = 0
+
+    def propose(self, scheduler: Scheduler, streams: dict[str, OutputStream]) -> None:
+        """Drafts for every decoding sequence without a grammar, as many as fit its max_tokens and
+        the context: from its predicted output where the request gave one, else by the engine's
+        speculative_method (none: no drafts). None while more sequences run than
+        speculative_disable_by_batch_size, or while a prompt is prefilled or waits to be: such a
+        step is compute-bound, and drafts would slow it."""
+        config, running = self.config, scheduler.running
+        if (
+            len(running) > config.speculative_disable_by_batch_size
+            or scheduler.waiting
+            or not (config.speculative_method or any(seq.params.predicted_token_ids for seq in running))
+            or any(seq.num_uncomputed_tokens > 1 for seq in running)
+        ):
+            return
+        for seq in running:
+            predicted = seq.params.predicted_token_ids
+            if not (predicted or config.speculative_method) or streams[seq.request_id].matcher is not None:
+                continue
+            if seq.draft_pause:
+                seq.draft_pause -= 1
+                continue
+            room = min(
+                config.num_speculative_tokens if seq.draft_limit is None else seq.draft_limit,
+                seq.params.max_tokens - len(seq.output_token_ids) - 1,
+                self.max_model_len - seq.num_tokens,
+            )
+            if predicted:
+                drafts = predicted_draft(list(predicted), seq.output_token_ids, room, config.prompt_lookup_max)
+            else:
+                drafts = ngram_draft(seq.all_token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max)
+            seq.draft_token_ids = drafts
+
+    def keep(self, seq: Sequence, tokens: list[SampledToken]) -> list[SampledToken]:
+        """The sampled tokens up to the first that differs from the draft in its place (that one
+        included): a draft is kept exactly when it is the token the sequence sampled itself."""
+        drafts = seq.draft_token_ids
+        kept = next((j for j, draft in enumerate(drafts) if tokens[j].token_id != draft), len(drafts))
+        self.drafts += bool(drafts)
+        self.draft_tokens += len(drafts)
+        self.accepted_draft_tokens += kept
+        seq.kept_drafts += kept
+        seq.refused_drafts += len(drafts) - kept
+        if drafts:
+            self._adapt(seq, len(drafts), kept)
+        return tokens[: kept + 1]
+
+    def _adapt(self, seq: Sequence, drafted: int, kept: int) -> None:
+        """A sequence drafts one more token than it last kept (up to num_speculative_tokens); one
+        whose single draft was refused drafts nothing for DRAFT_PAUSE_STEPS steps, so text that
+        does not repeat costs next to nothing."""
+        seq.draft_limit = min(self.config.num_speculative_tokens, kept + 1)
+        if drafted == 1 and not kept:
+            seq.draft_pause = DRAFT_PAUSE_STEPS
