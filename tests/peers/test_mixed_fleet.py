@@ -23,7 +23,9 @@ from tests.support.workers import spawn_worker, wait_ready
 
 ADMIN = {"authorization": "Bearer peers-admin"}
 MAX_TOKENS = 48
-LONG_TOKENS = 200
+# vLLM writes a few hundred tokens a second here: 1200 take it seconds, so its kill lands mid-output
+# (within its --max-model-len of 2048 with the prompt).
+LONG_TOKENS = 1200
 # llama.cpp writes about 70 tokens a second here: long enough that a kill lands mid-stream.
 LONG = 240
 
@@ -300,7 +302,6 @@ def test_a_request_is_retried_elsewhere_while_llama_cpp_has_sent_nothing(router,
 def test_a_vllm_stream_killed_mid_output_continues_token_exact_on_the_shoal_worker(router, shoal_worker, vllm):
     server = needs_vllm(vllm)
     user = user_for(router, server.url)
-    # Long enough that vLLM is still generating when the client has read 8 chunks and kills it.
     long = {**chat_body(user, LONG_TOKENS), "ignore_eos": True}
     killed = read(router, "/v1/chat/completions", long, fault=server.kill)
     attempts, seam = attempts_and_seam(router, killed["trace"])
