@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.kernel_builds import KernelBuilds
-from tests.support.tiny_model import write_tiny_model
+from tests.support.tiny_model import write_layer_skip_draft, write_tiny_model
 
 
 def pytest_configure(config) -> None:
@@ -65,6 +65,12 @@ def session_cache(request, shoal_cache_dir):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_draft_model_dir(tiny_model_dir, tmp_path_factory) -> Path:
+    """A draft model for the tiny model: its first layer alone (support.tiny_model.write_layer_skip_draft)."""
+    return write_layer_skip_draft(tiny_model_dir, tmp_path_factory.mktemp("tiny-llama-draft"))
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,7 @@
-"""A stream on speculating workers (prompt lookup and a predicted output) whose worker is killed
-(kill -9) mid-way goes on on another worker, token for token: drafts never change the tokens, so
-the migrated stream is the stream of a run without the failure, and of a worker that does not
-speculate."""
+"""A stream on speculating workers (prompt lookup and a predicted output, or a draft model) whose
+worker is killed (kill -9) mid-way goes on on another worker, token for token: drafts never change
+the tokens, so the migrated stream is the stream of a run without the failure, and of a worker that
+does not speculate."""
 
 from __future__ import annotations
 
@@ -17,14 +17,17 @@ from tests.support.routers import stop
 from tests.support.workers import MODEL, scrape, start_worker, tiny_worker_args
 
 MAX_TOKENS = 150
-SPECULATING = ["--speculative-method", "ngram", "--speculative-disable-by-batch-size", "64"]
 
 
-@pytest.fixture
-def trio(tiny_model_dir, shoal_cache_dir, tmp_path):
-    """(router url, {worker url: process}): speculating workers at 10 ms a step."""
-    args = tiny_worker_args(tiny_model_dir, MODEL, *SPECULATING, step_delay_ms=10)
-    yield from failover_trio(args, shoal_cache_dir, tmp_path)
+@pytest.fixture(params=["ngram", "draft_model"])
+def trio(request, tiny_model_dir, tiny_draft_model_dir, shoal_cache_dir, tmp_path):
+    """(router url, {worker url: process}, method): workers speculating by the method, at 10 ms a step."""
+    speculative = {"method": request.param, "disable_by_batch_size": 64}
+    if request.param == "draft_model":
+        speculative["model"] = str(tiny_draft_model_dir)
+    args = tiny_worker_args(tiny_model_dir, MODEL, "--speculative", json.dumps(speculative), step_delay_ms=10)
+    for url, processes in failover_trio(args, shoal_cache_dir, tmp_path):
+        yield url, processes, request.param
 
 
 def request(prediction: str) -> dict:
@@ -60,7 +63,7 @@ def streamed_ids(url: str, body: dict, kill_after: int, processes: dict) -> list
 
 
 def test_a_speculating_stream_survives_kill_9_of_its_worker(trio, tiny_model_dir, shoal_cache_dir):
-    url, processes = trio
+    url, processes, method = trio
     plain_process, plain_url = start_worker(tiny_worker_args(tiny_model_dir, MODEL, "--seed", "1"), shoal_cache_dir)
     try:  # the tokens of a worker that does not speculate
         body = request("")
@@ -69,11 +72,13 @@ def test_a_speculating_stream_survives_kill_9_of_its_worker(trio, tiny_model_dir
         stop(plain_process)
     expected = reference["choices"][0]["token_ids"]
     assert len(expected) == MAX_TOKENS
-    prediction = reference["choices"][0]["message"]["content"]  # drafts that will be kept
+    # With prompt lookup the client predicts the output (drafts that will be kept); a draft model
+    # drafts itself.
+    prediction = reference["choices"][0]["message"]["content"] if method == "ngram" else ""
     faulty = streamed_ids(url, request(prediction), kill_after=40, processes=processes)
     assert faulty == expected
     migrations = sum(v for k, v in scrape(url).items() if k.startswith("shoal_router_migrations_total"))
     assert migrations == 1
     alive = [worker for worker, process in processes.items() if process.poll() is None]
     kept = sum(scrape(worker)["shoal:spec_decode_num_accepted_tokens_total"] for worker in alive)
-    assert kept > 0  # the worker that went on drafted from the prediction, and kept its drafts
+    assert kept > 0  # the worker that went on drafted (from the prediction, or its draft model) and kept drafts

@@ -84,3 +84,16 @@ def write_random_family_model(directory: Path, config_class: str, model_class: s
     reference.save_pretrained(directory)
     write_tiny_tokenizer(directory)
     return reference
+
+
+def write_layer_skip_draft(target: Path, directory: Path, keep_layers: int = 1) -> Path:
+    """A draft model for the model at `target`: its first `keep_layers` layers, embeddings, norm and
+    head, with its tokenizer (a layer-skipping self-draft: close to the target, not equal to it)."""
+    import transformers
+
+    model = transformers.LlamaForCausalLM.from_pretrained(target)
+    model.model.layers = model.model.layers[:keep_layers]
+    model.config.num_hidden_layers = keep_layers
+    model.save_pretrained(directory)
+    write_tiny_tokenizer(directory)
+    return directory

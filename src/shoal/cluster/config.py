@@ -54,6 +54,17 @@ class Autoscaling(Frozen):
         return self
 
 
+class Speculative(Frozen):
+    """Speculative decoding (shoal.config.speculative.SpeculativeConfig, the same keys)."""
+
+    method: Literal["ngram", "draft_model"] | None = None
+    model: str | None = None
+    num_speculative_tokens: int = Field(4, ge=1)
+    prompt_lookup_min: int = Field(2, ge=1)
+    prompt_lookup_max: int = Field(4, ge=1)
+    disable_by_batch_size: int = Field(8, ge=0)
+
+
 class ModelDeployment(Frozen):
     """One served model: `name` is what clients ask for; `model` is a registry name, a .gguf file
     or a Hugging Face directory; `kv_cache` a fraction of free memory (0.3, 1.0) or a size
@@ -97,11 +108,7 @@ class ModelDeployment(Frozen):
     max_num_seqs: int = Field(64, ge=1)
     max_num_batched_tokens: int = Field(512, ge=1)
     background_step_tokens: int = Field(32, ge=1)
-    speculative_method: Literal["ngram"] | None = None
-    num_speculative_tokens: int = Field(4, ge=1)
-    prompt_lookup_min: int = Field(2, ge=1)
-    prompt_lookup_max: int = Field(4, ge=1)
-    speculative_disable_by_batch_size: int = Field(8, ge=0)
+    speculative: Speculative = Speculative()
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
@@ -199,6 +206,7 @@ class ModelDeployment(Frozen):
         (the deployment's own stage_servers come first)."""
         fields = {f.name for f in dataclasses.fields(EngineConfig)} & set(type(self).model_fields)
         options = {name: getattr(self, name) for name in fields}
+        options["speculative"] = self.speculative.model_dump()
         options["stage_servers"] = self.stage_servers or list(stage_servers)
         if self.kv_cache is not None:
             options.update(parse_kv_cache(self.kv_cache))

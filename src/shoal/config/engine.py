@@ -8,9 +8,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from shoal.config.speculative import SpeculativeConfig
+
 DTYPE_NAMES = ("float32", "bfloat16", "float16")
 POOLINGS = ("last", "mean")
-SPECULATIVE_METHODS = (None, "ngram")
 
 
 @dataclass(frozen=True)
@@ -47,12 +48,8 @@ class EngineConfig:
     embedding_normalize (to unit length) say how /v1/embeddings pools the final hidden states.
     background_step_tokens bounds the tokens background work (a router's batches) computes in one
     step, so an interactive request that arrives behind such a step waits only a short one.
-    speculative_method "ngram" drafts up to num_speculative_tokens tokens a step for each decoding
-    sequence by prompt lookup (the tokens after the latest earlier occurrence of its last
-    prompt_lookup_max..prompt_lookup_min tokens: shoal.engine.ngram_drafter); a draft is kept as far
-    as it equals what the sequence samples itself, so the output is the same as without it. With
-    more than speculative_disable_by_batch_size sequences running (vLLM's name) the step is
-    compute-bound and nothing is drafted.
+    speculative says how decoding sequences draft tokens to verify in one step
+    (shoal.config.speculative): it changes the speed, never the tokens.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -69,11 +66,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     background_step_tokens: int = 32
-    speculative_method: str | None = None
-    num_speculative_tokens: int = 4
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 4
-    speculative_disable_by_batch_size: int = 8
+    speculative: SpeculativeConfig = SpeculativeConfig()
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
@@ -129,10 +122,6 @@ class EngineConfig:
             raise ValueError("kv_tier_host_bytes and kv_tier_disk_bytes must not be negative")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
-        if self.speculative_method not in SPECULATIVE_METHODS:
-            raise ValueError(f"speculative_method must be none or ngram, got {self.speculative_method!r}")
-        if self.num_speculative_tokens < 1 or not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
-            raise ValueError("num_speculative_tokens must be positive and 1 <= prompt_lookup_min <= prompt_lookup_max")
         if self.embedding_pooling not in POOLINGS:
             raise ValueError(f"embedding_pooling must be one of {', '.join(POOLINGS)}, got {self.embedding_pooling!r}")
 
@@ -143,12 +132,16 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> EngineConfig:
-        """Builds a config (from JSON too: lists become the tuples the fields hold); unknown keys are errors."""
+        """Builds a config (from JSON too: lists become the tuples the fields hold, an object the
+        speculative config); unknown keys are errors."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - known)
         if unknown:
             raise ValueError(f"unknown engine config keys: {unknown}")
-        return cls(**{key: tuple(value) if isinstance(value, list) else value for key, value in raw.items()})
+        values = {key: tuple(value) if isinstance(value, list) else value for key, value in raw.items()}
+        if isinstance(values.get("speculative"), dict):
+            values["speculative"] = SpeculativeConfig.from_dict(values["speculative"])
+        return cls(**values)
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)

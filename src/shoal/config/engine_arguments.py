@@ -1,6 +1,7 @@
 """EngineConfig as command-line flags: one flag per field, named after it (`tensor_parallel_size`
-is `--tensor-parallel-size`), so the CLI cannot drift from the config. The KV budget is the one
-flag that is not a field: `--kv-cache` takes a fraction or a size (shoal.sizes.parse_kv_cache).
+is `--tensor-parallel-size`), so the CLI cannot drift from the config; `--speculative` takes its
+settings as a JSON object (vLLM's --speculative-config form). The KV budget is the one flag that is
+not a field: `--kv-cache` takes a fraction or a size (shoal.sizes.parse_kv_cache).
 
 Flags left out keep the config's defaults; `--engine-config JSON` gives a whole config instead
 (what `shoal serve` ships to its workers) and then no other engine flag may be given.
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 
 from shoal.config.engine import EngineConfig
 from shoal.sizes import parse_kv_cache
@@ -41,6 +43,16 @@ def _kv_cache(text: str) -> dict:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _json_object(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a JSON object")
+    return value
+
+
 def _engine_fields(exclude: tuple[str, ...]) -> list[dataclasses.Field]:
     return [f for f in dataclasses.fields(EngineConfig) if f.name not in (*exclude, *KV_BUDGET_FIELDS)]
 
@@ -70,6 +82,10 @@ def add_engine_config_arguments(parser: argparse.ArgumentParser, exclude: tuple[
             item = int if annotation.startswith("tuple[int") else str
             group.add_argument(
                 _flag(field.name), type=_comma_list(item), default=None, metavar="A,B,...", help="comma-separated"
+            )
+        elif annotation == "SpeculativeConfig":
+            group.add_argument(
+                _flag(field.name), type=_json_object, default=None, metavar="JSON", help='{"method": "ngram", ...}'
             )
         elif annotation in _SCALARS:
             group.add_argument(

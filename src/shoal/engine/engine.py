@@ -15,6 +15,7 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.batch_controller import BatchSizeController
+from shoal.engine.draft_model import DraftModel
 from shoal.engine.embedding_run import embed_prompts
 from shoal.engine.grammar import GrammarCompiler
 from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
@@ -137,9 +138,9 @@ class LLMEngine:
             self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.background_step_tokens
         )
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
-        self.speculation = Speculation(config, self.max_model_len)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
         self.grammars = GrammarCompiler(self.tokenizer, model_config.vocab_size, self.eos_token_ids)
+        self.speculation = Speculation(config.speculative, self.max_model_len, self.grammars, self._draft_model())
         self.sequences: dict[str, Sequence] = {}
         self.streams: dict[str, OutputStream] = {}
         self.prompts: dict[str, str | None] = {}
@@ -159,6 +160,20 @@ class LLMEngine:
             self.device,
             self.block_manager.num_blocks,
             self.max_cached_tokens,
+        )
+
+    def _draft_model(self) -> DraftModel | None:
+        """The method draft_model's model, its KV cache given the target's budget in bytes."""
+        if self.config.speculative.method != "draft_model":
+            return None
+        return DraftModel(
+            self.config,
+            self.tokenizer,
+            self.model.config.vocab_size,
+            self.device,
+            self.dtype,
+            self.max_model_len,
+            self.kv_cache_budget_bytes,
         )
 
     def reset_counters(self) -> None:
@@ -396,28 +411,31 @@ class LLMEngine:
         """Tokens for the chunks that complete their sequence, from their rows of `logits`: for each,
         the token after its last one, then the token after each of its drafts as if the drafts
         before it were its output (each drawn at its own position, so exactly the token the
-        sequence would sample there). A sequence with a grammar (it has no drafts) samples only
-        among the tokens its matcher allows."""
+        sequence would sample there). A sequence with a grammar samples only among the tokens its
+        matcher allows at each place (after the drafts before it, which the grammar accepts)."""
         streams = [self.streams[c.seq.request_id] for c in completing]
         constrained = [i for i, stream in enumerate(streams) if stream.matcher is not None]
-        masks, only = {}, {}
+        masks: dict[tuple[int, int], torch.Tensor] = {}  # (chunk, place) -> allowed tokens
+        only: dict[tuple[int, int], int | None] = {}
         if constrained:
             allowed, single = self.grammars.allowed_tokens([streams[i].matcher for i in constrained])
-            masks, only = dict(zip(constrained, allowed.to(logits.device))), dict(zip(constrained, single))
+            masks.update(((i, 0), mask) for i, mask in zip(constrained, allowed.to(logits.device)))
+            only.update(((i, 0), token) for i, token in zip(constrained, single))
+            for i in (i for i in constrained if completing[i].seq.draft_token_ids):
+                allowed, single = self.grammars.allowed_after(streams[i].matcher, completing[i].seq.draft_token_ids)
+                masks.update(((i, ahead), mask) for ahead, mask in enumerate(allowed.to(logits.device), 1))
+                only.update(((i, ahead), token) for ahead, token in enumerate(single, 1))
         rows, owners = [], []
         for i, (c, stream) in enumerate(zip(completing, streams)):
             drafts = c.seq.draft_token_ids
             for ahead in range(1 + len(drafts)):
                 rows.append(
-                    SamplingRow(
-                        c.seq.params,
-                        c.seq.seed,
-                        c.seq.num_tokens + ahead,
-                        c.seq.prompt_token_ids,
-                        c.seq.output_token_ids + drafts[:ahead] if ahead else c.seq.output_token_ids,
+                    SamplingRow.after(
+                        c.seq,
+                        drafts[:ahead],
                         stream.banned_token_ids(ahead),
-                        masks.get(i) if not ahead else None,
-                        only.get(i) if not ahead else None,
+                        masks.get((i, ahead)),
+                        only.get((i, ahead)),
                     )
                 )
                 owners.append(i)

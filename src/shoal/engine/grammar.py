@@ -110,6 +110,27 @@ class GrammarCompiler:
         only = [int(bits[i].argmax()) if count == 1 else None for i, count in enumerate(counts)]
         return torch.from_numpy(bits).view(torch.bool), only
 
+    def allowed_after(
+        self, matcher: llguidance.LLMatcher, drafts: Sequence[int]
+    ) -> tuple[torch.Tensor, list[int | None]]:
+        """allowed_tokens at each draft's place: after the first, the first two, ... of `drafts` (each
+        one the grammar accepts: `accepted_drafts`). The matcher ends where it began (rolled back)."""
+        masks, only = [], []
+        for token in drafts:
+            if not matcher.consume_token(token):
+                raise ValueError(f"the grammar refuses draft token {token}")
+            allowed, single = self.allowed_tokens([matcher])
+            masks.append(allowed[0])
+            only += single
+        matcher.rollback(len(drafts))
+        return torch.stack(masks) if masks else torch.zeros(0, self.vocab_size, dtype=torch.bool), only
+
+    def accepted_drafts(self, matcher: llguidance.LLMatcher, drafts: list[int]) -> list[int]:
+        """The longest beginning of `drafts` the grammar accepts from where the matcher is, which it
+        does not leave (an id the tokenizer does not have ends it: the matcher would fail on it)."""
+        known = next((i for i, token in enumerate(drafts) if token >= self._tokenizer.vocab_size), len(drafts))
+        return drafts[: matcher.validate_tokens(drafts[:known])] if known else []
+
 
 class _TokenTable:
     """Each token's bytes, for tokenizers llguidance cannot read itself (no byte-level or

@@ -11,11 +11,13 @@ a prefix elsewhere.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from shoal.engine.sampling_params import SamplingParams
+from shoal.engine.sequence import Sequence
 from shoal.model.native_kernels import load_native_kernels
 
 _MASK64 = (1 << 64) - 1
@@ -51,6 +53,34 @@ class SamplingRow:
     # The one token the grammar allows, where it allows just one: whatever the sampling settings,
     # it is the token drawn.
     only_token: int | None = None
+
+    @classmethod
+    def after(
+        cls,
+        seq: Sequence,
+        drafts: list[int],
+        banned_token_ids: tuple[int, ...] = (),
+        allowed: torch.Tensor | None = None,
+        only_token: int | None = None,
+    ) -> SamplingRow:
+        """How the token after `seq`'s tokens and `drafts` is drawn: at its own position, with
+        `drafts` taken as output (penalties count them)."""
+        return cls(
+            seq.params,
+            seq.seed,
+            seq.num_tokens + len(drafts),
+            seq.prompt_token_ids,
+            seq.output_token_ids + drafts if drafts else seq.output_token_ids,
+            banned_token_ids,
+            allowed,
+            only_token,
+        )
+
+    def without_logprobs(self) -> SamplingRow:
+        """This row with no logprobs asked for (a draft's: only its token is used)."""
+        if self.params.logprobs is None:
+            return self
+        return dataclasses.replace(self, params=dataclasses.replace(self.params, logprobs=None))
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> list[SampledToken]:

@@ -55,7 +55,7 @@ class Sequence:
     # as far as they equal the tokens the sequence samples itself; never part of all_token_ids.
     draft_token_ids: list[int] = field(default_factory=list)
     # How many tokens to draft next (None: the engine's most), and steps left without drafting:
-    # set from how many drafts were kept (engine.LLMEngine._adapt_drafting).
+    # set from how many drafts were kept (engine.speculation.Speculation).
     draft_limit: int | None = None
     draft_pause: int = 0
     # Drafts kept and refused so far (a predicted output's accepted and rejected tokens).

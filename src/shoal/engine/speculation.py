@@ -1,11 +1,14 @@
 """Speculative decoding's drafting and keeping: which sequences draft, how many tokens, from where
-(a request's predicted output, else prompt lookup: engine.ngram_drafter), and which drafts a step
-keeps. A draft is kept exactly when it is the token its sequence sampled itself at that place, so
-speculation changes the speed, never the tokens."""
+(a request's predicted output, else the engine's method: prompt lookup, engine.ngram_drafter, or a
+draft model, engine.draft_model), and which drafts a step keeps. A draft is kept exactly when it is
+the token its sequence sampled itself at that place, so speculation changes the speed, never the
+tokens."""
 
 from __future__ import annotations
 
-from shoal.config.engine import EngineConfig
+from shoal.config.speculative import SpeculativeConfig
+from shoal.engine.draft_model import DraftModel
+from shoal.engine.grammar import GrammarCompiler
 from shoal.engine.ngram_drafter import ngram_draft, predicted_draft
 from shoal.engine.output_stream import OutputStream
 from shoal.engine.sampler import SampledToken
@@ -20,30 +23,39 @@ class Speculation:
     tokens and `accepted_draft_tokens` those kept (vLLM's spec_decode counters); a sequence's
     draft_token_ids are set here before a step and cleared by the engine after it."""
 
-    def __init__(self, config: EngineConfig, max_model_len: int):
+    def __init__(
+        self, config: SpeculativeConfig, max_model_len: int, grammars: GrammarCompiler, draft_model: DraftModel | None
+    ):
+        """`draft_model` is the method draft_model's (None for the others)."""
         self.config = config
+        self.grammars = grammars
         self.max_model_len = max_model_len
+        self.draft_model = draft_model
         self.drafts = 0
         self.draft_tokens = 0
         self.accepted_draft_tokens = 0
 
     def propose(self, scheduler: Scheduler, streams: dict[str, OutputStream]) -> None:
-        """Drafts for every decoding sequence without a grammar, as many as fit its max_tokens and
-        the context: from its predicted output where the request gave one, else by the engine's
-        speculative_method (none: no drafts). None while more sequences run than
-        speculative_disable_by_batch_size, or while a prompt is prefilled or waits to be: such a
-        step is compute-bound, and drafts would slow it."""
+        """Drafts for every decoding sequence, as many as fit its max_tokens and the context: from its
+        predicted output where the request gave one, else the tokens its grammar forces next where it
+        forces some, else by the method (none: no drafts); under a grammar, only as far as the
+        grammar accepts them. None while more sequences run than disable_by_batch_size, or while a prompt is
+        prefilled or waits to be: such a step is compute-bound, and drafts would slow it."""
         config, running = self.config, scheduler.running
+        if self.draft_model is not None:
+            self.draft_model.retain({seq.request_id for seq in running})
         if (
-            len(running) > config.speculative_disable_by_batch_size
+            len(running) > config.disable_by_batch_size
             or scheduler.waiting
-            or not (config.speculative_method or any(seq.params.predicted_token_ids for seq in running))
+            or not (config.method or any(seq.params.predicted_token_ids for seq in running))
             or any(seq.num_uncomputed_tokens > 1 for seq in running)
         ):
             return
+        for_the_model = []
         for seq in running:
             predicted = seq.params.predicted_token_ids
-            if not (predicted or config.speculative_method) or streams[seq.request_id].matcher is not None:
+            matcher = streams[seq.request_id].matcher
+            if not (predicted or config.method):
                 continue
             if seq.draft_pause:
                 seq.draft_pause -= 1
@@ -53,11 +65,26 @@ class Speculation:
                 seq.params.max_tokens - len(seq.output_token_ids) - 1,
                 self.max_model_len - seq.num_tokens,
             )
+            if room < 1:
+                continue
             if predicted:
-                drafts = predicted_draft(list(predicted), seq.output_token_ids, room, config.prompt_lookup_max)
+                seq.draft_token_ids = predicted_draft(
+                    list(predicted), seq.output_token_ids, room, config.prompt_lookup_max
+                )
+            elif matcher is not None and (forced := matcher.compute_ff_tokens()):
+                seq.draft_token_ids = forced[:room]
+            elif self.draft_model is not None:
+                for_the_model.append((seq, streams[seq.request_id], room))
             else:
-                drafts = ngram_draft(seq.all_token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max)
-            seq.draft_token_ids = drafts
+                seq.draft_token_ids = ngram_draft(
+                    seq.all_token_ids, room, config.prompt_lookup_min, config.prompt_lookup_max
+                )
+        if for_the_model:
+            self.draft_model.propose(for_the_model)
+        for seq in running:
+            matcher = streams[seq.request_id].matcher
+            if matcher is not None and seq.draft_token_ids:
+                seq.draft_token_ids = self.grammars.accepted_drafts(matcher, seq.draft_token_ids)
 
     def keep(self, seq: Sequence, tokens: list[SampledToken]) -> list[SampledToken]:
         """The sampled tokens up to the first that differs from the draft in its place (that one

@@ -183,6 +183,11 @@ class Tokenizer:
     def eos_token_ids(self) -> tuple[int, ...]:
         return self._eos_ids
 
+    def vocabulary(self) -> dict[str, int]:
+        """Every token's id, added tokens included: two tokenizers with the same vocabulary give
+        the same ids the same meaning."""
+        return self._backend.get_vocab(with_added_tokens=True)
+
     @property
     def vocab_size(self) -> int:
         """Number of ids, added tokens included."""
