@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from shoal.cluster.config import DeploymentConfig, ModelDeployment, describe
 from shoal.cluster.launcher_local import worker_command
 from shoal.config.engine import EngineConfig
+from shoal.config.speculative import SpeculativeConfig
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.yaml"))
 
@@ -89,6 +90,15 @@ BROKEN = [
         "models.0.warm_spares: Input should be greater than or equal to 0",
     ),
     ({"launcher": "kubernetes"}, "launcher: Input should be 'local'"),
+    (
+        {"models": [{"name": "a", "speculative": {"method": "medusa"}}]},
+        "models.0.speculative.method: Input should be 'ngram' or 'draft_model'",
+    ),
+    (
+        {"models": [{"name": "a", "speculative": {"method": "ngram", "model": "m"}}]},
+        "models.0: a speculative model is given exactly when the method is draft_model",
+    ),
+    ({"models": [{"name": "a", "speculative": {"k": 4}}]}, "models.0.speculative.k: unknown key"),
     ({"supervisor": {"restart_backoff_s": -1}}, "supervisor.restart_backoff_s: Input should be greater than 0"),
 ]
 
@@ -189,3 +199,12 @@ def test_every_engine_setting_has_a_deployment_key_of_the_same_name():
         config.seed,
         config.itl_target_ms,
     ) == ("m", "float32", 3, True, 256, 5, 2, 9, 40)
+
+
+def test_the_speculative_section_reaches_the_worker_whole():
+    """YAML `speculative: {...}` becomes EngineConfig.speculative, shipped on the worker's command line."""
+    entry = ModelDeployment(
+        name="served", speculative={"method": "draft_model", "model": "d", "num_speculative_tokens": 3}
+    )
+    config = _shipped_engine_config(worker_command(entry, "127.0.0.1", 8001))
+    assert config.speculative == SpeculativeConfig(method="draft_model", model="d", num_speculative_tokens=3)
