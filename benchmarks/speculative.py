@@ -1,8 +1,17 @@
-"""Speculative decoding through the worker's HTTP server: the same requests to a worker without
-speculation and to one with prompt lookup (`--speculative-method ngram`), one after the other on
-this machine. Workloads: a code edit (return a ~300-token function with one name changed; c=1),
-free chat with little repetition (c=1), and free chat at c=32. Reported: output tokens per second
-of each and the ratio, and whether every answer is the same text.
+"""Speculative decoding through the HTTP server, shoal and llama.cpp on the same GGUF file, the same
+requests to each server one after the other on this machine. Each speculating server is compared
+with its own plain one:
+
+- shoal, the file's Q4_1 blocks as they are: plain, and prompt lookup (`{"method": "ngram"}`);
+- shoal, the file's weights dequantized to bfloat16: plain, and the Q4_1 file drafting for them
+  (`{"method": "draft_model", "model": <the same file>}`: a quantized self-draft);
+- llama.cpp (llama-cpp-python's server, 2 threads): plain, and its prompt lookup
+  (`--draft_model prompt-lookup-decoding`, 10 tokens a draft, its own default), c=1 workloads only (it
+  serves one request at a time).
+
+Workloads: a code edit (return a ~300-token function with one name changed; c=1), free chat with
+little repetition (c=1), and free chat at c=32. Reported: output tokens per second of each, the
+ratio to the plain server, and whether every answer is the same text as the plain server's.
 
     .venv/bin/python benchmarks/speculative.py
 """
@@ -20,7 +29,11 @@ from pathlib import Path
 
 import httpx
 from cpu_name import cpu_description
+from peer_servers import llama_server_command
+from peer_venv import python_of
 from routing_quality import free_port, wait_for
+
+from shoal.model.registry import resolve_model
 
 RESULTS = Path(__file__).parent / "results"
 FUNCTION = '''def summarize_orders(orders, tax_rate=0.2, currency="EUR"):
@@ -51,15 +64,27 @@ CODE_EDIT = (
 CHAT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 
 
-def start_worker(model: str, extra: list[str], log: Path) -> tuple[subprocess.Popen, str]:
+def shoal_worker(model: str, flags: list[str]):
+    """(argv by port, readiness path) of a shoal worker serving `model` as "bench"."""
+    return lambda port: [
+        sys.executable, "-m", "shoal.cli", "worker", "--model", model, "--port", str(port),
+        "--served-model-name", "bench", *flags,
+    ], "/ready"  # fmt: skip
+
+
+def llama_cpp_server(gguf: Path, flags: list[str]):
+    """(argv by port, readiness path) of llama-cpp-python's server serving `gguf` as "bench" with 2
+    threads."""
+    python = python_of("llama-cpp", print)
+    return lambda port: [*llama_server_command(python, gguf, "bench", port), "--n_threads", "2", *flags], "/v1/models"
+
+
+def start(server, log: Path) -> tuple[subprocess.Popen, str]:
+    argv, ready = server
     port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shoal.cli", "worker", "--model", model, "--port", str(port), *extra],
-        stdout=subprocess.DEVNULL,
-        stderr=open(log, "a"),
-    )
+    process = subprocess.Popen(argv(port), stdout=subprocess.DEVNULL, stderr=open(log, "a"))
     url = f"http://127.0.0.1:{port}"
-    wait_for(url + "/ready", process)
+    wait_for(url + ready, process)
     return process, url
 
 
@@ -86,6 +111,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--requests", type=int, default=3, help="per c=1 workload")
+    parser.add_argument("--no-llama-cpp", action="store_true", help="shoal's servers only")
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="shoal-speculative-"))
     workloads = {
@@ -93,26 +119,44 @@ def main() -> int:
         "free_chat_c1": (CHAT, 200, 1, args.requests),
         "free_chat_c32": (CHAT, 64, 32, 32),
     }
-    modes = {"plain": [], "ngram": ["--speculative-method", "ngram"]}
+    bf16 = ["--no-keep-quantized", "--dtype", "bfloat16"]
+    self_draft = json.dumps({"method": "draft_model", "model": args.model})
+    # (server, its plain counterpart or None, how to start it, workloads it runs)
+    servers = [
+        ("shoal", None, shoal_worker(args.model, []), list(workloads)),
+        ("shoal ngram", "shoal", shoal_worker(args.model, ["--speculative", '{"method": "ngram"}']), list(workloads)),
+        ("shoal bf16", None, shoal_worker(args.model, bf16), list(workloads)),
+        ("shoal bf16 + Q4_1 draft", "shoal bf16", shoal_worker(args.model, [*bf16, "--speculative", self_draft]), list(workloads)),
+    ]  # fmt: skip
+    if not args.no_llama_cpp:
+        gguf = resolve_model(args.model).path
+        lookup = ["--draft_model", "prompt-lookup-decoding"]
+        c1 = [name for name in workloads if name.endswith("_c1")]
+        servers += [
+            ("llama.cpp", None, llama_cpp_server(gguf, []), c1),
+            ("llama.cpp prompt lookup", "llama.cpp", llama_cpp_server(gguf, lookup), c1),
+        ]
     results: dict = {}
-    for mode, flags in modes.items():
-        process, url = start_worker(args.model, ["--served-model-name", "bench", *flags], log_dir / f"{mode}.log")
+    for name, _, argv, names in servers:
+        process, url = start(argv, log_dir / f"{name.replace(' ', '_')}.log")
         try:
             asyncio.run(run(url, CHAT, 16, 1, 1))  # warm-up
-            results[mode] = {name: asyncio.run(run(url, *spec)) for name, spec in workloads.items()}
+            results[name] = {workload: asyncio.run(run(url, *workloads[workload])) for workload in names}
         finally:
             process.terminate()
             process.wait(timeout=30)
-    report = {"cpu": cpu_description(), "model": args.model, "workloads": {}}
-    for name in workloads:
-        plain, ngram = results["plain"][name], results["ngram"][name]
-        report["workloads"][name] = {
-            "plain_tokens_per_s": plain["tokens_per_s"],
-            "ngram_tokens_per_s": ngram["tokens_per_s"],
-            "ratio": round(ngram["tokens_per_s"] / plain["tokens_per_s"], 2),
-            "same_text": plain["texts"] == ngram["texts"],
-        }
-        print(name, json.dumps(report["workloads"][name]), flush=True)
+    report = {"cpu": cpu_description(), "model": args.model, "servers": {}}
+    for name, plain, _, names in servers:
+        report["servers"][name] = {}
+        for workload in names:
+            measured = results[name][workload]
+            row = {"tokens_per_s": measured["tokens_per_s"]}
+            if plain is not None:
+                baseline = results[plain][workload]
+                row["ratio_to_plain"] = round(measured["tokens_per_s"] / baseline["tokens_per_s"], 2)
+                row["same_text"] = measured["texts"] == baseline["texts"]
+            report["servers"][name][workload] = row
+            print(f"{name:26s} {workload:14s} {json.dumps(row)}", flush=True)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"speculative-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.json"
     path.write_text(json.dumps(report, indent=2))

@@ -125,7 +125,14 @@ def fleet_view(retention_s: float = 60, max_gone: int = 2):
     for name in "abc":
         state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)
         state.report = LoadReport(
-            running=2, waiting=1, free_kv_tokens=25, kv_capacity_tokens=100, decode_tokens_per_s=80.0
+            running=2,
+            waiting=1,
+            free_kv_tokens=25,
+            kv_capacity_tokens=100,
+            decode_tokens_per_s=80.0,
+            decode_tokens_per_step=2.5 if name == "a" else None,
+            draft_tokens=40 if name == "a" else None,
+            accepted_draft_tokens=30 if name == "a" else None,
         )
         membership.workers[state.worker_id] = state
     return membership, feed, ClusterView(membership, feed, retention_s=retention_s, max_gone=max_gone)
@@ -137,6 +144,8 @@ def test_workers_that_leave_stay_visible_as_gone_for_a_while():
     a = next(w for w in present if w["worker_id"] == "http://a")
     assert a["status"] == "healthy" and a["kv_cache_usage"] == 0.75 and a["relayed_tokens_per_s"] == 12.5
     assert (a["running"], a["waiting"], a["decode_tokens_per_s"]) == (2, 1, 80.0)
+    assert (a["decode_tokens_per_step"], a["drafts_kept"]) == (2.5, 0.75)  # it speculates
+    assert next(w for w in present if w["worker_id"] == "http://b")["drafts_kept"] is None
     membership.workers["http://b"].down = True
     membership.remove("http://a")
     feed.record("lifecycle", "exited", "pid 9 exited with -9", worker_id="http://a")

@@ -252,6 +252,32 @@ def test_measured_figures_within_the_noise_of_a_shared_machine_leave_the_calibra
     )
 
 
+def test_a_speculating_worker_is_costed_at_the_tokens_its_sequences_get_a_step():
+    """Two workers with the same step; one keeps drafts (its engine measured 2.5 tokens a sequence
+    gets a step): a request's decode costs it 2.5 times fewer steps, and the cost policy sends the
+    request there."""
+    req, fleet = request(prompt_tokens=0, decode=100), []
+    plain = worker("plain", single_step_s=0.02, capability=1000.0)
+    speculating = worker("spec", single_step_s=0.02, capability=1000.0, decode_tokens_per_step=2.5)
+    fleet = [plain, speculating]
+    assert estimated_seconds(req, plain, fleet, RoutingContext()) == pytest.approx(100 * 0.02)
+    assert estimated_seconds(req, speculating, fleet, RoutingContext()) == pytest.approx(100 * 0.02 / 2.5)
+    assert CostPolicy().choose(req, fleet, RoutingContext()).worker_id == "spec"
+
+
+def test_the_engine_measures_the_tokens_a_sequence_gets_a_step_from_its_decode_steps():
+    """Decode steps of 4 sequences given 4 tokens (no drafts kept) and 10 (drafts kept): the rate
+    and tokens per step count what the sequences were given; a prefill step leaves both alone."""
+    speed = SpeedEstimator(decay=0.0)
+    speed.observe(0, 4, 0.1)
+    assert speed.decode_tokens_per_step == pytest.approx(1.0)
+    speed.observe(0, 4, 0.1, produced=10)
+    assert speed.decode_tokens_per_step == pytest.approx(14 / 8)
+    assert speed.decode_tokens_per_s == pytest.approx(14 / 0.2)
+    speed.observe(100, 4, 0.5, produced=4)
+    assert speed.decode_tokens_per_step == pytest.approx(14 / 8)
+
+
 class TimedReplica:
     """A worker as the router sees it: steps of a fixed true duration (a tiny model's cost is its step
     delay), the engine's own SpeedEstimator fed with every step and seeded the way calibration seeds

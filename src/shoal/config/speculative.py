@@ -28,7 +28,7 @@ class SpeculativeConfig:
 
     method: str | None = None
     model: str | None = None
-    num_speculative_tokens: int = 4
+    num_speculative_tokens: int = 8
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 4
     disable_by_batch_size: int = 8

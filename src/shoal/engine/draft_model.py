@@ -36,6 +36,11 @@ from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
 
+# The most tokens a shadow catches up on per token its sequence may still generate: a catch-up token
+# costs the draft model a prompt token (a small fraction of a step), a token left saves at most a
+# step; a sequence further behind than this (one that starts drafting near its end) does not draft.
+CATCH_UP_PER_TOKEN_LEFT = 8
+
 
 def draft_engine_config(config: EngineConfig, kv_cache_bytes: int) -> EngineConfig:
     """The draft model's config: the target's, for `speculative.model` in one process, its quantized
@@ -107,14 +112,17 @@ class DraftModel:
 
     def propose(self, wanted: list[tuple[Sequence, OutputStream, int]]) -> None:
         """Sets the draft_token_ids of each (sequence, its stream, most drafts) to the tokens the draft
-        model samples after it, as many as asked; none for a sequence still being caught up, or whose
-        shadow finds no free blocks (it is dropped and starts afresh later)."""
+        model samples after it, as many as asked; none for a sequence still being caught up, too far
+        behind for what it has left (CATCH_UP_PER_TOKEN_LEFT), or whose shadow finds no free blocks
+        (it is dropped and starts afresh later)."""
         drafting: list[tuple[Sequence, OutputStream, int, Sequence]] = []
         pieces: list[tuple[Sequence, int, list[int]]] = []  # the first pass: each shadow's catch-up
         budget = self.catch_up_tokens
         for seq, stream, room in wanted:
             shadow = self._synced_shadow(seq)
             behind = shadow.num_uncomputed_tokens
+            if behind > CATCH_UP_PER_TOKEN_LEFT * (seq.params.max_tokens - len(seq.output_token_ids)):
+                continue  # too little left to win back catching up (the tail of a batch that shrank)
             length = min(behind, budget)
             if not length or not self.block_manager.append_slots(shadow, length):
                 self._drop(shadow)

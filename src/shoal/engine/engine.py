@@ -78,6 +78,7 @@ class EngineStats:
     outstanding_decode_tokens: int
     prefill_tokens_per_s: float | None
     decode_tokens_per_s: float | None
+    decode_tokens_per_step: float | None
     decode_step_s: float | None
     decode_step_noise: float | None
     kv_blocks_exported: int = 0
@@ -319,6 +320,7 @@ class LLMEngine:
         completing = [sampling[i] for i in live]
         prefill_tokens, decode_tokens = _split_work(chunks)
         self.step_expected_s = self.speed.step_seconds(prefill_tokens, decode_tokens)
+        produced = 0  # tokens given to the decoding sequences
         try:
             logits = self.runner.collect(handle)
             sampled = self._sample(completing, logits if len(rows) == row else logits[rows])
@@ -336,7 +338,6 @@ class LLMEngine:
             chunk.seq.num_computed_tokens += chunk.length - len(chunk.seq.draft_token_ids)
             self.block_manager.commit_computed(chunk.seq)
         self.prompt_tokens_computed += prefill_tokens
-        self.speed.observe(prefill_tokens, decode_tokens, elapsed)
         now = time.monotonic()
         for chunk, tokens in zip(completing, sampled):
             seq = chunk.seq
@@ -353,6 +354,7 @@ class LLMEngine:
                 if stream.finish_reason:
                     kept = kept[: index + 1]
                     break
+            produced += len(kept) if len(seq.output_token_ids) > len(kept) else 0
             seq.draft_token_ids.clear()
             if stream.finish_reason:
                 self.scheduler.finish(seq, stream.finish_reason)
@@ -368,6 +370,7 @@ class LLMEngine:
                     param=seq.params.structured_outputs.param,
                 )
             outputs.append(output)
+        self.speed.observe(prefill_tokens, decode_tokens, elapsed, produced)
         if any(c.length == 1 for c in completing):
             self.batch_controller.observe(elapsed * 1e3, len(chunks), len(self.scheduler.waiting))
         return outputs
@@ -535,6 +538,7 @@ class LLMEngine:
             outstanding_decode_tokens=decode,
             prefill_tokens_per_s=self.speed.prefill_tokens_per_s,
             decode_tokens_per_s=self.speed.decode_tokens_per_s,
+            decode_tokens_per_step=self.speed.decode_tokens_per_step,
             decode_step_s=self.speed.decode_step_s,
             decode_step_noise=self.speed.decode_step_noise,
             kv_blocks_exported=self.kv_blocks_exported,
@@ -608,7 +612,8 @@ class LLMEngine:
 
 
 def _split_work(chunks: list[ScheduledChunk]) -> tuple[int, int]:
-    """(prompt tokens, decode tokens) of a micro-batch: everything but the newest sampled token of
-    a decoding sequence is prompt (or recomputed) work."""
-    decode = sum(c.completes_sequence and bool(c.seq.output_token_ids) for c in chunks)
-    return sum(c.length for c in chunks) - decode, decode
+    """(prompt tokens, decoding sequences) of a micro-batch: everything but the newest sampled token
+    of a decoding sequence and its drafts is prompt (or recomputed) work."""
+    decoding = [c for c in chunks if c.completes_sequence and c.seq.output_token_ids]
+    scored = sum(1 + len(c.seq.draft_token_ids) for c in decoding)
+    return sum(c.length for c in chunks) - scored, len(decoding)

@@ -26,9 +26,10 @@ class DecayedRate:
 class SpeedEstimator:
     """Prefill and decode speeds of this engine, as routers use them.
 
-    A pure decode step (D tokens in t seconds) feeds the decode rate and the decode step time (the
-    inter-token latency at the current batch). A step with P prompt tokens charges its D decode
-    tokens at the current decode rate and the rest of t to prefill. Invariant: figures are None
+    A pure decode step (D sequences given T tokens in t seconds: T = D unless they speculated) feeds
+    the decode rate (T / t), the decode step time t and the tokens a sequence gets a step (T / D:
+    1 plus the drafts it kept, so the measured acceptance). A step with P prompt tokens charges its
+    D sequences' tokens at the current decode rate and the rest of t to prefill. Invariant: figures are None
     until observed or seeded by calibration, then positive.
 
     `decode_step_noise` is how far decode steps fall from the step time reported before them,
@@ -44,6 +45,7 @@ class SpeedEstimator:
         self.decay = decay
         self.prefill = DecayedRate(decay)
         self.decode = DecayedRate(decay)
+        self.tokens_per_step = DecayedRate(decay)
         self.decode_step_s: float | None = None
         self._step_deviation_sq: float | None = None
 
@@ -59,12 +61,21 @@ class SpeedEstimator:
     def decode_tokens_per_s(self) -> float | None:
         return self.decode.rate
 
-    def observe(self, prefill_tokens: int, decode_tokens: int, seconds: float) -> None:
+    @property
+    def decode_tokens_per_step(self) -> float | None:
+        """The tokens a decoding sequence gets a step (1 without speculation)."""
+        return self.tokens_per_step.rate
+
+    def observe(self, prefill_tokens: int, decode_tokens: int, seconds: float, produced: int | None = None) -> None:
+        """A step's prompt tokens, decoding sequences and seconds; `produced` is the tokens those
+        sequences were given (decode_tokens when None: one each)."""
         if seconds <= 0:
             return
+        produced = decode_tokens if produced is None else produced
         if prefill_tokens == 0:
             if decode_tokens:
-                self.decode.add(decode_tokens, seconds)
+                self.decode.add(produced, seconds)
+                self.tokens_per_step.add(produced, decode_tokens)
                 step = self.decode_step_s
                 if step is None:
                     self.decode_step_s = seconds
@@ -75,7 +86,7 @@ class SpeedEstimator:
                 self.decode_step_s = step + self.decay * (seconds - step)
             return
         decode_rate = self.decode.rate
-        decode_share = decode_tokens / decode_rate if decode_rate else 0.0
+        decode_share = produced / decode_rate if decode_rate else 0.0
         self.prefill.add(prefill_tokens, max(0.0, seconds - decode_share))
 
     def step_seconds(self, prefill_tokens: int, decode_tokens: int) -> float | None:

@@ -76,6 +76,7 @@ def _describe(state: WorkerState) -> dict:
         "capability": view.capability,
         "decode_step_s": view.decode_step_s,
         "decode_step_noise": view.decode_step_noise,
+        "decode_tokens_per_step": view.decode_tokens_per_step,
         "ttft_s": state.latency.ttft_s,
         "itl_s": state.latency.itl_s,
         "served_concurrency": view.served_concurrency,

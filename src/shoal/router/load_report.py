@@ -35,6 +35,9 @@ class LoadReport:
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
     decode_step_noise: float | None = None
+    decode_tokens_per_step: float | None = None
+    draft_tokens: int | None = None
+    accepted_draft_tokens: int | None = None
     longest_step_s: float | None = None
     single_step_s: float | None = None
     capability: float | None = None
@@ -64,6 +67,9 @@ class LoadReport:
             decode_tokens_per_s=report.decode_tokens_per_s,
             decode_step_s=report.decode_step_s,
             decode_step_noise=report.decode_step_noise,
+            decode_tokens_per_step=report.decode_tokens_per_step,
+            draft_tokens=report.draft_tokens,
+            accepted_draft_tokens=report.accepted_draft_tokens,
             longest_step_s=report.longest_step_s,
             single_step_s=1.0 / single_rate if single_rate else None,
             capability=report.capability,

@@ -210,6 +210,7 @@ class WorkerState:
             decode_tokens_per_s=report.decode_tokens_per_s,
             decode_step_s=report.decode_step_s,
             decode_step_noise=report.decode_step_noise,
+            decode_tokens_per_step=report.decode_tokens_per_step,
             single_step_s=report.single_step_s,
             capability=report.capability,
             unmeasured=report.unmeasured,

@@ -60,6 +60,8 @@ class WorkerView(msgspec.Struct, frozen=True):
     decode_tokens_per_s: float | None = None
     decode_step_s: float | None = None
     decode_step_noise: float | None = None  # how far its steps fall from decode_step_s, relative to it
+    # The tokens a decoding sequence gets a step there: 1, plus the drafts it keeps where it speculates.
+    decode_tokens_per_step: float | None = None
     single_step_s: float | None = None
     capability: float | None = None
     unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's

@@ -51,7 +51,9 @@ def kv_usage(report: LoadReport) -> float | None:
 
 def describe(state: WorkerState, relayed_tokens_per_s: float, now: float) -> dict:
     """One worker now. `relayed_tokens_per_s` is what the router relayed from it over the last
-    sample; `decode_tokens_per_s` is the worker's own moving-average decode speed (its report)."""
+    sample; `decode_tokens_per_s` is the worker's own moving-average decode speed (its report),
+    `decode_tokens_per_step` what a decoding sequence gets a step there (above 1 where it
+    speculates) and `drafts_kept` the fraction of its speculative drafts kept (None: none drafted)."""
     view, report = state.view(), state.report or LoadReport()
     return {
         "worker_id": state.worker_id,
@@ -76,6 +78,8 @@ def describe(state: WorkerState, relayed_tokens_per_s: float, now: float) -> dic
         "kv_capacity_tokens": report.kv_capacity_tokens,
         "relayed_tokens_per_s": relayed_tokens_per_s,
         "decode_tokens_per_s": report.decode_tokens_per_s,
+        "decode_tokens_per_step": report.decode_tokens_per_step,
+        "drafts_kept": report.accepted_draft_tokens / report.draft_tokens if report.draft_tokens else None,
         "prefill_tokens_per_s": report.prefill_tokens_per_s,
         "capability": view.capability,
         "ttft_s": state.latency.ttft_s,

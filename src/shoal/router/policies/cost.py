@@ -155,7 +155,9 @@ def estimated_seconds(
         step = fastest_idle_step_s(fleet) or speed.decode_step_s
     else:
         step = idle_step_s(worker) or speed.decode_step_s
-    per_token = max(step, (running + 1) / speed.decode_tokens_per_s)
+    # A worker that speculates gives a sequence decode_tokens_per_step tokens a step (its measured
+    # acceptance): each token costs that much less of a step.
+    per_token = max(step / max(1.0, worker.decode_tokens_per_step or 1.0), (running + 1) / speed.decode_tokens_per_s)
     uncached = request.prompt_tokens - context.cached_tokens(request, worker)
     decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
     loading = tier_seconds(request, worker, context, speed.prefill_tokens_per_s)

@@ -36,6 +36,14 @@ function kvCell(worker) {
             el("span", { class: "pct", text: `${(usage * 100).toFixed(0)}%` }));
 }
 
+function speculationLine(worker) {
+  const perStep = worker.decode_tokens_per_step;
+  if (worker.drafts_kept === null || worker.drafts_kept === undefined) return null;
+  const text = `speculating: ${(worker.drafts_kept * 100).toFixed(0)}% of drafts kept`
+    + (perStep ? ` · ${perStep.toFixed(2)} tokens/step` : "");
+  return el("div", { class: "small speculation", text });
+}
+
 function workerDetails(worker) {
   const parts = [];
   const replica = worker.replica;
@@ -68,7 +76,8 @@ export function renderWorkers(workers) {
       el("td", { class: "num", text: `${worker.running ?? 0} · ${worker.waiting ?? 0} · ${worker.in_flight ?? 0}` }),
       el("td", {}, live ? kvCell(worker) : "–"),
       el("td", { class: "num" }, el("div", { text: live ? fmtNumber(worker.relayed_tokens_per_s, 1) : "–" }),
-         live && decode ? el("div", { class: "small", text: `decode ${fmtNumber(decode, 0)}/s` }) : null),
+         live && decode ? el("div", { class: "small", text: `decode ${fmtNumber(decode, 0)}/s` }) : null,
+         live ? speculationLine(worker) : null),
       el("td", { class: "num", text: `${fmtSeconds(worker.ttft_s)} · ${fmtSeconds(worker.itl_s)}` }),
       el("td", { class: "small" }, event ? `${event.change}${event.reason ? `: ${event.reason}` : ""} · `
                                           + fmtAgo(event.time) : ""));
