@@ -2,8 +2,9 @@
 requests to each server one after the other on this machine. Each speculating server is compared
 with its own plain one:
 
-- shoal, the file's Q4_1 blocks as they are: plain, and prompt lookup (`{"method": "ngram"}`);
-- shoal, the file's weights dequantized to bfloat16: plain, and the Q4_1 file drafting for them
+- shoal, the file's quantized blocks as they are (the bundled model's are Q4_1): plain, and prompt
+  lookup (`{"method": "ngram"}`);
+- shoal, the file's weights dequantized to bfloat16: plain, and the file as it is drafting for them
   (`{"method": "draft_model", "model": <the same file>}`: a quantized self-draft);
 - llama.cpp (llama-cpp-python's server, 2 threads): plain, and its prompt lookup
   (`--draft_model prompt-lookup-decoding`, 10 tokens a draft, its own default), c=1 workloads only (it
@@ -12,6 +13,7 @@ with its own plain one:
 Workloads: a code edit (return a ~300-token function with one name changed; c=1), free chat with
 little repetition (c=1), and free chat at c=32. Reported: output tokens per second of each, the
 ratio to the plain server, and whether every answer is the same text as the plain server's.
+`--model` takes another GGUF file (`--completions` for one without a chat template).
 
     .venv/bin/python benchmarks/speculative.py
 """
@@ -88,20 +90,24 @@ def start(server, log: Path) -> tuple[subprocess.Popen, str]:
     return process, url
 
 
-async def run(url: str, prompt: str, max_tokens: int, concurrency: int, requests: int) -> dict:
-    """`requests` greedy chat requests, `concurrency` at a time: output tokens a second, and the texts."""
-    body = {"model": "bench", "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
+async def run(url: str, prompt: str, max_tokens: int, concurrency: int, requests: int, chat: bool = True) -> dict:
+    """`requests` greedy chat requests (completions of the bare prompt unless `chat`), `concurrency`
+    at a time: output tokens a second, and the texts."""
+    body = {"model": "bench", "max_tokens": max_tokens}
+    body.update({"messages": [{"role": "user", "content": prompt}]} if chat else {"prompt": prompt})
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     texts, tokens = [], 0
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         started = time.perf_counter()
         for first in range(0, requests, concurrency):
             batch = [
-                client.post("/v1/chat/completions", json={**body, "temperature": 0, "seed": i})
+                client.post(path, json={**body, "temperature": 0, "seed": i})
                 for i in range(first, min(requests, first + concurrency))
             ]
             for response in await asyncio.gather(*batch):
                 answer = response.json()
-                texts.append(answer["choices"][0]["message"]["content"])
+                choice = answer["choices"][0]
+                texts.append(choice["message"]["content"] if chat else choice["text"])
                 tokens += answer["usage"]["completion_tokens"]
         seconds = time.perf_counter() - started
     return {"tokens": tokens, "seconds": round(seconds, 2), "tokens_per_s": round(tokens / seconds, 1), "texts": texts}
@@ -112,12 +118,16 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--requests", type=int, default=3, help="per c=1 workload")
     parser.add_argument("--no-llama-cpp", action="store_true", help="shoal's servers only")
+    parser.add_argument(
+        "--completions", action="store_true", help="/v1/completions of the bare prompts (a model with no chat template)"
+    )
     args = parser.parse_args()
+    chat = not args.completions
     log_dir = Path(tempfile.mkdtemp(prefix="shoal-speculative-"))
     workloads = {
-        "code_edit_c1": (CODE_EDIT, 400, 1, args.requests),
-        "free_chat_c1": (CHAT, 200, 1, args.requests),
-        "free_chat_c32": (CHAT, 64, 32, 32),
+        "code_edit_c1": (CODE_EDIT, 400, 1, args.requests, chat),
+        "free_chat_c1": (CHAT, 200, 1, args.requests, chat),
+        "free_chat_c32": (CHAT, 64, 32, 32, chat),
     }
     bf16 = ["--no-keep-quantized", "--dtype", "bfloat16"]
     self_draft = json.dumps({"method": "draft_model", "model": args.model})
@@ -126,7 +136,7 @@ def main() -> int:
         ("shoal", None, shoal_worker(args.model, []), list(workloads)),
         ("shoal ngram", "shoal", shoal_worker(args.model, ["--speculative", '{"method": "ngram"}']), list(workloads)),
         ("shoal bf16", None, shoal_worker(args.model, bf16), list(workloads)),
-        ("shoal bf16 + Q4_1 draft", "shoal bf16", shoal_worker(args.model, [*bf16, "--speculative", self_draft]), list(workloads)),
+        ("shoal bf16 + quantized self-draft", "shoal bf16", shoal_worker(args.model, [*bf16, "--speculative", self_draft]), list(workloads)),
     ]  # fmt: skip
     if not args.no_llama_cpp:
         gguf = resolve_model(args.model).path
@@ -140,7 +150,7 @@ def main() -> int:
     for name, _, argv, names in servers:
         process, url = start(argv, log_dir / f"{name.replace(' ', '_')}.log")
         try:
-            asyncio.run(run(url, CHAT, 16, 1, 1))  # warm-up
+            asyncio.run(run(url, CHAT, 16, 1, 1, chat))  # warm-up
             results[name] = {workload: asyncio.run(run(url, *workloads[workload])) for workload in names}
         finally:
             process.terminate()

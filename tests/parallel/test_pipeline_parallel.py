@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import signal
@@ -66,6 +67,29 @@ def test_tiny_model_pipelines_give_the_single_process_tokens(
     pipeline = LLM(five_layer_model, pipeline_parallel_size=stages, layers_per_stage=layers_per_stage, **options)
     assert [s.end_layer - s.first_layer for s in pipeline.engine.runner.plan.stages] == list(layers_per_stage or (3, 2))
     assert outputs(pipeline, TINY_PROMPTS, GREEDY) == expected
+
+
+def test_a_speculating_pipeline_keeps_the_single_process_tokens(five_layer_model, shoal_cache_dir):
+    """PP=2, sampled, each request predicting its output (half of them wrongly from the middle on):
+    drafts go out with the micro-batches of sequences not in flight and are kept or refused when
+    they come back; the tokens are the single process's."""
+    options = dict(dtype="float32", kv_cache_bytes=16 << 20, cache_dir=str(shoal_cache_dir))
+    single = LLM(five_layer_model, **options)
+    try:
+        expected = [o.outputs[0].token_ids for o in single.generate(TINY_PROMPTS, SAMPLED)]
+    finally:
+        single.shutdown()
+    predicted = [
+        dataclasses.replace(SAMPLED, predicted_token_ids=tuple(ids if i % 2 else ids[:30] + [3] * 30))
+        for i, ids in enumerate(expected)
+    ]
+    pipeline = LLM(five_layer_model, pipeline_parallel_size=2, speculative={"disable_by_batch_size": 64}, **options)
+    try:
+        assert [o.outputs[0].token_ids for o in pipeline.generate(TINY_PROMPTS, predicted)] == expected
+        speculation = pipeline.engine.speculation
+        assert 0 < speculation.accepted_draft_tokens < speculation.draft_tokens
+    finally:
+        pipeline.shutdown()
 
 
 @pytest.mark.parametrize("variant", ["gemma2", "gemma3"])

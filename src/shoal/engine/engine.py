@@ -380,8 +380,8 @@ class LLMEngine:
         the way."""
         outputs: list[RequestOutput] = []
         depth = self.runner.depth
-        if depth == 1:
-            self.speculation.propose(self.scheduler, self.streams)
+        in_flight = frozenset(c.seq.request_id for _, chunks, _ in self.in_flight for c in chunks)
+        self.speculation.propose(self.scheduler, self.streams, in_flight)
         # Sequences share the micro-batches evenly, so that every stage has one to work on.
         share = -(-(len(self.scheduler.running) + len(self.scheduler.waiting)) // depth) if depth > 1 else None
         while len(self.in_flight) < depth:

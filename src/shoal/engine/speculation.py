@@ -35,15 +35,19 @@ class Speculation:
         self.draft_tokens = 0
         self.accepted_draft_tokens = 0
 
-    def propose(self, scheduler: Scheduler, streams: dict[str, OutputStream]) -> None:
+    def propose(self, scheduler: Scheduler, streams: dict[str, OutputStream], in_flight: frozenset[str]) -> None:
         """Drafts for every decoding sequence, as many as fit its max_tokens and the context: from its
         predicted output where the request gave one, else the tokens its grammar forces next where it
         forces some, else by the method (none: no drafts); under a grammar, only as far as the
-        grammar accepts them. None while more sequences run than disable_by_batch_size, or while a prompt is
-        prefilled or waits to be: such a step is compute-bound, and drafts would slow it."""
+        grammar accepts them. Sequences `in_flight` (in a pipeline's micro-batches) keep the drafts
+        they were sent with. None while more sequences run than disable_by_batch_size, or while a
+        prompt is prefilled or waits to be: such a step is compute-bound, and drafts would slow it."""
         config, running = self.config, scheduler.running
         if self.draft_model is not None:
             self.draft_model.retain({seq.request_id for seq in running})
+        drafting = [seq for seq in running if seq.request_id not in in_flight]
+        for seq in drafting:  # drafts a pipeline left unscheduled are stale
+            seq.draft_token_ids = []
         if (
             len(running) > config.disable_by_batch_size
             or scheduler.waiting
@@ -52,7 +56,7 @@ class Speculation:
         ):
             return
         for_the_model = []
-        for seq in running:
+        for seq in drafting:
             predicted = seq.params.predicted_token_ids
             matcher = streams[seq.request_id].matcher
             if not (predicted or config.method):
@@ -81,7 +85,7 @@ class Speculation:
                 )
         if for_the_model:
             self.draft_model.propose(for_the_model)
-        for seq in running:
+        for seq in drafting:
             matcher = streams[seq.request_id].matcher
             if matcher is not None and seq.draft_token_ids:
                 seq.draft_token_ids = self.grammars.accepted_drafts(matcher, seq.draft_token_ids)
