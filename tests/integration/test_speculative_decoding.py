@@ -78,12 +78,28 @@ def test_a_predicted_output_is_drafted_and_kept_where_it_is_right(make_tiny_engi
     assert engine.block_manager.num_free_blocks == idle
 
 
-def test_speculation_under_preemption_keeps_the_output(make_tiny_engine):
-    expected = outputs(make_tiny_engine(), PARAMS[0], True)
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [("ngram", PARAMS[0]), ("prediction", PARAMS[0]), ("prediction", PARAMS[1])],
+    ids=["ngram-greedy", "prediction-greedy", "prediction-seeded"],
+)
+def test_speculation_under_preemption_keeps_the_output(make_tiny_engine, params, method):
+    """A cache too small for the batch: sequences are preempted (their blocks, drafts' included,
+    given back) and recomputed; every output is unchanged."""
+    expected = outputs(make_tiny_engine(), params, True)
     per_token = make_tiny_engine().model.kv_bytes_per_block_token()
-    engine = make_tiny_engine(kv_cache_bytes=40 * 4 * per_token, speculative=NGRAM)
-    assert outputs(engine, PARAMS[0], True) == expected
+    speculative = NGRAM if method == "ngram" else SpeculativeConfig(disable_by_batch_size=64)
+    engine = make_tiny_engine(kv_cache_bytes=40 * 4 * per_token, speculative=speculative)
+    requests = {
+        f"r{i}": (
+            prompt,
+            dataclasses.replace(params, predicted_token_ids=tuple(expected[i])) if method != "ngram" else params,
+        )
+        for i, prompt in enumerate(prompts())
+    }
+    assert run_to_completion(engine, requests) == {f"r{i}": ids for i, ids in enumerate(expected)}
     assert engine.stats().num_preemptions > 0 and engine.speculation.draft_tokens > 0
+    assert method == "ngram" or engine.speculation.accepted_draft_tokens > 0  # a right prediction is kept
 
 
 def test_drafts_follow_the_latest_earlier_occurrence():
