@@ -150,7 +150,8 @@ def main() -> int:
     for name, _, argv, names in servers:
         process, url = start(argv, log_dir / f"{name.replace(' ', '_')}.log")
         try:
-            asyncio.run(run(url, CHAT, 16, 1, 1, chat))  # warm-up
+            for prompt in (CODE_EDIT, CHAT):  # warm-up: each prompt's shapes once
+                asyncio.run(run(url, prompt, 16, 1, 1, chat))
             results[name] = {workload: asyncio.run(run(url, *workloads[workload])) for workload in names}
         finally:
             process.terminate()
