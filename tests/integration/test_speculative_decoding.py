@@ -16,7 +16,8 @@ from shoal.engine.structured_outputs import StructuredOutputs
 from tests.support.engine_runs import final_outputs, mixed_prompts, run_to_completion
 
 # Drafting in batches of any size (the engine turns it off above 8 by default, for speed).
-NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, disable_by_batch_size=64)
+# Prompt lookup from two tokens on: a random tiny model repeats itself seldom.
+NGRAM = SpeculativeConfig(method="ngram", num_speculative_tokens=4, prompt_lookup_min=2, disable_by_batch_size=64)
 PARAMS = [
     SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
     SamplingParams(temperature=0.8, top_p=0.95, max_tokens=40, seed=5, ignore_eos=True, repetition_penalty=1.1),

@@ -60,8 +60,8 @@ class Speculative(Frozen):
     method: Literal["ngram", "draft_model"] | None = None
     model: str | None = None
     num_speculative_tokens: int = Field(8, ge=1)
-    prompt_lookup_min: int = Field(2, ge=1)
-    prompt_lookup_max: int = Field(4, ge=1)
+    prompt_lookup_min: int = Field(3, ge=1)
+    prompt_lookup_max: int = Field(5, ge=1)
     disable_by_batch_size: int = Field(8, ge=0)
 
 

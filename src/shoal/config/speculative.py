@@ -29,8 +29,8 @@ class SpeculativeConfig:
     method: str | None = None
     model: str | None = None
     num_speculative_tokens: int = 8
-    prompt_lookup_min: int = 2
-    prompt_lookup_max: int = 4
+    prompt_lookup_min: int = 3
+    prompt_lookup_max: int = 5
     disable_by_batch_size: int = 8
 
     def __post_init__(self) -> None:
