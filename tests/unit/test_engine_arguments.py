@@ -42,7 +42,7 @@ def test_a_malformed_speculative_flag_is_refused(flag, message):
         ('{"method": "eagle"}', "speculative method must be ngram or draft_model"),
         ('{"method": "draft_model"}', "a speculative model is given exactly when the method is draft_model"),
         ('{"method": "ngram", "lookahead": 3}', r"unknown speculative config keys: \['lookahead'\]"),
-        ('{"method": "ngram", "prompt_lookup_min": 5}', "1 <= prompt_lookup_min <= prompt_lookup_max"),
+        ('{"method": "ngram", "prompt_lookup_min": 6}', "1 <= prompt_lookup_min <= prompt_lookup_max"),
     ],
 )
 def test_wrong_speculative_settings_are_refused_with_the_reason(settings, message):
