@@ -1,0 +1,154 @@
+"""LoRA adapters from PEFT directories (`adapter_config.json` and `adapter_model.safetensors`), checked
+against the base model before any is used.
+
+An adapter adds, to a projection's output for an input row x, scaling * B (A x), with A [rank, in]
+and B [out, rank] per layer and projection (q/k/v/o of attention, gate/up/down of the MLP).
+`scaling` is lora_alpha / rank, or lora_alpha / sqrt(rank) with rsLoRA. What PEFT can write that
+this engine does not apply (DoRA, trained biases, extra saved modules, per-module rank patterns)
+is refused by name rather than dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from shoal.model.config import LlamaConfig
+from shoal.model.errors import ModelLoadError
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# PEFT settings this engine applies only at their plain value.
+_PLAIN = {"use_dora": False, "bias": "none", "fan_in_fan_out": False, "modules_to_save": None}
+
+
+class LoraAdapterError(ModelLoadError):
+    """An adapter that cannot be used with this base model; the message names the file and why."""
+
+
+@dataclass(frozen=True)
+class LoraPair:
+    """One projection's adapter: A [rank, in] and B [out, rank], float32, B already times scaling."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LoraAdapter:
+    """Invariant: every pair's shapes match the base model's projection and rank <= the maximum it
+    was loaded under; `digest` is the SHA-256 of the weights file (what tells two adapters apart
+    in the prefix cache)."""
+
+    name: str
+    path: str
+    rank: int
+    scaling: float
+    digest: str
+    pairs: dict[tuple[int, str], LoraPair]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.a.numel() * p.a.element_size() + p.b.numel() * p.b.element_size() for p in self.pairs.values())
+
+
+def projection_shape(config: LlamaConfig, target: str) -> tuple[int, int]:
+    """(out, in) of a projection of the base model."""
+    attention = config.num_heads * config.head_dim
+    kv = config.num_kv_heads * config.head_dim
+    return {
+        "q_proj": (attention, config.hidden_size),
+        "k_proj": (kv, config.hidden_size),
+        "v_proj": (kv, config.hidden_size),
+        "o_proj": (config.hidden_size, attention),
+        "gate_proj": (config.intermediate_size, config.hidden_size),
+        "up_proj": (config.intermediate_size, config.hidden_size),
+        "down_proj": (config.hidden_size, config.intermediate_size),
+    }[target]
+
+
+def load_peft_adapter(
+    name: str, directory: str | Path, base: LlamaConfig, max_rank: int, sha256: str | None = None
+) -> LoraAdapter:
+    """The adapter in a PEFT directory, for `base`; LoraAdapterError naming the file and the reason
+    when it is missing, corrupt, not the given `sha256`, above `max_rank`, for other shapes, or uses
+    a PEFT feature not applied here."""
+    root = Path(directory)
+    settings = _settings(root / CONFIG_FILE)
+    rank, alpha = settings.get("r"), settings.get("lora_alpha", settings.get("r"))
+    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, (int, float)):
+        raise LoraAdapterError(f"{root / CONFIG_FILE}: r must be a positive integer and lora_alpha a number")
+    if rank > max_rank:
+        raise LoraAdapterError(f"{root / CONFIG_FILE}: rank {rank} is above this engine's max_lora_rank {max_rank}")
+    weights_path = root / WEIGHTS_FILE
+    try:
+        data = weights_path.read_bytes()
+    except OSError as exc:
+        raise LoraAdapterError(f"{weights_path}: cannot be read ({exc.strerror})") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if sha256 is not None and digest != sha256.lower():
+        raise LoraAdapterError(f"{weights_path}: SHA-256 is {digest}, not the {sha256} given")
+    try:
+        tensors = load_file(weights_path)
+    except (SafetensorError, ValueError) as exc:
+        raise LoraAdapterError(f"{weights_path}: not a safetensors file ({exc})") from None
+    scaling = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
+    pairs = _pairs(weights_path, tensors, base, rank, scaling)
+    return LoraAdapter(name, str(root), rank, scaling, digest, pairs)
+
+
+def _settings(path: Path) -> dict:
+    try:
+        settings = json.loads(path.read_text())
+    except OSError as exc:
+        raise LoraAdapterError(f"{path}: cannot be read ({exc.strerror})") from None
+    except json.JSONDecodeError as exc:
+        raise LoraAdapterError(f"{path}: not JSON ({exc})") from None
+    if not isinstance(settings, dict) or settings.get("peft_type", "LORA") != "LORA":
+        raise LoraAdapterError(f"{path}: not a LoRA adapter (peft_type {settings.get('peft_type')!r})")
+    for key, plain in _PLAIN.items():
+        if settings.get(key, plain) not in (plain, [], {}):
+            raise LoraAdapterError(f"{path}: {key}={settings[key]!r} is not supported (only {plain!r})")
+    for key in ("rank_pattern", "alpha_pattern"):
+        if settings.get(key):
+            raise LoraAdapterError(f"{path}: {key} (ranks or alphas per module) is not supported")
+    return settings
+
+
+def _pairs(
+    path: Path, tensors: dict[str, torch.Tensor], base: LlamaConfig, rank: int, scaling: float
+) -> dict[tuple[int, str], LoraPair]:
+    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for key, tensor in tensors.items():
+        match = _KEY.match(key)
+        if match is None or match.group(2) not in LORA_TARGETS:
+            raise LoraAdapterError(f"{path}: {key} is not a LoRA weight of a q/k/v/o/gate/up/down projection")
+        layer, target, half = int(match.group(1)), match.group(2), match.group(3)
+        if layer >= base.num_layers:
+            raise LoraAdapterError(f"{path}: {key} is for layer {layer}; the base model has {base.num_layers}")
+        halves.setdefault((layer, target), {})[half] = tensor
+    if not halves:
+        raise LoraAdapterError(f"{path}: holds no LoRA weights")
+    pairs = {}
+    for (layer, target), found in sorted(halves.items()):
+        if set(found) != {"A", "B"}:
+            raise LoraAdapterError(f"{path}: layer {layer} {target} has lora_{''.join(found)} without its other half")
+        out, into = projection_shape(base, target)
+        a, b = found["A"], found["B"]
+        if tuple(a.shape) != (rank, into) or tuple(b.shape) != (out, rank):
+            raise LoraAdapterError(
+                f"{path}: layer {layer} {target} has A {tuple(a.shape)} and B {tuple(b.shape)}; this base "
+                f"model needs A ({rank}, {into}) and B ({out}, {rank})"
+            )
+        pairs[(layer, target)] = LoraPair(a.float().contiguous(), (b.float() * scaling).contiguous())
+    return pairs

@@ -1,0 +1,75 @@
+"""LoRA adapters from PEFT directories, made with `peft` here on the tiny model: read with their
+scaling (plain and rsLoRA) so that each projection's B A is PEFT's own delta weight, and refused,
+with the file and the reason, when they cannot be used (rank above the maximum, another base shape,
+a corrupt or substituted file, DoRA)."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import pytest
+import torch
+
+from shoal.model.hf_loader import load_hf_config
+from shoal.model.lora_adapter import LORA_TARGETS, LoraAdapterError, load_peft_adapter
+from tests.support.tiny_model import write_tiny_model
+
+peft = pytest.importorskip("peft")
+
+
+def write_adapter(base_dir, directory, rank=8, alpha=16, **settings):
+    """A random PEFT LoRA adapter (every q/k/v/o/gate/up/down projection) for the model at base_dir;
+    returns the PEFT model, for reference."""
+    import transformers
+
+    torch.manual_seed(rank + alpha)
+    model = transformers.LlamaForCausalLM.from_pretrained(base_dir)
+    config = peft.LoraConfig(
+        r=rank, lora_alpha=alpha, target_modules=list(LORA_TARGETS), init_lora_weights=False, **settings
+    )
+    adapted = peft.get_peft_model(model, config)
+    adapted.save_pretrained(directory)
+    return adapted
+
+
+@pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])
+def test_each_projection_adds_peft_s_own_delta(tiny_model_dir, tmp_path, rslora):
+    adapted = write_adapter(tiny_model_dir, tmp_path, rank=8, alpha=16, use_rslora=rslora)
+    adapter = load_peft_adapter("a", tmp_path, load_hf_config(tiny_model_dir), max_rank=16)
+    assert adapter.scaling == (16 / math.sqrt(8) if rslora else 16 / 8)
+    assert len(adapter.pairs) == 2 * len(LORA_TARGETS)
+    for (layer, target), pair in adapter.pairs.items():
+        block = adapted.base_model.model.model.layers[layer]
+        module = getattr(block.self_attn if target in ("q_proj", "k_proj", "v_proj", "o_proj") else block.mlp, target)
+        torch.testing.assert_close(pair.b @ pair.a, module.get_delta_weight("default"), rtol=1e-5, atol=1e-6)
+    weights = (tmp_path / "adapter_model.safetensors").read_bytes()
+    assert adapter.digest == hashlib.sha256(weights).hexdigest()
+
+
+def test_an_adapter_that_cannot_be_used_is_refused_with_the_file_and_the_reason(tiny_model_dir, tmp_path):
+    base = load_hf_config(tiny_model_dir)
+    write_adapter(tiny_model_dir, tmp_path / "r16", rank=16)
+    with pytest.raises(LoraAdapterError, match="rank 16 is above this engine's max_lora_rank 8"):
+        load_peft_adapter("a", tmp_path / "r16", base, max_rank=8)
+    other_base = write_tiny_model(tmp_path / "wide", hidden_size=96)
+    write_adapter(other_base, tmp_path / "wide-adapter")
+    with pytest.raises(
+        LoraAdapterError,
+        match=r"layer 0 down_proj has A \(8, 192\) and B \(96, 8\); this base model needs A \(8, 128\)",
+    ):
+        load_peft_adapter("a", tmp_path / "wide-adapter", base, max_rank=8)
+    write_adapter(tiny_model_dir, tmp_path / "ok")
+    digest = hashlib.sha256((tmp_path / "ok" / "adapter_model.safetensors").read_bytes()).hexdigest()
+    assert load_peft_adapter("a", tmp_path / "ok", base, max_rank=8, sha256=digest.upper()).digest == digest
+    with pytest.raises(LoraAdapterError, match="SHA-256 is .* not the 00 given"):
+        load_peft_adapter("a", tmp_path / "ok", base, max_rank=8, sha256="00")
+    weights = tmp_path / "ok" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(LoraAdapterError, match="adapter_model.safetensors: not a safetensors file"):
+        load_peft_adapter("a", tmp_path / "ok", base, max_rank=8)
+    write_adapter(tiny_model_dir, tmp_path / "dora", use_dora=True)
+    with pytest.raises(LoraAdapterError, match="use_dora=True is not supported"):
+        load_peft_adapter("a", tmp_path / "dora", base, max_rank=8)
+    with pytest.raises(LoraAdapterError, match="adapter_config.json: cannot be read"):
+        load_peft_adapter("a", tmp_path / "missing", base, max_rank=8)
