@@ -73,3 +73,32 @@ def test_an_adapter_that_cannot_be_used_is_refused_with_the_file_and_the_reason(
         load_peft_adapter("a", tmp_path / "dora", base, max_rank=8)
     with pytest.raises(LoraAdapterError, match="adapter_config.json: cannot be read"):
         load_peft_adapter("a", tmp_path / "missing", base, max_rank=8)
+
+
+@pytest.mark.parametrize("attention_kernel", ["rows", "tiles"], ids=["native-layer", "torch-layer"])
+def test_the_model_with_an_adapter_gives_transformers_and_peft_s_logits(
+    tiny_model_dir, shoal_cache_dir, tmp_path, attention_kernel
+):
+    """Float32, the tiny model with a random adapter on every projection: shoal's logits for a prompt
+    whose rows all run the adapter are PEFT's; the layer run as one native object (its parts, each
+    given the adapted rows' deltas) and as torch code alike. The base model's stay the base's."""
+    from shoal import LLM
+    from shoal.model.lora_batch import LoraBatch, PackedAdapter
+    from tests.support.logits import forward_logits
+
+    adapted = write_adapter(tiny_model_dir, tmp_path / "adapter").eval()
+    options = dict(dtype="float32", device="cpu", kv_cache_bytes=1 << 20, block_size=4)
+    llm = LLM(str(tiny_model_dir), cache_dir=str(shoal_cache_dir), attention_kernel=attention_kernel, **options)
+    model = llm.engine.model
+    assert all((layer.native is not None) == (attention_kernel == "rows") for layer in model.layers)
+    adapter = load_peft_adapter("a", tmp_path / "adapter", model.config, max_rank=8)
+    packed = PackedAdapter(adapter, torch.float32, torch.device("cpu"), tile_rows=16, prepack=True)
+    ids = [5, 17, 42, 8, 99, 23, 61, 7, 30, 12, 77]
+    lora = LoraBatch.of_rows([packed] * len(ids), model.config, torch.device("cpu"))
+    with torch.no_grad():
+        expected = adapted(torch.tensor([ids])).logits[0]
+        with adapted.disable_adapter():
+            base = adapted(torch.tensor([ids])).logits[0]
+    assert (expected - base).abs().max() > 0.1  # the adapter changes the logits
+    torch.testing.assert_close(forward_logits(llm, ids, lora), expected, rtol=0, atol=2e-4)
+    torch.testing.assert_close(forward_logits(llm, ids), base, rtol=0, atol=2e-4)

@@ -7,8 +7,9 @@ import torch
 from shoal import LLM
 
 
-def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
-    """Logits for every position of one prompt, through the model and KV cache of a fresh engine."""
+def forward_logits(llm: LLM, token_ids: list[int], lora=None) -> torch.Tensor:
+    """Logits for every position of one prompt, through the model and KV cache of a fresh engine;
+    `lora` (a model.lora_batch.LoraBatch) names the rows' adapters."""
     from shoal.model.paged_attention import build_attention_metadata
 
     engine = llm.engine
@@ -28,7 +29,7 @@ def forward_logits(llm: LLM, token_ids: list[int]) -> torch.Tensor:
         windows=groups.windows,
         with_tiles=engine.model.attention_uses_tiles,
     )
-    hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta)
+    hidden = engine.model.forward(torch.tensor(token_ids), torch.arange(len(token_ids)), runner.kv_caches, meta, lora)
     return engine.model.compute_logits(hidden)
 
 

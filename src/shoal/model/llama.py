@@ -26,6 +26,7 @@ from shoal.model.cpu_attention import row_paged_attention
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.kv_groups import KVGroups
 from shoal.model.layout import layer_norms
+from shoal.model.lora_batch import LoraBatch
 from shoal.model.mlp_gates import GATE_KINDS, gate_function
 from shoal.model.moe import MixtureOfExperts
 from shoal.model.native_kernels import load_native_kernels
@@ -72,12 +73,15 @@ class DecoderLayer:
         window: int,
         rotary: bool,
         sparse: bool,
+        index: int,
     ):
         """fuse: run the layer as one native object when its projections are all native; window: its
         attention's sliding window, 0 for none; rotary: whether it applies RoPE; sparse: whether its
         MLP is a mixture of experts (moe.MixtureOfExperts), which the native object leaves to the
-        experts' own native kernel."""
+        experts' own native kernel; index: the layer's number in the model (adapters' weights are
+        by it)."""
         self.config = config
+        self.index = index
         self.attention = attention
         self.rope = rope
         self.window = window
@@ -164,12 +168,19 @@ class DecoderLayer:
         rope_tables: tuple[torch.Tensor, torch.Tensor],
         cache: KVCache,
         meta: AttentionMetadata,
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
+        """`lora`: the step's adapted rows (model.lora_batch), each projection's delta added to theirs."""
+        if lora is not None and (self.tensor_parallel is not None or self.experts is not None):
+            raise ValueError("LoRA adapters run on dense layers in one process")
         if self.native is not None:
+            if lora is not None:
+                return self._native_lora_forward(hidden, cache, meta, lora)
             return self._native_forward(hidden, cache, meta)
         cfg, eps = self.config, self.config.rms_norm_eps
         tokens = hidden.shape[0]
-        qkv = self.qkv(self._normed(hidden, self.before_attention))
+        normed = self._normed(hidden, self.before_attention)
+        qkv = self._adapted(self.qkv(normed), lora, "qkv", normed)
         qk = qkv[:, : self.q_size + self.kv_size]
         if self.qk_norms is not None:
             q_norm, k_norm = self.qk_norms
@@ -187,16 +198,47 @@ class DecoderLayer:
         write_kv(cache, k, v, meta)
         attended = self.attention(q, cache, meta, self.scale, self.window, cfg.attention_softcap, self.sinks)
         heads = self._gathered(attended, "heads")
-        hidden = hidden + self._joining(self._gathered(self.o(heads), "hidden"), self.after_attention)
+        output = self._adapted(self.o(heads), lora, "o_proj", heads)
+        hidden = hidden + self._joining(self._gathered(output, "hidden"), self.after_attention)
         normed = self._normed(hidden, self.before_mlp)
         if self.experts is not None:
             part = self._experts_part(normed)
             if self.tensor_parallel is not None and not self.tensor_parallel.expert_parallel:
                 part = self._gathered(part, "hidden")
             return hidden + self._joining(part, self.after_mlp)
-        gate, up = self.gate_up(normed).chunk(2, dim=1)
+        gate, up = self._adapted(self.gate_up(normed), lora, "gate_up", normed).chunk(2, dim=1)
         activation = self._gathered(self.gate(gate, up), "intermediate")
-        return hidden + self._joining(self._gathered(self.down(activation), "hidden"), self.after_mlp)
+        down = self._adapted(self.down(activation), lora, "down_proj", activation)
+        return hidden + self._joining(self._gathered(down, "hidden"), self.after_mlp)
+
+    def _adapted(self, output: torch.Tensor, lora: LoraBatch | None, projection: str, x: torch.Tensor) -> torch.Tensor:
+        """A projection's output with the adapted rows' deltas added (rounded to its dtype)."""
+        if lora is None:
+            return output
+        rows = lora.rows
+        delta = lora.deltas(self.index, projection, x.index_select(0, rows))
+        return output.index_copy(0, rows, (output.index_select(0, rows).float() + delta).to(output.dtype))
+
+    def _native_lora_forward(
+        self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata, lora: LoraBatch
+    ) -> torch.Tensor:
+        """The native layer run in its parts, the adapted rows' deltas handed to each (the other rows
+        computed exactly as `forward` of the native object computes them)."""
+        layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
+        native, rows, eps = self.native, lora.rows, self.config.rms_norm_eps
+
+        def normed_rows(x: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+            picked = x.index_select(0, rows)
+            return picked if norm is None else torch.ops.shoal.rms_norm_rows(picked, norm, eps)
+
+        qkv_delta = lora.deltas(self.index, "qkv", normed_rows(hidden, self.before_attention))
+        heads = native.attention_with_deltas(hidden, *layout, rows, qkv_delta)
+        o_delta = lora.deltas(self.index, "o_proj", heads.index_select(0, rows))
+        attended = native.output_with_deltas(heads, hidden, rows, o_delta)
+        gate_up_delta = lora.deltas(self.index, "gate_up", normed_rows(attended, self.before_mlp))
+        activation = native.mlp_with_deltas(attended, rows, gate_up_delta)
+        down_delta = lora.deltas(self.index, "down_proj", activation.index_select(0, rows))
+        return native.down_with_deltas(activation, attended, rows, down_delta)
 
     def _normed(self, hidden: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
         """An attention or MLP input: normalised where the model has a norm before it."""
@@ -327,6 +369,7 @@ class LlamaModel:
                 window=config.window(i),
                 rotary=config.rotary(i),
                 sparse=config.sparse(i),
+                index=i,
             )
             for i in self.layer_range
         ]
@@ -367,10 +410,16 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(
-        self, inputs: torch.Tensor, positions: torch.Tensor, caches: list[KVCache], metas: list[AttentionMetadata]
+        self,
+        inputs: torch.Tensor,
+        positions: torch.Tensor,
+        caches: list[KVCache],
+        metas: list[AttentionMetadata],
+        lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """inputs: [T] token ids if this holds the embedding, else [T, H] hidden states from the
-        previous layers; positions: [T]; metas: the step's attention metadata of each KV group.
+        previous layers; positions: [T]; metas: the step's attention metadata of each KV group;
+        lora: the rows that run LoRA adapters, and theirs.
         Writes the tokens' K/V into `caches` (those of kv_slots); returns the hidden states [T, H]
         after the last layer held (not normalised: see compute_logits)."""
         if self.has_embedding:
@@ -383,7 +432,7 @@ class LlamaModel:
         if self.window_rope is not None:
             tables[id(self.window_rope)] = self.window_rope.tables(positions)
         for layer, (group, cache) in zip(self.layers, self.layer_caches):
-            hidden = layer.forward(hidden, tables[id(layer.rope)], caches[cache], metas[group])
+            hidden = layer.forward(hidden, tables[id(layer.rope)], caches[cache], metas[group], lora)
         return hidden
 
     @torch.inference_mode()

@@ -17,6 +17,7 @@
 // Invariant: a token's outputs depend on its own row (and, in attention, its sequence's cache)
 // only, never on the batch.
 #include <ATen/Parallel.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Half.h>
 #include <torch/custom_class.h>
@@ -322,6 +323,16 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   at::Tensor attention(const at::Tensor& hidden, const at::Tensor& k_cache, const at::Tensor& v_cache,
                        const at::Tensor& positions, const at::Tensor& slot_rows, const at::Tensor& block_tables,
                        const at::Tensor& token_sequences) const {
+    return attention_with_deltas(hidden, k_cache, v_cache, positions, slot_rows, block_tables, token_sequences,
+                                 no_rows(), no_rows());
+  }
+
+  // attention() with LoRA: `delta` [R, (H + 2 Hkv) * D] (float32) added to the q/k/v projection of
+  // the rows `rows` [R] (int64) before their norms and RoPE; the other rows as attention() has them.
+  at::Tensor attention_with_deltas(const at::Tensor& hidden, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                   const at::Tensor& positions, const at::Tensor& slot_rows,
+                                   const at::Tensor& block_tables, const at::Tensor& token_sequences,
+                                   const at::Tensor& rows, const at::Tensor& delta) const {
     const int64_t tokens = hidden.size(0);
     TORCH_CHECK(k_cache.scalar_type() == hidden.scalar_type() && v_cache.scalar_type() == hidden.scalar_type(),
                 "DecoderLayer: the KV cache must be in the activations' dtype");
@@ -340,6 +351,7 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     for (int64_t i = 0; i < tokens * kv_heads_; ++i)
       TORCH_CHECK(slots[i] >= 0 && slots[i] < cache_rows, "DecoderLayer: slot row ", slots[i], " is outside the cache");
     const at::Tensor qkv = qkv_->forward(normed(hidden, before_attention_norm_));
+    add_to_rows(qkv, rows, delta);
     auto q = at::empty({tokens, heads_, dim_}, hidden.options().dtype(at::kFloat));
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
       using T = std::remove_pointer_t<decltype(type)>;
@@ -378,10 +390,22 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     return join(part, after_mlp_norm_, residual);
   }
 
+  // output() with LoRA: for the rows `rows`, `delta` [R, O's outputs] (float32) added to O(heads)
+  // before its norm and the residual; the other rows as output() has them.
+  at::Tensor output_with_deltas(const at::Tensor& heads, const at::Tensor& residual, const at::Tensor& rows,
+                                const at::Tensor& delta) const {
+    return with_row_deltas(output(heads, residual), *o_, heads, after_attention_norm_, residual, rows, delta);
+  }
+
   // act(gate) * up [T, this rank's intermediate columns] for hidden [T, hidden].
-  at::Tensor mlp(const at::Tensor& hidden) const {
+  at::Tensor mlp(const at::Tensor& hidden) const { return mlp_with_deltas(hidden, no_rows(), no_rows()); }
+
+  // mlp() with LoRA: `delta` [R, 2 x intermediate] (float32) added to gate_up of the rows `rows`
+  // before the gate meets up.
+  at::Tensor mlp_with_deltas(const at::Tensor& hidden, const at::Tensor& rows, const at::Tensor& delta) const {
     dense_down();
     const at::Tensor gate_up = gate_up_->forward(normed(hidden, before_mlp_norm_));
+    add_to_rows(gate_up, rows, delta);
     const int64_t width = gate_up_->out_features() / 2;
     auto out = at::empty({hidden.size(0), width}, hidden.options());
     for_each_dtype(hidden.scalar_type(), [&](auto* type) {
@@ -395,6 +419,14 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   // residual + down(activation), for the activation of every intermediate column.
   at::Tensor down(const at::Tensor& activation, const at::Tensor& residual) const {
     return joined(dense_down(), activation, after_mlp_norm_, residual);
+  }
+
+  // down() with LoRA: for the rows `rows`, `delta` [R, hidden] (float32) added to down(activation)
+  // before its norm and the residual.
+  at::Tensor down_with_deltas(const at::Tensor& activation, const at::Tensor& residual, const at::Tensor& rows,
+                              const at::Tensor& delta) const {
+    return with_row_deltas(down(activation, residual), dense_down(), activation, after_mlp_norm_, residual, rows,
+                           delta);
   }
 
   // The whole layer without tensor parallelism: hidden [T, hidden] -> [T, hidden].
@@ -411,6 +443,31 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   const PackedLinear& dense_down() const {
     TORCH_CHECK(down_, "DecoderLayer: this layer's MLP runs elsewhere (a mixture of experts)");
     return *down_;
+  }
+
+  static at::Tensor no_rows() { return at::empty({0}, at::TensorOptions().dtype(at::kLong)); }
+
+  // x's rows `rows` plus `delta`'s (float32 [R, x's columns]), in place, rounded to x's dtype. Each
+  // row's result depends on that row alone.
+  static void add_to_rows(const at::Tensor& x, const at::Tensor& rows, const at::Tensor& delta) {
+    if (rows.numel() == 0) return;
+    TORCH_CHECK(rows.scalar_type() == at::kLong && delta.scalar_type() == at::kFloat && delta.dim() == 2 &&
+                    delta.size(0) == rows.size(0) && delta.size(1) == x.size(1),
+                "DecoderLayer: LoRA deltas must be float32 [rows, outputs] for int64 rows");
+    auto target = x;  // the tensor's handle is const, its values are this step's own
+    target.index_copy_(0, rows, x.index_select(0, rows).to(at::kFloat).add_(delta).to(x.scalar_type()));
+  }
+
+  // `out` (the projection joined for every row) with the rows `rows` joined again from the
+  // projection of their inputs plus `delta`: residual + norm(projection(x) + delta) x multiplier.
+  at::Tensor with_row_deltas(at::Tensor out, const PackedLinear& projection, const at::Tensor& x,
+                             const at::Tensor& after_norm, const at::Tensor& residual, const at::Tensor& rows,
+                             const at::Tensor& delta) const {
+    if (rows.numel() == 0) return out;
+    const at::Tensor part = projection.forward(x.index_select(0, rows).contiguous());
+    add_to_rows(part, at::arange(rows.size(0), rows.options()), delta);
+    out.index_copy_(0, rows, join(part, after_norm, residual.index_select(0, rows).contiguous()));
+    return out;
   }
 
   // The RMSNorm of hidden's rows by `weight`, or hidden itself where the weight is empty.
@@ -472,6 +529,10 @@ TORCH_LIBRARY_FRAGMENT(shoal, m) {
                        std::vector<c10::intrusive_ptr<shoal::PackedLinear>>, std::vector<at::Tensor>, at::Tensor, at::Tensor, int64_t, int64_t, int64_t, double, int64_t,
                        at::Tensor, at::Tensor, bool, double, double, at::Tensor, int64_t, double, double, double>())
       .def("attention", &shoal::DecoderLayerCpu::attention)
+      .def("attention_with_deltas", &shoal::DecoderLayerCpu::attention_with_deltas)
+      .def("output_with_deltas", &shoal::DecoderLayerCpu::output_with_deltas)
+      .def("mlp_with_deltas", &shoal::DecoderLayerCpu::mlp_with_deltas)
+      .def("down_with_deltas", &shoal::DecoderLayerCpu::down_with_deltas)
       .def("output", &shoal::DecoderLayerCpu::output)
       .def("mlp", &shoal::DecoderLayerCpu::mlp)
       .def("down", &shoal::DecoderLayerCpu::down)
