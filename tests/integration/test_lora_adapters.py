@@ -1,21 +1,25 @@
 """LoRA adapters from PEFT directories, made with `peft` here on the tiny model: read with their
 scaling (plain and rsLoRA) so that each projection's B A is PEFT's own delta weight, and refused,
 with the file and the reason, when they cannot be used (rank above the maximum, another base shape,
-a corrupt or substituted file, DoRA)."""
+a corrupt or substituted file, DoRA). In the engine: PEFT's logits and greedy tokens; a batch
+mixing four adapters and the base model gives each request its tokens alone (greedy and seeded);
+at most max_loras adapters a step, max_cpu_loras held; loaded and unloaded at run time."""
 
 from __future__ import annotations
 
 import hashlib
 import math
 
+import peft
 import pytest
 import torch
 
+from shoal.engine.sampling_params import SamplingParams
 from shoal.model.hf_loader import load_hf_config
 from shoal.model.lora_adapter import LORA_TARGETS, LoraAdapterError, load_peft_adapter
+from tests.support.engine_runs import mixed_prompts, run_to_completion
 from tests.support.tiny_model import write_tiny_model
 
-peft = pytest.importorskip("peft")
 
 
 def write_adapter(base_dir, directory, rank=8, alpha=16, **settings):
@@ -102,3 +106,92 @@ def test_the_model_with_an_adapter_gives_transformers_and_peft_s_logits(
     assert (expected - base).abs().max() > 0.1  # the adapter changes the logits
     torch.testing.assert_close(forward_logits(llm, ids, lora), expected, rtol=0, atol=2e-4)
     torch.testing.assert_close(forward_logits(llm, ids), base, rtol=0, atol=2e-4)
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model_dir, tmp_path_factory):
+    """Four random adapters of the tiny model (ranks 4 and 8), by name: their directories and PEFT models."""
+    root = tmp_path_factory.mktemp("adapters")
+    made = {}
+    for i, (rank, alpha) in enumerate([(8, 16), (4, 8), (8, 32), (4, 4)]):
+        directory = root / f"a{i}"
+        made[f"a{i}"] = (directory, write_adapter(tiny_model_dir, directory, rank=rank, alpha=alpha).eval())
+    return made
+
+
+def modules(adapters) -> tuple[str, ...]:
+    return tuple(f"{name}={directory}" for name, (directory, _) in adapters.items())
+
+
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+SEEDED = SamplingParams(temperature=0.8, top_p=0.95, seed=3, max_tokens=16, ignore_eos=True)
+
+
+def test_greedy_output_with_an_adapter_is_transformers_and_peft_s(make_tiny_engine, adapters):
+    engine = make_tiny_engine(enable_lora=True, max_loras=2, lora_modules=modules(adapters))
+    prompt = [5, 17, 42, 8, 99, 23, 61]
+    for name, (_, reference) in adapters.items():
+        with torch.no_grad():
+            expected = reference.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
+        assert run_to_completion(engine, {name: (prompt, GREEDY, name)})[name] == expected[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("params", [GREEDY, SEEDED], ids=["greedy", "seeded"])
+def test_a_batch_over_four_adapters_and_the_base_gives_each_request_its_output_alone(
+    make_tiny_engine, adapters, params
+):
+    """16 requests, over 4 adapters and the base model, at once (max_loras 4): each one's tokens are
+    its tokens alone; half share a prompt prefix, which an adapter's request never takes from the
+    base model's cache or another adapter's."""
+    names = [None, *adapters]
+    prompts = mixed_prompts(16, seed=11)
+    requests = {f"r{i}": (prompt, params, names[i % len(names)]) for i, prompt in enumerate(prompts)}
+    make = lambda: make_tiny_engine(enable_lora=True, max_loras=4, lora_modules=modules(adapters))  # noqa: E731
+    alone = {}
+    for request_id, request in requests.items():
+        alone.update(run_to_completion(make(), {request_id: request}))
+    engine = make()
+    assert run_to_completion(engine, requests) == alone
+    assert len({tuple(alone[f"r{i}"]) for i in range(5)}) == 5  # each adapter writes its own tokens
+
+
+def test_a_step_runs_at_most_max_loras_adapters_and_memory_holds_max_cpu_loras(make_tiny_engine, adapters):
+    """Four adapters under max_loras 2 and max_cpu_loras 2: every request still gets its tokens;
+    adapters given back are read again when asked for."""
+    requests = {name: ([9, 8, 7, 6, 5], GREEDY, name) for name in adapters}
+    expected = {}
+    for request_id, request in requests.items():
+        expected.update(
+            run_to_completion(make_tiny_engine(enable_lora=True, lora_modules=modules(adapters)), {request_id: request})
+        )
+    engine = make_tiny_engine(enable_lora=True, max_loras=2, max_cpu_loras=2, lora_modules=modules(adapters))
+    scheduled, schedule = [], engine.scheduler.schedule
+
+    def recording(*args, **kwargs):
+        chunks = schedule(*args, **kwargs)
+        scheduled.append({c.seq.lora for c in chunks})
+        return chunks
+
+    engine.scheduler.schedule = recording
+    assert run_to_completion(engine, requests) == expected
+    assert max(len(adapters_in_step) for adapters_in_step in scheduled) == 2
+    assert len(engine.loras.held) == 2 and engine.loras.loads > len(adapters)  # some read again
+
+
+def test_adapters_load_and_unload_at_run_time(make_tiny_engine, adapters, tmp_path):
+    from shoal.errors import ModelNotFoundError
+
+    engine = make_tiny_engine(enable_lora=True)
+    directory, _ = adapters["a1"]
+    with pytest.raises(ModelNotFoundError, match="the model 'a1' does not exist"):
+        engine.add_request("x", [1, 2, 3], GREEDY, lora="a1")
+    engine.load_lora_adapter("a1", str(directory))
+    engine.add_request("running", [1, 2, 3], GREEDY, lora="a1")
+    engine.step()
+    engine.unload_lora_adapter("a1")  # the running request keeps it
+    with pytest.raises(ModelNotFoundError):
+        engine.add_request("y", [1, 2, 3], GREEDY, lora="a1")
+    assert len(run_to_completion(engine, {})["running"]) == 16
+    assert not engine.loras.retiring and "a1" not in engine.loras.held
+    with pytest.raises(LoraAdapterError, match="rank 8 is above this engine's max_lora_rank 4"):
+        make_tiny_engine(enable_lora=True, max_lora_rank=4).load_lora_adapter("a0", str(adapters["a0"][0]))

@@ -24,15 +24,18 @@ def engine_factory(model_dir, cache_dir, **defaults):
 
 
 def run_to_completion(engine, requests: dict[str, tuple]) -> dict[str, list[int]]:
-    """Adds (prompt, params) per request id, steps until done, checks invariants every step."""
+    """Adds (prompt, params) or (prompt, params, LoRA adapter) per request id, steps until done,
+    checks invariants every step."""
     return {request_id: out.token_ids for request_id, out in final_outputs(engine, requests).items()}
 
 
 def final_outputs(engine, requests: dict[str, tuple], resume: dict[str, list[int]] | None = None) -> dict:
     """Each request's final CompletionOutput, as run_to_completion runs them, continuing those in
     `resume` from the output tokens given there (first in its token_ids, with empty logprobs)."""
-    for request_id, (prompt, params) in requests.items():
-        engine.add_request(request_id, prompt, params, resume_token_ids=(resume or {}).get(request_id))
+    for request_id, (prompt, params, *lora) in requests.items():
+        engine.add_request(
+            request_id, prompt, params, resume_token_ids=(resume or {}).get(request_id), lora=lora[0] if lora else None
+        )
     results = {}
     while engine.has_unfinished_requests():
         for output in engine.step():

@@ -109,6 +109,11 @@ class ModelDeployment(Frozen):
     max_num_batched_tokens: int = Field(512, ge=1)
     background_step_tokens: int = Field(32, ge=1)
     speculative: Speculative = Speculative()
+    enable_lora: bool = False
+    max_loras: int = Field(1, ge=1)
+    max_lora_rank: int = Field(16, ge=1)
+    max_cpu_loras: int | None = Field(None, ge=1)
+    lora_modules: list[str] = []
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
     batch_invariant: bool = True

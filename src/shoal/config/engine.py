@@ -49,7 +49,11 @@ class EngineConfig:
     background_step_tokens bounds the tokens background work (a router's batches) computes in one
     step, so an interactive request that arrives behind such a step waits only a short one.
     speculative says how decoding sequences draft tokens to verify in one step
-    (shoal.config.speculative): it changes the speed, never the tokens.
+    (shoal.config.speculative): it changes the speed, never the tokens. enable_lora lets requests
+    run LoRA adapters (vLLM's names): lora_modules ("name=path" of PEFT directories) are loaded at
+    start, more at run time; a step runs at most max_loras adapters, max_cpu_loras (default
+    max_loras) stay in memory, least recently used given back first; ranks above max_lora_rank are
+    refused.
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -67,6 +71,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 512
     background_step_tokens: int = 32
     speculative: SpeculativeConfig = SpeculativeConfig()
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
+    lora_modules: tuple[str, ...] = ()
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True
@@ -122,6 +131,16 @@ class EngineConfig:
             raise ValueError("kv_tier_host_bytes and kv_tier_disk_bytes must not be negative")
         if not 0.0 < self.kv_cache_fraction <= 1.0:
             raise ValueError("kv_cache_fraction must be in (0, 1]")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError("max_loras and max_lora_rank must be positive")
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
+        if self.lora_modules and not self.enable_lora:
+            raise ValueError("lora_modules need enable_lora")
+        for module in self.lora_modules:
+            name, _, path = module.partition("=")
+            if not name or not path:
+                raise ValueError(f"a LoRA module is name=path, got {module!r}")
         if self.embedding_pooling not in POOLINGS:
             raise ValueError(f"embedding_pooling must be one of {', '.join(POOLINGS)}, got {self.embedding_pooling!r}")
 

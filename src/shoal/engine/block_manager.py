@@ -103,7 +103,8 @@ class BlockManager:
         """
         assert not seq.block_tables, "sequence already holds blocks"
         tokens = seq.all_token_ids
-        hashes = self.chain(tokens, (len(tokens) - 1) // self.block_size) if self.enable_prefix_caching else []
+        blocks = (len(tokens) - 1) // self.block_size
+        hashes = self.chain(tokens, blocks, seq.cache_salt) if self.enable_prefix_caching else []
         found, claimed = self.claim_prefix(hashes)
         seq.block_tables = [self.prefix_table(group, found, claimed) for group in range(self.groups.count)]
         self.release_claimed(claimed)
@@ -113,9 +114,10 @@ class BlockManager:
         self.prefix_hits += cached
         return cached
 
-    def chain(self, tokens: list[int], num_blocks: int) -> list[bytes]:
-        """The chained hashes of the first `num_blocks` full blocks of `tokens`."""
-        hashes, parent = [], None
+    def chain(self, tokens: list[int], num_blocks: int, salt: bytes | None = None) -> list[bytes]:
+        """The chained hashes of the first `num_blocks` full blocks of `tokens`, from `salt` (what
+        computed them besides the tokens: a LoRA adapter; None for the base model)."""
+        hashes, parent = [], salt
         for i in range(num_blocks):
             parent = chain_hash(parent, tokens[i * self.block_size : (i + 1) * self.block_size])
             hashes.append(parent)
@@ -220,7 +222,7 @@ class BlockManager:
             return
         hashes = self.seq_hashes[seq.request_id]
         tokens, size = seq.all_token_ids, self.block_size
-        parent = hashes[-1] if hashes else None
+        parent = hashes[-1] if hashes else seq.cache_salt
         for i in range(len(hashes), seq.num_computed_tokens // size):
             parent = chain_hash(parent, tokens[i * size : (i + 1) * size])
             hashes.append(parent)

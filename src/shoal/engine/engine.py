@@ -132,11 +132,19 @@ class LLMEngine:
             on_replica_failure,
         )
         self.model, self.block_manager, self.runner = replica.model, replica.block_manager, replica.runner
+        self.loras = replica.loras
+        for module in config.lora_modules:
+            name, _, path = module.partition("=")
+            self.loras.register(name, path)
         self.tensor_group = replica.tensor_group
         self.kv_cache_budget_bytes = replica.kv_cache_budget_bytes
         self.kv_tier = self._open_tier()
         self.scheduler = Scheduler(
-            self.block_manager, config.max_num_seqs, config.max_num_batched_tokens, config.background_step_tokens
+            self.block_manager,
+            config.max_num_seqs,
+            config.max_num_batched_tokens,
+            config.background_step_tokens,
+            config.max_loras,
         )
         self.batch_controller = BatchSizeController(config.max_num_seqs, config.itl_target_ms)
         self.eos_token_ids = tuple(sorted(set(self.tokenizer.eos_token_ids) | set(model_config.eos_token_ids)))
@@ -211,6 +219,7 @@ class LLMEngine:
         resume_token_ids: list[int] | None = None,
         scheduling: str = "interactive",
         resume_text_offset: int | None = None,
+        lora: str | None = None,
     ) -> Sequence:
         """Validates, tokenizes and queues a request; raises InvalidRequestError subclasses on bad input.
 
@@ -218,6 +227,7 @@ class LLMEngine:
         taken as already generated (they count toward max_tokens, penalties and stop strings, and
         are not streamed again). With the same seed the rest of the output is what the first
         engine would have produced. `scheduling` is the request's class (sequence.SCHEDULING_CLASSES).
+        `lora` names the LoRA adapter it runs (ModelNotFoundError for one this engine does not know).
         """
         params = params or SamplingParams()
         if scheduling not in SCHEDULING_CLASSES:
@@ -229,6 +239,11 @@ class LLMEngine:
         self._validate_prompt(token_ids, resumed, params)
         seed = params.seed if params.seed is not None else self._seed_source.getrandbits(63)
         seq = Sequence(request_id, token_ids, params, seed, scheduling, output_token_ids=resumed)
+        if lora is not None:
+            if self.loras is None:
+                raise InvalidRequestError(f"this engine serves no LoRA adapters (asked for {lora!r})", param="model")
+            self.loras.check(lora)
+            seq.lora, seq.cache_salt = lora, self.loras.salt(lora)
         matcher = self.grammars.matcher(params.structured_outputs) if params.structured_outputs else None
         stream = OutputStream(self.tokenizer, params, token_ids, self.eos_token_ids, self.max_model_len, matcher)
         stream.resume(resumed, resume_text_offset)
@@ -255,6 +270,19 @@ class LLMEngine:
                 f"most {limit - 1} so that one token can be generated",
                 param="prompt",
             )
+
+    def load_lora_adapter(self, name: str, path: str, sha256: str | None = None) -> None:
+        """Reads, checks and holds a LoRA adapter under `name` (model.lora_registry). Call between
+        steps (the engine's own thread)."""
+        if self.loras is None:
+            raise InvalidRequestError("this engine serves no LoRA adapters (enable_lora is off)", param="lora_name")
+        self.loras.register(name, path, sha256)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Forgets an adapter for new requests; those running it go on with it until they end."""
+        if self.loras is None:
+            raise InvalidRequestError("this engine serves no LoRA adapters (enable_lora is off)", param="lora_name")
+        self.loras.unregister(name, running=any(seq.lora == name for seq in self.sequences.values()))
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stops a request now and frees its blocks; returns its final output (finish_reason abort)."""
@@ -510,7 +538,10 @@ class LLMEngine:
         return out
 
     def _forget(self, request_id: str) -> None:
-        del self.sequences[request_id], self.streams[request_id], self.prompts[request_id]
+        seq = self.sequences.pop(request_id)
+        del self.streams[request_id], self.prompts[request_id]
+        if seq.lora is not None and self.loras.retiring:
+            self.loras.retire({s.lora for s in self.sequences.values()})
 
     def stats(self) -> EngineStats:
         """A snapshot; call it from the thread that steps the engine."""

@@ -16,7 +16,9 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.block_manager import BlockManager
+from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.loader import Checkpoint
+from shoal.model.lora_registry import LoraRegistry
 from shoal.model.sharding import check_shardable
 from shoal.runner.memory import free_memory_bytes, num_kv_blocks
 from shoal.runner.model_runner import ModelRunner, build_model
@@ -31,6 +33,7 @@ class Replica:
     runner: object  # ModelRunner, TensorParallelRunner or PipelineRunner: run, submit, collect, depth
     tensor_group: object | None  # the TensorParallelGroup of a tensor-parallel replica
     kv_cache_budget_bytes: int
+    loras: LoraRegistry | None  # the LoRA adapters it serves (None: LoRA is off)
 
 
 def build_replica(
@@ -46,6 +49,8 @@ def build_replica(
     `on_replica_failure` is called (from another thread) when a process of the replica dies."""
     if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
         raise ValueError("tensor and pipeline parallelism in one replica are not supported together yet")
+    if config.enable_lora and (config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1):
+        raise ValueError("LoRA adapters run in a one-process replica for now")
     tensor_group = None
     if config.tensor_parallel_size > 1:
         from shoal.parallel.tensor_group import TensorParallelGroup
@@ -79,6 +84,17 @@ def build_replica(
             budget, config.block_size, model.kv_bytes_per_block_token(), most_blocks * config.block_size
         )
     block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching, model.kv_groups)
+    loras = None
+    if config.enable_lora:
+        loras = LoraRegistry(
+            model.config,
+            config.max_lora_rank,
+            config.max_cpu_loras or config.max_loras,
+            dtype,
+            device,
+            default_tile_rows(dtype) if config.batch_invariant else 0,
+            config.packs_weights,
+        )
     if tensor_group:
         from shoal.parallel.tensor_group import TensorParallelRunner
 
@@ -101,5 +117,5 @@ def build_replica(
             ),
         )
     else:
-        runner = ModelRunner(model, blocks, config.block_size)
-    return Replica(model, block_manager, runner, tensor_group, budget)
+        runner = ModelRunner(model, blocks, config.block_size, loras)
+    return Replica(model, block_manager, runner, tensor_group, budget, loras)

@@ -46,17 +46,25 @@ def batch_of(chunks: list[ScheduledChunk], groups: int) -> StepBatch:
         [c.start for c in chunks],
         [[list(c.seq.block_tables[group]) for c in chunks] for group in range(groups)],
         last_rows,
+        tuple(c.seq.lora for c in chunks) if any(c.seq.lora for c in chunks) else (),
     )
 
 
 @dataclass
 class _Step:
-    """One step being planned: its sequence limit, token budget left, room for chunks, and chunks."""
+    """One step being planned: its sequence limit, token budget left, room for chunks, the most
+    LoRA adapters it may run, and chunks (with the adapters they run)."""
 
     limit: int
     budget: int
     room: int
+    max_adapters: int
     chunks: list[ScheduledChunk] = field(default_factory=list)
+    adapters: set[str] = field(default_factory=set)
+
+    def takes(self, seq: Sequence) -> bool:
+        """Whether the sequence's adapter (if any) fits the step's adapters."""
+        return seq.lora is None or seq.lora in self.adapters or len(self.adapters) < self.max_adapters
 
     @property
     def open(self) -> bool:
@@ -65,6 +73,8 @@ class _Step:
     def add(self, chunk: ScheduledChunk) -> None:
         self.chunks.append(chunk)
         self.budget -= chunk.length
+        if chunk.seq.lora is not None:
+            self.adapters.add(chunk.seq.lora)
 
 
 class Scheduler:
@@ -79,6 +89,8 @@ class Scheduler:
     alone whose prefill chunk does not fit the free blocks (a windowed KV group holds a chunk's
     whole span) computes the part that does.
 
+    A step runs at most `max_loras` LoRA adapters: a sequence of another adapter sits it out.
+
     Invariants: every sequence is in exactly one of `waiting` and `running`; WAITING sequences hold
     no blocks; at most `max_num_seqs` sequences run; `waiting` is in class order. Preemption takes
     the newest background sequence first.
@@ -90,13 +102,15 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         background_step_tokens: int | None = None,
+        max_loras: int = 1,
     ):
         """`background_step_tokens`: the most tokens background sequences compute in one step
-        (default: the whole step budget)."""
+        (default: the whole step budget); `max_loras`: the most LoRA adapters in one step."""
         self.block_manager = block_manager
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.background_step_tokens = background_step_tokens or max_num_batched_tokens
+        self.max_loras = max_loras
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         # Sequences finished because they no longer fit the whole KV cache; the engine reports them.
@@ -151,6 +165,7 @@ class Scheduler:
             min(self.max_num_seqs, seq_limit or self.max_num_seqs),
             self.max_num_batched_tokens,
             max_chunks or self.max_num_seqs,
+            self.max_loras,
         )
         self._continue_running(step, busy, background=False)
         self._admit_waiting(step, busy, background=False)
@@ -170,7 +185,7 @@ class Scheduler:
         index = 0
         while index < len(self.running) and step.open:
             seq = self.running[index]
-            if seq.request_id in busy or (seq.scheduling == "background") != background:
+            if seq.request_id in busy or (seq.scheduling == "background") != background or not step.takes(seq):
                 index += 1
                 continue
             length = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), step.budget)
@@ -191,6 +206,8 @@ class Scheduler:
         background sequences (newest first) when it needs their place or blocks."""
         while self.waiting and step.open and (self.waiting[0].scheduling == "background") == background:
             seq = self.waiting[0]
+            if not step.takes(seq):
+                return
             if len(self.running) >= step.limit:
                 if background or not self._preempt_background(busy):
                     return

@@ -61,6 +61,10 @@ class Sequence:
     # Drafts kept and refused so far (a predicted output's accepted and rejected tokens).
     kept_drafts: int = 0
     refused_drafts: int = 0
+    # The LoRA adapter it runs (None: the base model), and what sets its KV apart in the prefix
+    # cache (the adapter's digest; None for the base model).
+    lora: str | None = None
+    cache_salt: bytes | None = None
 
     @property
     def scheduling_rank(self) -> int:

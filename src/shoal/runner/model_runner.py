@@ -12,6 +12,8 @@ from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.kv_groups import KVGroups
 from shoal.model.llama import LlamaModel
 from shoal.model.loader import Checkpoint
+from shoal.model.lora_batch import LoraBatch
+from shoal.model.lora_registry import LoraRegistry
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.sharding import TensorParallel
@@ -59,8 +61,10 @@ class ModelRunner:
     """Owns the model and its KV cache. Invariant: the cache has `num_blocks` blocks of `block_size`
     token slots in each KV slot the model's layers use, matching the BlockManager that hands them out."""
 
-    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int):
+    def __init__(self, model: LlamaModel, num_blocks: int, block_size: int, loras: LoraRegistry | None = None):
+        """`loras`: the adapters a step's sequences may name (None: LoRA is off)."""
         self.model = model
+        self.loras = loras
         self.block_size = block_size
         self.num_blocks = num_blocks
         # Row tiles of attention hold whole query-head groups; their height is fixed per model.
@@ -93,8 +97,23 @@ class ModelRunner:
         """The layers held on `inputs` (token ids, or hidden states from earlier layers)."""
         device = self.model.device
         return self.model.forward(
-            inputs, torch.tensor(batch.positions, device=device), self.kv_caches, self.metadata(batch)
+            inputs,
+            torch.tensor(batch.positions, device=device),
+            self.kv_caches,
+            self.metadata(batch),
+            self._lora(batch),
         )
+
+    def _lora(self, batch: StepBatch) -> LoraBatch | None:
+        """The step's adapted rows: each sequence's tokens run its adapter."""
+        if not batch.lora_names:
+            return None
+        if self.loras is None:
+            raise ValueError("a step names LoRA adapters and this engine serves none")
+        rows = []
+        for name, length in zip(batch.lora_names, batch.query_lens):
+            rows += [None if name is None else self.loras.adapter(name)] * length
+        return LoraBatch.of_rows(rows, self.model.config, self.model.device)
 
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         if not batch.last_rows:

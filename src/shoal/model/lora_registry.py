@@ -1,0 +1,107 @@
+"""The LoRA adapters an engine serves: those it knows by name (where their files are), and those it
+holds in memory, packed for its model, at most `max_cpu_loras`, the least recently used given back
+first (and read again from their files when next asked for)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+from shoal.errors import InvalidRequestError, ModelNotFoundError
+from shoal.model.config import LlamaConfig
+from shoal.model.lora_adapter import load_peft_adapter
+from shoal.model.lora_batch import PackedAdapter
+
+
+@dataclass(frozen=True)
+class KnownAdapter:
+    path: str
+    sha256: str | None
+    digest: str  # the SHA-256 of its weights when it was first read
+
+
+class LoraRegistry:
+    """Invariants: `held` has at most max_cpu_loras adapters, least recently used first, each one
+    known or retiring; a known adapter was read and checked against the model once (so it can be
+    read again). A retiring adapter was unloaded while requests ran it: new requests cannot name
+    it, the running ones keep it until they end (`retire`)."""
+
+    def __init__(
+        self,
+        model_config: LlamaConfig,
+        max_rank: int,
+        max_cpu_loras: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        tile_rows: int,
+        prepack: bool,
+    ):
+        self.model_config = model_config
+        self.max_rank = max_rank
+        self.max_cpu_loras = max_cpu_loras
+        self._packing = (dtype, device, tile_rows, prepack)
+        self.known: dict[str, KnownAdapter] = {}
+        self.retiring: dict[str, KnownAdapter] = {}
+        self.held: OrderedDict[str, PackedAdapter] = OrderedDict()
+        self.loads = 0  # adapters read from their files, first reads and reads after eviction
+
+    def register(self, name: str, path: str, sha256: str | None = None) -> None:
+        """Reads and checks the adapter now (LoraAdapterError names the file and why) and holds it;
+        InvalidRequestError when the name is taken by another adapter."""
+        known = self.known.get(name)
+        if known is not None and (known.path, known.sha256) != (path, sha256):
+            raise InvalidRequestError(
+                f"a LoRA adapter named {name!r} is already loaded from {known.path}", param="lora_name"
+            )
+        packed = self._read(name, path, sha256)
+        self.known[name] = KnownAdapter(path, sha256, packed.adapter.digest)
+        self._hold(name, packed)
+
+    def unregister(self, name: str, running: bool) -> None:
+        """Forgets the adapter for new requests; `running`: requests still run it, and keep it
+        until `retire` says they ended. ModelNotFoundError for a name not known."""
+        known = self.known.pop(name, None)
+        if known is None:
+            raise ModelNotFoundError(f"no LoRA adapter named {name!r} is loaded", param="lora_name")
+        if running:
+            self.retiring[name] = known
+        else:
+            self.held.pop(name, None)
+
+    def retire(self, running: set[str | None]) -> None:
+        """Gives back the retiring adapters no request in `running` runs any more."""
+        for name in [n for n in self.retiring if n not in running]:
+            del self.retiring[name]
+            self.held.pop(name, None)
+
+    def check(self, name: str) -> None:
+        """ModelNotFoundError unless new requests may name the adapter."""
+        if name not in self.known:
+            raise ModelNotFoundError(f"the model {name!r} does not exist", param="model")
+
+    def adapter(self, name: str) -> PackedAdapter:
+        """The held adapter (now the most recently used), read again if it was given back."""
+        packed = self.held.get(name)
+        if packed is None:
+            known = self.known.get(name) or self.retiring[name]
+            packed = self._read(name, known.path, known.digest)
+            self._hold(name, packed)
+        self.held.move_to_end(name)
+        return packed
+
+    def salt(self, name: str) -> bytes:
+        """What sets the adapter's KV apart in the prefix cache: its weights' digest."""
+        return bytes.fromhex((self.known.get(name) or self.retiring[name]).digest)[:16]
+
+    def _read(self, name: str, path: str, sha256: str | None) -> PackedAdapter:
+        adapter = load_peft_adapter(name, path, self.model_config, self.max_rank, sha256)
+        self.loads += 1
+        return PackedAdapter(adapter, *self._packing)
+
+    def _hold(self, name: str, packed: PackedAdapter) -> None:
+        self.held[name] = packed
+        self.held.move_to_end(name)
+        while len(self.held) > self.max_cpu_loras:
+            self.held.popitem(last=False)
