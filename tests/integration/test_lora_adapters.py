@@ -21,7 +21,6 @@ from tests.support.engine_runs import mixed_prompts, run_to_completion
 from tests.support.tiny_model import write_tiny_model
 
 
-
 def write_adapter(base_dir, directory, rank=8, alpha=16, **settings):
     """A random PEFT LoRA adapter (every q/k/v/o/gate/up/down projection) for the model at base_dir;
     returns the PEFT model, for reference."""

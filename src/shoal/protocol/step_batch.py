@@ -16,7 +16,8 @@ class StepBatchFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """Sequence i computes query_lens[i] tokens from start_positions[i] with block_tables[g][i] in
     KV group g;
     positions lists every token's position; input_ids are the tokens (empty when hidden states
-    travel instead); last_rows are the rows whose logits are wanted."""
+    travel instead); last_rows are the rows whose logits are wanted; lora_names, when not empty,
+    the LoRA adapter each sequence runs (None: the base model)."""
 
     input_ids: list[Count]
     positions: list[Count]
@@ -24,6 +25,7 @@ class StepBatchFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     start_positions: list[Count]
     block_tables: list[list[list[Count]]]
     last_rows: list[Count]
+    lora_names: tuple[str | None, ...] = ()
 
     def check(self, num_blocks: int, block_size: int, groups: int) -> None:
         """Raises BadFrame unless the lists agree with each other and every slot the batch touches
@@ -42,6 +44,8 @@ class StepBatchFrame(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise BadFrame(
                 f"batch of {sum(self.query_lens)} query tokens has {rows} positions and {len(self.input_ids)} input ids"
             )
+        if self.lora_names and len(self.lora_names) != sequences:
+            raise BadFrame(f"batch of {sequences} sequences names {len(self.lora_names)} LoRA adapters")
         if any(row >= rows for row in self.last_rows):
             raise BadFrame(f"a last row is out of the batch's {rows} rows")
         row = 0
