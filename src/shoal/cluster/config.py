@@ -114,6 +114,7 @@ class ModelDeployment(Frozen):
     max_lora_rank: int = Field(16, ge=1)
     max_cpu_loras: int | None = Field(None, ge=1)
     lora_modules: list[str] = []
+    lora_dir: str | None = None
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
     batch_invariant: bool = True

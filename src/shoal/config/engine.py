@@ -53,7 +53,8 @@ class EngineConfig:
     run LoRA adapters (vLLM's names): lora_modules ("name=path" of PEFT directories) are loaded at
     start, more at run time; a step runs at most max_loras adapters, max_cpu_loras (default
     max_loras) stay in memory, least recently used given back first; ranks above max_lora_rank are
-    refused.
+    refused. lora_dir is where adapters may be loaded from at run time (a worker's
+    /v1/load_lora_adapter; None: nowhere).
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -76,6 +77,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
     lora_modules: tuple[str, ...] = ()
+    lora_dir: str | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     batch_invariant: bool = True

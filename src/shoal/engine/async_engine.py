@@ -91,16 +91,17 @@ class AsyncLLMEngine:
         request_id: str | None = None,
         scheduling: str = "interactive",
         resume: Resume | None = None,
+        lora: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Yields one RequestOutput per step that produced tokens for this request. Raises the
         request's InvalidRequestError before the first output, or the error that ended it
         (EngineRequestError if the engine failed it; InvalidRequestError if its grammar ran into
-        a dead end)."""
+        a dead end). `lora` names the LoRA adapter the request runs."""
         request_id = request_id or uuid.uuid4().hex
         loop = asyncio.get_running_loop()
         accepted = loop.create_future()
         subscriber = _Subscriber(loop, asyncio.Queue())
-        self._commands.put(("add", request_id, prompt, params, scheduling, resume, subscriber, accepted))
+        self._commands.put(("add", request_id, prompt, params, scheduling, resume, lora, subscriber, accepted))
         await accepted
         finished = False
         try:
@@ -133,6 +134,14 @@ class AsyncLLMEngine:
     async def embed(self, prompts: list[list[int]]) -> list[torch.Tensor]:
         """LLMEngine.embed, run on the engine thread between steps."""
         return await self._call(lambda engine: engine.embed(prompts))
+
+    async def load_lora_adapter(self, name: str, path: str, sha256: str | None) -> None:
+        """LLMEngine.load_lora_adapter, run on the engine thread between steps."""
+        await self._call(lambda engine: engine.load_lora_adapter(name, path, sha256))
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """LLMEngine.unload_lora_adapter, run on the engine thread between steps."""
+        await self._call(lambda engine: engine.unload_lora_adapter(name))
 
     async def _call(self, function):
         loop = asyncio.get_running_loop()
@@ -202,7 +211,7 @@ class AsyncLLMEngine:
     def _handle(self, command: tuple) -> None:
         kind = command[0]
         if kind == "add":
-            _, request_id, prompt, params, scheduling, resume, subscriber, accepted = command
+            _, request_id, prompt, params, scheduling, resume, lora, subscriber, accepted = command
             try:
                 self.engine.add_request(
                     request_id,
@@ -211,6 +220,7 @@ class AsyncLLMEngine:
                     scheduling=scheduling,
                     resume_token_ids=resume.token_ids if resume else None,
                     resume_text_offset=resume.text_offset if resume else None,
+                    lora=lora,
                 )
             except Exception as exc:  # bad input: reported to this caller only
                 subscriber.loop.call_soon_threadsafe(_resolve, accepted, None, exc)

@@ -52,6 +52,7 @@ async def respond(
     reasoning: ReasoningUse | None = None,
     scheduling: str = "interactive",
     predicted: tuple[int, ...] = (),
+    lora: str | None = None,
 ):
     """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
     anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
@@ -61,7 +62,7 @@ async def respond(
     imported first; a stream is handed off when `handoff` (given the tokens sent) says; with
     `keep_alive` (the request asked for them) a silent stream gets keep-alives. `scheduling` is the
     engine's class for it (background for a router's batch work); `predicted`, the token ids of its
-    predicted output (drafts for speculative decoding)."""
+    predicted output (drafts for speculative decoding); `lora`, the LoRA adapter it runs."""
     try:
         response = await _respond(
             engine,
@@ -80,6 +81,7 @@ async def respond(
             reasoning,
             scheduling,
             predicted,
+            lora,
         )
     except BaseException as exc:
         trace.end(f"{type(exc).__name__}: {exc}")
@@ -106,6 +108,7 @@ async def _respond(
     reasoning: ReasoningUse | None,
     scheduling: str,
     predicted: tuple[int, ...],
+    lora: str | None,
 ):
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
@@ -148,6 +151,7 @@ async def _respond(
             request_id=f"{request_id}-{i}",
             scheduling=scheduling,
             resume=resume,
+            lora=lora,
         )
         for i in range(body.n)
     ]

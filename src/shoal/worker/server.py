@@ -34,8 +34,9 @@ from shoal.worker.drain import DrainState
 from shoal.worker.embeddings import EmbeddingRequest, embedding_response
 from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.kv_mobility import KVMobility
+from shoal.worker.lora_adapters import adapter_named, add_lora_routes, model_cards
 from shoal.worker.metrics import WorkerMetrics
-from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest
 from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.request_tracing import EngineSpans, WorkerRequestSpan
 from shoal.worker.responses import respond
@@ -210,11 +211,20 @@ def create_app(
         return {
             "object": "list",
             "data": [
-                {"id": model_name, "object": "model", "created": 0, "owned_by": "shoal", "max_model_len": max_model_len}
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "shoal",
+                    "max_model_len": max_model_len,
+                },
+                *model_cards(engine, model_name, max_model_len),
             ],
         }
 
-    def check_model(body: SamplingFields | EmbeddingRequest) -> None:
+    add_lora_routes(app, engine)
+
+    def check_model(body: EmbeddingRequest) -> None:
         if body.model != model_name:
             raise ModelNotFoundError(
                 f"model {body.model!r} is not served here; this worker serves {model_name!r}", param="model"
@@ -225,7 +235,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        check_model(body)
+        lora = adapter_named(engine, model_name, body.model)
         prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         return await respond(
             engine,
@@ -234,13 +244,14 @@ def create_app(
             body.max_tokens,
             body.logprobs,
             chat=False,
-            model_name=model_name,
+            model_name=body.model,
             max_model_len=max_model_len,
             trace=traced(request),
             kv=kv,
             handoff=kv.handoffs_for(request.headers, body),
             keep_alive=KEEP_ALIVE_HEADER in request.headers,
             scheduling=scheduling_class(request.headers),
+            lora=lora,
         )
 
     @app.post("/v1/embeddings")
@@ -253,7 +264,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        check_model(body)
+        lora = adapter_named(engine, model_name, body.model)
         tool_use = ToolUse.of(body, tokenizer, family.harmony)
 
         def prompt_of(conversation: ChatCompletionRequest) -> tuple[str, list[int]]:
@@ -270,7 +281,7 @@ def create_app(
             body.max_completion_tokens or body.max_tokens,
             logprobs,
             chat=True,
-            model_name=model_name,
+            model_name=body.model,
             max_model_len=max_model_len,
             trace=traced(request),
             tool_use=tool_use,
@@ -282,6 +293,7 @@ def create_app(
             predicted=tuple(tokenizer.encode(body.prediction.text(), add_special_tokens=False))
             if body.prediction
             else (),
+            lora=lora,
         )
 
     return app

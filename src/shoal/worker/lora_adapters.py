@@ -1,0 +1,115 @@
+"""A worker's LoRA adapters over HTTP, as vLLM has them: a request names an adapter as its `model`;
+/v1/models lists each with the base model as `parent`; POST /v1/load_lora_adapter and
+/v1/unload_lora_adapter change them at run time.
+
+Run-time loads read only from under the engine's `lora_dir` (none without one), and where the
+worker has the cluster secret they need it as a bearer token. A bad adapter is a 400 naming the
+file and the reason; the worker goes on serving."""
+
+from __future__ import annotations
+
+import hmac
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from shoal.engine.async_engine import AsyncLLMEngine
+from shoal.errors import InvalidRequestError, ModelNotFoundError, ShoalError
+from shoal.model.lora_adapter import LoraAdapterError
+from shoal.protocol.cluster_secret import configured_secret
+
+
+class UnauthorizedError(ShoalError):
+    """A run-time change without the cluster secret (401)."""
+
+    status = 401
+    error_type = "authentication_error"
+
+
+class LoadLoraAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    sha256: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$")
+
+
+class UnloadLoraAdapter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+
+
+def adapter_named(engine: AsyncLLMEngine, base: str, model: str) -> str | None:
+    """The LoRA adapter a request's `model` names (None: the base model); ModelNotFoundError (404)
+    naming it when this worker serves neither."""
+    if model == base:
+        return None
+    loras = engine.engine.loras
+    if loras is not None and model in loras.known:
+        return model
+    served = [base, *sorted(loras.known)] if loras is not None else [base]
+    raise ModelNotFoundError(f"model {model!r} is not served here; this worker serves {served}", param="model")
+
+
+def model_cards(engine: AsyncLLMEngine, base: str, max_model_len: int) -> list[dict]:
+    """/v1/models' entries for the adapters, each with the base model as parent."""
+    loras = engine.engine.loras
+    if loras is None:
+        return []
+    return [
+        {
+            "id": name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "shoal",
+            "root": known.path,
+            "parent": base,
+            "max_model_len": max_model_len,
+        }
+        for name, known in sorted(loras.known.items())
+    ]
+
+
+def confined(lora_dir: str | None, path: str) -> Path:
+    """`path` (relative to lora_dir, or absolute) when it lies under lora_dir; InvalidRequestError otherwise."""
+    if lora_dir is None:
+        raise InvalidRequestError(
+            "this worker loads no LoRA adapters at run time (it has no lora_dir)", param="lora_path"
+        )
+    root = Path(lora_dir).resolve()
+    resolved = (root / path).resolve()
+    if not resolved.is_relative_to(root):
+        raise InvalidRequestError(f"lora_path {path!r} is outside this worker's lora_dir", param="lora_path")
+    return resolved
+
+
+def authorize(request: Request) -> None:
+    """Where the worker has the cluster secret, a run-time change needs it as the bearer token."""
+    secret = configured_secret()
+    if secret is None:
+        return
+    given = request.headers.get("authorization", "").removeprefix("Bearer ")
+    if not hmac.compare_digest(given.encode(), secret.encode()):
+        raise UnauthorizedError("loading and unloading LoRA adapters needs the cluster secret as the bearer token")
+
+
+def add_lora_routes(app: FastAPI, engine: AsyncLLMEngine) -> None:
+    """POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoraAdapter, request: Request) -> dict:
+        authorize(request)
+        path = confined(engine.engine.config.lora_dir, body.lora_path)
+        try:
+            await engine.load_lora_adapter(body.lora_name, str(path), body.sha256)
+        except LoraAdapterError as exc:
+            raise InvalidRequestError(str(exc), param="lora_path") from None
+        return {"object": "lora_adapter", "name": body.lora_name, "path": str(path), "loaded": True}
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoraAdapter, request: Request) -> dict:
+        authorize(request)
+        await engine.unload_lora_adapter(body.lora_name)
+        return {"object": "lora_adapter", "name": body.lora_name, "loaded": False}
