@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import math
 
-import peft
 import pytest
 import torch
 
@@ -18,22 +17,8 @@ from shoal.engine.sampling_params import SamplingParams
 from shoal.model.hf_loader import load_hf_config
 from shoal.model.lora_adapter import LORA_TARGETS, LoraAdapterError, load_peft_adapter
 from tests.support.engine_runs import mixed_prompts, run_to_completion
+from tests.support.lora_adapters import write_adapter
 from tests.support.tiny_model import write_tiny_model
-
-
-def write_adapter(base_dir, directory, rank=8, alpha=16, **settings):
-    """A random PEFT LoRA adapter (every q/k/v/o/gate/up/down projection) for the model at base_dir;
-    returns the PEFT model, for reference."""
-    import transformers
-
-    torch.manual_seed(rank + alpha)
-    model = transformers.LlamaForCausalLM.from_pretrained(base_dir)
-    config = peft.LoraConfig(
-        r=rank, lora_alpha=alpha, target_modules=list(LORA_TARGETS), init_lora_weights=False, **settings
-    )
-    adapted = peft.get_peft_model(model, config)
-    adapted.save_pretrained(directory)
-    return adapted
 
 
 @pytest.mark.parametrize("rslora", [False, True], ids=["lora", "rslora"])

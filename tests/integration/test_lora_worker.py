@@ -12,8 +12,8 @@ import pytest
 from shoal.config.engine import EngineConfig
 from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
-from tests.integration.test_lora_adapters import write_adapter
 from tests.support.engine_runs import run_to_completion
+from tests.support.lora_adapters import write_adapter
 from tests.support.routers import stop
 from tests.support.workers import MODEL, start_worker, tiny_worker_args
 
