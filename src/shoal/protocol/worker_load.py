@@ -65,6 +65,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     decode_step_noise: Rate | None = None  # relative spread of decode steps about decode_step_s
     decode_tokens_per_step: Rate | None = None  # a decoding sequence's tokens a step: 1 + drafts kept
     draft_tokens: Count | None = None  # speculative drafts scored since start, and those kept
+    lora_adapters: list[str] = []  # the LoRA adapters it serves, by name (requests name them as `model`)
     accepted_draft_tokens: Count | None = None
     longest_step_s: Rate | None = None
     capability: Rate | None = None

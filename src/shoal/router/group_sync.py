@@ -104,7 +104,7 @@ class GroupSync:
         """What a sibling that (re)connects must hear at once: the workers known here, and this
         member's work in flight."""
         workers = list(self.membership.workers.values())
-        return [Joined(url=w.url, models=sorted(w.models)) for w in workers if w.registered] + [
+        return [Joined(url=w.url, models=sorted(w.base_models)) for w in workers if w.registered] + [
             _work_of(w) for w in workers if w.in_flight
         ]
 

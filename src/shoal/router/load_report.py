@@ -36,6 +36,7 @@ class LoadReport:
     decode_step_s: float | None = None
     decode_step_noise: float | None = None
     decode_tokens_per_step: float | None = None
+    lora_adapters: tuple[str, ...] = ()  # the LoRA adapters the worker holds, by name
     draft_tokens: int | None = None
     accepted_draft_tokens: int | None = None
     longest_step_s: float | None = None
@@ -68,6 +69,7 @@ class LoadReport:
             decode_step_s=report.decode_step_s,
             decode_step_noise=report.decode_step_noise,
             decode_tokens_per_step=report.decode_tokens_per_step,
+            lora_adapters=tuple(report.lora_adapters),
             draft_tokens=report.draft_tokens,
             accepted_draft_tokens=report.accepted_draft_tokens,
             longest_step_s=report.longest_step_s,

@@ -55,7 +55,7 @@ class WorkerState:
 
     worker_id: str
     url: str
-    models: frozenset[str]
+    base_models: frozenset[str]  # as registered or listed; `models` adds the LoRA adapters it holds
     breaker: CircuitBreaker
     registered: bool = False
     load_source: str | None = None  # "shoal", "prometheus" or "router" once known
@@ -81,6 +81,12 @@ class WorkerState:
     _base_key: tuple = field(default=(), repr=False)
     _view: WorkerView | None = field(default=None, repr=False)
     _view_key: tuple = field(default=(), repr=False)
+
+    @property
+    def models(self) -> frozenset[str]:
+        """The models it serves: its own, and the LoRA adapters its last load report says it holds."""
+        adapters = self.report.lora_adapters if self.report is not None else ()
+        return self.base_models | frozenset(adapters) if adapters else self.base_models
 
     @property
     def engine(self) -> str | None:
@@ -255,7 +261,7 @@ class Membership:
         return {m: sum(1 for w in self.workers.values() if w.available and m in w.models) for m in sorted(models)}
 
     def _set_models(self, state: WorkerState, models: frozenset[str]) -> None:
-        state.models = models
+        state.base_models = models
         self.known_models |= models
 
     def views(self) -> list[WorkerView]:

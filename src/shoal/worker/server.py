@@ -81,6 +81,7 @@ def create_app(
     tracing = tracing or Tracing("shoal-worker")
 
     figures = msgspec.convert(calibration.as_dict(), CalibrationFigures) if calibration else None
+    loras = engine.engine.loras
 
     def load_report() -> WorkerLoad:
         """The compact load report for routers (from the engine's latest stats snapshot)."""
@@ -107,6 +108,7 @@ def create_app(
             decode_step_s=stats.decode_step_s,
             decode_step_noise=stats.decode_step_noise,
             decode_tokens_per_step=stats.decode_tokens_per_step,
+            lora_adapters=sorted(loras.known) if loras is not None else [],
             draft_tokens=stats.spec_decode_num_draft_tokens,
             accepted_draft_tokens=stats.spec_decode_num_accepted_tokens,
             longest_step_s=engine.longest_step_s(),
