@@ -36,6 +36,7 @@ from shoal.router.group_sync import GroupMember, GroupSync
 from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
+from shoal.router.lora_admin import add_lora_admin_routes
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.messages_api.endpoints import MessagesApi
 from shoal.router.metrics import RouterMetrics, group_registry
@@ -294,4 +295,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         log.info("worker %s removed by an operator", removed.worker_id)
         return JSONResponse({"removed": removed.worker_id})
 
+    add_lora_admin_routes(
+        app, membership, lambda request: _bearer_matches(request, admin_token), cluster_secret, unauthorized
+    )
     return app

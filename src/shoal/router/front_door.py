@@ -96,8 +96,9 @@ class FrontDoor:
         )
 
     def _serves(self, model: str) -> bool:
-        """Whether a model, or one it falls back to, is configured or was seen on a worker."""
-        known = self.membership.known_models
+        """Whether a model, or one it falls back to, is configured or was seen on a worker (a LoRA
+        adapter: is held by a worker now)."""
+        known = self.membership.known_models | self.membership.models()
         configured = self.config.models
         return (
             model in known or model in configured or any(m in known or m in configured for m in self.fallbacks(model))

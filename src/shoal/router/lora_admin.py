@@ -1,0 +1,96 @@
+"""Operators change a fleet's LoRA adapters through the router (admin token): POST
+/v1/load_lora_adapter and /v1/unload_lora_adapter are passed to every shoal worker of the fleet, or
+of one base model, or to the one `worker` names, with the cluster secret; the answer gives each
+worker's. Requests route to an adapter once a worker's load report names it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from shoal.router.membership import Membership, WorkerState
+from shoal.router.proxy import error_response
+
+
+class FleetLoad(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    sha256: str | None = None
+    model: str | None = None  # the base model whose workers load it (None: every worker)
+    worker: str | None = None  # one worker's id (None: all of them)
+
+
+class FleetUnload(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    model: str | None = None
+    worker: str | None = None
+
+
+def targets(membership: Membership, model: str | None, worker: str | None) -> list[WorkerState]:
+    """The shoal workers a change goes to: available ones, of the base model and worker named."""
+    return [
+        state
+        for state in membership.workers.values()
+        if state.load_source == "shoal"
+        and state.available
+        and (model is None or model in state.base_models)
+        and (worker is None or state.worker_id == worker)
+    ]
+
+
+async def passed_on(
+    session: aiohttp.ClientSession, workers: list[WorkerState], path: str, body: dict, secret: str | None
+) -> dict[str, dict]:
+    """Each worker's status and answer to the change, by worker id."""
+    headers = {"authorization": f"Bearer {secret}"} if secret else {}
+
+    async def one(state: WorkerState) -> tuple[str, dict]:
+        try:
+            async with session.post(
+                state.url + path, json=body, headers=headers, timeout=aiohttp.ClientTimeout(120)
+            ) as response:
+                text = await response.text()
+                try:
+                    answer = json.loads(text)
+                except ValueError:
+                    answer = text
+                return state.worker_id, {"status": response.status, "answer": answer}
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return state.worker_id, {"status": 502, "answer": f"{type(exc).__name__}: {exc}"}
+
+    return dict(await asyncio.gather(*(one(state) for state in workers)))
+
+
+def add_lora_admin_routes(app: FastAPI, membership: Membership, authorized, secret: str | None, unauthorized) -> None:
+    """`authorized(request)`: whether it carries the admin token; `unauthorized(what)`: the 401."""
+
+    async def change(request: Request, path: str, body: dict, model: str | None, worker: str | None) -> Response:
+        if not authorized(request):
+            return unauthorized("admin token")
+        workers = targets(membership, model, worker)
+        if not workers:
+            return error_response(404, "no available shoal worker matches the change", "not_found_error")
+        results = await passed_on(membership.session, workers, path, body, secret)
+        failed = [r["status"] for r in results.values() if r["status"] != 200]
+        return JSONResponse(
+            {"lora_name": body["lora_name"], "workers": results}, status_code=failed[0] if failed else 200
+        )
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: FleetLoad, request: Request) -> Response:
+        passed = body.model_dump(include={"lora_name", "lora_path", "sha256"}, exclude_none=True)
+        return await change(request, "/v1/load_lora_adapter", passed, body.model, body.worker)
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: FleetUnload, request: Request) -> Response:
+        passed = body.model_dump(include={"lora_name"})
+        return await change(request, "/v1/unload_lora_adapter", passed, body.model, body.worker)
