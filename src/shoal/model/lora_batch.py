@@ -1,9 +1,10 @@
 """LoRA in a forward step: which rows run which adapter, and each projection's deltas for them.
 
 A step's rows may run different adapters and the base model side by side. For the rows of each
-adapter, a projection's delta is B (A x) (B holding the scaling), computed by shoal's row-invariant
-matrix multiply (model.invariant_linear: "shrink" by A, "expand" by B, as Punica's SGMV does on
-GPUs); rows without an adapter get none and run exactly as in a step without LoRA. So a row's bits
+adapter, a projection's delta is B (A x) (B holding the scaling), for all the step's adapted rows
+in one call of the CPU kernel (csrc/lora_cpu.cpp: "shrink" by A, "expand" by B, as Punica's SGMV
+does on GPUs; elsewhere shoal's row-invariant matrix multiply, adapter by adapter); rows without an
+adapter get none and run exactly as in a step without LoRA. So a row's bits
 depend on its own adapter alone, whatever the others run.
 """
 
@@ -15,30 +16,31 @@ import torch
 
 from shoal.model.invariant_linear import InvariantLinear
 from shoal.model.lora_adapter import LoraAdapter, projection_shape
+from shoal.model.native_kernels import load_native_kernels
 
 # The projections whose outputs a layer joins before one kernel call: q/k/v, and gate/up.
 FUSED_TARGETS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj", "up_proj")}
 
 
 class PackedAdapter:
-    """An adapter's A and B of every projection it adapts, packed for the model's dtype and device.
-    Invariant: pairs[(layer, target)] exists exactly where the adapter has that projection."""
+    """An adapter's A and B of every projection it adapts, on the model's device: float32 A [r, in]
+    and B transposed [r, out] for the CPU kernel (csrc/lora_cpu.cpp), else A and B packed for the
+    row-invariant matrix multiply in the model's dtype. Invariant: a projection has an entry exactly
+    where the adapter adapts it."""
 
     def __init__(self, adapter: LoraAdapter, dtype: torch.dtype, device: torch.device, tile_rows: int, prepack: bool):
         self.adapter = adapter
-        self.pairs = {
-            key: (
-                InvariantLinear([pair.a.to(device, dtype)], None, tile_rows, prepack),
-                InvariantLinear([pair.b.to(device, dtype)], None, tile_rows, prepack),
-            )
-            for key, pair in adapter.pairs.items()
-        }
-
-    def delta(self, layer: int, target: str, x: torch.Tensor) -> torch.Tensor | None:
-        """B (A x) of the projection for rows x (in the model's dtype), float32; None where the
-        adapter leaves the projection alone."""
-        pair = self.pairs.get((layer, target))
-        return None if pair is None else pair[1](pair[0](x)).float()
+        self.native = device.type == "cpu" and load_native_kernels() is not None
+        if self.native:
+            self.factors = {key: (p.a.to(device), p.b.t().contiguous().to(device)) for key, p in adapter.pairs.items()}
+        else:
+            self.factors = {
+                key: (
+                    InvariantLinear([p.a.to(device, dtype)], None, tile_rows, prepack),
+                    InvariantLinear([p.b.to(device, dtype)], None, tile_rows, prepack),
+                )
+                for key, p in adapter.pairs.items()
+            }
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,7 @@ class LoraBatch:
     indices into `adapters`). Rows not in `rows` run the base model."""
 
     rows: torch.Tensor
-    owners: list[int]
+    owners: torch.Tensor
     adapters: list[PackedAdapter]
     config: object  # the model's LlamaConfig: the projections' shapes
 
@@ -65,22 +67,29 @@ class LoraBatch:
             owners.append(adapters.index(adapter))
         if not rows:
             return None
-        return cls(torch.tensor(rows, dtype=torch.long, device=device), owners, adapters, config)
+        as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
+        return cls(as_tensor(rows), as_tensor(owners), adapters, config)
 
     def deltas(self, layer: int, projection: str, x: torch.Tensor) -> torch.Tensor:
         """float32 [R, outputs]: for the adapted rows' inputs x [R, in] (in `rows` order), the deltas
         of `projection` ("qkv", "o_proj", "gate_up" or "down_proj"; the fused ones side by side),
         zero where a row's adapter leaves a projection alone."""
         targets = FUSED_TARGETS.get(projection, (projection,))
-        widths = [projection_shape(self.config, target)[0] for target in targets]
-        out = torch.zeros(len(self.owners), sum(widths), dtype=torch.float32, device=x.device)
+        parts = [self._target_deltas(layer, target, x) for target in targets]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _target_deltas(self, layer: int, target: str, x: torch.Tensor) -> torch.Tensor:
+        width = projection_shape(self.config, target)[0]
+        if all(adapter.native for adapter in self.adapters):
+            factors = [adapter.factors.get((layer, target), (_NONE, _NONE)) for adapter in self.adapters]
+            return torch.ops.shoal.lora_rows(x, self.owners, [a for a, _ in factors], [b for _, b in factors], width)
+        out = torch.zeros(len(self.owners), width, dtype=torch.float32, device=x.device)
         for index, adapter in enumerate(self.adapters):
-            mine = torch.tensor([i for i, owner in enumerate(self.owners) if owner == index], device=x.device)
-            inputs = x.index_select(0, mine)
-            start = 0
-            for target, width in zip(targets, widths):
-                delta = adapter.delta(layer, target, inputs)
-                if delta is not None:
-                    out[mine, start : start + width] = delta
-                start += width
+            pair = adapter.factors.get((layer, target))
+            if pair is not None:
+                mine = (self.owners == index).nonzero().squeeze(1)
+                out[mine] = pair[1](pair[0](x.index_select(0, mine))).float()
         return out
+
+
+_NONE = torch.empty(0)

@@ -458,12 +458,17 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
     target.index_copy_(0, rows, x.index_select(0, rows).to(at::kFloat).add_(delta).to(x.scalar_type()));
   }
 
-  // `out` (the projection joined for every row) with the rows `rows` joined again from the
-  // projection of their inputs plus `delta`: residual + norm(projection(x) + delta) x multiplier.
+  // `out` (the projection joined for every row) with the rows `rows` given their deltas:
+  // residual + norm(projection(x) + delta) x multiplier. Without a norm after the projection or a
+  // multiplier that is out + delta; otherwise those rows are joined again from their projection.
   at::Tensor with_row_deltas(at::Tensor out, const PackedLinear& projection, const at::Tensor& x,
                              const at::Tensor& after_norm, const at::Tensor& residual, const at::Tensor& rows,
                              const at::Tensor& delta) const {
     if (rows.numel() == 0) return out;
+    if (after_norm.numel() == 0 && residual_multiplier_ == 1.f) {
+      add_to_rows(out, rows, delta);
+      return out;
+    }
     const at::Tensor part = projection.forward(x.index_select(0, rows).contiguous());
     add_to_rows(part, at::arange(rows.size(0), rows.options()), delta);
     out.index_copy_(0, rows, join(part, after_norm, residual.index_select(0, rows).contiguous()));

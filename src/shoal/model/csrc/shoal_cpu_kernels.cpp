@@ -7,3 +7,4 @@
 #include "moe_cpu.cpp"
 #include "argmax_cpu.cpp"
 #include "categorical_cpu.cpp"
+#include "lora_cpu.cpp"
