@@ -22,6 +22,7 @@ from tests.support.engine_under_isa_cap import REPORT_PREFIX
 from tests.support.family_variants import COMMON
 from tests.support.kernel_builds import FORCED_LEVELS
 from tests.support.linear_rows_check import TOLERANCE, bf16_pairs_digest
+from tests.support.lora_adapters import write_adapter
 from tests.support.tiny_model import write_random_family_model
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,9 +67,11 @@ LEVELS = {
 }
 
 
-def run_engine_under_cap(level: str, model_dir: Path, moe_dir: Path, cache_dir: Path) -> tuple[dict, list[str]]:
+def run_engine_under_cap(
+    level: str, model_dir: Path, moe_dir: Path, lora_dir: Path, cache_dir: Path
+) -> tuple[dict, list[str]]:
     env = {**os.environ, "SHOAL_CPU_ISA": level, "ONEDNN_VERBOSE": "1"}
-    argv = [str(model_dir), str(moe_dir), str(cache_dir), *DTYPES]
+    argv = [str(model_dir), str(moe_dir), str(lora_dir), str(cache_dir), *DTYPES]
     result = subprocess.run(
         [sys.executable, "-m", "tests.support.engine_under_isa_cap", *argv],
         cwd=REPO,
@@ -90,10 +93,12 @@ def report_at(tiny_model_dir, shoal_cache_dir, tmp_path_factory):
     moe_dir = tmp_path_factory.mktemp("gpt-oss")
     fields = dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=32, sliding_window=5, swiglu_limit=1.0)
     write_random_family_model(moe_dir, "GptOssConfig", "GptOssForCausalLM", {**COMMON, "head_dim": 16, **fields})
+    lora_dir = tmp_path_factory.mktemp("lora") / "a"
+    write_adapter(tiny_model_dir, lora_dir)
 
     def report(level: str) -> tuple[dict, list[str]]:
         if level not in reports:
-            reports[level] = run_engine_under_cap(level, tiny_model_dir, moe_dir, shoal_cache_dir)
+            reports[level] = run_engine_under_cap(level, tiny_model_dir, moe_dir, lora_dir, shoal_cache_dir)
         return reports[level]
 
     return report
@@ -134,6 +139,7 @@ def test_engine_runs_every_dtype_invariantly_at_a_forced_level(level, report_at)
         assert run["attention_uses_tiles"] == (shutil.which("c++") is None), dtype
         assert run["invariant"] and run["distinct_outputs"] > 1, (dtype, run)
         assert run["speculation_keeps_tokens"] and run["drafts_kept"] > 0, (dtype, run)
+        assert run["lora_invariant"] and run["lora_changes_tokens"] and run["lora_keeps_the_base"], (dtype, run)
     if shutil.which("c++"):
         moe = report["moe"]
         assert moe["native_experts"] and moe["invariant"] and moe["distinct_outputs"] > 1, moe

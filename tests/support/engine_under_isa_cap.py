@@ -1,12 +1,13 @@
 """A program that runs the tiny engine under this process's SHOAL_CPU_ISA and prints what it ran on.
 
-    python -m tests.support.engine_under_isa_cap MODEL_DIR MOE_DIR CACHE_DIR DTYPE...
+    python -m tests.support.engine_under_isa_cap MODEL_DIR MOE_DIR LORA_DIR CACHE_DIR DTYPE...
 
 The cap is applied before torch runs anything, as the CLI does. The last line of stdout is a JSON
 report: the effective level, what torch's libraries say about themselves, the compiler flags of the
 CPU kernels loaded here, per dtype the GEMM backend of packed and of shared weights and whether
 requests run alone and together got the same tokens (and the same again when each is handed its
-own output as a prediction: speculative drafts scored in multi-token chunks, kept), and the native
+own output as a prediction: speculative drafts scored in multi-token chunks, kept; and when half of
+them run LORA_DIR's adapter, through the LoRA kernel), and the native
 matrix multiply's bitwise row
 check (tests.support.linear_rows_check) on this level's kernel path, with a digest of its quantized
 blocks against bfloat16 x; and for a mixture of experts (MOE_DIR, in bfloat16) whether its requests run
@@ -33,7 +34,7 @@ def loaded_kernel_build_flags() -> str:
     return next((line for line in build.splitlines() if line.startswith("cflags")), "")
 
 
-def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
+def main(model_dir: str, moe_dir: str, lora_dir: str, cache_dir: str, dtypes: list[str]) -> dict:
     from shoal.model.cpu_features import apply_cpu_isa_cap
 
     features = apply_cpu_isa_cap()
@@ -47,7 +48,7 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
     from tests.support.engine_runs import run_to_completion
     from tests.support.linear_rows_check import bf16_pairs_digest, check
 
-    def engine(dtype: str, share_weights: bool = False, model: str = model_dir) -> LLMEngine:
+    def engine(dtype: str, share_weights: bool = False, model: str = model_dir, **lora) -> LLMEngine:
         # One thread: on a busy machine two threads wait on each other at every tiny multiply.
         return LLMEngine(
             EngineConfig(
@@ -60,6 +61,7 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
                 cache_dir=cache_dir,
                 num_threads=1,
                 share_weights=share_weights,
+                **lora,
             )
         )
 
@@ -75,6 +77,12 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
             key: (prompt, dataclasses.replace(request_params, predicted_token_ids=tuple(alone[key])))
             for key, (prompt, request_params) in prompts.items()
         }
+        adapted = dict(enable_lora=True, max_loras=2, lora_modules=(f"a={lora_dir}",))
+        with_lora = {key: (*request, "a" if i % 2 else None) for i, (key, request) in enumerate(prompts.items())}
+        lora_together = run_to_completion(engine(dtype, **adapted), with_lora)
+        lora_alone = {
+            key: run_to_completion(engine(dtype, **adapted), {key: request})[key] for key, request in with_lora.items()
+        }
         # Shared weights run on torch's kernels (oneDNN where it has them): the cap must reach those too.
         shared = engine(dtype, share_weights=True)
         runs[dtype] = {
@@ -86,6 +94,9 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
             "invariant": alone == together,
             "speculation_keeps_tokens": run_to_completion(speculating, predicted) == alone,
             "drafts_kept": speculating.speculation.accepted_draft_tokens,
+            "lora_invariant": lora_alone == lora_together,
+            "lora_changes_tokens": all(lora_together[key] != alone[key] for key in list(prompts)[1::2]),
+            "lora_keeps_the_base": all(lora_together[key] == alone[key] for key in list(prompts)[::2]),
             "distinct_outputs": len({tuple(tokens) for tokens in together.values()}),
             "attention_uses_tiles": together_engine.model.attention_uses_tiles,
         }
@@ -122,4 +133,6 @@ def main(model_dir: str, moe_dir: str, cache_dir: str, dtypes: list[str]) -> dic
 
 
 if __name__ == "__main__":
-    print(REPORT_PREFIX + json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4:])), flush=True)
+    print(
+        REPORT_PREFIX + json.dumps(main(sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])), flush=True
+    )
