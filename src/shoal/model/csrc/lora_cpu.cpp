@@ -58,20 +58,23 @@ at::Tensor lora_rows(const at::Tensor& x, const at::Tensor& owners, const std::v
       const int64_t rank = down.size(0);
       const float* ai = down.data_ptr<float>();
       const float* bi = bt[owner[members[0]]].data_ptr<float>();
+      // A block of fewer rows repeats its last one in the empty places (computed, never stored), so
+      // every loop over the block has a fixed length and its accumulators stay in registers.
+      const float* xs[kBlock];
+      for (size_t m = 0; m < kBlock; ++m) xs[m] = input + members[std::min<int64_t>(m, count - 1)] * inputs;
       std::vector<float> shrunk(kBlock * rank);
       for (int64_t j = 0; j < rank; ++j) {  // each member's A x: its own 16 lanes over the input, in order
         const float* row = ai + j * inputs;
         Vec acc[kBlock];
-        for (int64_t m = 0; m < count; ++m) acc[m] = Vec::zero();
+        for (size_t m = 0; m < kBlock; ++m) acc[m] = Vec::zero();
         int64_t k = 0;
         for (; k + kLanes <= inputs; k += kLanes) {
           const Vec weights = Vec::load(row + k);
-          for (int64_t m = 0; m < count; ++m) acc[m] = Vec::fma(weights, Vec::load(input + members[m] * inputs + k), acc[m]);
+          for (size_t m = 0; m < kBlock; ++m) acc[m] = Vec::fma(weights, Vec::load(xs[m] + k), acc[m]);
         }
-        for (int64_t m = 0; m < count; ++m) {
-          const float* xi = input + members[m] * inputs;
+        for (size_t m = 0; m < kBlock; ++m) {
           float value = acc[m].sum();
-          for (int64_t t = k; t < inputs; ++t) value += row[t] * xi[t];
+          for (int64_t t = k; t < inputs; ++t) value += row[t] * xs[m][t];
           shrunk[m * rank + j] = value;
         }
       }
@@ -79,10 +82,10 @@ at::Tensor lora_rows(const at::Tensor& x, const at::Tensor& owners, const std::v
       int64_t o = 0;
       for (; o + kLanes <= width; o += kLanes) {
         Vec acc[kBlock];
-        for (int64_t m = 0; m < count; ++m) acc[m] = Vec::zero();
+        for (size_t m = 0; m < kBlock; ++m) acc[m] = Vec::zero();
         for (int64_t j = 0; j < rank; ++j) {
           const Vec weights = Vec::load(bi + j * width + o);
-          for (int64_t m = 0; m < count; ++m) acc[m] = Vec::fma(weights, Vec::broadcast(shrunk[m * rank + j]), acc[m]);
+          for (size_t m = 0; m < kBlock; ++m) acc[m] = Vec::fma(weights, Vec::broadcast(shrunk[m * rank + j]), acc[m]);
         }
         for (int64_t m = 0; m < count; ++m) acc[m].store(output + members[m] * width + o);
       }
