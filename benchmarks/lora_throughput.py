@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,8 +20,8 @@ from pathlib import Path
 import httpx
 import torch
 from cpu_name import cpu_description
-from routing_quality import free_port, wait_for
 from safetensors.torch import save_file
+from speculative import shoal_worker, start
 
 from shoal.model.inspection import inspect_model
 from shoal.model.lora_adapter import LORA_TARGETS, projection_shape
@@ -46,17 +45,6 @@ def write_random_adapter(directory: Path, config, rank: int, seed: int) -> None:
     save_file(tensors, directory / "adapter_model.safetensors")
     settings = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": list(LORA_TARGETS)}
     (directory / "adapter_config.json").write_text(json.dumps(settings))
-
-
-def start_worker(model: str, flags: list[str], log: Path) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    argv = [sys.executable, "-m", "shoal.cli", "worker", "--model", model, "--port", str(port)]
-    process = subprocess.Popen(
-        [*argv, "--served-model-name", "bench", *flags], stdout=subprocess.DEVNULL, stderr=open(log, "a")
-    )
-    url = f"http://127.0.0.1:{port}"
-    wait_for(url + "/ready", process)
-    return process, url
 
 
 async def run(url: str, models: list[str], concurrency: int, max_tokens: int) -> float:
@@ -96,7 +84,7 @@ def main() -> int:
     best: dict[str, float] = {}
     for _ in range(args.rounds):
         for kind, (flags, models) in workers.items():
-            process, url = start_worker(args.model, flags, work / f"{kind}.log")
+            process, url = start(shoal_worker(args.model, flags), work / f"{kind}.log")
             try:
                 asyncio.run(run(url, models, args.concurrency, 8))  # warm-up
                 rate = asyncio.run(run(url, models, args.concurrency, args.max_tokens))

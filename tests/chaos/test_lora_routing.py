@@ -12,11 +12,8 @@ import httpx
 import pytest
 import yaml
 
-from shoal.config.engine import EngineConfig
-from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import run_to_completion
-from tests.support.lora_adapters import write_adapter
+from tests.support.lora_adapters import tokens_with_adapter, write_adapter
 from tests.support.routers import start_router, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready
@@ -70,17 +67,8 @@ def test_adapter_requests_go_to_its_workers_and_survive_kill_9(fleet, tiny_model
         answer = httpx.post(url + "/v1/completions", json={**body(False), "max_tokens": 4}, timeout=60)
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-shoal-worker"] in holders and answer.json()["model"] == "a0"
-    config = EngineConfig(
-        model=str(tiny_model_dir),
-        dtype="float32",
-        device="cpu",
-        kv_cache_bytes=8 << 20,
-        cache_dir=str(shoal_cache_dir),
-        enable_lora=True,
-        lora_modules=(f"a0={adapter}",),
-    )
     params = SamplingParams(temperature=0.8, seed=7, max_tokens=MAX_TOKENS, ignore_eos=True)
-    expected = run_to_completion(LLMEngine(config), {"r": (PROMPT, params, "a0")})["r"]
+    expected = tokens_with_adapter(tiny_model_dir, shoal_cache_dir, (f"a0={adapter}",), PROMPT, params, "a0")
     ids = []
     with httpx.stream("POST", url + "/v1/completions", json=body(True), timeout=120) as response:
         assert response.status_code == 200

@@ -162,7 +162,7 @@ def test_a_step_runs_at_most_max_loras_adapters_and_memory_holds_max_cpu_loras(m
     assert len(engine.loras.held) == 2 and engine.loras.loads > len(adapters)  # some read again
 
 
-def test_adapters_load_and_unload_at_run_time(make_tiny_engine, adapters, tmp_path):
+def test_adapters_load_and_unload_at_run_time(make_tiny_engine, adapters):
     from shoal.errors import ModelNotFoundError
 
     engine = make_tiny_engine(enable_lora=True)

@@ -9,11 +9,8 @@ import httpx
 import openai
 import pytest
 
-from shoal.config.engine import EngineConfig
-from shoal.engine.engine import LLMEngine
 from shoal.engine.sampling_params import SamplingParams
-from tests.support.engine_runs import run_to_completion
-from tests.support.lora_adapters import write_adapter
+from tests.support.lora_adapters import tokens_with_adapter, write_adapter
 from tests.support.routers import stop
 from tests.support.workers import MODEL, start_worker, tiny_worker_args
 
@@ -51,17 +48,9 @@ def worker(tiny_model_dir, shoal_cache_dir, lora_dir):
 
 
 def engine_tokens(tiny_model_dir, shoal_cache_dir, lora_dir, name: str | None) -> list[int]:
-    config = EngineConfig(
-        model=str(tiny_model_dir),
-        dtype="float32",
-        device="cpu",
-        kv_cache_bytes=8 << 20,
-        cache_dir=str(shoal_cache_dir),
-        enable_lora=True,
-        lora_modules=(f"a0={lora_dir / 'a0'}", f"a1={lora_dir / 'a1'}"),
-    )
+    modules = (f"a0={lora_dir / 'a0'}", f"a1={lora_dir / 'a1'}")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    return run_to_completion(LLMEngine(config), {"r": (PROMPT, params, name)})["r"]
+    return tokens_with_adapter(tiny_model_dir, shoal_cache_dir, modules, PROMPT, params, name)
 
 
 def complete(url: str, model: str) -> httpx.Response:

@@ -21,3 +21,24 @@ def write_adapter(base_dir, directory, rank=8, alpha=16, **settings):
     adapted = peft.get_peft_model(model, config)
     adapted.save_pretrained(directory)
     return adapted
+
+
+def tokens_with_adapter(
+    model_dir, cache_dir, modules: tuple[str, ...], prompt, params, adapter: str | None
+) -> list[int]:
+    """A request's output tokens from an engine of the tiny model in float32 serving `modules`
+    (name=path), run with `adapter` (None: the base model): what a worker serving them should give."""
+    from shoal.config.engine import EngineConfig
+    from shoal.engine.engine import LLMEngine
+    from tests.support.engine_runs import run_to_completion
+
+    config = EngineConfig(
+        model=str(model_dir),
+        dtype="float32",
+        device="cpu",
+        kv_cache_bytes=8 << 20,
+        cache_dir=str(cache_dir),
+        enable_lora=True,
+        lora_modules=modules,
+    )
+    return run_to_completion(LLMEngine(config), {"r": (prompt, params, adapter)})["r"]

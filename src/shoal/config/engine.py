@@ -139,12 +139,19 @@ class EngineConfig:
             raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
         if self.lora_modules and not self.enable_lora:
             raise ValueError("lora_modules need enable_lora")
+        self.lora_module_paths()
+        if self.embedding_pooling not in POOLINGS:
+            raise ValueError(f"embedding_pooling must be one of {', '.join(POOLINGS)}, got {self.embedding_pooling!r}")
+
+    def lora_module_paths(self) -> list[tuple[str, str]]:
+        """lora_modules as (name, path); ValueError for an entry that is not name=path."""
+        pairs = []
         for module in self.lora_modules:
             name, _, path = module.partition("=")
             if not name or not path:
                 raise ValueError(f"a LoRA module is name=path, got {module!r}")
-        if self.embedding_pooling not in POOLINGS:
-            raise ValueError(f"embedding_pooling must be one of {', '.join(POOLINGS)}, got {self.embedding_pooling!r}")
+            pairs.append((name, path))
+        return pairs
 
     @property
     def packs_weights(self) -> bool:

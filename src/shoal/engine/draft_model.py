@@ -95,9 +95,7 @@ class DraftModel:
                 f"target runs up to {max_model_len}"
             )
         replica = build_replica(draft_config, checkpoint, device, dtype, max_model_len, list, None)
-        self.name = name
         self.vocab_size = vocab_size
-        self.device = device
         self.block_manager: BlockManager = replica.block_manager
         self.runner = replica.runner
         self.groups = self.block_manager.groups.count

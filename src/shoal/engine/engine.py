@@ -41,6 +41,7 @@ from shoal.errors import (
     ReplicaFailedError,
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
+from shoal.model.lora_registry import LoraRegistry
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.step_batch import StepBatch
 
@@ -133,8 +134,7 @@ class LLMEngine:
         )
         self.model, self.block_manager, self.runner = replica.model, replica.block_manager, replica.runner
         self.loras = replica.loras
-        for module in config.lora_modules:
-            name, _, path = module.partition("=")
+        for name, path in config.lora_module_paths():
             self.loras.register(name, path)
         self.tensor_group = replica.tensor_group
         self.kv_cache_budget_bytes = replica.kv_cache_budget_bytes
@@ -274,15 +274,17 @@ class LLMEngine:
     def load_lora_adapter(self, name: str, path: str, sha256: str | None = None) -> None:
         """Reads, checks and holds a LoRA adapter under `name` (model.lora_registry). Call between
         steps (the engine's own thread)."""
-        if self.loras is None:
-            raise InvalidRequestError("this engine serves no LoRA adapters (enable_lora is off)", param="lora_name")
-        self.loras.register(name, path, sha256)
+        self._adapters().register(name, path, sha256)
 
     def unload_lora_adapter(self, name: str) -> None:
         """Forgets an adapter for new requests; those running it go on with it until they end."""
+        self._adapters().unregister(name, running=any(seq.lora == name for seq in self.sequences.values()))
+
+    def _adapters(self) -> LoraRegistry:
+        """The LoRA adapters this engine serves; InvalidRequestError where it serves none."""
         if self.loras is None:
             raise InvalidRequestError("this engine serves no LoRA adapters (enable_lora is off)", param="lora_name")
-        self.loras.unregister(name, running=any(seq.lora == name for seq in self.sequences.values()))
+        return self.loras
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Stops a request now and frees its blocks; returns its final output (finish_reason abort)."""

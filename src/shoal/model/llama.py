@@ -224,7 +224,7 @@ class DecoderLayer:
     ) -> torch.Tensor:
         """The native layer run in its parts, the adapted rows' deltas handed to each (the other rows
         computed exactly as `forward` of the native object computes them)."""
-        layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
+        layout = self._native_layout(cache, meta)
         native, rows, eps = self.native, lora.rows, self.config.rms_norm_eps
 
         def normed_rows(x: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
@@ -251,8 +251,13 @@ class DecoderLayer:
         multiplier = self.config.residual_multiplier
         return output if multiplier == 1.0 else output * multiplier
 
+    @staticmethod
+    def _native_layout(cache: KVCache, meta: AttentionMetadata) -> tuple:
+        """The caches and the step's metadata as the native layer's attention takes them."""
+        return (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
+
     def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
-        layout = (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
+        layout = self._native_layout(cache, meta)
         if self.tensor_parallel is None and self.experts is None:
             return self.native.forward(hidden, *layout)
         native, columns = self.native, self.hidden_columns

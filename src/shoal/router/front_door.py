@@ -98,11 +98,12 @@ class FrontDoor:
     def _serves(self, model: str) -> bool:
         """Whether a model, or one it falls back to, is configured or was seen on a worker (a LoRA
         adapter: is held by a worker now)."""
-        known = self.membership.known_models | self.membership.models()
-        configured = self.config.models
-        return (
-            model in known or model in configured or any(m in known or m in configured for m in self.fallbacks(model))
-        )
+        known, configured = self.membership.known_models, self.config.models
+
+        def seen(name: str) -> bool:  # the workers are looked over only for a name not known
+            return name in known or name in configured or name in self.membership.models()
+
+        return seen(model) or any(seen(m) for m in self.fallbacks(model))
 
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
