@@ -15,6 +15,7 @@ from shoal.router.config import FailoverSettings
 from shoal.router.membership import WorkerState
 from shoal.router.stream_relay import token_deadline
 from shoal.router.tried_workers import TriedWorkers
+from shoal.router.views import RouteRequest
 
 
 def test_a_keep_alive_round_trips_and_a_bare_one_has_no_figures():
@@ -66,14 +67,15 @@ def test_a_worker_left_for_looking_hung_returns_once_heard_from_and_a_failed_one
 def test_waiting_is_no_use_only_once_every_worker_of_the_model_failed_the_request():
     workers = {w: worker(w) for w in ("a", "b")}
     workers["other"] = WorkerState("other", "other", frozenset({"n"}), workers["a"].breaker)
+    m, n = (RouteRequest(model, 10, 10) for model in ("m", "n"))
     tried = TriedWorkers()
-    assert not tried.failed_by_all(workers, "m")
+    assert not tried.failed_by_all(workers, m)
     tried.fail("a")
     tried.leave("b", now=0.0)  # refused for now (503) or lost: it may come back
-    assert not tried.failed_by_all(workers, "m")
+    assert not tried.failed_by_all(workers, m)
     tried.fail("b")
-    assert tried.failed_by_all(workers, "m") and not tried.failed_by_all(workers, "n")
-    assert not TriedWorkers().failed_by_all({}, "m")  # no worker yet: one may come
+    assert tried.failed_by_all(workers, m) and not tried.failed_by_all(workers, n)
+    assert not TriedWorkers().failed_by_all({}, m)  # no worker yet: one may come
 
 
 def test_a_step_is_expected_to_take_its_prefill_at_the_prefill_rate_plus_a_decode_step():

@@ -77,6 +77,8 @@ class AsyncLLMEngine:
         self._commands: queue.Queue = queue.Queue()
         self._subscribers: dict[str, _Subscriber] = {}
         self._stopped = threading.Event()
+        # LoRA adapters whose files are being read off the engine thread, by name (event loop thread only).
+        self.lora_reads: dict[str, asyncio.Future] = {}
         # (time.monotonic() when the engine thread began its current work, whether that is a step).
         self._working: tuple[float, bool] = (time.monotonic(), False)
         built: concurrent.futures.Future[LLMEngine] = concurrent.futures.Future()
@@ -136,8 +138,40 @@ class AsyncLLMEngine:
         return await self._call(lambda engine: engine.embed(prompts))
 
     async def load_lora_adapter(self, name: str, path: str, sha256: str | None) -> None:
-        """LLMEngine.load_lora_adapter, run on the engine thread between steps."""
-        await self._call(lambda engine: engine.load_lora_adapter(name, path, sha256))
+        """Reads a LoRA adapter's files in a thread of their own (the engine steps on meanwhile),
+        then checks and holds it on the engine thread between steps (LoraRegistry.admit). Loading
+        one again from the same file only makes sure it is held."""
+        registry = self.engine.lora_registry()
+        known = registry.known.get(name)
+        if known is not None and (known.path, known.sha256) == (path, sha256):
+            return await self.hold_lora_adapter(name)  # loaded before: at most read again
+        files, read_s = await self._reading(name, lambda: registry.read(path, sha256))
+        await self._call(lambda engine: registry.admit(name, path, sha256, files, read_s))
+
+    async def hold_lora_adapter(self, name: str) -> None:
+        """Before a request runs adapter `name`: where the engine knows it but has given it back
+        (LoraRegistry.max_cpu_loras), its files are read again off the engine thread, so the steps
+        of others do not wait on the disk. One read at a time a name."""
+        registry = self.engine.loras
+        source = registry.source(name) if registry is not None else None
+        if source is None:
+            return
+        reading = self.lora_reads.get(name)
+        if reading is None:
+            files, read_s = await self._reading(name, lambda: registry.read(source.path, source.digest))
+            await self._call(lambda engine: registry.refill(name, files, read_s))
+        else:
+            await asyncio.shield(reading)
+
+    async def _reading(self, name: str, read: Callable):
+        """read() in a thread, its name in `lora_reads` until it ends."""
+        task = asyncio.ensure_future(asyncio.to_thread(read))
+        self.lora_reads.setdefault(name, task)
+        try:
+            return await task
+        finally:
+            if self.lora_reads.get(name) is task:
+                del self.lora_reads[name]
 
     async def unload_lora_adapter(self, name: str) -> None:
         """LLMEngine.unload_lora_adapter, run on the engine thread between steps."""

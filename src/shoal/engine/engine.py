@@ -41,7 +41,7 @@ from shoal.errors import (
     ReplicaFailedError,
 )
 from shoal.model.loader import Checkpoint, load_checkpoint
-from shoal.model.lora_registry import LoraRegistry
+from shoal.model.lora_registry import LoraCounters, LoraRegistry
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
 from shoal.runner.step_batch import StepBatch
 
@@ -88,6 +88,7 @@ class EngineStats:
     spec_decode_num_drafts: int = 0  # verifications with drafts, their draft tokens, and those kept
     spec_decode_num_draft_tokens: int = 0
     spec_decode_num_accepted_tokens: int = 0
+    lora: LoraCounters | None = None  # None: LoRA is off
 
 
 class LLMEngine:
@@ -274,13 +275,13 @@ class LLMEngine:
     def load_lora_adapter(self, name: str, path: str, sha256: str | None = None) -> None:
         """Reads, checks and holds a LoRA adapter under `name` (model.lora_registry). Call between
         steps (the engine's own thread)."""
-        self._adapters().register(name, path, sha256)
+        self.lora_registry().register(name, path, sha256)
 
     def unload_lora_adapter(self, name: str) -> None:
         """Forgets an adapter for new requests; those running it go on with it until they end."""
-        self._adapters().unregister(name, running=any(seq.lora == name for seq in self.sequences.values()))
+        self.lora_registry().unregister(name, running=any(seq.lora == name for seq in self.sequences.values()))
 
-    def _adapters(self) -> LoraRegistry:
+    def lora_registry(self) -> LoraRegistry:
         """The LoRA adapters this engine serves; InvalidRequestError where it serves none."""
         if self.loras is None:
             raise InvalidRequestError("this engine serves no LoRA adapters (enable_lora is off)", param="lora_name")
@@ -580,6 +581,7 @@ class LLMEngine:
             spec_decode_num_drafts=self.speculation.drafts,
             spec_decode_num_draft_tokens=self.speculation.draft_tokens,
             spec_decode_num_accepted_tokens=self.speculation.accepted_draft_tokens,
+            lora=self.loras.counters() if self.loras is not None else None,
         )
 
     @functools.cached_property

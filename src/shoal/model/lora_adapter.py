@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load
 
 from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
@@ -77,19 +77,24 @@ def projection_shape(config: LlamaConfig, target: str) -> tuple[int, int]:
     }[target]
 
 
-def load_peft_adapter(
-    name: str, directory: str | Path, base: LlamaConfig, max_rank: int, sha256: str | None = None
-) -> LoraAdapter:
-    """The adapter in a PEFT directory, for `base`; LoraAdapterError naming the file and the reason
-    when it is missing, corrupt, not the given `sha256`, above `max_rank`, for other shapes, or uses
-    a PEFT feature not applied here."""
+@dataclass(frozen=True)
+class AdapterFiles:
+    """An adapter's files as read from disk, before torch sees them (so any thread may read them):
+    its settings, its weights file's bytes and their SHA-256 (checked where one was given)."""
+
+    root: Path
+    settings: dict
+    weights_path: Path
+    data: bytes
+    digest: str
+
+
+def read_peft_files(directory: str | Path, sha256: str | None = None) -> AdapterFiles:
+    """A PEFT directory's settings and weights; LoraAdapterError naming the file and the reason when
+    one is missing or not JSON, the settings use a PEFT feature not applied here, or the weights are
+    not the given `sha256`."""
     root = Path(directory)
     settings = _settings(root / CONFIG_FILE)
-    rank, alpha = settings.get("r"), settings.get("lora_alpha", settings.get("r"))
-    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, (int, float)):
-        raise LoraAdapterError(f"{root / CONFIG_FILE}: r must be a positive integer and lora_alpha a number")
-    if rank > max_rank:
-        raise LoraAdapterError(f"{root / CONFIG_FILE}: rank {rank} is above this engine's max_lora_rank {max_rank}")
     weights_path = root / WEIGHTS_FILE
     try:
         data = weights_path.read_bytes()
@@ -98,13 +103,32 @@ def load_peft_adapter(
     digest = hashlib.sha256(data).hexdigest()
     if sha256 is not None and digest != sha256.lower():
         raise LoraAdapterError(f"{weights_path}: SHA-256 is {digest}, not the {sha256} given")
+    return AdapterFiles(root, settings, weights_path, data, digest)
+
+
+def peft_adapter(name: str, files: AdapterFiles, base: LlamaConfig, max_rank: int) -> LoraAdapter:
+    """The adapter `files` hold, for `base`; LoraAdapterError naming the file and the reason when its
+    rank is above `max_rank`, its weights are corrupt or for other shapes."""
+    settings, config_path = files.settings, files.root / CONFIG_FILE
+    rank, alpha = settings.get("r"), settings.get("lora_alpha", settings.get("r"))
+    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, (int, float)):
+        raise LoraAdapterError(f"{config_path}: r must be a positive integer and lora_alpha a number")
+    if rank > max_rank:
+        raise LoraAdapterError(f"{config_path}: rank {rank} is above this engine's max_lora_rank {max_rank}")
     try:
-        tensors = load_file(weights_path)
+        tensors = load(files.data)
     except (SafetensorError, ValueError) as exc:
-        raise LoraAdapterError(f"{weights_path}: not a safetensors file ({exc})") from None
+        raise LoraAdapterError(f"{files.weights_path}: not a safetensors file ({exc})") from None
     scaling = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
-    pairs = _pairs(weights_path, tensors, base, rank, scaling)
-    return LoraAdapter(name, str(root), rank, scaling, digest, pairs)
+    pairs = _pairs(files.weights_path, tensors, base, rank, scaling)
+    return LoraAdapter(name, str(files.root), rank, scaling, files.digest, pairs)
+
+
+def load_peft_adapter(
+    name: str, directory: str | Path, base: LlamaConfig, max_rank: int, sha256: str | None = None
+) -> LoraAdapter:
+    """The adapter in a PEFT directory, for `base` (read_peft_files, then peft_adapter)."""
+    return peft_adapter(name, read_peft_files(directory, sha256), base, max_rank)
 
 
 def _settings(path: Path) -> dict:

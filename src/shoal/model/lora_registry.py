@@ -1,9 +1,11 @@
 """The LoRA adapters an engine serves: those it knows by name (where their files are), and those it
 holds in memory, packed for its model, at most `max_cpu_loras`, the least recently used given back
-first (and read again from their files when next asked for)."""
+first (and read again from their files when next asked for). Reading a file (`read`) may run on any
+thread; everything that changes what is known or held runs on the engine's thread."""
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -11,7 +13,7 @@ import torch
 
 from shoal.errors import InvalidRequestError, ModelNotFoundError
 from shoal.model.config import LlamaConfig
-from shoal.model.lora_adapter import load_peft_adapter
+from shoal.model.lora_adapter import AdapterFiles, peft_adapter, read_peft_files
 from shoal.model.lora_batch import PackedAdapter
 
 
@@ -20,6 +22,17 @@ class KnownAdapter:
     path: str
     sha256: str | None
     digest: str  # the SHA-256 of its weights when it was first read
+
+
+@dataclass(frozen=True)
+class LoraCounters:
+    """What the registry serves, for load reports and metrics: adapters known by name, those held in
+    memory (least recently used first), files read since start and a read's recent seconds."""
+
+    known: tuple[str, ...]
+    held: tuple[str, ...]
+    loads: int
+    load_s: float | None
 
 
 class LoraRegistry:
@@ -46,18 +59,46 @@ class LoraRegistry:
         self.retiring: dict[str, KnownAdapter] = {}
         self.held: OrderedDict[str, PackedAdapter] = OrderedDict()
         self.loads = 0  # adapters read from their files, first reads and reads after eviction
+        self.load_s: float | None = None  # recent reads' seconds (read, checked and packed), smoothed
 
-    def register(self, name: str, path: str, sha256: str | None = None) -> None:
-        """Reads and checks the adapter now (LoraAdapterError names the file and why) and holds it;
-        InvalidRequestError when the name is taken by another adapter."""
+    @staticmethod
+    def read(path: str, sha256: str | None) -> tuple[AdapterFiles, float]:
+        """An adapter's files read from disk, and the seconds it took; any thread (no torch, and
+        it changes nothing here). LoraAdapterError names the file and why."""
+        started = time.perf_counter()
+        return read_peft_files(path, sha256), time.perf_counter() - started
+
+    def admit(self, name: str, path: str, sha256: str | None, files: AdapterFiles, read_s: float) -> None:
+        """Checks the adapter `files` hold against the model and holds it, known by `name`
+        (LoraAdapterError names the file and why); InvalidRequestError when the name is taken by
+        another adapter."""
         known = self.known.get(name)
         if known is not None and (known.path, known.sha256) != (path, sha256):
             raise InvalidRequestError(
                 f"a LoRA adapter named {name!r} is already loaded from {known.path}", param="lora_name"
             )
-        packed = self._read(name, path, sha256)
-        self.known[name] = KnownAdapter(path, sha256, packed.adapter.digest)
+        packed = self._pack(name, files, read_s)
+        self.known[name] = KnownAdapter(path, sha256, files.digest)
         self._hold(name, packed)
+
+    def refill(self, name: str, files: AdapterFiles, read_s: float) -> None:
+        """Holds again the adapter of a known (or retiring) name it had given back, from its files
+        read again; a name unloaded since, or whose files changed, is left alone."""
+        known = self.known.get(name) or self.retiring.get(name)
+        if known is not None and known.digest == files.digest and name not in self.held:
+            self._hold(name, self._pack(name, files, read_s))
+
+    def counters(self) -> LoraCounters:
+        return LoraCounters(tuple(sorted(self.known)), tuple(self.held), self.loads, self.load_s)
+
+    def source(self, name: str) -> KnownAdapter | None:
+        """Where a known adapter that is not held now is read from again; None for one held or not known."""
+        return None if name in self.held else self.known.get(name)
+
+    def register(self, name: str, path: str, sha256: str | None = None) -> None:
+        """Reads and checks the adapter now (LoraAdapterError names the file and why) and holds it;
+        InvalidRequestError when the name is taken by another adapter."""
+        self.admit(name, path, sha256, *self.read(path, sha256))
 
     def unregister(self, name: str, running: bool) -> None:
         """Forgets the adapter for new requests; `running`: requests still run it, and keep it
@@ -96,9 +137,15 @@ class LoraRegistry:
         return bytes.fromhex((self.known.get(name) or self.retiring[name]).digest)[:16]
 
     def _read(self, name: str, path: str, sha256: str | None) -> PackedAdapter:
-        adapter = load_peft_adapter(name, path, self.model_config, self.max_rank, sha256)
+        return self._pack(name, *self.read(path, sha256))
+
+    def _pack(self, name: str, files: AdapterFiles, read_s: float) -> PackedAdapter:
+        started = time.perf_counter()
+        packed = PackedAdapter(peft_adapter(name, files, self.model_config, self.max_rank), *self._packing)
+        seconds = read_s + time.perf_counter() - started
+        self.load_s = seconds if self.load_s is None else 0.7 * self.load_s + 0.3 * seconds
         self.loads += 1
-        return PackedAdapter(adapter, *self._packing)
+        return packed
 
     def _hold(self, name: str, packed: PackedAdapter) -> None:
         self.held[name] = packed

@@ -33,6 +33,20 @@ class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
     seconds: Rate | None = None
 
 
+class LoraLoad(msgspec.Struct, frozen=True, kw_only=True):
+    """A worker's LoRA adapters: those it serves by name (`adapters`: requests name them as `model`),
+    those of them held in memory now (`held`, least recently used first; the others are read again
+    from their files when asked for), those whose files are being read (`loading`), a read's recent
+    seconds (`load_s`, None before any), and whether a router may load more there (`on_demand`: it
+    reads adapters at run time from its lora_dir)."""
+
+    adapters: list[str] = []
+    held: list[str] = []
+    loading: list[str] = []
+    load_s: Rate | None = None
+    on_demand: bool = False
+
+
 class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's load report. Blocks are `block_size` tokens; `kv_capacity_tokens` and
     `free_kv_tokens` are the longest sequence its KV cache, or its free blocks, would hold (counted
@@ -65,7 +79,7 @@ class WorkerLoad(msgspec.Struct, frozen=True, kw_only=True):
     decode_step_noise: Rate | None = None  # relative spread of decode steps about decode_step_s
     decode_tokens_per_step: Rate | None = None  # a decoding sequence's tokens a step: 1 + drafts kept
     draft_tokens: Count | None = None  # speculative drafts scored since start, and those kept
-    lora_adapters: list[str] = []  # the LoRA adapters it serves, by name (requests name them as `model`)
+    lora: LoraLoad | None = None  # None: it serves no LoRA adapters
     accepted_draft_tokens: Count | None = None
     longest_step_s: Rate | None = None
     capability: Rate | None = None

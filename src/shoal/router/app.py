@@ -37,6 +37,7 @@ from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
 from shoal.router.lora_admin import add_lora_admin_routes
+from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.messages_api.endpoints import MessagesApi
 from shoal.router.metrics import RouterMetrics, group_registry
@@ -104,6 +105,9 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         traces_per_second=config.tracing.traces_per_second,
     )
     metrics = RouterMetrics(registry)
+    records = SharedRecords(config.state)
+    cluster_secret = os.environ.get(config.cluster_secret_env)
+    lora_catalog = LoraCatalog(records, membership, cluster_secret)
     front_door = FrontDoor(
         config,
         membership,
@@ -114,11 +118,11 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         feed,
         slots=GroupSlots(group.slots_path, group.member, group.members) if group else None,
         router_id=f"{config.host}:{config.port}/{group.member}" if group else None,
+        lora=lora_catalog,
     )
     sync = GroupSync(membership, balancer, front_door.admission) if group else None
     exposed = group_registry(group.metrics_directory) if group else registry
     metrics.watch(exposed, membership, front_door.admission.queued)
-    records = SharedRecords(config.state)
     responses_api = ResponsesApi(front_door, records)
     files = FileStore(records, config.state.files_dir, config.state.max_file_bytes)
     batches_api = BatchesApi(front_door, files, responses_api)
@@ -133,7 +137,6 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     batch_work = LeasedWork(
         records, BATCH_KIND, batch_runner.run_batch, config.state.lease_s, config.state.work_poll_interval_s
     )
-    cluster_secret = os.environ.get(config.cluster_secret_env)
     admin_token = os.environ.get(config.admin_token_env)
     dashboard = Dashboard(membership, front_door.admission, tracing, metrics.window, feed)
 
@@ -296,6 +299,11 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         return JSONResponse({"removed": removed.worker_id})
 
     add_lora_admin_routes(
-        app, membership, lambda request: _bearer_matches(request, admin_token), cluster_secret, unauthorized
+        app,
+        membership,
+        lora_catalog,
+        lambda request: _bearer_matches(request, admin_token),
+        cluster_secret,
+        unauthorized,
     )
     return app

@@ -57,7 +57,7 @@ class Balancer:
         A continuation is placed in the decode phase (shoal.router.worker_roles). Policies are pure
         functions of their arguments, so with one candidate none is asked: there is no choice."""
         views = [w for w in self.membership.views() if w.worker_id not in exclude]
-        candidates = eligible(request, for_phase(views, request.model, phase))
+        candidates = eligible(request, for_phase(views, request, phase))
         if not candidates:
             return None
         matched = self.prefix_index.matched_blocks(request.prefix_blocks, [w.worker_id for w in candidates])

@@ -22,8 +22,10 @@ from shoal.router.balancer import Balancer
 from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import RouterConfig
 from shoal.router.health_monitor import HealthMonitor
+from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.membership import Membership
 from shoal.router.metrics import RouterMetrics
+from shoal.router.prefix_index import salted_blocks
 from shoal.router.proxy import error_response
 from shoal.router.rate_limit import RateLimiter
 from shoal.router.request_telemetry import RequestTelemetry
@@ -50,8 +52,10 @@ class FrontDoor:
         events: ClusterEvents | None = None,
         slots: LocalSlots | GroupSlots | None = None,
         router_id: str | None = None,
+        lora: LoraCatalog | None = None,
     ):
         self.config = config
+        self.lora = lora  # the LoRA adapters this router loads onto workers on demand
         self.tracing, self.metrics = tracing, metrics
         self.events = events if events is not None else ClusterEvents()  # failovers go to the feed
         self.membership = membership
@@ -79,6 +83,7 @@ class FrontDoor:
             self.monitor,
             self.config.failover,
             self.fallbacks,
+            self.lora,
         )
 
     async def close(self) -> None:
@@ -86,22 +91,40 @@ class FrontDoor:
             await self.journal.close()
 
     def capacity(self, model: str) -> int:
-        """Slots for a model: max_in_flight_per_worker for each available worker serving it, and one
-        for a worker whose half-open breaker lets a single probe through."""
+        """Slots for a model: max_in_flight_per_worker for each available worker serving it (or
+        able to load it: a LoRA adapter of the catalog), and one for a worker whose half-open
+        breaker lets a single probe through."""
         per_worker = self.config.admission.max_in_flight_per_worker
+        source = self.lora.sources.get(model) if self.lora is not None else None
+        loadable_of = source.base if source is not None else None
         return sum(
             per_worker if w.breaker.state is BreakerState.CLOSED else 1
             for w in self.membership.workers.values()
-            if w.available and model in w.models
+            if w.available and w.serves(model, loadable_of)
         )
+
+    async def _as_adapter(self, routed: RouteRequest) -> RouteRequest:
+        """The request with the base model of the LoRA adapter its `model` names (and whether this
+        router can load it onto workers of that base), its prefix blocks apart from the base
+        model's (an adapter's KV is its own); unchanged for any other model."""
+        model = routed.model
+        if model in self.membership.known_models or model in self.config.models:
+            return routed
+        source = await self.lora.find(model) if self.lora is not None else None
+        base = source.base if source is not None else self.membership.adapter_base(model)
+        if base is None:
+            return routed
+        blocks = salted_blocks(routed.prefix_blocks, model)
+        return replace(routed, adapter_of=base, adapter_loadable=source is not None, prefix_blocks=blocks)
 
     def _serves(self, model: str) -> bool:
         """Whether a model, or one it falls back to, is configured or was seen on a worker (a LoRA
-        adapter: is held by a worker now)."""
+        adapter: is held by a worker now, or in this router's catalog)."""
         known, configured = self.membership.known_models, self.config.models
 
         def seen(name: str) -> bool:  # the workers are looked over only for a name not known
-            return name in known or name in configured or name in self.membership.models()
+            catalogued = self.lora is not None and name in self.lora.sources
+            return name in known or name in configured or catalogued or name in self.membership.models()
 
         return seen(model) or any(seen(m) for m in self.fallbacks(model))
 
@@ -201,6 +224,7 @@ class FrontDoor:
             )
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        routed = await self._as_adapter(routed)
         if not self._serves(routed.model):  # counted as model "unknown": clients do not name labels
             return error_response(
                 404, f"model {routed.model!r} is not served by this cluster", "not_found_error", "model"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.protocol.worker_load import Role, WorkerLoad
+from shoal.protocol.worker_load import LoraLoad, Role, WorkerLoad
 
 # Per server family: (engine, running requests, waiting requests, KV usage fraction) metric names.
 PROMETHEUS_NAMES = (
@@ -16,6 +16,7 @@ PROMETHEUS_NAMES = (
     ("sglang", "sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"),
     ("llama.cpp", "llamacpp:requests_processing", "llamacpp:requests_deferred", "llamacpp:kv_cache_usage_ratio"),
 )
+NO_LORA = LoraLoad()
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,11 @@ class LoadReport:
     decode_step_s: float | None = None
     decode_step_noise: float | None = None
     decode_tokens_per_step: float | None = None
-    lora_adapters: tuple[str, ...] = ()  # the LoRA adapters the worker holds, by name
+    lora_adapters: tuple[str, ...] = ()  # the LoRA adapters the worker serves, by name
+    lora_held: frozenset[str] = frozenset()  # those of them in memory now
+    lora_loading: frozenset[str] = frozenset()  # adapters whose files it is reading
+    lora_load_s: float | None = None  # a read's recent seconds
+    lora_on_demand: bool = False  # a router may load more adapters there
     draft_tokens: int | None = None
     accepted_draft_tokens: int | None = None
     longest_step_s: float | None = None
@@ -54,6 +59,7 @@ class LoadReport:
     def from_shoal(cls, report: WorkerLoad) -> LoadReport:
         block_size = report.block_size or 0
         single_rate = report.calibration.decode_tokens_per_s if report.calibration else None
+        lora = report.lora or NO_LORA
         return cls(
             running=report.running,
             waiting=report.waiting,
@@ -69,7 +75,11 @@ class LoadReport:
             decode_step_s=report.decode_step_s,
             decode_step_noise=report.decode_step_noise,
             decode_tokens_per_step=report.decode_tokens_per_step,
-            lora_adapters=tuple(report.lora_adapters),
+            lora_adapters=tuple(lora.adapters),
+            lora_held=frozenset(lora.held),
+            lora_loading=frozenset(lora.loading),
+            lora_load_s=lora.load_s,
+            lora_on_demand=lora.on_demand,
             draft_tokens=report.draft_tokens,
             accepted_draft_tokens=report.accepted_draft_tokens,
             longest_step_s=report.longest_step_s,

@@ -27,7 +27,7 @@ from shoal.router.latency_stats import LatencyStats
 from shoal.router.load_report import LoadReport
 from shoal.router.served_concurrency import ServedConcurrency
 from shoal.router.upstream_client import UpstreamResponse
-from shoal.router.views import WorkerView
+from shoal.router.views import WorkerView, serves
 
 log = logging.getLogger(__name__)
 NO_REPORT = LoadReport()  # what a worker that has not reported yet shows
@@ -87,6 +87,10 @@ class WorkerState:
         """The models it serves: its own, and the LoRA adapters its last load report says it holds."""
         adapters = self.report.lora_adapters if self.report is not None else ()
         return self.base_models | frozenset(adapters) if adapters else self.base_models
+
+    def serves(self, model: str, loadable_of: str | None = None) -> bool:
+        """Whether it serves `model`, or can load it first (a LoRA adapter of base `loadable_of`)."""
+        return serves(model, loadable_of, self.models, self.report is not None and self.report.lora_on_demand)
 
     @property
     def engine(self) -> str | None:
@@ -225,6 +229,9 @@ class WorkerState:
             kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
             served_concurrency=self.concurrency.most if unreported else None,
             service_s=self.concurrency.service_s if unreported else None,
+            lora_held=report.lora_held,
+            lora_load_s=report.lora_load_s,
+            lora_on_demand=report.lora_on_demand,
         )
 
     def _busy_s(self) -> float:
@@ -255,6 +262,13 @@ class Membership:
 
     def models(self) -> set[str]:
         return {m for w in self.workers.values() for m in w.models}
+
+    def adapter_base(self, model: str) -> str | None:
+        """The base model of a worker whose load report names `model` as a LoRA adapter it serves."""
+        for state in self.workers.values():
+            if state.report is not None and model in state.report.lora_adapters and state.base_models:
+                return min(state.base_models)
+        return None
 
     def serving_counts(self, models: set[str]) -> dict[str, int]:
         """Per model, how many available workers serve it now."""
@@ -325,7 +339,8 @@ class Membership:
     async def _discover_models(self, state: WorkerState) -> None:
         try:
             _, body = await self._get(state.url + "/v1/models")
-            self._set_models(state, frozenset(m["id"] for m in json.loads(body)["data"]))
+            cards = json.loads(body)["data"]  # a LoRA adapter's card names its base as parent
+            self._set_models(state, frozenset(m["id"] for m in cards if not m.get("parent")))
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             log.warning("cannot list the models of %s: %s", state.url, exc)
 

@@ -40,6 +40,13 @@ def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS, cache_key: str | No
     return tuple(blocks)
 
 
+def salted_blocks(blocks: tuple[bytes, ...], salt: str) -> tuple[bytes, ...]:
+    """`blocks` made apart from every other salt's (a LoRA adapter's requests share no cached
+    prefix with the base model's): still equal exactly where the blocks were."""
+    key = hashlib.blake2b(salt.encode(), digest_size=32).digest()
+    return tuple(hashlib.blake2b(block, digest_size=12, key=key).digest() for block in blocks)
+
+
 def chat_prompt_text(messages: list) -> str:
     """A canonical text for chat messages: a conversation's next turn extends the previous one's text."""
     parts = []

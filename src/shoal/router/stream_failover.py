@@ -50,6 +50,7 @@ from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
 from shoal.router.failover_attempt import Attempt
 from shoal.router.health_monitor import HealthMonitor
+from shoal.router.lora_catalog import AdapterLoadFailed, LoraCatalog
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import FORWARDED_HEADERS, JSON_CONTENT, error_response
 from shoal.router.request_telemetry import RequestTelemetry
@@ -77,6 +78,7 @@ class StreamFailover:
         monitor: HealthMonitor,
         settings: FailoverSettings,
         fallbacks: Callable[[str], list[str]],
+        lora: LoraCatalog | None = None,
     ):
         self.client = client
         self.balancer = balancer
@@ -84,6 +86,7 @@ class StreamFailover:
         self.monitor = monitor
         self.settings = settings
         self.fallbacks = fallbacks
+        self.lora = lora
 
     async def open(self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
@@ -102,6 +105,8 @@ class StreamFailover:
             attempt.telemetry.attempt(worker.worker_id, worker.url, attempt.continuation(worker), outgoing)
             sent = time.monotonic()
             try:
+                if attempt.routed.adapter_loadable and self.lora is not None:
+                    await self.lora.ensure(worker, attempt.routed.model)
                 # Until the first byte (a shoal worker answers at the first token) the health
                 # monitor may cut the wait short: it closes what is in worker.streams.
                 upstream = await self.client.post(
@@ -120,6 +125,12 @@ class StreamFailover:
                 worker.streams.discard(upstream)
                 upstream.release()
                 reason, lost, refused_for_now = f"answered {upstream.status}", False, upstream.status == 503
+            except AdapterLoadFailed as exc:  # the adapter's fault, not the worker's health
+                attempt.telemetry.end_attempt("failed", str(exc))
+                log.warning("%s could not load the LoRA adapter %s: %s", worker.worker_id, attempt.routed.model, exc)
+                self._abandon(attempt, tried, str(exc), connection_lost=False, counted=False)
+                attempt.placement = self._place(attempt, tried)
+                continue
             except (UpstreamError, TimeoutError) as exc:
                 lost = isinstance(exc, UpstreamError) and exc.connection_lost
                 reason, refused_for_now = type(exc).__name__, False
@@ -163,13 +174,20 @@ class StreamFailover:
         return placement
 
     def _abandon(
-        self, attempt: Attempt, tried: TriedWorkers, reason: str, connection_lost: bool, may_retake: bool = False
+        self,
+        attempt: Attempt,
+        tried: TriedWorkers,
+        reason: str,
+        connection_lost: bool,
+        may_retake: bool = False,
+        counted: bool = True,
     ) -> None:
         """Gives up the current worker for this request: for good if it failed it (a 5xx other than
         503, an error event), until it answers again if it looked hung or refused the request for now
         (`may_retake`: a 503 from a draining or overloaded worker), lost the connection (its process
         or host is gone; restarted, it may take the request again) or the health monitor took it
-        out (severing the stream). Counts the failure unless the health monitor took it out."""
+        out (severing the stream). Counts the failure (`counted`: it was the worker's) unless the
+        health monitor took it out."""
         worker = attempt.placement.worker
         taken_out = worker.down or worker.ejected_until is not None
         if may_retake or taken_out or connection_lost:
@@ -182,12 +200,16 @@ class StreamFailover:
             attempt.upstream = None
         self.balancer.release(attempt.placement)
         attempt.placement = None
-        if not taken_out:
+        if counted and not taken_out:
             self.monitor.request_failed(worker, reason, connection_lost)
 
     def _continuable(self, attempt: Attempt) -> bool:
         """Whether any worker of the request's model, up or not, has an engine that can continue it."""
-        return any(attempt.takes(w) for w in self.membership.workers.values() if attempt.routed.model in w.models)
+        return any(
+            attempt.takes(w)
+            for w in self.membership.workers.values()
+            if w.serves(attempt.routed.model, attempt.routed.loadable_of)
+        )
 
     def _hand_over(self, attempt: Attempt, progress: StreamProgress, handoff: Handoff) -> None:
         """Lets the worker that handed the stream off go (it did nothing wrong): not counted as a
@@ -224,7 +246,7 @@ class StreamFailover:
             self.balancer.release(attempt.placement)
             attempt.placement = self._place(attempt, tried)
         if not await self.open(attempt, path, headers, tried) and not tried.failed_by_all(
-            self.membership.workers, attempt.routed.model
+            self.membership.workers, attempt.routed
         ):
             async for _ in self._reopen(attempt, path, headers, tried, wait_s):
                 pass  # nothing is sent before the first byte: the client just waits

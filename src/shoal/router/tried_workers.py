@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from shoal.router.membership import WorkerState
+from shoal.router.views import RouteRequest
 
 
 class TriedWorkers:
@@ -28,9 +29,11 @@ class TriedWorkers:
         if worker_id not in self.failed:
             self.left[worker_id] = now
 
-    def failed_by_all(self, workers: Mapping[str, WorkerState], model: str) -> bool:
-        """Every worker serving `model` (at least one) has failed the request: no use waiting."""
-        serving = [worker_id for worker_id, worker in workers.items() if model in worker.models]
+    def failed_by_all(self, workers: Mapping[str, WorkerState], routed: RouteRequest) -> bool:
+        """Every worker serving the request's model (at least one) has failed it: no use waiting."""
+        serving = [
+            worker_id for worker_id, worker in workers.items() if worker.serves(routed.model, routed.loadable_of)
+        ]
         return bool(serving) and all(worker_id in self.failed for worker_id in serving)
 
     def excluded(self, workers: Mapping[str, WorkerState]) -> frozenset[str]:

@@ -29,10 +29,25 @@ class RouteRequest(msgspec.Struct, frozen=True):
     session_key: str | None = None
     end_user: str | None = None  # OpenAI's safety_identifier, else user: its own rate limits
     priority: str = "standard"
+    # Where `model` names a LoRA adapter: its base model, and whether a router may load it onto
+    # workers of that base that load adapters on demand (shoal.router.lora_catalog).
+    adapter_of: str | None = None
+    adapter_loadable: bool = False
+
+    @property
+    def loadable_of(self) -> str | None:
+        """The base model of the LoRA adapter `model` names, where a router may load it."""
+        return self.adapter_of if self.adapter_loadable else None
 
     @property
     def total_tokens(self) -> int:
         return self.prompt_tokens + self.expected_decode_tokens
+
+
+def serves(model: str, loadable_of: str | None, models: frozenset[str], loads_adapters: bool) -> bool:
+    """Whether a worker serving `models` serves `model`, or can load it first: a LoRA adapter a
+    router loads onto workers of base `loadable_of`, on one that reads adapters at run time."""
+    return model in models or (loadable_of is not None and loads_adapters and loadable_of in models)
 
 
 class WorkerView(msgspec.Struct, frozen=True):
@@ -74,6 +89,14 @@ class WorkerView(msgspec.Struct, frozen=True):
     served_concurrency: int | None = None
     service_s: float | None = None
     busy_s: float | None = None
+    # LoRA: the adapters held in memory (the others it serves are read from their files first),
+    # a read's recent seconds, whether a router may load more there.
+    lora_held: frozenset[str] = frozenset()
+    lora_load_s: float | None = None
+    lora_on_demand: bool = False
+
+    def serves(self, request: RouteRequest) -> bool:
+        return serves(request.model, request.loadable_of, self.models, self.lora_on_demand)
 
     @property
     def outstanding_tokens(self) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Literal
 
-from shoal.router.views import WorkerView
+from shoal.router.views import RouteRequest, WorkerView
 
 Phase = Literal["prefill", "decode"]
 PHASE_ROLES: dict[Phase, frozenset[str]] = {
@@ -20,11 +20,11 @@ PHASE_ROLES: dict[Phase, frozenset[str]] = {
 }
 
 
-def for_phase(workers: Sequence[WorkerView], model: str, phase: Phase) -> list[WorkerView]:
-    """The workers of the phase's roles if one of them can serve `model` now, else all of them."""
+def for_phase(workers: Sequence[WorkerView], request: RouteRequest, phase: Phase) -> list[WorkerView]:
+    """The workers of the phase's roles if one of them can serve the request now, else all of them."""
     roles = PHASE_ROLES[phase]
     preferred = [w for w in workers if w.role in roles]
-    if any(w.healthy and model in w.models for w in preferred):
+    if any(w.healthy and w.serves(request) for w in preferred):
         return preferred
     return list(workers)
 

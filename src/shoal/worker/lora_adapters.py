@@ -18,6 +18,7 @@ from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.errors import InvalidRequestError, ModelNotFoundError, ShoalError
 from shoal.model.lora_adapter import LoraAdapterError
 from shoal.protocol.cluster_secret import configured_secret
+from shoal.protocol.worker_load import LoraLoad
 
 
 class UnauthorizedError(ShoalError):
@@ -51,6 +52,29 @@ def adapter_named(engine: AsyncLLMEngine, base: str, model: str) -> str | None:
         return model
     served = [base, *sorted(loras.known)] if loras is not None else [base]
     raise ModelNotFoundError(f"model {model!r} is not served here; this worker serves {served}", param="model")
+
+
+async def adapter_held(engine: AsyncLLMEngine, base: str, model: str) -> str | None:
+    """adapter_named, and that adapter held in memory: read again off the engine thread where the
+    engine had given it back (AsyncLLMEngine.hold_lora_adapter)."""
+    lora = adapter_named(engine, base, model)
+    if lora is not None:
+        await engine.hold_lora_adapter(lora)
+    return lora
+
+
+def lora_report(engine: AsyncLLMEngine) -> LoraLoad | None:
+    """The LoRA part of the load report (None where LoRA is off): from the engine's latest stats."""
+    counters = engine.stats.lora
+    if counters is None:
+        return None
+    return LoraLoad(
+        adapters=list(counters.known),
+        held=list(counters.held),
+        loading=sorted(engine.lora_reads),
+        load_s=counters.load_s,
+        on_demand=engine.engine.config.lora_dir is not None,
+    )
 
 
 def model_cards(engine: AsyncLLMEngine, base: str, max_model_len: int) -> list[dict]:

@@ -34,7 +34,7 @@ from shoal.worker.drain import DrainState
 from shoal.worker.embeddings import EmbeddingRequest, embedding_response
 from shoal.worker.heartbeat import RouterHeartbeat
 from shoal.worker.kv_mobility import KVMobility
-from shoal.worker.lora_adapters import adapter_named, add_lora_routes, model_cards
+from shoal.worker.lora_adapters import adapter_held, add_lora_routes, lora_report, model_cards
 from shoal.worker.metrics import WorkerMetrics
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest
 from shoal.worker.reasoning_use import ReasoningUse
@@ -81,7 +81,6 @@ def create_app(
     tracing = tracing or Tracing("shoal-worker")
 
     figures = msgspec.convert(calibration.as_dict(), CalibrationFigures) if calibration else None
-    loras = engine.engine.loras
 
     def load_report() -> WorkerLoad:
         """The compact load report for routers (from the engine's latest stats snapshot)."""
@@ -108,7 +107,7 @@ def create_app(
             decode_step_s=stats.decode_step_s,
             decode_step_noise=stats.decode_step_noise,
             decode_tokens_per_step=stats.decode_tokens_per_step,
-            lora_adapters=sorted(loras.known) if loras is not None else [],
+            lora=lora_report(engine),
             draft_tokens=stats.spec_decode_num_draft_tokens,
             accepted_draft_tokens=stats.spec_decode_num_accepted_tokens,
             longest_step_s=engine.longest_step_s(),
@@ -237,7 +236,7 @@ def create_app(
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
-        lora = adapter_named(engine, model_name, body.model)
+        lora = await adapter_held(engine, model_name, body.model)
         prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
         return await respond(
             engine,
@@ -266,7 +265,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest, request: Request):
-        lora = adapter_named(engine, model_name, body.model)
+        lora = await adapter_held(engine, model_name, body.model)
         tool_use = ToolUse.of(body, tokenizer, family.harmony)
 
         def prompt_of(conversation: ChatCompletionRequest) -> tuple[str, list[int]]:

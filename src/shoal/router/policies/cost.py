@@ -71,6 +71,11 @@ worker would queue it blind, so an opening burst does not pile onto it. A server
 non-streamed requests is never measured this way and stays at one request while others have room.
 A prefill worker generates only the first token (it hands the rest off), so only that counts
 there. Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
+
+A request for a LoRA adapter costs, where the worker does not hold the adapter in memory, the time
+to read it (adapter_seconds). So such requests go where the adapter is hot, unless that worker is
+busier than a read costs; as an adapter's traffic grows, its holders get busy and the next request
+is placed on a worker that then loads it: a popular adapter spreads over the fleet by itself.
 """
 
 from __future__ import annotations
@@ -162,7 +167,7 @@ def estimated_seconds(
     decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
     loading = tier_seconds(request, worker, context, speed.prefill_tokens_per_s)
     prefill = uncached / speed.prefill_tokens_per_s + loading
-    own = prefill + decode_tokens * per_token
+    own = adapter_seconds(request, worker, fleet) + prefill + decode_tokens * per_token
     if worker.served_concurrency is not None:
         # a request there takes its mean, at least what the oldest there has taken so far
         ahead = turns_waited(worker) * max(worker.service_s or own, worker.busy_s or 0.0)
@@ -171,6 +176,19 @@ def estimated_seconds(
         if (worker.max_num_seqs and worker.load >= worker.max_num_seqs) or lacks_kv_room(request, worker):
             ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
     return ahead + own + running * prefill
+
+
+# A LoRA adapter's read, where no worker of the fleet has measured one yet.
+DEFAULT_ADAPTER_LOAD_S = 0.25
+
+
+def adapter_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView]) -> float:
+    """What the LoRA adapter the request names costs before its prefill: nothing where the worker
+    holds it in memory, else a read of its files (the worker's measured seconds, else the fleet's
+    median). A worker reads them off its engine thread, so the requests running there do not wait."""
+    if request.adapter_of is None or request.model in worker.lora_held:
+        return 0.0
+    return worker.lora_load_s or _median_or([w.lora_load_s for w in fleet], DEFAULT_ADAPTER_LOAD_S)
 
 
 def turns_waited(worker: WorkerView) -> float:
