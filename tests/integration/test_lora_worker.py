@@ -107,3 +107,38 @@ def test_a_bad_adapter_is_a_400_with_the_reason_and_the_worker_goes_on(worker, p
     assert refused.status_code == status, refused.text
     assert message in refused.json()["error"]["message"]
     assert complete(worker, "a0").status_code == 200 and complete(worker, "bad").status_code == 404
+
+
+def test_the_load_report_names_the_adapters_served_and_those_held(tiny_model_dir, shoal_cache_dir, lora_dir):
+    """With room for one adapter in memory, each request for the other reads it again (off the
+    engine thread) and gives the first back; the load report says which is held and a read's time."""
+    args = tiny_worker_args(
+        tiny_model_dir,
+        MODEL,
+        "--enable-lora",
+        "--max-loras",
+        "1",
+        "--max-cpu-loras",
+        "1",
+        "--lora-modules",
+        f"a0={lora_dir / 'a0'},a1={lora_dir / 'a1'}",
+        "--lora-dir",
+        str(lora_dir),
+    )
+    process, url = start_worker(args, shoal_cache_dir)
+    try:
+        for name in ("a0", "a1", "a0"):
+            answer = complete(url, name)
+            assert answer.json()["choices"][0]["token_ids"] == engine_tokens(
+                tiny_model_dir, shoal_cache_dir, lora_dir, name
+            )
+            lora = httpx.get(url + "/load").json()["lora"]
+            assert lora["adapters"] == ["a0", "a1"] and lora["held"] == [name] and lora["loading"] == []
+            assert lora["load_s"] > 0 and lora["on_demand"] is True
+        other = httpx.post(url + "/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": "a0"}, timeout=60)
+        assert other.status_code == 400 and "already loaded from" in other.json()["error"]["message"]
+        same = {"lora_name": "a1", "lora_path": "a1"}  # its --lora-modules path: loaded again, it is held
+        assert httpx.post(url + "/v1/load_lora_adapter", json=same, timeout=60).status_code == 200
+        assert httpx.get(url + "/load").json()["lora"]["held"] == ["a1"]
+    finally:
+        stop(process)

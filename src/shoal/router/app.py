@@ -211,12 +211,14 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {"id": m, "object": "model", "created": 0, "owned_by": "shoal"} for m in sorted(membership.models())
-            ],
-        }
+        """Every model served, a LoRA adapter (catalogued, or served by a worker) with its base as parent."""
+        data = []
+        for name in sorted(membership.models() | set(lora_catalog.sources)):
+            source = lora_catalog.sources.get(name)
+            parent = source.base if source is not None else membership.adapter_base(name)
+            card = {"id": name, "object": "model", "created": 0, "owned_by": "shoal"}
+            data.append(card | {"parent": parent} if parent else card)
+        return {"object": "list", "data": data}
 
     def unauthorized(what: str) -> Response:
         return error_response(401, f"a valid {what} is required", "authentication_error")

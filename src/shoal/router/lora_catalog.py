@@ -60,13 +60,20 @@ class LoraCatalog:
         self._loads: dict[tuple[str, str], asyncio.Future] = {}
 
     async def add(self, name: str, source: AdapterSource) -> None:
+        """Catalogued here at once, and in the store where it can be written (else logged)."""
         self.sources[name] = source
         body = {"base": source.base, "lora_path": source.lora_path, "sha256": source.sha256}
-        await self.records.store.put(Record(LORA_KIND, name, FLEET_OWNER, time.time(), body))
+        try:
+            await self.records.store.put(Record(LORA_KIND, name, FLEET_OWNER, time.time(), body))
+        except StoreUnavailable as exc:
+            log.warning("LoRA adapter %s catalogued by this router only: the state store failed (%s)", name, exc)
 
     async def remove(self, name: str) -> None:
         self.sources.pop(name, None)
-        await self.records.store.delete(LORA_KIND, name)
+        try:
+            await self.records.store.delete(LORA_KIND, name)
+        except StoreUnavailable as exc:
+            log.warning("LoRA adapter %s left in the state store, which failed (%s)", name, exc)
 
     async def find(self, name: str) -> AdapterSource | None:
         """The adapter's source: known here, else read from the store (another router added it, or

@@ -73,9 +73,10 @@ A prefill worker generates only the first token (it hands the rest off), so only
 there. Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
 
 A request for a LoRA adapter costs, where the worker does not hold the adapter in memory, the time
-to read it (adapter_seconds). So such requests go where the adapter is hot, unless that worker is
-busier than a read costs; as an adapter's traffic grows, its holders get busy and the next request
-is placed on a worker that then loads it: a popular adapter spreads over the fleet by itself.
+to read it (adapter_seconds), and a worker holding it is its home as a cached prefix is (the margin
+above). So such requests go where the adapter is hot, unless that worker is busier than a read and
+the margin; as an adapter's traffic grows, its holders get busy and the next request is placed on a
+worker that then loads it: a popular adapter spreads over the fleet by itself.
 """
 
 from __future__ import annotations
@@ -231,9 +232,9 @@ class CostPolicy:
         candidates = [w for w in workers if not queues_blind(w)] or workers
         estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in candidates}
         fastest = min(candidates, key=lambda w: (estimates[w.worker_id], w.worker_id))
-        home = max(candidates, key=lambda w: (*affinity(w, context), -estimates[w.worker_id]))
+        home = max(candidates, key=lambda w: (*affinity(request, w, context), -estimates[w.worker_id]))
         if (
-            affinity(home, context) > affinity(fastest, context)
+            affinity(request, home, context) > affinity(request, fastest, context)
             and estimates[home.worker_id]
             <= (1 + affinity_margin(home, fastest, self.min_affinity_margin, context.eviction_pressure(home.worker_id)))
             * estimates[fastest.worker_id]
@@ -242,7 +243,9 @@ class CostPolicy:
         return fastest
 
 
-def affinity(worker: WorkerView, context: RoutingContext) -> tuple[int, int]:
-    """What ties a request to a worker: the prefix it is believed to hold, then the prefix last sent
-    there (which a cache too small for its traffic may have evicted since)."""
-    return context.matched_blocks.get(worker.worker_id, 0), context.placed_blocks.get(worker.worker_id, 0)
+def affinity(request: RouteRequest, worker: WorkerView, context: RoutingContext) -> tuple[bool, int, int]:
+    """What ties a request to a worker: the LoRA adapter it names held in memory there, the prefix
+    it is believed to hold (an adapter's prefixes are its own: cached only where it ran), then the
+    prefix last sent there (which a cache too small for its traffic may have evicted since)."""
+    held = request.adapter_of is not None and request.model in worker.lora_held
+    return held, context.matched_blocks.get(worker.worker_id, 0), context.placed_blocks.get(worker.worker_id, 0)
