@@ -179,3 +179,30 @@ def test_adapters_load_and_unload_at_run_time(make_tiny_engine, adapters):
     assert not engine.loras.retiring and "a1" not in engine.loras.held
     with pytest.raises(LoraAdapterError, match="rank 8 is above this engine's max_lora_rank 4"):
         make_tiny_engine(enable_lora=True, max_lora_rank=4).load_lora_adapter("a0", str(adapters["a0"][0]))
+
+
+def test_held_adapters_count_in_the_memory_plan(tiny_model_dir, tmp_path):
+    """adapter_memory_bytes bounds what a held adapter of that rank takes; the KV fraction is of what
+    the held adapters leave free, and a fixed KV cache beside more adapters than fit is refused."""
+    from shoal.config.engine import EngineConfig
+    from shoal.engine.replica import kv_budget
+    from shoal.model.lora_adapter import adapter_memory_bytes
+    from shoal.model.lora_batch import PackedAdapter
+
+    config = load_hf_config(tiny_model_dir)
+    write_adapter(tiny_model_dir, tmp_path / "r8", rank=8)
+    packed = PackedAdapter(
+        load_peft_adapter("a", tmp_path / "r8", config, 8), torch.float32, torch.device("cpu"), 16, True
+    )
+    held = {id(t): t for pair in packed.adapter.pairs.values() for t in (pair.a, pair.b)}
+    held |= {id(t): t for factors in packed.factors.values() for t in factors if isinstance(t, torch.Tensor)}
+    taken = sum(t.numel() * t.element_size() for t in held.values())
+    assert taken <= adapter_memory_bytes(config, 8) <= 2 * taken
+    free, each = 1 << 30, adapter_memory_bytes(config, 16)
+    plain = EngineConfig(model="m", kv_cache_fraction=0.5)
+    lora = EngineConfig(model="m", kv_cache_fraction=0.5, enable_lora=True, max_loras=2, max_cpu_loras=6)
+    assert kv_budget(plain, config, free) == free // 2
+    assert kv_budget(lora, config, free) == (free - 6 * each) // 2
+    too_many = EngineConfig(model="m", kv_cache_bytes=free - each, enable_lora=True, max_cpu_loras=2)
+    with pytest.raises(MemoryError, match="2 LoRA adapters of rank up to 16"):
+        kv_budget(too_many, config, free)

@@ -49,6 +49,9 @@ def test_a_worker_not_holding_the_adapter_is_charged_its_read():
     assert adapter_seconds(request, fleet[1], fleet) == 0.2
     assert adapter_seconds(request, fleet[2], fleet) == pytest.approx(0.25)  # the fleet's median
     assert adapter_seconds(RouteRequest("base", 50, 20), fleet[2], fleet) == 0.0
+    full = worker("full", lora_on_demand=True, lora_load_s=0.2, lora_held=frozenset({"x", "y"}), lora_capacity=2)
+    assert adapter_seconds(request, full, fleet) == 0.4  # and the one it gives back is read again later
+    assert adapter_seconds(request, replace(full, lora_capacity=3), fleet) == 0.2
     lone = [worker("new", lora_on_demand=True)]
     assert adapter_seconds(request, lone[0], lone) == DEFAULT_ADAPTER_LOAD_S
     context = RoutingContext()

@@ -53,7 +53,8 @@ class EngineConfig:
     run LoRA adapters (vLLM's names): lora_modules ("name=path" of PEFT directories) are loaded at
     start, more at run time; a step runs at most max_loras adapters, max_cpu_loras (default
     max_loras) stay in memory, least recently used given back first; ranks above max_lora_rank are
-    refused. lora_dir is where adapters may be loaded from at run time (a worker's
+    refused; the adapters held count in the memory plan (the KV fraction is of what they leave
+    free). lora_dir is where adapters may be loaded from at run time (a worker's
     /v1/load_lora_adapter; None: nowhere).
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
@@ -142,6 +143,11 @@ class EngineConfig:
         self.lora_module_paths()
         if self.embedding_pooling not in POOLINGS:
             raise ValueError(f"embedding_pooling must be one of {', '.join(POOLINGS)}, got {self.embedding_pooling!r}")
+
+    @property
+    def held_loras(self) -> int:
+        """How many LoRA adapters stay in memory at most."""
+        return self.max_cpu_loras or self.max_loras
 
     def lora_module_paths(self) -> list[tuple[str, str]]:
         """lora_modules as (name, path); ValueError for an entry that is not name=path."""

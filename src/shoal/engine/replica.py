@@ -18,6 +18,7 @@ from shoal.config.engine import EngineConfig
 from shoal.engine.block_manager import BlockManager
 from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.loader import Checkpoint
+from shoal.model.lora_adapter import adapter_memory_bytes
 from shoal.model.lora_registry import LoraRegistry
 from shoal.model.sharding import check_shardable
 from shoal.runner.memory import free_memory_bytes, num_kv_blocks
@@ -34,6 +35,20 @@ class Replica:
     tensor_group: object | None  # the TensorParallelGroup of a tensor-parallel replica
     kv_cache_budget_bytes: int
     loras: LoraRegistry | None  # the LoRA adapters it serves (None: LoRA is off)
+
+
+def kv_budget(config: EngineConfig, model_config, free_bytes: int) -> int:
+    """The KV cache's bytes: `kv_cache_bytes`, else `kv_cache_fraction` of the memory the held LoRA
+    adapters leave free. MemoryError naming them where the adapters and the KV cache cannot fit."""
+    adapters = config.held_loras * adapter_memory_bytes(model_config, config.max_lora_rank) if config.enable_lora else 0
+    budget = config.kv_cache_bytes or int(max(0, free_bytes - adapters) * config.kv_cache_fraction)
+    if adapters + budget > free_bytes:
+        raise MemoryError(
+            f"{config.held_loras} LoRA adapters of rank up to {config.max_lora_rank} take up to "
+            f"{adapters / 2**30:.2f} GiB held, and with {budget / 2**30:.2f} GiB of KV cache that is more than "
+            f"the {free_bytes / 2**30:.2f} GiB free: lower max_cpu_loras, max_lora_rank or the KV cache"
+        )
+    return budget
 
 
 def build_replica(
@@ -73,7 +88,7 @@ def build_replica(
         tensor_parallel=tensor_group.context if tensor_group else None,
         kv_groups=pipeline_kv_groups(checkpoint.config) if layout else None,
     )
-    budget = config.kv_cache_bytes or int(free_memory_bytes(device) * config.kv_cache_fraction)
+    budget = kv_budget(config, model.config, free_memory_bytes(device))
     if layout:
         blocks = layout.num_blocks
     else:
@@ -89,7 +104,7 @@ def build_replica(
         loras = LoraRegistry(
             model.config,
             config.max_lora_rank,
-            config.max_cpu_loras or config.max_loras,
+            config.held_loras,
             dtype,
             device,
             default_tile_rows(dtype) if config.batch_invariant else 0,

@@ -62,6 +62,13 @@ class LoraAdapter:
         return sum(p.a.numel() * p.a.element_size() + p.b.numel() * p.b.element_size() for p in self.pairs.values())
 
 
+def adapter_memory_bytes(config: LlamaConfig, rank: int) -> int:
+    """The most one held adapter of `rank` takes: every projection of every layer adapted, its A and
+    B in float32 and a second copy of each (B transposed for the CPU kernel, or the packed pair)."""
+    per_layer = sum(sum(projection_shape(config, target)) for target in LORA_TARGETS)
+    return 2 * config.num_layers * per_layer * rank * 4
+
+
 def projection_shape(config: LlamaConfig, target: str) -> tuple[int, int]:
     """(out, in) of a projection of the base model."""
     attention = config.num_heads * config.head_dim

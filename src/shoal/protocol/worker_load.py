@@ -35,14 +35,17 @@ class CalibrationFigures(msgspec.Struct, frozen=True, kw_only=True):
 
 class LoraLoad(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's LoRA adapters: those it serves by name (`adapters`: requests name them as `model`),
-    those of them held in memory now (`held`, least recently used first; the others are read again
-    from their files when asked for), those whose files are being read (`loading`), a read's recent
-    seconds (`load_s`, None before any), and whether a router may load more there (`on_demand`: it
-    reads adapters at run time from its lora_dir)."""
+    those of them held in memory now (`held`, least recently used first, at most `capacity`; the
+    others are read again from their files when asked for), those whose files are being read
+    (`loading`), the reads since it started (`loads`: first reads and reads after an adapter was
+    given back), a read's recent seconds (`load_s`, None before any), and whether a router may load
+    more there (`on_demand`: it reads adapters at run time from its lora_dir)."""
 
     adapters: list[str] = []
     held: list[str] = []
+    capacity: Count | None = None
     loading: list[str] = []
+    loads: Count = 0
     load_s: Rate | None = None
     on_demand: bool = False
 

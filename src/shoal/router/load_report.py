@@ -39,6 +39,7 @@ class LoadReport:
     decode_tokens_per_step: float | None = None
     lora_adapters: tuple[str, ...] = ()  # the LoRA adapters the worker serves, by name
     lora_held: frozenset[str] = frozenset()  # those of them in memory now
+    lora_capacity: int | None = None  # how many it holds at most
     lora_loading: frozenset[str] = frozenset()  # adapters whose files it is reading
     lora_load_s: float | None = None  # a read's recent seconds
     lora_on_demand: bool = False  # a router may load more adapters there
@@ -77,6 +78,7 @@ class LoadReport:
             decode_tokens_per_step=report.decode_tokens_per_step,
             lora_adapters=tuple(lora.adapters),
             lora_held=frozenset(lora.held),
+            lora_capacity=lora.capacity,
             lora_loading=frozenset(lora.loading),
             lora_load_s=lora.load_s,
             lora_on_demand=lora.on_demand,

@@ -230,6 +230,7 @@ class WorkerState:
             served_concurrency=self.concurrency.most if unreported else None,
             service_s=self.concurrency.service_s if unreported else None,
             lora_held=report.lora_held,
+            lora_capacity=report.lora_capacity,
             lora_load_s=report.lora_load_s,
             lora_on_demand=report.lora_on_demand,
         )

@@ -89,9 +89,10 @@ class WorkerView(msgspec.Struct, frozen=True):
     served_concurrency: int | None = None
     service_s: float | None = None
     busy_s: float | None = None
-    # LoRA: the adapters held in memory (the others it serves are read from their files first),
-    # a read's recent seconds, whether a router may load more there.
+    # LoRA: the adapters held in memory (the others it serves are read from their files first), how
+    # many it holds at most, a read's recent seconds, whether a router may load more there.
     lora_held: frozenset[str] = frozenset()
+    lora_capacity: int | None = None
     lora_load_s: float | None = None
     lora_on_demand: bool = False
 

@@ -71,7 +71,9 @@ def lora_report(engine: AsyncLLMEngine) -> LoraLoad | None:
     return LoraLoad(
         adapters=list(counters.known),
         held=list(counters.held),
+        capacity=engine.engine.config.held_loras,
         loading=sorted(engine.lora_reads),
+        loads=counters.loads,
         load_s=counters.load_s,
         on_demand=engine.engine.config.lora_dir is not None,
     )

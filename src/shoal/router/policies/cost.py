@@ -186,10 +186,14 @@ DEFAULT_ADAPTER_LOAD_S = 0.25
 def adapter_seconds(request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView]) -> float:
     """What the LoRA adapter the request names costs before its prefill: nothing where the worker
     holds it in memory, else a read of its files (the worker's measured seconds, else the fleet's
-    median). A worker reads them off its engine thread, so the requests running there do not wait."""
+    median), twice where its memory is full: the adapter it gives back for this one is read again
+    when next asked for there. A worker reads files off its engine thread, so the requests running
+    there do not wait."""
     if request.adapter_of is None or request.model in worker.lora_held:
         return 0.0
-    return worker.lora_load_s or _median_or([w.lora_load_s for w in fleet], DEFAULT_ADAPTER_LOAD_S)
+    read = worker.lora_load_s or _median_or([w.lora_load_s for w in fleet], DEFAULT_ADAPTER_LOAD_S)
+    full = worker.lora_capacity is not None and len(worker.lora_held) >= worker.lora_capacity
+    return 2 * read if full else read
 
 
 def turns_waited(worker: WorkerView) -> float:
