@@ -7,6 +7,7 @@ at most max_loras adapters a step, max_cpu_loras held; loaded and unloaded at ru
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 
@@ -82,7 +83,7 @@ def test_the_model_with_an_adapter_gives_transformers_and_peft_s_logits(
     adapter = load_peft_adapter("a", tmp_path / "adapter", model.config, max_rank=8)
     packed = PackedAdapter(adapter, torch.float32, torch.device("cpu"), tile_rows=16, prepack=True)
     ids = [5, 17, 42, 8, 99, 23, 61, 7, 30, 12, 77]
-    lora = LoraBatch.of_rows([packed] * len(ids), model.config, torch.device("cpu"))
+    lora = LoraBatch.of_rows([packed] * len(ids), model.lora_widths, torch.device("cpu"))
     with torch.no_grad():
         expected = adapted(torch.tensor([ids])).logits[0]
         with adapted.disable_adapter():
@@ -206,3 +207,52 @@ def test_held_adapters_count_in_the_memory_plan(tiny_model_dir, tmp_path):
     too_many = EngineConfig(model="m", kv_cache_bytes=free - each, enable_lora=True, max_cpu_loras=2)
     with pytest.raises(MemoryError, match="2 LoRA adapters of rank up to 16"):
         kv_budget(too_many, config, free)
+
+
+@pytest.mark.parametrize("half", [False, True], ids=["f32", "f16"])
+def test_a_llama_cpp_lora_gguf_is_its_peft_adapter(tiny_model_dir, shoal_cache_dir, tmp_path, half):
+    """The pairs of a LoRA GGUF (llama.cpp's layout: q/k rows in rotary order, alpha / rank) equal
+    the PEFT adapter's it was written from (to float16 where it is float16), and an engine serving
+    both gives the same tokens for each."""
+    from shoal.model.lora_gguf import gguf_adapter, read_gguf_lora
+    from tests.support.lora_adapters import tokens_with_adapter, write_gguf_lora
+
+    base = load_hf_config(tiny_model_dir)
+    write_adapter(tiny_model_dir, tmp_path / "peft", rank=8, alpha=16)
+    path = write_gguf_lora(tmp_path / "peft", tmp_path / "a.gguf", base.num_heads, base.num_kv_heads, half)
+    peft = load_peft_adapter("a", tmp_path / "peft", base, max_rank=16)
+    read = gguf_adapter("a", read_gguf_lora(path), base, max_rank=16)
+    assert (read.rank, read.scaling, set(read.pairs)) == (8, 2.0, set(peft.pairs))
+    rounded = (lambda t: t.half().float()) if half else (lambda t: t)
+    for key, pair in peft.pairs.items():
+        assert torch.equal(read.pairs[key].a, rounded(pair.a))
+        assert torch.equal(read.pairs[key].b, rounded(pair.b / 2.0) * 2.0)
+    if not half:
+        params = SamplingParams(temperature=0.8, seed=3, max_tokens=10, ignore_eos=True)
+        modules = (f"p={tmp_path / 'peft'}", f"g={path}")
+        run = lambda name: tokens_with_adapter(tiny_model_dir, shoal_cache_dir, modules, [5, 17, 42, 8], params, name)  # noqa: E731
+        assert run("g") == run("p") != run(None)
+
+
+def test_a_gguf_that_is_not_a_lora_of_this_model_is_refused_by_name(tiny_model_dir, tmp_path):
+    import gguf
+
+    from shoal.model.lora_gguf import gguf_adapter, read_gguf_lora
+    from tests.support.lora_adapters import write_gguf_lora
+
+    base = load_hf_config(tiny_model_dir)
+    write_adapter(tiny_model_dir, tmp_path / "peft", rank=8, alpha=16)
+    path = write_gguf_lora(tmp_path / "peft", tmp_path / "a.gguf", base.num_heads, base.num_kv_heads)
+    with pytest.raises(LoraAdapterError, match="rank 8 is above this engine's max_lora_rank 4"):
+        gguf_adapter("a", read_gguf_lora(path), base, max_rank=4)
+    with pytest.raises(LoraAdapterError, match="SHA-256 is"):
+        read_gguf_lora(path, sha256="0" * 64)
+    model = gguf.GGUFWriter(str(tmp_path / "model.gguf"), "llama")
+    model.add_tensor("token_embd.weight", torch.zeros(4, 4).numpy())
+    for write in (model.write_header_to_file, model.write_kv_data_to_file, model.write_tensors_to_file, model.close):
+        write()
+    with pytest.raises(LoraAdapterError, match="a GGUF model, not a LoRA adapter"):
+        read_gguf_lora(tmp_path / "model.gguf")
+    other = read_gguf_lora(path)
+    with pytest.raises(LoraAdapterError, match="a LoRA for gemma2 models"):
+        gguf_adapter("a", dataclasses.replace(other, architecture="gemma2"), base, max_rank=16)

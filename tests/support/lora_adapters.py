@@ -42,3 +42,33 @@ def tokens_with_adapter(
         lora_modules=modules,
     )
     return run_to_completion(LLMEngine(config), {"r": (prompt, params, adapter)})["r"]
+
+
+def write_gguf_lora(peft_dir, out, num_heads: int, num_kv_heads: int, half: bool = False):
+    """The PEFT adapter in `peft_dir` as llama.cpp's convert_lora_to_gguf.py writes a Llama one: its
+    alpha, each pair as `blk.N.<tensor>.weight.lora_a`/`.lora_b`, the B rows of q and k in the
+    converter's rotary order, float16 where `half`. Returns `out`."""
+    import json
+
+    import gguf
+    import numpy as np
+    from safetensors.numpy import load_file
+
+    from tests.support.gguf_models import gguf_name, llama_cpp_permute
+
+    settings = json.loads((peft_dir / "adapter_config.json").read_text())
+    writer = gguf.GGUFWriter(str(out), "llama")
+    writer.add_type(gguf.GGUFType.ADAPTER)
+    writer.add_string(gguf.Keys.Adapter.TYPE, "lora")
+    writer.add_float32(gguf.Keys.Adapter.LORA_ALPHA, float(settings["lora_alpha"]))
+    for key, array in sorted(load_file(str(peft_dir / "adapter_model.safetensors")).items()):
+        module, half_name = key.removeprefix("base_model.model.").rsplit(".lora_", 1)
+        tensor = gguf_name(module + ".weight") + (".lora_a" if half_name.startswith("A") else ".lora_b")
+        if half_name.startswith("B") and module.endswith(("q_proj", "k_proj")):
+            array = llama_cpp_permute(array, num_heads if module.endswith("q_proj") else num_kv_heads)
+        writer.add_tensor(tensor, np.ascontiguousarray(array, dtype=np.float16 if half else np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out

@@ -16,13 +16,12 @@ import torch
 
 from shoal.config.engine import EngineConfig
 from shoal.engine.block_manager import BlockManager
-from shoal.model.invariant_linear import default_tile_rows
 from shoal.model.loader import Checkpoint
 from shoal.model.lora_adapter import adapter_memory_bytes
 from shoal.model.lora_registry import LoraRegistry
 from shoal.model.sharding import check_shardable
 from shoal.runner.memory import free_memory_bytes, num_kv_blocks
-from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.model_runner import ModelRunner, build_model, lora_registry
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +63,8 @@ def build_replica(
     `on_replica_failure` is called (from another thread) when a process of the replica dies."""
     if config.tensor_parallel_size > 1 and config.pipeline_parallel_size > 1:
         raise ValueError("tensor and pipeline parallelism in one replica are not supported together yet")
-    if config.enable_lora and (config.tensor_parallel_size > 1 or config.pipeline_parallel_size > 1):
-        raise ValueError("LoRA adapters run in a one-process replica for now")
+    if config.enable_lora and config.pipeline_parallel_size > 1:
+        raise ValueError("LoRA adapters run in one process or under tensor parallelism, not in a pipeline")
     tensor_group = None
     if config.tensor_parallel_size > 1:
         from shoal.parallel.tensor_group import TensorParallelGroup
@@ -99,21 +98,11 @@ def build_replica(
             budget, config.block_size, model.kv_bytes_per_block_token(), most_blocks * config.block_size
         )
     block_manager = BlockManager(blocks, config.block_size, config.enable_prefix_caching, model.kv_groups)
-    loras = None
-    if config.enable_lora:
-        loras = LoraRegistry(
-            model.config,
-            config.max_lora_rank,
-            config.held_loras,
-            dtype,
-            device,
-            default_tile_rows(dtype) if config.batch_invariant else 0,
-            config.packs_weights,
-        )
+    loras = lora_registry(config, checkpoint, dtype, device, tensor_group.context if tensor_group else None)
     if tensor_group:
         from shoal.parallel.tensor_group import TensorParallelRunner
 
-        runner = TensorParallelRunner(tensor_group, model, blocks, config.block_size)
+        runner = TensorParallelRunner(tensor_group, model, blocks, config.block_size, loras)
     elif layout:
         from shoal.parallel.pipeline import PipelineRunner, PipelineSettings
 

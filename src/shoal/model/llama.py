@@ -33,7 +33,7 @@ from shoal.model.native_kernels import load_native_kernels
 from shoal.model.paged_attention import AttentionMetadata, allocate_kv_cache, tiled_paged_attention, write_kv
 from shoal.model.quantized_weight import QuantizedWeight
 from shoal.model.rope import RotaryEmbedding, apply_rotary
-from shoal.model.sharding import TensorParallel, shard_weights
+from shoal.model.sharding import TensorParallel, projection_widths, shard_weights
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 log = logging.getLogger(__name__)
@@ -51,6 +51,19 @@ def kv_bytes_per_token_per_layer(config: LlamaConfig, bytes_per_value: int) -> i
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Llama RMSNorm: normalised in float32, scaled in the weight dtype (as transformers does)."""
     return weight * torch.rms_norm(x.float(), x.shape[-1:], eps=eps).to(weight.dtype)
+
+
+# No adapted rows, and their (no) deltas: the native layer's parts then compute what its one call does.
+_NO_ROWS = torch.empty(0, dtype=torch.long)
+_NO_DELTAS = torch.empty(0, 0)
+
+
+def _with_deltas(part: torch.Tensor, rows: torch.Tensor, deltas: torch.Tensor) -> torch.Tensor:
+    """A projection's output with the rows `rows` plus their float32 deltas, rounded to its dtype
+    (as the native layer adds them)."""
+    if rows.numel() == 0:
+        return part
+    return part.index_copy(0, rows, (part.index_select(0, rows).float() + deltas).to(part.dtype))
 
 
 class DecoderLayer:
@@ -171,12 +184,10 @@ class DecoderLayer:
         lora: LoraBatch | None = None,
     ) -> torch.Tensor:
         """`lora`: the step's adapted rows (model.lora_batch), each projection's delta added to theirs."""
-        if lora is not None and (self.tensor_parallel is not None or self.experts is not None):
-            raise ValueError("LoRA adapters run on dense layers in one process")
+        if lora is not None and self.experts is not None:
+            raise ValueError("LoRA adapters run on dense layers (not a mixture of experts)")
         if self.native is not None:
-            if lora is not None:
-                return self._native_lora_forward(hidden, cache, meta, lora)
-            return self._native_forward(hidden, cache, meta)
+            return self._native_forward(hidden, cache, meta, lora)
         cfg, eps = self.config, self.config.rms_norm_eps
         tokens = hidden.shape[0]
         normed = self._normed(hidden, self.before_attention)
@@ -215,30 +226,7 @@ class DecoderLayer:
         """A projection's output with the adapted rows' deltas added (rounded to its dtype)."""
         if lora is None:
             return output
-        rows = lora.rows
-        delta = lora.deltas(self.index, projection, x.index_select(0, rows))
-        return output.index_copy(0, rows, (output.index_select(0, rows).float() + delta).to(output.dtype))
-
-    def _native_lora_forward(
-        self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata, lora: LoraBatch
-    ) -> torch.Tensor:
-        """The native layer run in its parts, the adapted rows' deltas handed to each (the other rows
-        computed exactly as `forward` of the native object computes them)."""
-        layout = self._native_layout(cache, meta)
-        native, rows, eps = self.native, lora.rows, self.config.rms_norm_eps
-
-        def normed_rows(x: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
-            picked = x.index_select(0, rows)
-            return picked if norm is None else torch.ops.shoal.rms_norm_rows(picked, norm, eps)
-
-        qkv_delta = lora.deltas(self.index, "qkv", normed_rows(hidden, self.before_attention))
-        heads = native.attention_with_deltas(hidden, *layout, rows, qkv_delta)
-        o_delta = lora.deltas(self.index, "o_proj", heads.index_select(0, rows))
-        attended = native.output_with_deltas(heads, hidden, rows, o_delta)
-        gate_up_delta = lora.deltas(self.index, "gate_up", normed_rows(attended, self.before_mlp))
-        activation = native.mlp_with_deltas(attended, rows, gate_up_delta)
-        down_delta = lora.deltas(self.index, "down_proj", activation.index_select(0, rows))
-        return native.down_with_deltas(activation, attended, rows, down_delta)
+        return _with_deltas(output, lora.rows, lora.deltas(self.index, projection, x.index_select(0, lora.rows)))
 
     def _normed(self, hidden: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
         """An attention or MLP input: normalised where the model has a norm before it."""
@@ -256,32 +244,55 @@ class DecoderLayer:
         """The caches and the step's metadata as the native layer's attention takes them."""
         return (*cache, meta.token_positions, meta.slot_rows, meta.block_tables, meta.token_sequences)
 
-    def _native_forward(self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata) -> torch.Tensor:
+    def _native_forward(
+        self, hidden: torch.Tensor, cache: KVCache, meta: AttentionMetadata, lora: LoraBatch | None = None
+    ) -> torch.Tensor:
+        """The native layer: in one call, or in its parts with gathers between them (tensor
+        parallelism), the experts between them, or the adapted rows' deltas handed to each part (the
+        other rows computed exactly as the one call computes them)."""
         layout = self._native_layout(cache, meta)
-        if self.tensor_parallel is None and self.experts is None:
+        if self.tensor_parallel is None and self.experts is None and lora is None:
             return self.native.forward(hidden, *layout)
-        native, columns = self.native, self.hidden_columns
-        heads = self._gathered(native.attention(hidden, *layout), "heads")
+        native, columns, eps = self.native, self.hidden_columns, self.config.rms_norm_eps
+        rows = lora.rows if lora is not None else _NO_ROWS
+
+        def delta(projection: str, inputs: Callable[[], torch.Tensor]) -> torch.Tensor:
+            """The adapted rows' deltas of a projection, from their inputs; empty without LoRA."""
+            return lora.deltas(self.index, projection, inputs()) if lora is not None else _NO_DELTAS
+
+        def normed_rows(x: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
+            picked = x.index_select(0, rows)
+            return picked if norm is None else torch.ops.shoal.rms_norm_rows(picked, norm, eps)
+
+        qkv_delta = delta("qkv", lambda: normed_rows(hidden, self.before_attention))
+        heads = self._gathered(native.attention_with_deltas(hidden, *layout, rows, qkv_delta), "heads")
+        o_delta = delta("o_proj", lambda: heads.index_select(0, rows))
         if self.tensor_parallel is None:
-            hidden = native.output(heads, hidden)
+            hidden = native.output_with_deltas(heads, hidden, rows, o_delta)
         elif self.config.norms_after:  # normalised over whole rows: gathered, then joined
-            hidden = native.join_attention(self._gathered(native.project_output(heads), "hidden"), hidden)
+            part = _with_deltas(native.project_output(heads), rows, o_delta)
+            hidden = native.join_attention(self._gathered(part, "hidden"), hidden)
         else:
-            hidden = self._gathered(native.output(heads, hidden[:, columns]), "hidden")
+            hidden = self._gathered(native.output_with_deltas(heads, hidden[:, columns], rows, o_delta), "hidden")
         if self.experts is not None:
             normed = hidden
             if self.before_mlp is not None:
-                normed = torch.ops.shoal.rms_norm_rows(hidden, self.before_mlp, self.config.rms_norm_eps)
+                normed = torch.ops.shoal.rms_norm_rows(hidden, self.before_mlp, eps)
             part = self._experts_part(normed)
             if self.tensor_parallel is None or self.tensor_parallel.expert_parallel:  # whole rows
                 return native.join_mlp(part, hidden)
             if self.config.norms_after:
                 return native.join_mlp(self._gathered(part, "hidden"), hidden)
             return self._gathered(native.join_mlp(part, hidden[:, columns]), "hidden")
-        activation = self._gathered(native.mlp(hidden), "intermediate")
+        gate_up_delta = delta("gate_up", lambda: normed_rows(hidden, self.before_mlp))
+        activation = self._gathered(native.mlp_with_deltas(hidden, rows, gate_up_delta), "intermediate")
+        down_delta = delta("down_proj", lambda: activation.index_select(0, rows))
+        if self.tensor_parallel is None:
+            return native.down_with_deltas(activation, hidden, rows, down_delta)
         if self.config.norms_after:
-            return native.join_mlp(self._gathered(native.project_down(activation), "hidden"), hidden)
-        return self._gathered(native.down(activation, hidden[:, columns]), "hidden")
+            part = _with_deltas(native.project_down(activation), rows, down_delta)
+            return native.join_mlp(self._gathered(part, "hidden"), hidden)
+        return self._gathered(native.down_with_deltas(activation, hidden[:, columns], rows, down_delta), "hidden")
 
     def _experts_part(self, normed: torch.Tensor) -> torch.Tensor:
         """The mixture's output for this rank's columns of the hidden state (all of them without
@@ -333,6 +344,8 @@ class LlamaModel:
         self.has_embedding = self.layer_range.start == 0
         self.has_head = self.layer_range.stop == config.num_layers
         self.tensor_parallel = tensor_parallel
+        # Each dense projection's output columns here: what a LoRA delta of it is wide.
+        self.lora_widths = projection_widths(config, tensor_parallel)
         wanted = [f"model.layers.{i}." for i in self.layer_range]
         weights = {
             name: t

@@ -127,7 +127,7 @@ def peft_adapter(name: str, files: AdapterFiles, base: LlamaConfig, max_rank: in
     except (SafetensorError, ValueError) as exc:
         raise LoraAdapterError(f"{files.weights_path}: not a safetensors file ({exc})") from None
     scaling = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
-    pairs = _pairs(files.weights_path, tensors, base, rank, scaling)
+    pairs = checked_pairs(files.weights_path, _peft_halves(files.weights_path, tensors), base, rank, scaling)
     return LoraAdapter(name, str(files.root), rank, scaling, files.digest, pairs)
 
 
@@ -156,22 +156,31 @@ def _settings(path: Path) -> dict:
     return settings
 
 
-def _pairs(
-    path: Path, tensors: dict[str, torch.Tensor], base: LlamaConfig, rank: int, scaling: float
-) -> dict[tuple[int, str], LoraPair]:
+def _peft_halves(path: Path, tensors: dict[str, torch.Tensor]) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    """A PEFT file's tensors as each projection's halves, by (layer, projection), "A" and "B"."""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in tensors.items():
         match = _KEY.match(key)
-        if match is None or match.group(2) not in LORA_TARGETS:
+        if match is None:
             raise LoraAdapterError(f"{path}: {key} is not a LoRA weight of a q/k/v/o/gate/up/down projection")
-        layer, target, half = int(match.group(1)), match.group(2), match.group(3)
-        if layer >= base.num_layers:
-            raise LoraAdapterError(f"{path}: {key} is for layer {layer}; the base model has {base.num_layers}")
-        halves.setdefault((layer, target), {})[half] = tensor
+        halves.setdefault((int(match.group(1)), match.group(2)), {})[match.group(3)] = tensor
+    return halves
+
+
+def checked_pairs(
+    path: Path, halves: dict[tuple[int, str], dict[str, torch.Tensor]], base: LlamaConfig, rank: int, scaling: float
+) -> dict[tuple[int, str], LoraPair]:
+    """Each projection's pair, float32, B times `scaling`; LoraAdapterError naming the file and the
+    projection where one is not a q/k/v/o/gate/up/down projection of a layer of `base`, lacks a half,
+    or is not of `rank` and the projection's shape."""
     if not halves:
         raise LoraAdapterError(f"{path}: holds no LoRA weights")
     pairs = {}
     for (layer, target), found in sorted(halves.items()):
+        if target not in LORA_TARGETS:
+            raise LoraAdapterError(f"{path}: layer {layer} {target} is not a q/k/v/o/gate/up/down projection")
+        if layer >= base.num_layers:
+            raise LoraAdapterError(f"{path}: layer {layer} {target}: the base model has {base.num_layers} layers")
         if set(found) != {"A", "B"}:
             raise LoraAdapterError(f"{path}: layer {layer} {target} has lora_{''.join(found)} without its other half")
         out, into = projection_shape(base, target)

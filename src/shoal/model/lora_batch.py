@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from shoal.model.invariant_linear import InvariantLinear
-from shoal.model.lora_adapter import LoraAdapter, projection_shape
+from shoal.model.lora_adapter import LoraAdapter
 from shoal.model.native_kernels import load_native_kernels
 
 # The projections whose outputs a layer joins before one kernel call: q/k/v, and gate/up.
@@ -51,10 +51,12 @@ class LoraBatch:
     rows: torch.Tensor
     owners: torch.Tensor
     adapters: list[PackedAdapter]
-    config: object  # the model's LlamaConfig: the projections' shapes
+    widths: dict[str, int]  # each projection's output columns in this model (this rank's, under TP)
 
     @classmethod
-    def of_rows(cls, row_adapters: list[PackedAdapter | None], config, device: torch.device) -> LoraBatch | None:
+    def of_rows(
+        cls, row_adapters: list[PackedAdapter | None], widths: dict[str, int], device: torch.device
+    ) -> LoraBatch | None:
         """From each row's adapter (None: the base model); None when no row has one."""
         adapters: list[PackedAdapter] = []
         rows, owners = [], []
@@ -68,7 +70,7 @@ class LoraBatch:
         if not rows:
             return None
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-        return cls(as_tensor(rows), as_tensor(owners), adapters, config)
+        return cls(as_tensor(rows), as_tensor(owners), adapters, widths)
 
     def deltas(self, layer: int, projection: str, x: torch.Tensor) -> torch.Tensor:
         """float32 [R, outputs]: for the adapted rows' inputs x [R, in] (in `rows` order), the deltas
@@ -79,7 +81,7 @@ class LoraBatch:
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
     def _target_deltas(self, layer: int, target: str, x: torch.Tensor) -> torch.Tensor:
-        width = projection_shape(self.config, target)[0]
+        width = self.widths[target]
         if all(adapter.native for adapter in self.adapters):
             factors = [adapter.factors.get((layer, target), (_NONE, _NONE)) for adapter in self.adapters]
             return torch.ops.shoal.lora_rows(x, self.owners, [a for a, _ in factors], [b for _, b in factors], width)

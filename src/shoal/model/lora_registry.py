@@ -7,14 +7,18 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from shoal.errors import InvalidRequestError, ModelNotFoundError
 from shoal.model.config import LlamaConfig
-from shoal.model.lora_adapter import AdapterFiles, peft_adapter, read_peft_files
+from shoal.model.lora_adapter import AdapterFiles, LoraAdapter, peft_adapter, read_peft_files
 from shoal.model.lora_batch import PackedAdapter
+from shoal.model.lora_gguf import GgufLoraFiles, gguf_adapter, read_gguf_lora
+
+Files = AdapterFiles | GgufLoraFiles  # an adapter's files as read, before torch sees them
 
 
 @dataclass(frozen=True)
@@ -50,11 +54,15 @@ class LoraRegistry:
         device: torch.device,
         tile_rows: int,
         prepack: bool,
+        shard: Callable[[LoraAdapter], LoraAdapter] | None = None,
     ):
+        """`model_config`: the whole model's (adapters are checked against it); `shard`: this
+        tensor-parallel rank's part of an adapter (sharding.shard_adapter), None in one process."""
         self.model_config = model_config
         self.max_rank = max_rank
         self.max_cpu_loras = max_cpu_loras
         self._packing = (dtype, device, tile_rows, prepack)
+        self._shard = shard
         self.known: dict[str, KnownAdapter] = {}
         self.retiring: dict[str, KnownAdapter] = {}
         self.held: OrderedDict[str, PackedAdapter] = OrderedDict()
@@ -62,13 +70,15 @@ class LoraRegistry:
         self.load_s: float | None = None  # recent reads' seconds (read, checked and packed), smoothed
 
     @staticmethod
-    def read(path: str, sha256: str | None) -> tuple[AdapterFiles, float]:
-        """An adapter's files read from disk, and the seconds it took; any thread (no torch, and
-        it changes nothing here). LoraAdapterError names the file and why."""
+    def read(path: str, sha256: str | None) -> tuple[Files, float]:
+        """An adapter's files read from disk (a PEFT directory, or a llama.cpp LoRA GGUF), and the
+        seconds it took; any thread (no torch, and it changes nothing here). LoraAdapterError names
+        the file and why."""
         started = time.perf_counter()
-        return read_peft_files(path, sha256), time.perf_counter() - started
+        reader = read_gguf_lora if path.endswith(".gguf") else read_peft_files
+        return reader(path, sha256), time.perf_counter() - started
 
-    def admit(self, name: str, path: str, sha256: str | None, files: AdapterFiles, read_s: float) -> None:
+    def admit(self, name: str, path: str, sha256: str | None, files: Files, read_s: float) -> None:
         """Checks the adapter `files` hold against the model and holds it, known by `name`
         (LoraAdapterError names the file and why); InvalidRequestError when the name is taken by
         another adapter."""
@@ -81,7 +91,7 @@ class LoraRegistry:
         self.known[name] = KnownAdapter(path, sha256, files.digest)
         self._hold(name, packed)
 
-    def refill(self, name: str, files: AdapterFiles, read_s: float) -> None:
+    def refill(self, name: str, files: Files, read_s: float) -> None:
         """Holds again the adapter of a known (or retiring) name it had given back, from its files
         read again; a name unloaded since, or whose files changed, is left alone."""
         known = self.known.get(name) or self.retiring.get(name)
@@ -99,6 +109,15 @@ class LoraRegistry:
         """Reads and checks the adapter now (LoraAdapterError names the file and why) and holds it;
         InvalidRequestError when the name is taken by another adapter."""
         self.admit(name, path, sha256, *self.read(path, sha256))
+
+    def know(self, name: str, path: str, digest: str) -> None:
+        """Knows an adapter by name without reading it (a tensor-parallel follower told by rank 0,
+        which read and checked it); it is read, and its SHA-256 checked, when a step first needs it.
+        Other files for a known name replace the ones held."""
+        known = self.known.get(name)
+        if known is not None and known.digest != digest:
+            self.held.pop(name, None)
+        self.known[name] = KnownAdapter(path, None, digest)
 
     def unregister(self, name: str, running: bool) -> None:
         """Forgets the adapter for new requests; `running`: requests still run it, and keep it
@@ -139,9 +158,11 @@ class LoraRegistry:
     def _read(self, name: str, path: str, sha256: str | None) -> PackedAdapter:
         return self._pack(name, *self.read(path, sha256))
 
-    def _pack(self, name: str, files: AdapterFiles, read_s: float) -> PackedAdapter:
+    def _pack(self, name: str, files: Files, read_s: float) -> PackedAdapter:
         started = time.perf_counter()
-        packed = PackedAdapter(peft_adapter(name, files, self.model_config, self.max_rank), *self._packing)
+        make = gguf_adapter if isinstance(files, GgufLoraFiles) else peft_adapter
+        adapter = make(name, files, self.model_config, self.max_rank)
+        packed = PackedAdapter(self._shard(adapter) if self._shard else adapter, *self._packing)
         seconds = read_s + time.perf_counter() - started
         self.load_s = seconds if self.load_s is None else 0.7 * self.load_s + 0.3 * seconds
         self.loads += 1

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from shoal.model.config import LlamaConfig
+from shoal.model.lora_adapter import LORA_TARGETS, LoraAdapter, LoraPair, projection_shape
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,42 @@ def check_shardable(config: LlamaConfig, size: int) -> None:
         raise ValueError(f"tensor parallelism does not split {config.architecture}'s norms over whole q/k projections")
 
 
+def projection_rows(config: LlamaConfig, tp: TensorParallel) -> dict[str, slice]:
+    """This rank's output rows of each dense projection (the model's full config): q/k/v by whole
+    KV-head groups, gate/up by intermediate columns, o/down by hidden columns."""
+    group, dim = config.num_queries_per_kv, config.head_dim
+    kv_start, kv_end = tp.split(config.num_kv_heads)
+    mlp, hidden = slice(*tp.split(config.intermediate_size)), slice(*tp.split(config.hidden_size))
+    kv = slice(kv_start * dim, kv_end * dim)
+    q = slice(kv_start * group * dim, kv_end * group * dim)
+    return {
+        "q_proj": q,
+        "k_proj": kv,
+        "v_proj": kv,
+        "o_proj": hidden,
+        "gate_proj": mlp,
+        "up_proj": mlp,
+        "down_proj": hidden,
+    }
+
+
+def projection_widths(config: LlamaConfig, tp: TensorParallel | None) -> dict[str, int]:
+    """Each dense projection's output columns on this rank (`config`: the model's full config; all
+    of them without tensor parallelism)."""
+    if tp is None:
+        return {target: projection_shape(config, target)[0] for target in LORA_TARGETS}
+    return {target: rows.stop - rows.start for target, rows in projection_rows(config, tp).items()}
+
+
+def shard_adapter(adapter: LoraAdapter, config: LlamaConfig, tp: TensorParallel) -> LoraAdapter:
+    """This rank's part of a LoRA adapter of the model (`config`: its full config): each projection's
+    B rows as the projection's own weight rows here; A whole (every input column of a projection
+    is on each rank, gathered where it was split), so each output element's delta is computed whole."""
+    rows = projection_rows(config, tp)
+    pairs = {key: LoraPair(pair.a, pair.b[rows[key[1]]].contiguous()) for key, pair in adapter.pairs.items()}
+    return dataclasses.replace(adapter, pairs=pairs)
+
+
 def shard_weights(
     config: LlamaConfig, weights: dict[str, torch.Tensor], tp: TensorParallel
 ) -> tuple[LlamaConfig, dict[str, torch.Tensor]]:
@@ -90,10 +127,10 @@ def shard_weights(
     slices of the weights (views where possible, so only the shard's pages of memory-mapped weights
     are ever read)."""
     check_shardable(config, tp.size)
-    group, dim = config.num_queries_per_kv, config.head_dim
+    group = config.num_queries_per_kv
     kv_start, kv_end = tp.split(config.num_kv_heads)
-    q_rows = slice(kv_start * group * dim, kv_end * group * dim)
-    kv_rows = slice(kv_start * dim, kv_end * dim)
+    rows = projection_rows(config, tp)
+    q_rows, kv_rows = rows["q_proj"], rows["k_proj"]
     mlp_start, mlp_end = tp.split(config.intermediate_size)
     expert_start, expert_end = tp.split(config.expert_intermediate_size)
     out_start, out_end = tp.split(config.hidden_size)

@@ -46,9 +46,18 @@ from shoal.parallel.stage_messages import batch_frame, step_batch
 from shoal.processes import die_with_parent
 from shoal.protocol.cluster_secret import child_environment, required_secret, run_secret
 from shoal.protocol.frames import BadFrame
-from shoal.protocol.tensor_group_frames import Begin, Finish, GroupFrame, RunBatch, decode, encode
+from shoal.protocol.tensor_group_frames import (
+    Adapters,
+    Begin,
+    Finish,
+    GroupFrame,
+    NamedAdapter,
+    RunBatch,
+    decode,
+    encode,
+)
 from shoal.runner.devices import keeps_quantized, resolve_device, resolve_dtype
-from shoal.runner.model_runner import ModelRunner, build_model
+from shoal.runner.model_runner import ModelRunner, build_model, lora_registry
 from shoal.runner.step_batch import StepBatch
 
 log = logging.getLogger(__name__)
@@ -166,6 +175,12 @@ class TensorParallelGroup:
             raise ReplicaFailedError(self.failure)
         self._send(RunBatch(batch_frame(batch)))
 
+    def tell(self, adapters: Adapters) -> None:
+        """The LoRA adapters the next batches may run (each follower reads them from their paths)."""
+        if self.failure:
+            raise ReplicaFailedError(self.failure)
+        self._send(adapters)
+
     def _send(self, message: GroupFrame) -> None:
         payload = encode(message)
         for sock in self._sockets:
@@ -206,22 +221,36 @@ class TensorParallelGroup:
 
 
 class TensorParallelRunner(ModelRunner):
-    """Rank 0's runner: each batch goes to the followers, then through this rank's shard."""
+    """Rank 0's runner: each batch goes to the followers, then through this rank's shard. Invariant:
+    before a batch, every follower has been told each LoRA adapter it runs, with the files rank 0
+    holds for that name now."""
 
-    def __init__(self, group: TensorParallelGroup, model, num_blocks: int, block_size: int):
-        super().__init__(model, num_blocks, block_size)
+    def __init__(self, group: TensorParallelGroup, model, num_blocks: int, block_size: int, loras=None):
+        super().__init__(model, num_blocks, block_size, loras)
         self.group = group
+        self._told: dict[str, str] = {}  # adapter name -> the SHA-256 the followers were told
         group.begin(num_blocks)
 
     def shutdown(self) -> None:
         self.group.shutdown()
 
     def run(self, batch: StepBatch) -> torch.Tensor:
+        self._tell_adapters(batch)
         self.group.send(batch)
         try:
             return super().run(batch)
         except RuntimeError as exc:  # a collective failed: some rank is gone or hung
             raise ReplicaFailedError(self.group.failure or f"a tensor-parallel collective failed: {exc}") from exc
+
+    def _tell_adapters(self, batch: StepBatch) -> None:
+        news = []
+        for name in {name for name in batch.lora_names if name is not None}:
+            known = self.loras.known.get(name) or self.loras.retiring[name]
+            if self._told.get(name) != known.digest:
+                news.append(NamedAdapter(name, known.path, known.digest))
+                self._told[name] = known.digest
+        if news:
+            self.group.tell(Adapters(sorted(news, key=lambda adapter: adapter.name)))
 
 
 def follow(rank: int, shared_memory: str, store_path: str, steps: str, config: EngineConfig, secret: str) -> None:
@@ -237,10 +266,17 @@ def follow(rank: int, shared_memory: str, store_path: str, steps: str, config: E
     links.join()
     tp = TensorParallel(rank, size, gathers(rank, size, links, store_path, device), config.enable_expert_parallel)
     model = build_model(config, checkpoint, device, dtype, tensor_parallel=tp)
+    loras = lora_registry(config, checkpoint, dtype, device, tp)
     try:
         begin = _expect(sock, Begin)
-        runner = ModelRunner(model, begin.num_blocks, config.block_size)
-        while isinstance(message := _expect(sock, RunBatch | Finish), RunBatch):
+        runner = ModelRunner(model, begin.num_blocks, config.block_size, loras)
+        while not isinstance(message := _expect(sock, RunBatch | Adapters | Finish), Finish):
+            if isinstance(message, Adapters):
+                if loras is None:
+                    raise BadFrame("LoRA adapters told to a rank that serves none")
+                for adapter in message.adapters:
+                    loras.know(adapter.name, adapter.path, adapter.sha256)
+                continue
             message.batch.check(begin.num_blocks, config.block_size, model.kv_groups.count)
             runner.run(step_batch(message.batch))
     except BadFrame as error:

@@ -1,5 +1,6 @@
 """The messages from a tensor-parallel group's rank 0 to each follower, in order: Begin once, then
-one RunBatch per step, then Finish. One msgspec Struct each, tagged by class name; no tensors."""
+one RunBatch per step (each after the Adapters naming the LoRA adapters it runs that the follower
+was not yet told of), then Finish. One msgspec Struct each, tagged by class name; no tensors."""
 
 from __future__ import annotations
 
@@ -27,11 +28,26 @@ class RunBatch(GroupFrame):
     batch: StepBatchFrame
 
 
+class NamedAdapter(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A LoRA adapter by name: its files (a PEFT directory on this host) and their SHA-256."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    path: Annotated[str, msgspec.Meta(min_length=1)]
+    sha256: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{64}$")]
+
+
+class Adapters(GroupFrame):
+    """LoRA adapters the next batches may run: read each from its path, checked against its SHA-256,
+    when a batch first needs it (a name told again with other files replaces them)."""
+
+    adapters: list[NamedAdapter]
+
+
 class Finish(GroupFrame):
     """The group is shutting down: exit after the batch in hand."""
 
 
-ToFollower = Begin | RunBatch | Finish
+ToFollower = Begin | RunBatch | Adapters | Finish
 FOLLOWER_INBOX = msgspec.msgpack.Decoder(ToFollower)
 ENCODER = msgspec.msgpack.Encoder()
 

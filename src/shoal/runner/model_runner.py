@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -16,7 +17,7 @@ from shoal.model.lora_batch import LoraBatch
 from shoal.model.lora_registry import LoraRegistry
 from shoal.model.paged_attention import AttentionMetadata, build_attention_metadata
 from shoal.model.quantized_weight import QuantizedWeight
-from shoal.model.sharding import TensorParallel
+from shoal.model.sharding import TensorParallel, shard_adapter
 from shoal.runner.step_batch import StepBatch
 
 
@@ -54,6 +55,30 @@ def build_model(
         layers=layers,
         tensor_parallel=tensor_parallel,
         kv_groups=kv_groups,
+    )
+
+
+def lora_registry(
+    config: EngineConfig,
+    checkpoint: Checkpoint,
+    dtype: torch.dtype,
+    device: torch.device,
+    tensor_parallel: TensorParallel | None = None,
+) -> LoraRegistry | None:
+    """The LoRA adapters a model built by build_model serves (None where LoRA is off): checked
+    against the whole model, each held as this rank's part under tensor parallelism."""
+    if not config.enable_lora:
+        return None
+    model_config = served_model_config(config, checkpoint.config)
+    return LoraRegistry(
+        model_config,
+        config.max_lora_rank,
+        config.held_loras,
+        dtype,
+        device,
+        default_tile_rows(dtype) if config.batch_invariant else 0,
+        config.packs_weights,
+        functools.partial(shard_adapter, config=model_config, tp=tensor_parallel) if tensor_parallel else None,
     )
 
 
@@ -113,7 +138,7 @@ class ModelRunner:
         rows = []
         for name, length in zip(batch.lora_names, batch.query_lens):
             rows += [None if name is None else self.loras.adapter(name)] * length
-        return LoraBatch.of_rows(rows, self.model.config, self.model.device)
+        return LoraBatch.of_rows(rows, self.model.lora_widths, self.model.device)
 
     def logits(self, batch: StepBatch, hidden: torch.Tensor) -> torch.Tensor:
         if not batch.last_rows:
