@@ -27,13 +27,17 @@ RUNNER = Path(__file__).resolve().parent / "llama_cpp_gguf.py"
 QUANT_TYPES = ("Q4_K_M", "Q5_K_M", "Q8_0", "IQ4_XS")
 
 
-def convert(hf_dir: Path, out: Path, log: Callable[[str], None], outtype: str = "f16") -> Path:
+def convert(
+    hf_dir: Path, out: Path, log: Callable[[str], None], outtype: str = "f16", base: Path | None = None
+) -> Path:
     """`hf_dir` converted by llama.cpp's convert_hf_to_gguf.py to `out` (`outtype`: f16, bf16,
-    f32, q8_0); raises RuntimeError with the converter's output if it fails."""
+    f32, q8_0), or, given the `base` model's directory, the PEFT LoRA adapter in `hf_dir` by its
+    convert_lora_to_gguf.py; raises RuntimeError with the converter's output if it fails."""
     python = python_of("gguf-convert", log)
-    script = llama_cpp_converter(log)
+    script = llama_cpp_converter(log, "convert_lora_to_gguf.py" if base else "convert_hf_to_gguf.py")
     done = subprocess.run(
-        [str(python), str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)],
+        [str(python), str(script), str(hf_dir), "--outtype", outtype, "--outfile", str(out)]
+        + (["--base", str(base)] if base else []),
         capture_output=True,
         text=True,
         check=False,
@@ -41,7 +45,7 @@ def convert(hf_dir: Path, out: Path, log: Callable[[str], None], outtype: str = 
         env={**os.environ, "PYTHONPATH": ""},
     )
     if done.returncode != 0 or not out.exists():
-        raise RuntimeError(f"convert_hf_to_gguf.py failed on {hf_dir} ({done.returncode}): {done.stderr[-4000:]}")
+        raise RuntimeError(f"{script.name} failed on {hf_dir} ({done.returncode}): {done.stderr[-4000:]}")
     return out
 
 

@@ -53,7 +53,7 @@ class Peer:
 LLAMA_CPP_PYTHON = "0.3.36"
 # llama.cpp's converter and what it imports beside its own package: from the sdist's vendor/llama.cpp.
 CONVERTER_DIR = PEERS_DIR / f"llama-cpp-convert-{LLAMA_CPP_PYTHON}"
-CONVERTER_PARTS = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
+CONVERTER_PARTS = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "conversion/", "gguf-py/", "LICENSE")
 
 PEERS = {
     "vllm-router": Peer("vllm-router", ("vllm-router",), program="vllm-router"),
@@ -150,11 +150,11 @@ def installed(name: str) -> Path | None:
     return None
 
 
-def llama_cpp_converter(log: Callable[[str], None]) -> Path:
-    """llama.cpp's convert_hf_to_gguf.py, to run with the gguf-convert peer's python (both made on
-    first use)."""
+def llama_cpp_converter(log: Callable[[str], None], script: str = "convert_hf_to_gguf.py") -> Path:
+    """llama.cpp's convert_hf_to_gguf.py (or another of its converters, convert_lora_to_gguf.py), to
+    run with the gguf-convert peer's python (both made on first use)."""
     python_of("gguf-convert", log)
-    return CONVERTER_DIR / CONVERTER_PARTS[0]
+    return CONVERTER_DIR / script
 
 
 def _unpack_converter(python: Path, log: Callable[[str], None]) -> None:
@@ -162,7 +162,7 @@ def _unpack_converter(python: Path, log: Callable[[str], None]) -> None:
     llama-cpp-python sdist, which `python`'s pip downloads from PyPI, into CONVERTER_DIR unless it is
     there. Raises CalledProcessError if the download fails."""
     script = CONVERTER_DIR / CONVERTER_PARTS[0]
-    if (CONVERTER_DIR / MARKER).exists():
+    if (CONVERTER_DIR / MARKER).exists() and all((CONVERTER_DIR / part).exists() for part in CONVERTER_PARTS):
         return
     log(f"  unpacking llama.cpp's converter from llama-cpp-python {LLAMA_CPP_PYTHON} into {CONVERTER_DIR}")
     with tempfile.TemporaryDirectory() as download:
