@@ -226,7 +226,7 @@ class DecoderLayer:
         """A projection's output with the adapted rows' deltas added (rounded to its dtype)."""
         if lora is None:
             return output
-        return _with_deltas(output, lora.rows, lora.deltas(self.index, projection, x.index_select(0, lora.rows)))
+        return _with_deltas(output, lora.rows, lora.deltas(self.index, projection, lora.picked(x)))
 
     def _normed(self, hidden: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
         """An attention or MLP input: normalised where the model has a norm before it."""
@@ -261,12 +261,12 @@ class DecoderLayer:
             return lora.deltas(self.index, projection, inputs()) if lora is not None else _NO_DELTAS
 
         def normed_rows(x: torch.Tensor, norm: torch.Tensor | None) -> torch.Tensor:
-            picked = x.index_select(0, rows)
+            picked = lora.picked(x)
             return picked if norm is None else torch.ops.shoal.rms_norm_rows(picked, norm, eps)
 
         qkv_delta = delta("qkv", lambda: normed_rows(hidden, self.before_attention))
         heads = self._gathered(native.attention_with_deltas(hidden, *layout, rows, qkv_delta), "heads")
-        o_delta = delta("o_proj", lambda: heads.index_select(0, rows))
+        o_delta = delta("o_proj", lambda: lora.picked(heads))
         if self.tensor_parallel is None:
             hidden = native.output_with_deltas(heads, hidden, rows, o_delta)
         elif self.config.norms_after:  # normalised over whole rows: gathered, then joined
@@ -286,7 +286,7 @@ class DecoderLayer:
             return self._gathered(native.join_mlp(part, hidden[:, columns]), "hidden")
         gate_up_delta = delta("gate_up", lambda: normed_rows(hidden, self.before_mlp))
         activation = self._gathered(native.mlp_with_deltas(hidden, rows, gate_up_delta), "intermediate")
-        down_delta = delta("down_proj", lambda: activation.index_select(0, rows))
+        down_delta = delta("down_proj", lambda: lora.picked(activation))
         if self.tensor_parallel is None:
             return native.down_with_deltas(activation, hidden, rows, down_delta)
         if self.config.norms_after:

@@ -23,16 +23,21 @@ FUSED_TARGETS = {"qkv": ("q_proj", "k_proj", "v_proj"), "gate_up": ("gate_proj",
 
 
 class PackedAdapter:
-    """An adapter's A and B of every projection it adapts, on the model's device: float32 A [r, in]
-    and B transposed [r, out] for the CPU kernel (csrc/lora_cpu.cpp), else A and B packed for the
+    """An adapter's A and B of every projection it adapts, on the model's device: A [r, in] and B in
+    panels of 16 outputs [ceil(out / 16), r, 16] for the CPU kernel (csrc/lora_cpu.cpp; bfloat16 for
+    a bfloat16 model, else float32), else A and B packed for the
     row-invariant matrix multiply in the model's dtype. Invariant: a projection has an entry exactly
     where the adapter adapts it."""
 
     def __init__(self, adapter: LoraAdapter, dtype: torch.dtype, device: torch.device, tile_rows: int, prepack: bool):
         self.adapter = adapter
         self.native = device.type == "cpu" and load_native_kernels() is not None
-        if self.native:
-            self.factors = {key: (p.a.to(device), p.b.t().contiguous().to(device)) for key, p in adapter.pairs.items()}
+        if self.native:  # bfloat16 for a bfloat16 model (half the bytes each step reads), else float32
+            kind = torch.bfloat16 if dtype == torch.bfloat16 else torch.float32
+            self.factors = {
+                key: (p.a.to(device, kind).contiguous(), _panels(p.b).to(device, kind).contiguous())
+                for key, p in adapter.pairs.items()
+            }
         else:
             self.factors = {
                 key: (
@@ -41,6 +46,14 @@ class PackedAdapter:
                 )
                 for key, p in adapter.pairs.items()
             }
+
+
+def _panels(b: torch.Tensor) -> torch.Tensor:
+    """B [out, r] as the CPU kernel reads it: panels of 16 outputs, [ceil(out / 16), r, 16], the
+    last panel's missing outputs zero."""
+    out, rank = b.shape
+    padded = torch.nn.functional.pad(b, (0, 0, 0, -out % 16))
+    return padded.reshape(-1, 16, rank).transpose(1, 2)
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class LoraBatch:
     owners: torch.Tensor
     adapters: list[PackedAdapter]
     widths: dict[str, int]  # each projection's output columns in this model (this rank's, under TP)
+    every_row: bool = False  # every row of the step is adapted (`rows` is 0..T-1)
 
     @classmethod
     def of_rows(
@@ -70,28 +84,33 @@ class LoraBatch:
         if not rows:
             return None
         as_tensor = lambda values: torch.tensor(values, dtype=torch.long, device=device)  # noqa: E731
-        return cls(as_tensor(rows), as_tensor(owners), adapters, widths)
+        return cls(as_tensor(rows), as_tensor(owners), adapters, widths, len(rows) == len(row_adapters))
+
+    def picked(self, x: torch.Tensor) -> torch.Tensor:
+        """The adapted rows of a step's x [T, ...], in `rows` order (x itself where every row is)."""
+        return x if self.every_row else x.index_select(0, self.rows)
 
     def deltas(self, layer: int, projection: str, x: torch.Tensor) -> torch.Tensor:
         """float32 [R, outputs]: for the adapted rows' inputs x [R, in] (in `rows` order), the deltas
         of `projection` ("qkv", "o_proj", "gate_up" or "down_proj"; the fused ones side by side),
         zero where a row's adapter leaves a projection alone."""
         targets = FUSED_TARGETS.get(projection, (projection,))
-        parts = [self._target_deltas(layer, target, x) for target in targets]
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
-
-    def _target_deltas(self, layer: int, target: str, x: torch.Tensor) -> torch.Tensor:
-        width = self.widths[target]
+        widths = [self.widths[target] for target in targets]
         if all(adapter.native for adapter in self.adapters):
-            factors = [adapter.factors.get((layer, target), (_NONE, _NONE)) for adapter in self.adapters]
-            return torch.ops.shoal.lora_rows(x, self.owners, [a for a, _ in factors], [b for _, b in factors], width)
-        out = torch.zeros(len(self.owners), width, dtype=torch.float32, device=x.device)
-        for index, adapter in enumerate(self.adapters):
-            pair = adapter.factors.get((layer, target))
-            if pair is not None:
-                mine = (self.owners == index).nonzero().squeeze(1)
-                out[mine] = pair[1](pair[0](x.index_select(0, mine))).float()
+            factors = [
+                adapter.factors.get((layer, target), _NO_PAIR) for target in targets for adapter in self.adapters
+            ]
+            return torch.ops.shoal.lora_rows(x, self.owners, [a for a, _ in factors], [b for _, b in factors], widths)
+        out = torch.zeros(len(self.owners), sum(widths), dtype=torch.float32, device=x.device)
+        start = 0
+        for target, width in zip(targets, widths):
+            for index, adapter in enumerate(self.adapters):
+                pair = adapter.factors.get((layer, target))
+                if pair is not None:
+                    mine = (self.owners == index).nonzero().squeeze(1)
+                    out[mine, start : start + width] = pair[1](pair[0](x.index_select(0, mine))).float()
+            start += width
         return out
 
 
-_NONE = torch.empty(0)
+_NO_PAIR = (torch.empty(0), torch.empty(0))

@@ -452,10 +452,25 @@ struct DecoderLayerCpu : torch::CustomClassHolder {
   static void add_to_rows(const at::Tensor& x, const at::Tensor& rows, const at::Tensor& delta) {
     if (rows.numel() == 0) return;
     TORCH_CHECK(rows.scalar_type() == at::kLong && delta.scalar_type() == at::kFloat && delta.dim() == 2 &&
-                    delta.size(0) == rows.size(0) && delta.size(1) == x.size(1),
+                    delta.size(0) == rows.size(0) && delta.size(1) == x.size(1) && x.is_contiguous() &&
+                    delta.is_contiguous(),
                 "DecoderLayer: LoRA deltas must be float32 [rows, outputs] for int64 rows");
-    auto target = x;  // the tensor's handle is const, its values are this step's own
-    target.index_copy_(0, rows, x.index_select(0, rows).to(at::kFloat).add_(delta).to(x.scalar_type()));
+    const int64_t width = x.size(1), count = rows.size(0);
+    const int64_t* row = rows.data_ptr<int64_t>();
+    const float* added = delta.data_ptr<float>();
+    for_each_dtype(x.scalar_type(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      using E = Element<T>;
+      T* values = static_cast<T*>(x.data_ptr());  // the tensor's handle is const, its values are this step's own
+      for (int64_t i = 0; i < count; ++i) {
+        TORCH_CHECK(row[i] >= 0 && row[i] < x.size(0), "DecoderLayer: LoRA row ", row[i], " out of range");
+        T* target = values + row[i] * width;
+        const float* d = added + i * width;
+        int64_t c = 0;
+        for (; c + kLanes <= width; c += kLanes) E::write16(target + c, Vec::add(E::read16(target + c), Vec::load(d + c)));
+        for (; c < width; ++c) E::write(target + c, E::read(target + c) + d[c]);
+      }
+    });
   }
 
   // `out` (the projection joined for every row) with the rows `rows` given their deltas:
