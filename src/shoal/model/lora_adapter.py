@@ -23,12 +23,14 @@ from safetensors.torch import load
 
 from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
+from shoal.model.families import family_named
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _KEY = re.compile(r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 # PEFT settings this engine applies only at their plain value.
+_EMPTY = torch.empty(0, 0)
 _PLAIN = {"use_dora": False, "bias": "none", "fan_in_fan_out": False, "modules_to_save": None}
 
 
@@ -127,7 +129,8 @@ def peft_adapter(name: str, files: AdapterFiles, base: LlamaConfig, max_rank: in
     except (SafetensorError, ValueError) as exc:
         raise LoraAdapterError(f"{files.weights_path}: not a safetensors file ({exc})") from None
     scaling = alpha / math.sqrt(rank) if settings.get("use_rslora") else alpha / rank
-    pairs = checked_pairs(files.weights_path, _peft_halves(files.weights_path, tensors), base, rank, scaling)
+    halves = unfused_halves(files.weights_path, _peft_halves(files.weights_path, tensors), base)
+    pairs = checked_pairs(files.weights_path, halves, base, rank, scaling)
     return LoraAdapter(name, str(files.root), rank, scaling, files.digest, pairs)
 
 
@@ -165,6 +168,27 @@ def _peft_halves(path: Path, tensors: dict[str, torch.Tensor]) -> dict[tuple[int
             raise LoraAdapterError(f"{path}: {key} is not a LoRA weight of a q/k/v/o/gate/up/down projection")
         halves.setdefault((int(match.group(1)), match.group(2)), {})[match.group(3)] = tensor
     return halves
+
+
+def unfused_halves(
+    path: Path, halves: dict[tuple[int, str], dict[str, torch.Tensor]], base: LlamaConfig
+) -> dict[tuple[int, str], dict[str, torch.Tensor]]:
+    """A fused projection's halves (Phi-3's qkv_proj and gate_up_proj) as its parts' halves, split as
+    the family splits the fused weight: each part's rows of B, and the A they share."""
+    family = family_named(base.architecture)
+    parts: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for (layer, target), found in halves.items():
+        block = "self_attn" if target.startswith(("q", "k", "v", "o")) else "mlp"
+        try:
+            pieces = family.unfuse(f"model.layers.{layer}.{block}.{target}.weight", found.get("B", _EMPTY), base)
+        except ValueError as exc:
+            raise LoraAdapterError(f"{path}: lora_B of {exc}") from None
+        if target in LORA_TARGETS or len(pieces) == 1:
+            parts[(layer, target)] = found
+            continue
+        for name, b in pieces.items():
+            parts[(layer, name.rsplit(".", 2)[-2])] = {**found, "B": b}
+    return parts
 
 
 def checked_pairs(

@@ -21,7 +21,7 @@ from shoal.model.config import LlamaConfig
 from shoal.model.errors import ModelLoadError
 from shoal.model.families import family_named, family_of_gguf_architecture
 from shoal.model.gguf_loader import dequantize_tensor, gguf_metadata, hf_tensor_name, open_gguf, unpermute_rotary_rows
-from shoal.model.lora_adapter import LoraAdapter, LoraAdapterError, checked_pairs
+from shoal.model.lora_adapter import LoraAdapter, LoraAdapterError, checked_pairs, unfused_halves
 
 _HF_KEY = re.compile(r"^model\.layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.weight$")
 _HALVES = {".lora_a": "A", ".lora_b": "B"}
@@ -95,5 +95,5 @@ def gguf_adapter(name: str, files: GgufLoraFiles, base: LlamaConfig, max_rank: i
             tensors["B"] = unpermute_rotary_rows(tensors["B"], rows_per_head[target])
         halves[(layer, target)] = tensors
     scaling = files.alpha / rank if files.alpha else 1.0
-    pairs = checked_pairs(files.root, halves, base, rank, scaling)
+    pairs = checked_pairs(files.root, unfused_halves(files.root, halves, base), base, rank, scaling)
     return LoraAdapter(name, str(files.root), rank, scaling, files.digest, pairs)
