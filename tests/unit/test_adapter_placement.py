@@ -5,9 +5,16 @@ that a holder keeps the adapter's requests unless it is busier than a read and t
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 from msgspec.structs import replace
+from prometheus_client import CollectorRegistry
 
+from shoal.router.config import HealthSettings
+from shoal.router.health_events import HealthEvents
+from shoal.router.membership import Membership
 from shoal.router.policies import eligible
 from shoal.router.policies.cost import DEFAULT_ADAPTER_LOAD_S, CostPolicy, adapter_seconds, estimated_seconds
 from shoal.router.prefix_index import prefix_blocks, salted_blocks
@@ -77,3 +84,20 @@ def test_an_adapters_prefixes_are_its_own():
     assert len(a1) == len(blocks) and not set(a1) & set(blocks) and not set(a1) & set(a2)
     longer = salted_blocks(prefix_blocks("the same system prompt for every fine-tune of the base model " * 6), "a1")
     assert longer[: len(a1)] == a1  # still a chain: a longer prompt extends the shorter one's blocks
+
+
+def test_a_server_listing_lora_adapters_as_models_with_a_parent_serves_them():
+    """vLLM lists its LoRA adapters in /v1/models with the base model as `parent`: they are served
+    there (requests for them may go there), not base models of their own."""
+    membership = Membership(HealthSettings(), HealthEvents(CollectorRegistry()))
+
+    async def listing(url: str) -> tuple[int, bytes]:
+        assert url == "http://peer/v1/models"
+        return 200, json.dumps({"data": [{"id": "base"}, {"id": "sql-lora", "parent": "base"}]}).encode()
+
+    membership._get = listing
+    state = membership.workers["http://peer"] = membership._new_state("http://peer", frozenset(), registered=False)
+    asyncio.run(membership._discover_models(state))
+    assert state.base_models == {"base"} and state.models == {"base", "sql-lora"}
+    assert membership.adapter_base("sql-lora") == "base" and membership.adapter_base("base") is None
+    assert state.serves("sql-lora") and not state.serves("other")

@@ -58,6 +58,9 @@ class WorkerState:
     base_models: frozenset[str]  # as registered or listed; `models` adds the LoRA adapters it holds
     breaker: CircuitBreaker
     registered: bool = False
+    # LoRA adapters its /v1/models lists (a card with a parent: how vLLM lists them), for a server
+    # whose load report does not name its adapters.
+    listed_adapters: frozenset[str] = frozenset()
     load_source: str | None = None  # "shoal", "prometheus" or "router" once known
     report: LoadReport | None = None
     last_seen: float = field(default_factory=time.monotonic)
@@ -84,9 +87,12 @@ class WorkerState:
 
     @property
     def models(self) -> frozenset[str]:
-        """The models it serves: its own, and the LoRA adapters its last load report says it holds."""
+        """The models it serves: its own, and the LoRA adapters its last load report (or its model
+        list) names."""
         adapters = self.report.lora_adapters if self.report is not None else ()
-        return self.base_models | frozenset(adapters) if adapters else self.base_models
+        if not adapters and not self.listed_adapters:
+            return self.base_models
+        return self.base_models | frozenset(adapters) | self.listed_adapters
 
     def serves(self, model: str, loadable_of: str | None = None) -> bool:
         """Whether it serves `model`, or can load it first (a LoRA adapter of base `loadable_of`)."""
@@ -267,7 +273,8 @@ class Membership:
     def adapter_base(self, model: str) -> str | None:
         """The base model of a worker whose load report names `model` as a LoRA adapter it serves."""
         for state in self.workers.values():
-            if state.report is not None and model in state.report.lora_adapters and state.base_models:
+            named = state.report is not None and model in state.report.lora_adapters
+            if (named or model in state.listed_adapters) and state.base_models:
                 return min(state.base_models)
         return None
 
@@ -342,6 +349,7 @@ class Membership:
             _, body = await self._get(state.url + "/v1/models")
             cards = json.loads(body)["data"]  # a LoRA adapter's card names its base as parent
             self._set_models(state, frozenset(m["id"] for m in cards if not m.get("parent")))
+            state.listed_adapters = frozenset(m["id"] for m in cards if m.get("parent"))
         except (aiohttp.ClientError, TimeoutError, ValueError, KeyError, TypeError) as exc:
             log.warning("cannot list the models of %s: %s", state.url, exc)
 
