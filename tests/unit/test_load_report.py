@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
+
 import pytest
+from prometheus_client import CollectorRegistry
 
 from shoal.protocol.worker_load import (
     Heartbeat,
@@ -15,7 +20,10 @@ from shoal.protocol.worker_load import (
     decode_registration_accepted,
     encode,
 )
+from shoal.router.config import HealthSettings
+from shoal.router.health_events import HealthEvents
 from shoal.router.load_report import LoadReport
+from shoal.router.membership import Membership
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -44,6 +52,36 @@ def test_prometheus_reports_of_vllm_sglang_and_llama_cpp():
     assert LoadReport.from_prometheus(SGLANG) == LoadReport(running=7, waiting=1, kv_cache_usage=0.5, engine="sglang")
     assert LoadReport.from_prometheus(LLAMA_CPP) == LoadReport(running=1, waiting=4, engine="llama.cpp")
     assert LoadReport.from_prometheus("# TYPE other_metric gauge\nother_metric 1\n") is None
+
+
+@pytest.mark.parametrize(
+    "body", [b"<html><body>Not found</body></html>", b'{"detail": "Not Found"}', b"\xff\xfe binary", b"hello world"]
+)
+def test_a_body_that_is_not_prometheus_text_is_no_report(body):
+    assert LoadReport.from_prometheus(body) is None
+
+
+def test_a_server_answering_every_path_with_a_page_is_a_worker_without_metrics(caplog):
+    """A catch-all route (or a proxy's page) at /load, /metrics and /health: the poll is contact,
+    the worker has no report (placed by the router's in-flight requests) and is not marked down;
+    said once in the log, not at every poll."""
+    membership = Membership(HealthSettings(), HealthEvents(CollectorRegistry()))
+    asked = []
+
+    async def page(url: str) -> tuple[int, bytes]:
+        asked.append(url.removeprefix("http://catch-all"))
+        return 200, b"<!doctype html><title>Welcome</title>"
+
+    membership._get = page
+    state = membership._new_state("http://catch-all", frozenset({"m"}), registered=False)
+    state.last_seen -= 10
+    with caplog.at_level(logging.INFO, logger="shoal.router.membership"):
+        for _ in range(2):
+            asyncio.run(membership.poll(state))
+    assert asked == ["/load", "/metrics", "/health"] * 2
+    assert state.load_source == "router" and state.report is None
+    assert time.monotonic() - state.last_seen < 5
+    assert sum("reports no load the router reads" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_shoal_report_converts_blocks_to_tokens():

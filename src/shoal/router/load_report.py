@@ -96,12 +96,17 @@ class LoadReport:
         )
 
     @classmethod
-    def from_prometheus(cls, text: str) -> LoadReport | None:
-        """Sums each known metric over its series; None if no known family is present."""
+    def from_prometheus(cls, body: bytes | str) -> LoadReport | None:
+        """Sums each known metric over its series; None if no known family is present, or if the
+        body is not Prometheus text at all (a catch-all route's page, a proxy's error page)."""
         values: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        try:
+            text = body.decode() if isinstance(body, bytes) else body
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        except ValueError:  # UnicodeDecodeError is one
+            return None
         for engine, running, waiting, usage in PROMETHEUS_NAMES:
             if running in values:
                 return cls(

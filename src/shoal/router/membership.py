@@ -382,7 +382,7 @@ class Membership:
                 raise aiohttp.ClientError(f"/load answered {status} with no shoal load report")
         if source in (None, "prometheus"):
             status, body = await self._get(state.url + "/metrics")
-            report = LoadReport.from_prometheus(body.decode()) if status == 200 else None
+            report = LoadReport.from_prometheus(body) if status == 200 else None
             if report is not None:
                 state.load_source = "prometheus"
                 return report
@@ -394,6 +394,10 @@ class Membership:
         status, _ = await self._get(state.url + "/health")
         if status not in (200, 404):
             raise aiohttp.ClientError(f"/health answered {status}")
+        if state.load_source != "router":
+            log.info(
+                "%s reports no load the router reads (/load, /metrics): placed by its in-flight requests", state.url
+            )
         state.load_source = "router"
         return None
 
