@@ -3,7 +3,9 @@ priority class for the rest.
 
 Classes, in order: critical, standard, sheddable. A request is admitted at once if its model has a
 free slot and nobody of its class or a higher one is waiting for that model; otherwise it waits in
-its class's queue, FIFO, until a slot frees or its queue timeout passes (503 + Retry-After). A full
+its class's queue until a slot frees or its queue timeout passes (503 + Retry-After); within a class
+the next slot goes to the tenant (an API key, or one end user of a key) that has been admitted the
+fewest tokens for its weight (router.fair_share), first come first served within a tenant. A full
 queue refuses with 429 + Retry-After, except for critical requests, which evict the newest waiting
 sheddable request, then the newest standard one, and are refused only when neither exists. So a
 critical request is never shed while a lower-class one is still queued. Below them all, batch work
@@ -19,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from shoal.router.admission_slots import GroupSlots, LocalSlots
+from shoal.router.fair_share import FairShare
 
 PRIORITY_ORDER = ("critical", "standard", "sheddable")
 BATCH = "batch"  # below every queued class (route_request.BATCH_PRIORITY)
@@ -33,11 +36,21 @@ class Refused(Exception):
         self.retry_after_s = retry_after_s
 
 
+@dataclass(frozen=True)
+class Share:
+    """Who a request is for, as fair shares count it: its tenant, its estimated tokens, the tenant's weight."""
+
+    tenant: str = ""
+    tokens: int = 1
+    weight: float = 1.0
+
+
 @dataclass
 class Waiter:
     model: str
     priority: str
     admitted: asyncio.Future
+    share: Share
 
 
 class Admission:
@@ -62,6 +75,7 @@ class Admission:
         self.released: Callable[[str], None] | None = None
         self.queues: dict[str, deque[Waiter]] = {p: deque() for p in PRIORITY_ORDER}
         self.shed: Counter[str] = Counter()
+        self.fair = FairShare()
 
     def has_room(self, model: str) -> bool:
         return self.slots.held(model) < self.capacity(model)
@@ -70,15 +84,18 @@ class Admission:
         ahead = PRIORITY_ORDER if priority == BATCH else PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
-    def try_admit(self, model: str, priority: str) -> bool:
+    def try_admit(self, model: str, priority: str, share: Share = Share()) -> bool:
         """Takes a slot if one is free and nobody of this priority or above waits for the model."""
-        return not self._waiting_ahead(model, priority) and self.slots.try_take(model, self.capacity(model))
+        if self._waiting_ahead(model, priority) or not self.slots.try_take(model, self.capacity(model)):
+            return False
+        self.fair.charge(share.tenant, share.tokens, share.weight)
+        return True
 
-    async def admit(self, model: str, priority: str, timeout_s: float | None = None) -> None:
+    async def admit(self, model: str, priority: str, timeout_s: float | None = None, share: Share = Share()) -> None:
         """Returns once the request holds a slot (release() it afterwards), waiting at most
         timeout_s (default: the queue timeout); raises Refused."""
         timeout_s = self.queue_timeout_s if timeout_s is None else timeout_s
-        if self.try_admit(model, priority):
+        if self.try_admit(model, priority, share):
             return
         if priority == BATCH:
             self.shed[priority] += 1
@@ -87,7 +104,9 @@ class Admission:
         if len(queue) >= self.queue_limits[priority] and not (priority == "critical" and self._evict_lower()):
             self.shed[priority] += 1
             raise Refused(429, f"the {priority} queue is full; try again later", self.retry_after_s)
-        waiter = Waiter(model, priority, asyncio.get_running_loop().create_future())
+        waiter = Waiter(model, priority, asyncio.get_running_loop().create_future(), share)
+        if not any(w.share.tenant == share.tenant for q in self.queues.values() for w in q):
+            self.fair.lift(share.tenant)
         queue.append(waiter)
         try:
             await asyncio.wait_for(asyncio.shield(waiter.admitted), timeout_s)
@@ -123,13 +142,22 @@ class Admission:
         self.wake()
 
     def wake(self) -> None:
-        """Admits waiters, highest class first, while their models have room (also after capacity grows)."""
+        """Admits waiters, highest class first, while their models have room (also after capacity
+        grows); within a class, the tenant with the smallest fair-share counter first, each tenant's
+        own in arrival order."""
         for priority in PRIORITY_ORDER:
             queue = self.queues[priority]
-            for waiter in list(queue):
-                if self.slots.try_take(waiter.model, self.capacity(waiter.model)):
-                    queue.remove(waiter)
-                    waiter.admitted.set_result(None)
+            while True:
+                firsts: dict[str, Waiter] = {}
+                for waiter in queue:  # each tenant's first waiter whose model has room
+                    if waiter.share.tenant not in firsts and self.has_room(waiter.model):
+                        firsts[waiter.share.tenant] = waiter
+                chosen = min(firsts.values(), key=lambda w: self.fair.counter(w.share.tenant), default=None)
+                if chosen is None or not self.slots.try_take(chosen.model, self.capacity(chosen.model)):
+                    break
+                queue.remove(chosen)
+                self.fair.charge(chosen.share.tenant, chosen.share.tokens, chosen.share.weight)
+                chosen.admitted.set_result(None)
 
     def queued(self) -> dict[str, int]:
         return {p: len(q) for p, q in self.queues.items()}

@@ -23,6 +23,11 @@ class Client:
     tokens_per_minute: int | None = None
     end_user_requests_per_minute: int | None = None
     end_user_tokens_per_minute: int | None = None
+    weight: float = 1.0  # its fair share of the slots (admission)
+
+    def tenant(self, end_user: str | None) -> str:
+        """Whom fair shares count a request for: the client, or its end user where it names one."""
+        return self.name if end_user is None else f"{self.name}/{end_user}"
 
     def limits(self, end_user: str | None) -> list[tuple[str, int | None, int | None]]:
         """The rate limits a request of this client counts against (RateLimiter.check): its own, and
@@ -30,7 +35,7 @@ class Client:
         own = [(self.name, self.requests_per_minute, self.tokens_per_minute)]
         if end_user is None:
             return own
-        return [*own, (f"{self.name}/{end_user}", self.end_user_requests_per_minute, self.end_user_tokens_per_minute)]
+        return [*own, (self.tenant(end_user), self.end_user_requests_per_minute, self.end_user_tokens_per_minute)]
 
 
 def key_hash(key: str) -> str:
@@ -62,7 +67,10 @@ class ApiKeys:
         default = config.default_rate_limits
         self.anonymous = Client("anonymous", *_limits(default, default))
         self.clients = [
-            (bytes.fromhex(key.sha256), Client(key.name or f"key-{key.sha256[:8]}", *_limits(key, default)))
+            (
+                bytes.fromhex(key.sha256),
+                Client(key.name or f"key-{key.sha256[:8]}", *_limits(key, default), weight=key.weight),
+            )
             for key in keys
         ]
         self.known: dict[str, Client] = {}

@@ -48,10 +48,13 @@ class RateLimits(Frozen):
 
 
 class ApiKey(RateLimits):
-    """A client key, stored as the hex SHA-256 of the key (never the key itself)."""
+    """A client key, stored as the hex SHA-256 of the key (never the key itself). `weight`: its share
+    of the slots while others wait too (admission's fair shares; each end user of the key weighs
+    as much), 1 by default."""
 
     name: str | None = None
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    weight: float = Field(1.0, gt=0)
 
 
 def per_priority(name: str, values: dict[str, int], minimum: int) -> dict[str, int]:

@@ -15,7 +15,7 @@ from starlette.responses import Response, StreamingResponse
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.tracing import Tracing
 from shoal.protocol.request_body import body_within
-from shoal.router.admission import Admission, Refused
+from shoal.router.admission import Admission, Refused, Share
 from shoal.router.admission_slots import GroupSlots, LocalSlots
 from shoal.router.auth import ApiKeys, Client, authorization
 from shoal.router.balancer import Balancer
@@ -251,8 +251,9 @@ class FrontDoor:
             # are still starting waits for them as long as the request's deadline allows.
             deadline_s = min(deadline_s, self.config.failover.wait_for_capacity_s)
         try:
-            if not self.admission.try_admit(routed.model, routed.priority):
-                await self._wait_for_admission(routed, deadline_s, telemetry)
+            share = Share(client.tenant(routed.end_user), routed.total_tokens, client.weight)
+            if not self.admission.try_admit(routed.model, routed.priority, share):
+                await self._wait_for_admission(routed, deadline_s, telemetry, share)
         except Refused as refused:
             fallback = next((m for m in self.fallbacks(routed.model) if self.admission.has_room(m)), None)
             if refused.status != 503 or fallback is None:
@@ -349,11 +350,13 @@ class FrontDoor:
         progress.text_chars = position.chars
         return progress
 
-    async def _wait_for_admission(self, routed: RouteRequest, deadline_s: float, telemetry: RequestTelemetry) -> None:
+    async def _wait_for_admission(
+        self, routed: RouteRequest, deadline_s: float, telemetry: RequestTelemetry, share: Share
+    ) -> None:
         """Queues for a slot, as a `router.admission` span (a request admitted at once has none)."""
         span = telemetry.span("router.admission", **{"shoal.model": routed.model, "shoal.priority": routed.priority})
         try:
-            await self.admission.admit(routed.model, routed.priority, deadline_s)
+            await self.admission.admit(routed.model, routed.priority, deadline_s, share)
         except Refused as refused:
             span.set_attribute("shoal.refused", refused.status)
             raise
