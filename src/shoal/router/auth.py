@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shoal.router.config import ApiKey, RateLimits, RouterConfig
+from shoal.router.config import ApiKey, LatencyTargets, RateLimits, RouterConfig
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class Client:
     end_user_requests_per_minute: int | None = None
     end_user_tokens_per_minute: int | None = None
     weight: float = 1.0  # its fair share of the slots (admission)
+    targets: LatencyTargets = LatencyTargets()  # its requests' latency targets unless headers set them
 
     def tenant(self, end_user: str | None) -> str:
         """Whom fair shares count a request for: the client, or its end user where it names one."""
@@ -69,7 +70,9 @@ class ApiKeys:
         self.clients = [
             (
                 bytes.fromhex(key.sha256),
-                Client(key.name or f"key-{key.sha256[:8]}", *_limits(key, default), weight=key.weight),
+                Client(
+                    key.name or f"key-{key.sha256[:8]}", *_limits(key, default), weight=key.weight, targets=key.targets
+                ),
             )
             for key in keys
         ]

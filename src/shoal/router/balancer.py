@@ -11,6 +11,7 @@ import msgspec
 
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import Policy, eligible
+from shoal.router.policies.cost import Estimate, estimate
 from shoal.router.prefix_index import PrefixIndex
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 from shoal.router.worker_roles import Phase, decode_tokens_on, for_phase
@@ -56,6 +57,37 @@ class Balancer:
         """None when no worker can take the request (unknown model, all unhealthy, too long).
         A continuation is placed in the decode phase (shoal.router.worker_roles). Policies are pure
         functions of their arguments, so with one candidate none is asked: there is no choice."""
+        found = self._candidates(request, exclude, phase)
+        if found is None:
+            return None
+        candidates, context = found
+        self.decisions += 1
+        chosen = candidates[0] if len(candidates) == 1 else self.policy.choose(request, candidates, context)
+        cached = context.cached_tokens(request, chosen)
+        capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
+        capacity_blocks = self._index_blocks(request, capacity_tokens)
+        self._record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
+        state = self.membership.workers[chosen.worker_id]
+        state.breaker.take(time.monotonic())
+        ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))
+        return Placement(state, ticket, cached, tuple(candidates), context, request.prefix_blocks, capacity_blocks)
+
+    def best_estimate(self, request: RouteRequest) -> Estimate | None:
+        """The cost model's best prediction for the request now, over the workers that could take it:
+        the cheapest that meets its targets, else the one with the shortest time to first token;
+        None where no worker could take it."""
+        found = self._candidates(request, frozenset(), "prefill")
+        if found is None:
+            return None
+        candidates, context = found
+        predicted = [estimate(request, w, candidates, context) for w in candidates]
+        meeting = [e for e in predicted if e.meets(request)]
+        return min(meeting, key=lambda e: e.seconds) if meeting else min(predicted, key=lambda e: e.ttft_s)
+
+    def _candidates(
+        self, request: RouteRequest, exclude: frozenset[str], phase: Phase
+    ) -> tuple[list[WorkerView], RoutingContext] | None:
+        """The workers that could take the request, and what policies know of them for it."""
         views = [w for w in self.membership.views() if w.worker_id not in exclude]
         candidates = eligible(request, for_phase(views, request, phase))
         if not candidates:
@@ -75,16 +107,7 @@ class Balancer:
         context = RoutingContext(
             self.rng, self.decisions, matched, in_tier, index.size, placed, index.eviction_pressure
         )
-        self.decisions += 1
-        chosen = candidates[0] if len(candidates) == 1 else self.policy.choose(request, candidates, context)
-        cached = context.cached_tokens(request, chosen)
-        capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
-        capacity_blocks = self._index_blocks(request, capacity_tokens)
-        self._record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
-        state = self.membership.workers[chosen.worker_id]
-        state.breaker.take(time.monotonic())
-        ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))
-        return Placement(state, ticket, cached, tuple(candidates), context, request.prefix_blocks, capacity_blocks)
+        return candidates, context
 
     def _record(self, worker_id: str, blocks: tuple[bytes, ...], capacity_blocks: int) -> None:
         self.prefix_index.record(worker_id, blocks, capacity_blocks)

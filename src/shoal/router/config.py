@@ -31,10 +31,21 @@ class StaticWorker(Frozen):
     models: list[str] | None = None
 
 
+class LatencyTargets(Frozen):
+    """Time to first token and time per output token a request should get, in milliseconds (None: no
+    target). The router places a request where its targets are predicted to be met, and refuses
+    sheddable work at once (429) when no worker can meet them."""
+
+    ttft_ms: float | None = Field(None, gt=0)
+    tpot_ms: float | None = Field(None, gt=0)
+
+
 class ModelSettings(Frozen):
-    """Per served model: `fallbacks` is the chain tried in order when this model cannot serve."""
+    """Per served model: `fallbacks` is the chain tried in order when this model cannot serve;
+    `targets`, its requests' latency targets unless their key or headers set them."""
 
     fallbacks: list[str] = []
+    targets: LatencyTargets = LatencyTargets()
 
 
 class RateLimits(Frozen):
@@ -55,6 +66,7 @@ class ApiKey(RateLimits):
     name: str | None = None
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     weight: float = Field(1.0, gt=0)
+    targets: LatencyTargets = LatencyTargets()  # its requests' latency targets unless headers set them
 
 
 def per_priority(name: str, values: dict[str, int], minimum: int) -> dict[str, int]:

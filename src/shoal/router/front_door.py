@@ -22,6 +22,7 @@ from shoal.router.balancer import Balancer
 from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import RouterConfig
 from shoal.router.health_monitor import HealthMonitor
+from shoal.router.latency_targets import BadTarget, with_targets
 from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.membership import Membership
 from shoal.router.metrics import RouterMetrics
@@ -128,6 +129,19 @@ class FrontDoor:
 
         return seen(model) or any(seen(m) for m in self.fallbacks(model))
 
+    def _late(self, routed: RouteRequest) -> str | None:
+        """Why sheddable work with latency targets is refused now (no worker is predicted to meet
+        them, so it would be served late), or None."""
+        if routed.priority != "sheddable" or (routed.ttft_target_s is None and routed.tpot_target_s is None):
+            return None
+        best = self.balancer.best_estimate(routed)
+        if best is None or best.meets(routed):
+            return None
+        return (
+            f"no worker can meet this sheddable request's latency targets now (predicted at best: first "
+            f"token in {best.ttft_s * 1000:.0f} ms, {best.tpot_s * 1000:.0f} ms a token); try again later"
+        )
+
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
         return list(settings.fallbacks) if settings else []
@@ -229,7 +243,17 @@ class FrontDoor:
             return error_response(
                 404, f"model {routed.model!r} is not served by this cluster", "not_found_error", "model"
             )
+        settings = self.config.models.get(routed.model)
+        try:
+            routed = with_targets(routed, headers, client.targets, *([settings.targets] if settings else []))
+        except BadTarget as exc:
+            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.header)
         telemetry.routed_as(routed, body.get("stream") is True)
+        late = self._late(routed)
+        if late is not None:
+            return error_response(
+                429, late, "rate_limit_error", headers={"retry-after": str(self.config.admission.retry_after_s)}
+            )
         try:
             deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
         except RequestError as exc:

@@ -48,6 +48,13 @@ class RouterMetrics:
             ["model", "status", "priority"],
             registry=registry,
         )
+        self.targets = Counter(
+            "shoal_router_target_requests",
+            "Requests with latency targets as they ended, by model and outcome (met, missed): goodput "
+            "is the rate of met.",
+            ["model", "outcome"],
+            registry=registry,
+        )
         self.retries = Counter(
             "shoal_router_retries",
             "Requests sent again to another worker before their first byte.",

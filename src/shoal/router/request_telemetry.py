@@ -21,6 +21,7 @@ from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.logging import bind_request
 from shoal.observability.tracing import Tracing, json_attribute, trace_id_of
 from shoal.router.balancer import Placement
+from shoal.router.latency_targets import met
 from shoal.router.metrics import RouterMetrics
 from shoal.router.policies.cost import estimated_seconds
 from shoal.router.views import RouteRequest
@@ -53,10 +54,13 @@ class RequestTelemetry:
         self.worker_id: str | None = None  # of the current attempt
         self.output_tokens = 0  # relayed to the client
         self.last_token: float | None = None
+        self.first_token: float | None = None
+        self.routed: RouteRequest | None = None
         self.finished = False
 
     def routed_as(self, request: RouteRequest, streaming: bool) -> None:
         self.model, self.priority, self.streaming = request.model, request.priority, streaming
+        self.routed = request
         self.root.set_attributes(
             {
                 "shoal.model": request.model,
@@ -175,6 +179,7 @@ class RequestTelemetry:
         now = time.monotonic()
         gap_s = None if self.last_token is None else (now - self.last_token) / count
         if gap_s is None:
+            self.first_token = now
             self.metrics.child(self.metrics.ttft, self.model).observe(now - self.started)
             self.metrics.window.first_token(now - self.started, now)
             self.root.set_attribute("shoal.ttft_s", round(now - self.started, 6))
@@ -183,6 +188,16 @@ class RequestTelemetry:
         self.metrics.window.relayed(self.worker_id, count, gap_s, now)
         self.output_tokens += count
         self.last_token = now
+
+    def _met(self, routed: RouteRequest) -> bool:
+        """Whether the tokens relayed met the request's targets (a request answered whole, without
+        tokens counted on the way, by its end)."""
+        end = self.last_token or time.monotonic()
+        ttft = (self.first_token or end) - self.started
+        tpot = (
+            (end - self.first_token) / (self.output_tokens - 1) if self.first_token and self.output_tokens > 1 else None
+        )
+        return met(routed, ttft, tpot)
 
     def failed(self, message: str) -> None:
         self.root.set_status(Status(StatusCode.ERROR, message))
@@ -195,6 +210,10 @@ class RequestTelemetry:
         self.metrics.child(self.metrics.requests, self.model, str(status), self.priority).inc()
         elapsed = time.monotonic() - self.started
         self.metrics.window.request_finished(status, elapsed)
+        routed = self.routed
+        if routed is not None and (routed.ttft_target_s is not None or routed.tpot_target_s is not None):
+            outcome = "met" if status < 400 and self._met(routed) else "missed"
+            self.metrics.child(self.metrics.targets, self.model, outcome).inc()
         if status < 400:
             self.metrics.child(self.metrics.e2e, self.model).observe(elapsed)
         else:

@@ -33,6 +33,9 @@ class RouteRequest(msgspec.Struct, frozen=True):
     # workers of that base that load adapters on demand (shoal.router.lora_catalog).
     adapter_of: str | None = None
     adapter_loadable: bool = False
+    # Latency targets (shoal.router.latency_targets): seconds to the first token, and per token after.
+    ttft_target_s: float | None = None
+    tpot_target_s: float | None = None
 
     @property
     def loadable_of(self) -> str | None:

@@ -147,9 +147,33 @@ def speeds(worker: WorkerView, fleet: Sequence[WorkerView]) -> Speeds:
     )
 
 
+@dataclass(frozen=True)
+class Estimate:
+    """The cost model's prediction for a request on a worker: its time to first token, its time per
+    output token after that, and what the placement costs in all (`seconds`, which policies minimise:
+    the request's own time, and the delay it puts on those running there)."""
+
+    ttft_s: float
+    tpot_s: float
+    seconds: float
+
+    def meets(self, request: RouteRequest) -> bool:
+        """Whether the request's latency targets (those it has) are predicted to be met."""
+        return (request.ttft_target_s is None or self.ttft_s <= request.ttft_target_s) and (
+            request.tpot_target_s is None or self.tpot_s <= request.tpot_target_s
+        )
+
+
 def estimated_seconds(
     request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView], context: RoutingContext
 ) -> float:
+    return estimate(request, worker, fleet, context).seconds
+
+
+def estimate(
+    request: RouteRequest, worker: WorkerView, fleet: Sequence[WorkerView], context: RoutingContext
+) -> Estimate:
+    """The request on `worker` by the cost model (see the module's docstring)."""
     speed = speeds(worker, fleet)
     if worker.served_concurrency is None:
         running = max(worker.running, worker.in_flight - worker.waiting)
@@ -168,7 +192,8 @@ def estimated_seconds(
     decode_tokens = decode_tokens_on(worker, request.expected_decode_tokens)
     loading = tier_seconds(request, worker, context, speed.prefill_tokens_per_s)
     prefill = uncached / speed.prefill_tokens_per_s + loading
-    own = adapter_seconds(request, worker, fleet) + prefill + decode_tokens * per_token
+    before_first = adapter_seconds(request, worker, fleet) + prefill
+    own = before_first + decode_tokens * per_token
     if worker.served_concurrency is not None:
         # a request there takes its mean, at least what the oldest there has taken so far
         ahead = turns_waited(worker) * max(worker.service_s or own, worker.busy_s or 0.0)
@@ -176,7 +201,7 @@ def estimated_seconds(
         ahead = worker.outstanding_prefill_tokens / speed.prefill_tokens_per_s
         if (worker.max_num_seqs and worker.load >= worker.max_num_seqs) or lacks_kv_room(request, worker):
             ahead += worker.outstanding_decode_tokens / max(running, 1) * per_token
-    return ahead + own + running * prefill
+    return Estimate(ahead + before_first, per_token, ahead + own + running * prefill)
 
 
 # A LoRA adapter's read, where no worker of the fleet has measured one yet.
@@ -234,7 +259,10 @@ class CostPolicy:
 
     def choose(self, request: RouteRequest, workers: Sequence[WorkerView], context: RoutingContext) -> WorkerView:
         candidates = [w for w in workers if not queues_blind(w)] or workers
-        estimates = {w.worker_id: estimated_seconds(request, w, workers, context) for w in candidates}
+        predicted = {w.worker_id: estimate(request, w, workers, context) for w in candidates}
+        # A request with latency targets goes where they are predicted to be met, if anywhere.
+        candidates = [w for w in candidates if predicted[w.worker_id].meets(request)] or candidates
+        estimates = {w.worker_id: predicted[w.worker_id].seconds for w in candidates}
         fastest = min(candidates, key=lambda w: (estimates[w.worker_id], w.worker_id))
         home = max(candidates, key=lambda w: (*affinity(request, w, context), -estimates[w.worker_id]))
         if (
