@@ -1,7 +1,7 @@
 """Fair shares between tenants, through a real router in front of one worker: three tenants send closed
 loops of streamed completions, the heavy one with ten times the others' concurrency, for
 `--duration-s`. Run twice on the same traffic: each tenant with its own API key (fair shares), and
-all three on one key (one tenant: first come, first served). Reported: output tokens per tenant,
+all three on one key (one tenant: first come, first served), after a warm-up run. Reported: output tokens per tenant,
 Jain's fairness index over the tenants (1 is an equal share each; they are all backlogged
 throughout), and total output tokens a second.
 
@@ -98,10 +98,12 @@ def main() -> int:
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--light", type=int, default=2, help="each light tenant's concurrent clients")
     parser.add_argument("--slots", type=int, default=2, help="the router's max_in_flight_per_worker")
+    parser.add_argument("--warm-up-s", type=float, default=15.0, help="a first run, not counted")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="shoal-fair-"))
     process, worker_url = start(shoal_worker(args.model, []), work / "worker.log")
     try:
+        run(worker_url, work, argparse.Namespace(**{**vars(args), "duration_s": args.warm_up_s}), fair=True)
         results = {"first come, first served": run(worker_url, work, args, fair=False)}
         results["fair shares"] = run(worker_url, work, args, fair=True)
     finally:
