@@ -20,6 +20,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import msgspec
+
 from shoal.router.admission_slots import GroupSlots, LocalSlots
 from shoal.router.fair_share import FairShare
 
@@ -36,13 +38,16 @@ class Refused(Exception):
         self.retry_after_s = retry_after_s
 
 
-@dataclass(frozen=True)
-class Share:
-    """Who a request is for, as fair shares count it: its tenant, its estimated tokens, the tenant's weight."""
+class Share(msgspec.Struct, frozen=True):
+    """Who a request is for, as fair shares count it: its tenant, its estimated tokens, the tenant's
+    weight (a msgspec struct: one is built for every request)."""
 
     tenant: str = ""
     tokens: int = 1
     weight: float = 1.0
+
+
+ANONYMOUS = Share()  # a request counted for no tenant in particular
 
 
 @dataclass
@@ -84,14 +89,14 @@ class Admission:
         ahead = PRIORITY_ORDER if priority == BATCH else PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
-    def try_admit(self, model: str, priority: str, share: Share = Share()) -> bool:
+    def try_admit(self, model: str, priority: str, share: Share = ANONYMOUS) -> bool:
         """Takes a slot if one is free and nobody of this priority or above waits for the model."""
         if self._waiting_ahead(model, priority) or not self.slots.try_take(model, self.capacity(model)):
             return False
         self.fair.charge(share.tenant, share.tokens, share.weight)
         return True
 
-    async def admit(self, model: str, priority: str, timeout_s: float | None = None, share: Share = Share()) -> None:
+    async def admit(self, model: str, priority: str, timeout_s: float | None = None, share: Share = ANONYMOUS) -> None:
         """Returns once the request holds a slot (release() it afterwards), waiting at most
         timeout_s (default: the queue timeout); raises Refused."""
         timeout_s = self.queue_timeout_s if timeout_s is None else timeout_s

@@ -39,6 +39,10 @@ class LatencyTargets(Frozen):
     ttft_ms: float | None = Field(None, gt=0)
     tpot_ms: float | None = Field(None, gt=0)
 
+    @property
+    def given(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
+
 
 class ModelSettings(Frozen):
     """Per served model: `fallbacks` is the chain tried in order when this model cannot serve;

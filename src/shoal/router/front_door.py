@@ -22,7 +22,7 @@ from shoal.router.balancer import Balancer
 from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import RouterConfig
 from shoal.router.health_monitor import HealthMonitor
-from shoal.router.latency_targets import BadTarget, with_targets
+from shoal.router.latency_targets import TPOT_HEADER, TTFT_HEADER, BadTarget, with_targets
 from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.membership import Membership
 from shoal.router.metrics import RouterMetrics
@@ -101,16 +101,14 @@ class FrontDoor:
         return sum(
             per_worker if w.breaker.state is BreakerState.CLOSED else 1
             for w in self.membership.workers.values()
-            if w.available and w.serves(model, loadable_of)
+            if w.available and (model in w.models or (loadable_of is not None and w.serves(model, loadable_of)))
         )
 
     async def _as_adapter(self, routed: RouteRequest) -> RouteRequest:
         """The request with the base model of the LoRA adapter its `model` names (and whether this
         router can load it onto workers of that base), its prefix blocks apart from the base
-        model's (an adapter's KV is its own); unchanged for any other model."""
+        model's (an adapter's KV is its own). Call it only for a model that is no known base model."""
         model = routed.model
-        if model in self.membership.known_models or model in self.config.models:
-            return routed
         source = await self.lora.find(model) if self.lora is not None else None
         base = source.base if source is not None else self.membership.adapter_base(model)
         if base is None:
@@ -238,18 +236,22 @@ class FrontDoor:
             )
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        routed = await self._as_adapter(routed)
+        if routed.model not in self.membership.known_models and routed.model not in self.config.models:
+            routed = await self._as_adapter(routed)
         if not self._serves(routed.model):  # counted as model "unknown": clients do not name labels
             return error_response(
                 404, f"model {routed.model!r} is not served by this cluster", "not_found_error", "model"
             )
         settings = self.config.models.get(routed.model)
-        try:
-            routed = with_targets(routed, headers, client.targets, *([settings.targets] if settings else []))
-        except BadTarget as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.header)
+        defaults = (client.targets, settings.targets) if settings else (client.targets,)
+        targeted = TTFT_HEADER in headers or TPOT_HEADER in headers or any(d.given for d in defaults)
+        if targeted:
+            try:
+                routed = with_targets(routed, headers, *defaults)
+            except BadTarget as exc:
+                return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.header)
         telemetry.routed_as(routed, body.get("stream") is True)
-        late = self._late(routed)
+        late = self._late(routed) if targeted else None
         if late is not None:
             return error_response(
                 429, late, "rate_limit_error", headers={"retry-after": str(self.config.admission.retry_after_s)}

@@ -27,7 +27,7 @@ def eligible(request: RouteRequest, workers: Sequence[WorkerView]) -> list[Worke
     serving worker's window or whole KV cache goes to the workers with the largest of them, which
     count exactly and either serve it or refuse it (400, context_length_exceeded). So the result
     is empty only when no healthy worker serves the model."""
-    serving = [w for w in workers if w.healthy and w.serves(request)]
+    serving = [w for w in workers if w.healthy and (request.model in w.models or w.serves(request))]
     in_window = [w for w in serving if w.max_model_len is None or request.total_tokens <= w.max_model_len]
     if not in_window:
         return _largest(serving, lambda w: w.max_model_len)
