@@ -27,7 +27,7 @@ def start_router(args: list[str], env: dict[str, str] | None = None) -> tuple[su
     workers were polled during start-up). Its log goes to a temporary file, which a busy router
     cannot fill up the way it would a pipe nobody reads."""
     port = free_port()
-    log = open(os.environ["SHOAL_ROUTER_LOG"], "wb") if os.environ.get("SHOAL_ROUTER_LOG") else tempfile.TemporaryFile()
+    log = tempfile.TemporaryFile()
     process = subprocess.Popen(
         [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), *args],
         env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},

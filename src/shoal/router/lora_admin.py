@@ -11,15 +11,11 @@ model takes it out of the catalog."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-
-import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from shoal.router.lora_catalog import AdapterSource, LoraCatalog
+from shoal.router.lora_catalog import AdapterSource, LoraCatalog, passed_on
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.proxy import error_response
 
@@ -53,29 +49,6 @@ def targets(membership: Membership, model: str | None, worker: str | None) -> li
         and (model is None or model in state.base_models)
         and (worker is None or state.worker_id == worker)
     ]
-
-
-async def passed_on(
-    session: aiohttp.ClientSession, workers: list[WorkerState], path: str, body: dict, secret: str | None
-) -> dict[str, dict]:
-    """Each worker's status and answer to the change, by worker id."""
-    headers = {"authorization": f"Bearer {secret}"} if secret else {}
-
-    async def one(state: WorkerState) -> tuple[str, dict]:
-        try:
-            async with session.post(
-                state.url + path, json=body, headers=headers, timeout=aiohttp.ClientTimeout(120)
-            ) as response:
-                text = await response.text()
-                try:
-                    answer = json.loads(text)
-                except ValueError:
-                    answer = text
-                return state.worker_id, {"status": response.status, "answer": answer}
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            return state.worker_id, {"status": 502, "answer": f"{type(exc).__name__}: {exc}"}
-
-    return dict(await asyncio.gather(*(one(state) for state in workers)))
 
 
 def add_lora_admin_routes(

@@ -107,24 +107,41 @@ class LoraCatalog:
         source = self.sources.get(name)
         if source is None:
             raise AdapterLoadFailed(f"no LoRA adapter named {name!r} is in the catalog")
-        headers = {"authorization": f"Bearer {self.secret}"} if self.secret else {}
         started = time.monotonic()
-        try:
-            async with self.membership.session.post(
-                worker.url + LOAD_PATH, json=source.load_body(name), headers=headers, timeout=aiohttp.ClientTimeout(120)
-            ) as response:
-                answer = await response.text()
-                status = response.status
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            raise AdapterLoadFailed(f"{type(exc).__name__}: {exc}") from None
+        result = await passed_on(self.membership.session, [worker], LOAD_PATH, source.load_body(name), self.secret)
+        status, answer = result[worker.worker_id]["status"], result[worker.worker_id]["answer"]
         if status != 200:
             raise AdapterLoadFailed(f"answered {status}: {_message(answer)}")
         log.info("loaded LoRA adapter %s on %s in %.3f s", name, worker.worker_id, time.monotonic() - started)
         await self.membership.poll(worker)
 
 
-def _message(answer: str) -> str:
+async def passed_on(
+    session: aiohttp.ClientSession, workers: list[WorkerState], path: str, body: dict, secret: str | None
+) -> dict[str, dict]:
+    """Each worker's status and answer to the change, by worker id."""
+    headers = {"authorization": f"Bearer {secret}"} if secret else {}
+
+    async def one(state: WorkerState) -> tuple[str, dict]:
+        try:
+            async with session.post(
+                state.url + path, json=body, headers=headers, timeout=aiohttp.ClientTimeout(120)
+            ) as response:
+                text = await response.text()
+                try:
+                    answer = json.loads(text)
+                except ValueError:
+                    answer = text
+                return state.worker_id, {"status": response.status, "answer": answer}
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            return state.worker_id, {"status": 502, "answer": f"{type(exc).__name__}: {exc}"}
+
+    return dict(await asyncio.gather(*(one(state) for state in workers)))
+
+
+def _message(answer: dict | str) -> str:
+    """The error message of a worker's answer (OpenAI's error shape), else the answer's start."""
     try:
-        return json.loads(answer)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        return answer[:200]
+        return answer["error"]["message"]
+    except (KeyError, TypeError):
+        return str(answer)[:200]
