@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
+from shoal.protocol.prefix_keys import canonical_chat, prefix_blocks
 from shoal.protocol.worker_load import WorkerLoad
 from shoal.router.balancer import Balancer
 from shoal.router.config import HealthSettings
@@ -16,14 +17,14 @@ from shoal.router.membership import Membership
 from shoal.router.policies import make_policy
 from shoal.router.policies.cache_aware import CacheAware
 from shoal.router.policies.cost import PRESSURE_MARGIN, CostPolicy, estimated_seconds
-from shoal.router.prefix_index import GHOST_FACTOR, PRESSURE_WINDOW, PrefixIndex, chat_prompt_text, prefix_blocks
+from shoal.router.prefix_index import GHOST_FACTOR, PRESSURE_WINDOW, PrefixIndex
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 SYSTEM = {"role": "system", "content": "You are an expert on sailing. Keep answers short and precise. " * 6}
 
 
 def conversation(name: str) -> tuple[bytes, ...]:
-    return prefix_blocks(chat_prompt_text([SYSTEM, {"role": "user", "content": f"{name}: tell me more " * 6}]))
+    return prefix_blocks(canonical_chat([SYSTEM, {"role": "user", "content": f"{name}: tell me more " * 6}]).text)
 
 
 def others(count: int) -> list[tuple[bytes, ...]]:
@@ -39,7 +40,7 @@ def test_the_index_forgets_a_prompt_tail_first_as_a_worker_evicts_it():
     """A worker frees a sequence's blocks tail first and evicts the least recently freed: of a
     prompt it keeps the shared head longest. An index holding half the prompt holds its head."""
     blocks = conversation("alice")
-    system = len(prefix_blocks(chat_prompt_text([SYSTEM])))
+    system = len(prefix_blocks(canonical_chat([SYSTEM]).text))
     index = PrefixIndex()
     index.record("w", blocks, capacity_blocks=system)
     assert index.matched_blocks(blocks, ["w"]) == {"w": system}

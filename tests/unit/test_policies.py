@@ -9,11 +9,12 @@ from collections import Counter
 import pytest
 
 from shoal.engine.speed import SpeedEstimator
+from shoal.protocol.prefix_keys import canonical_chat, prefix_blocks
 from shoal.router.policies import POLICIES, eligible, make_policy
 from shoal.router.policies.cache_aware import CacheAware
 from shoal.router.policies.cost import CostPolicy, estimated_seconds
 from shoal.router.policies.session_affinity import SessionAffinity
-from shoal.router.prefix_index import PrefixIndex, chat_prompt_text, prefix_blocks
+from shoal.router.prefix_index import PrefixIndex
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 M = "m"
@@ -406,14 +407,17 @@ def test_session_affinity_without_a_key_uses_the_cost_policy():
 
 def test_prefix_index_matches_leading_blocks_and_respects_capacity():
     index = PrefixIndex()
-    first = chat_prompt_text(
+    first = canonical_chat(
         [
             {"role": "system", "content": "You are helpful. " * 8},
             {"role": "user", "content": "hello there, how are you today?"},
         ]
-    )
-    second = first + chat_prompt_text(
-        [{"role": "assistant", "content": "fine thanks " * 5}, {"role": "user", "content": "and now?"}]
+    ).text
+    second = (
+        first
+        + canonical_chat(
+            [{"role": "assistant", "content": "fine thanks " * 5}, {"role": "user", "content": "and now?"}]
+        ).text
     )
     index.record("w", prefix_blocks(first), capacity_blocks=1000)
     matched = index.matched_blocks(prefix_blocks(second), ["w", "v"])

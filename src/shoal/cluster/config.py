@@ -117,6 +117,7 @@ class ModelDeployment(Frozen):
     lora_dir: str | None = None
     block_size: int = Field(16, ge=1)
     enable_prefix_caching: bool = True
+    kv_events: bool = True
     batch_invariant: bool = True
     attention_kernel: Literal["auto", "rows", "tiles"] = "auto"
     itl_target_ms: float | None = Field(None, gt=0)

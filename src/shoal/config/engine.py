@@ -55,7 +55,9 @@ class EngineConfig:
     max_loras) stay in memory, least recently used given back first; ranks above max_lora_rank are
     refused; the adapters held count in the memory plan (the KV fraction is of what they leave
     free). lora_dir is where adapters may be loaded from at run time (a worker's
-    /v1/load_lora_adapter; None: nowhere).
+    /v1/load_lora_adapter; None: nowhere). kv_events publishes what the prefix cache and its tier
+    gain and lose (shoal.engine.kv_event_log) for routers to follow, where the model's KV cache is
+    one group (not for windowed or hybrid attention).
 
     Field names are the knob's one name in deployment YAML, CLI flags (--tensor-parallel-size) and
     Python, except the KV budget: YAML `kv_cache` and `--kv-cache` take a fraction or a size and
@@ -81,6 +83,7 @@ class EngineConfig:
     lora_dir: str | None = None
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
+    kv_events: bool = True
     batch_invariant: bool = True
     share_weights: bool = False
     keep_quantized: bool = True

@@ -12,7 +12,8 @@ blocks keep their hash and stay reusable until the allocator needs them for some
 recently freed first; a sequence's tail blocks are freed before its head, so shared prefixes live
 longest). With a KV tier (shoal.engine.kv_tier), a
 cached block is spilled there when it is reused, and a prefix lookup that misses here continues
-there: a block found is written into a free block and counts as cached.
+there: a block found is written into a free block and counts as cached. With an event log
+(shoal.engine.kv_event_log), each hash the cache gains or loses is published as it happens.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ from array import array
 from collections import Counter, OrderedDict
 from typing import Any, Protocol
 
+from shoal.engine.kv_event_log import KvEventLog
 from shoal.engine.sequence import Sequence
 from shoal.model.kv_groups import NULL_BLOCK, KVGroups
+from shoal.protocol.kv_events import DEVICE
 
 
 class Tier(Protocol):
@@ -78,6 +81,8 @@ class BlockManager:
         self.prefix_queries = 0
         self.prefix_hits = 0
         self.tier: Tier | None = None
+        # Where the device level's events go (a cache of one KV group only).
+        self.events: KvEventLog | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -223,17 +228,23 @@ class BlockManager:
         hashes = self.seq_hashes[seq.request_id]
         tokens, size = seq.all_token_ids, self.block_size
         parent = hashes[-1] if hashes else seq.cache_salt
+        stored = []
         for i in range(len(hashes), seq.num_computed_tokens // size):
             parent = chain_hash(parent, tokens[i * size : (i + 1) * size])
             hashes.append(parent)
             for group, table in enumerate(seq.block_tables):
-                if self._real(table[i]):
-                    self._register(group_key(parent, group), table[i])
+                if self._real(table[i]) and self._register(group_key(parent, group), table[i]):
+                    stored.append(parent)
+        if self.events is not None:
+            self.events.stored(DEVICE, stored)
 
-    def _register(self, key: bytes, block: int) -> None:
+    def _register(self, key: bytes, block: int) -> bool:
+        """Whether the block now caches `key` (False: the key or the block was taken)."""
         if key not in self.hash_index and self.block_hashes[block] is None:
             self.hash_index[key] = block
             self.block_hashes[block] = key
+            return True
+        return False
 
     def free(self, seq: Sequence) -> None:
         """Releases the sequence's blocks, tail first; cached blocks stay findable until reused."""
@@ -274,11 +285,14 @@ class BlockManager:
     def release_reserved(self, reserved: list[int], keys: list[bytes]) -> None:
         """Hands reserved blocks back as free; block i caches keys[i] (a group_key) when given (an
         import cut short gives none). Tail first, as `free` does, so a prefix's head is evicted last."""
+        stored = []
         for i in reversed(range(len(reserved))):
             block = reserved[i]
-            if i < len(keys):
-                self._register(keys[i], block)
+            if i < len(keys) and self._register(keys[i], block):
+                stored.append(keys[i])
             self.free_queue[block] = None
+        if self.events is not None:
+            self.events.stored(DEVICE, stored)
 
     def _from_tier(self, key: bytes) -> int | None:
         """A free block now holding the tier's copy of `key` (cached, free), or None."""
@@ -293,6 +307,8 @@ class BlockManager:
         self.hash_index[key] = block
         self.block_hashes[block] = key
         self.free_queue[block] = None
+        if self.events is not None:
+            self.events.stored(DEVICE, [key])
         return block
 
     def _evict(self, block: int) -> None:
@@ -312,6 +328,8 @@ class BlockManager:
         if old is not None:
             if self.hash_index.get(old) == block:
                 del self.hash_index[old]
+                if self.events is not None:
+                    self.events.removed(DEVICE, [old])
             self.block_hashes[block] = None
 
     def check_integrity(self, live: list[Sequence]) -> None:

@@ -18,6 +18,7 @@ from shoal.engine.batch_controller import BatchSizeController
 from shoal.engine.draft_model import DraftModel
 from shoal.engine.embedding_run import embed_prompts
 from shoal.engine.grammar import GrammarCompiler
+from shoal.engine.kv_event_log import KvEventLog
 from shoal.engine.kv_layout import KVLayout, KVLayoutMismatch, model_fingerprint
 from shoal.engine.kv_tier import KVTier, TierCounters, TierLink, open_tier
 from shoal.engine.kv_transfer import KVBlocks, export_prefix, import_blocks
@@ -140,6 +141,7 @@ class LLMEngine:
         self.tensor_group = replica.tensor_group
         self.kv_cache_budget_bytes = replica.kv_cache_budget_bytes
         self.kv_tier = self._open_tier()
+        self.kv_events = self._open_kv_events()
         self.scheduler = Scheduler(
             self.block_manager,
             config.max_num_seqs,
@@ -308,6 +310,17 @@ class LLMEngine:
         if tier is not None:
             self.block_manager.tier = TierLink(tier, self.runner.kv_caches)
         return tier
+
+    def _open_kv_events(self) -> KvEventLog | None:
+        """The log of what the prefix cache and its tier gain and lose, where it is one KV group."""
+        manager = self.block_manager
+        if not (self.config.kv_events and manager.enable_prefix_caching and manager.groups.count == 1):
+            return None
+        events = KvEventLog()
+        manager.events = events
+        if self.kv_tier is not None:
+            self.kv_tier.publish_to(events)
+        return events
 
     def interrupt(self) -> None:
         """From another thread: a step waiting on the replica's other processes gives up."""

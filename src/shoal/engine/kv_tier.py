@@ -37,8 +37,10 @@ from pathlib import Path
 import torch
 
 from shoal.config.engine import EngineConfig
+from shoal.engine.kv_event_log import KvEventLog
 from shoal.engine.kv_layout import KVLayout
 from shoal.model.weight_cache import default_cache_dir
+from shoal.protocol.kv_events import DISK, HOST
 
 log = logging.getLogger(__name__)
 
@@ -208,22 +210,42 @@ class KVTier:
         self.misses = 0
         self.evictions: Counter[str] = Counter()
         self.loaded_blocks, self.load_seconds = 0, 0.0
+        self.events: KvEventLog | None = None
+
+    def publish_to(self, events: KvEventLog) -> None:
+        """From now on the host and disk levels' changes go to `events`, starting with what the
+        disk already holds (a restarted worker's file)."""
+        self.events = events
+        if self.disk is not None:
+            events.stored(DISK, list(self.disk.index))
 
     def put(self, digest: bytes, data: torch.Tensor) -> None:
         """Keeps an evicted block (host first; the host's least recently used go to disk)."""
         if self.host_blocks == 0:
             self._to_disk(digest, data)
             return
+        fresh = digest not in self.host
         self.host[digest] = data
         self.host.move_to_end(digest)
+        if fresh and self.events is not None:
+            self.events.stored(HOST, [digest])
         while len(self.host) > self.host_blocks:
             old_digest, old = self.host.popitem(last=False)
             self.evictions["host"] += 1
+            if self.events is not None:
+                self.events.removed(HOST, [old_digest])
             self._to_disk(old_digest, old)
 
     def _to_disk(self, digest: bytes, data: torch.Tensor) -> None:
-        if self.disk is not None and self.disk.put(digest, data):
+        if self.disk is None:
+            return
+        fresh = digest not in self.disk.index
+        victim = next(iter(self.disk.index)) if fresh and not self.disk.free else None
+        if self.disk.put(digest, data):
             self.evictions["disk"] += 1
+        if self.events is not None:
+            self.events.removed(DISK, [victim] if victim is not None else [])
+            self.events.stored(DISK, [digest] if fresh else [])
 
     def get(self, digest: bytes) -> torch.Tensor | None:
         """The block's bytes, from the nearest level that holds it (a hit there), or None (a miss)."""

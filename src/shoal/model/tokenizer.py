@@ -134,6 +134,18 @@ class Tokenizer:
         as the model's tokenizer config asks (pass False for text rendered by `apply_chat_template`)."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def encode_with_ends(self, text: str, add_special_tokens: bool = True) -> tuple[list[int], list[int]]:
+        """`encode`, and where in `text` each token ends (character offsets, never decreasing; a token
+        added ahead of the text ends at 0)."""
+        if isinstance(self._backend, GGUFBackend):
+            return self._backend.tokenize_with_ends(text, add_special=add_special_tokens)
+        encoding = self._backend.encode(text, add_special_tokens=add_special_tokens)
+        ends, furthest = [], 0
+        for _, end in encoding.offsets:
+            furthest = max(furthest, end)
+            ends.append(furthest)
+        return encoding.ids, ends
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 

@@ -14,6 +14,7 @@ from starlette.responses import Response, StreamingResponse
 
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.tracing import Tracing
+from shoal.protocol.prefix_keys import salted_blocks
 from shoal.protocol.request_body import body_within
 from shoal.router.admission import Admission, Refused, Share
 from shoal.router.admission_slots import GroupSlots, LocalSlots
@@ -26,7 +27,6 @@ from shoal.router.latency_targets import TPOT_HEADER, TTFT_HEADER, BadTarget, wi
 from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.membership import Membership
 from shoal.router.metrics import RouterMetrics
-from shoal.router.prefix_index import salted_blocks
 from shoal.router.proxy import error_response
 from shoal.router.rate_limit import RateLimiter
 from shoal.router.request_telemetry import RequestTelemetry

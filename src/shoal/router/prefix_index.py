@@ -16,47 +16,10 @@ How many blocks were pushed out lately, against the capacity, is the worker's ev
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 
-BLOCK_CHARS = 32
 GHOST_FACTOR = 4
 PRESSURE_WINDOW = 32
-
-
-def prefix_blocks(text: str, block_chars: int = BLOCK_CHARS, cache_key: str | None = None) -> tuple[bytes, ...]:
-    """Chained hashes of the full blocks of `text` (a trailing partial block is not cached anyway).
-    With a `cache_key` (OpenAI's prompt_cache_key), a block of the key comes first and the text's
-    chain grows from it: requests with one key share that block whatever their text, so they go
-    where the key went before (ahead of their text's prefix), and requests with other keys share
-    none of its blocks."""
-    blocks, parent = [], b""
-    if cache_key is not None:
-        parent = hashlib.blake2b(b"prompt_cache_key\0" + cache_key.encode(), digest_size=12).digest()
-        blocks.append(parent)
-    for start in range(0, len(text) - block_chars + 1, block_chars):
-        parent = hashlib.blake2b(parent + text[start : start + block_chars].encode(), digest_size=12).digest()
-        blocks.append(parent)
-    return tuple(blocks)
-
-
-def salted_blocks(blocks: tuple[bytes, ...], salt: str) -> tuple[bytes, ...]:
-    """`blocks` made apart from every other salt's (a LoRA adapter's requests share no cached
-    prefix with the base model's): still equal exactly where the blocks were."""
-    key = hashlib.blake2b(salt.encode(), digest_size=32).digest()
-    return tuple(hashlib.blake2b(block, digest_size=12, key=key).digest() for block in blocks)
-
-
-def chat_prompt_text(messages: list) -> str:
-    """A canonical text for chat messages: a conversation's next turn extends the previous one's text."""
-    parts = []
-    for message in messages:
-        if isinstance(message, dict):
-            content = message.get("content")
-            if isinstance(content, list):
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            parts.append(f"<|{message.get('role')}|>{content or ''}\n")
-    return "".join(parts)
 
 
 class _Entry:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 
 from shoal.protocol.admission_class import BATCH, PRIORITY_HEADER
-from shoal.router.prefix_index import BLOCK_CHARS, chat_prompt_text, prefix_blocks
+from shoal.protocol.prefix_keys import BLOCK_CHARS, canonical_chat, canonical_completion, prefix_blocks
 from shoal.router.views import RouteRequest
 
 SESSION_HEADERS = ("x-session-id", "x-shoal-session")
@@ -50,13 +49,12 @@ def route_request(
             raise RequestError("`messages` must be a non-empty list", "messages")
         # Tools reach the prompt ahead of the conversation (in the system message or the template's
         # tools section): they count, and requests with the same tools share that prefix.
-        tools = body.get("tools")
-        text = (json.dumps(tools) if tools and body.get("tool_choice") != "none" else "") + chat_prompt_text(messages)
+        text = canonical_chat(messages, body.get("tools"), body.get("tool_choice")).text
         prompt_tokens = int(len(text) / chars_per_token) + TEMPLATE_TOKENS_PER_MESSAGE * len(messages)
     else:
         prompt = body.get("prompt")
         if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt):
-            text, prompt_tokens = " ".join(map(str, prompt)), len(prompt)
+            text, prompt_tokens = canonical_completion(prompt).text, len(prompt)
         elif isinstance(prompt, str):
             text, prompt_tokens = prompt, int(len(prompt) / chars_per_token) + 1
         else:

@@ -8,24 +8,16 @@ file and the reason; the worker goes on serving."""
 
 from __future__ import annotations
 
-import hmac
 from pathlib import Path
 
 from fastapi import FastAPI, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from shoal.engine.async_engine import AsyncLLMEngine
-from shoal.errors import InvalidRequestError, ModelNotFoundError, ShoalError
+from shoal.errors import InvalidRequestError, ModelNotFoundError
 from shoal.model.lora_adapter import LoraAdapterError
-from shoal.protocol.cluster_secret import configured_secret
 from shoal.protocol.worker_load import LoraLoad
-
-
-class UnauthorizedError(ShoalError):
-    """A run-time change without the cluster secret (401)."""
-
-    status = 401
-    error_type = "authentication_error"
+from shoal.worker.cluster_bearer import authorize
 
 
 class LoadLoraAdapter(BaseModel):
@@ -111,22 +103,12 @@ def confined(lora_dir: str | None, path: str) -> Path:
     return resolved
 
 
-def authorize(request: Request) -> None:
-    """Where the worker has the cluster secret, a run-time change needs it as the bearer token."""
-    secret = configured_secret()
-    if secret is None:
-        return
-    given = request.headers.get("authorization", "").removeprefix("Bearer ")
-    if not hmac.compare_digest(given.encode(), secret.encode()):
-        raise UnauthorizedError("loading and unloading LoRA adapters needs the cluster secret as the bearer token")
-
-
 def add_lora_routes(app: FastAPI, engine: AsyncLLMEngine) -> None:
     """POST /v1/load_lora_adapter and /v1/unload_lora_adapter."""
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoraAdapter, request: Request) -> dict:
-        authorize(request)
+        authorize(request, "loading and unloading LoRA adapters")
         path = confined(engine.engine.config.lora_dir, body.lora_path)
         try:
             await engine.load_lora_adapter(body.lora_name, str(path), body.sha256)
@@ -136,6 +118,6 @@ def add_lora_routes(app: FastAPI, engine: AsyncLLMEngine) -> None:
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoraAdapter, request: Request) -> dict:
-        authorize(request)
+        authorize(request, "loading and unloading LoRA adapters")
         await engine.unload_lora_adapter(body.lora_name)
         return {"object": "lora_adapter", "name": body.lora_name, "loaded": False}

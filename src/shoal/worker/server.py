@@ -26,6 +26,7 @@ from shoal.model.families import family_named
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.admission_class import scheduling_class
 from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
+from shoal.protocol.prefix_keys import canonical_chat, canonical_completion
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
@@ -33,6 +34,7 @@ from shoal.worker.conversation_truncation import fitted
 from shoal.worker.drain import DrainState
 from shoal.worker.embeddings import EmbeddingRequest, embedding_response
 from shoal.worker.heartbeat import RouterHeartbeat
+from shoal.worker.kv_event_stream import add_kv_event_routes, announce_prompt, completion_prompt
 from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.lora_adapters import adapter_held, add_lora_routes, lora_report, model_cards
 from shoal.worker.metrics import WorkerMetrics
@@ -224,6 +226,7 @@ def create_app(
         }
 
     add_lora_routes(app, engine)
+    add_kv_event_routes(app, engine)
 
     def check_model(body: EmbeddingRequest) -> None:
         if body.model != model_name:
@@ -237,7 +240,9 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         lora = await adapter_held(engine, model_name, body.model)
-        prompt_ids = tokenizer.encode(body.prompt) if isinstance(body.prompt, str) else list(body.prompt)
+        prompt_ids, rendered, token_ends = completion_prompt(tokenizer, body.prompt)
+        canonical = canonical_completion(body.prompt)
+        announce_prompt(engine, canonical, rendered, token_ends, prompt_ids, body.prompt_cache_key, lora)
         return await respond(
             engine,
             body,
@@ -268,11 +273,18 @@ def create_app(
         lora = await adapter_held(engine, model_name, body.model)
         tool_use = ToolUse.of(body, tokenizer, family.harmony)
 
+        token_ends: dict[str, list[int]] = {}
+
         def prompt_of(conversation: ChatCompletionRequest) -> tuple[str, list[int]]:
             text = chat_prompt(tokenizer, conversation, tool_use)
-            return text, tokenizer.encode(text, add_special_tokens=False)
+            ids, token_ends[text] = tokenizer.encode_with_ends(text, add_special_tokens=False)
+            return text, ids
 
         body, text, prompt_ids = fitted(body, prompt_of, max_model_len)
+        if engine.engine.kv_events is not None:
+            raw = await request.json()  # the prefix keys are the router's, of the body as sent
+            canonical = canonical_chat(raw["messages"], raw.get("tools"), raw.get("tool_choice"))
+            announce_prompt(engine, canonical, text, token_ends[text], prompt_ids, body.prompt_cache_key, lora)
         reasoning = ReasoningUse.of(body, family.reasoning_markers, tokenizer, text, family.harmony)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         return await respond(
