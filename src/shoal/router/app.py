@@ -36,6 +36,7 @@ from shoal.router.group_sync import GroupMember, GroupSync
 from shoal.router.header_limit import HeaderLimitMiddleware
 from shoal.router.health_events import HealthEvents
 from shoal.router.health_monitor import HealthMonitor
+from shoal.router.kv_event_feeds import KvEventFeeds
 from shoal.router.lora_admin import add_lora_admin_routes
 from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.membership import Membership, WorkerState
@@ -108,6 +109,9 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     records = SharedRecords(config.state)
     cluster_secret = os.environ.get(config.cluster_secret_env)
     lora_catalog = LoraCatalog(records, membership, cluster_secret)
+    kv_feeds = KvEventFeeds(lambda: {w: s.url for w, s in membership.workers.items()}, cluster_secret)
+    if config.follow_kv_events:
+        balancer.followed = kv_feeds.state_of
     front_door = FrontDoor(
         config,
         membership,
@@ -146,7 +150,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(sock_connect=config.connect_timeout_s, sock_read=config.read_timeout_s),
         )
-        membership.session = session
+        membership.session = kv_feeds.session = session
         upstream = UpstreamClient(config.connect_timeout_s, config.read_timeout_s)
         front_door.open(upstream)
         await records.open()
@@ -164,6 +168,8 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
             asyncio.create_task(batch_work.run()),
             asyncio.create_task(background_work.run()),
         ]
+        if config.follow_kv_events:
+            tasks.append(asyncio.create_task(kv_feeds.run()))
         yield
         for task in tasks:
             task.cancel()

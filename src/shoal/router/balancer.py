@@ -1,5 +1,6 @@
 """Places requests: eligible workers, the policy's choice, and the bookkeeping that follows it
-(prefix index and in-flight accounting)."""
+(prefix index and in-flight accounting). What a worker caches is read from its KV events where the
+router follows them (exact, shoal.router.kv_event_feeds), else guessed (shoal.router.prefix_index)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections.abc import Callable
 
 import msgspec
 
+from shoal.protocol.kv_state import KvState
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import Policy, eligible
 from shoal.router.policies.cost import Estimate, estimate
@@ -50,6 +52,8 @@ class Balancer:
         self.rng = random.Random(seed)
         self.decisions = 0
         self.placed: Callable[[str, tuple[bytes, ...], int], None] | None = None
+        # A worker's state followed from its KV events (shoal.router.kv_event_feeds), or None.
+        self.followed: Callable[[str, float], KvState | None] | None = None
 
     def place(
         self, request: RouteRequest, exclude: frozenset[str] = frozenset(), phase: Phase = "prefill"
@@ -104,10 +108,35 @@ class Balancer:
         }
         index = self.prefix_index
         placed = index.placed_blocks(request.prefix_blocks, [w.worker_id for w in candidates])
+        if self.followed is not None:
+            self._read_followed(request, candidates, matched, in_tier, placed)
         context = RoutingContext(
             self.rng, self.decisions, matched, in_tier, index.size, placed, index.eviction_pressure
         )
         return candidates, context
+
+    def _read_followed(
+        self,
+        request: RouteRequest,
+        candidates: list[WorkerView],
+        matched: dict[str, int],
+        in_tier: dict[str, int],
+        placed: dict[str, int],
+    ) -> None:
+        """Where a worker's KV events are followed, what it holds replaces the guess: the prompt's
+        leading blocks it holds, and of those the ones only its tier holds. Where it was sent stays
+        the guess's (a request placed there and not yet computed is in no event)."""
+        now = time.monotonic()
+        for worker in candidates:
+            state = self.followed(worker.worker_id, now)
+            if state is None:
+                continue
+            held, below_device = state.matched(request.prefix_blocks)
+            matched[worker.worker_id] = held
+            in_tier.pop(worker.worker_id, None)
+            if below_device:
+                in_tier[worker.worker_id] = below_device
+            placed[worker.worker_id] = max(placed[worker.worker_id], held)
 
     def _record(self, worker_id: str, blocks: tuple[bytes, ...], capacity_blocks: int) -> None:
         self.prefix_index.record(worker_id, blocks, capacity_blocks)

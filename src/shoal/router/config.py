@@ -227,7 +227,9 @@ class TracingSettings(Frozen):
 
 class RouterConfig(Frozen):
     """`processes` > 1 runs the router as that many processes sharing its port (router_processes;
-    `shoal router` only), which then need a fixed port."""
+    `shoal router` only), which then need a fixed port. `follow_kv_events` reads what each worker
+    caches from its KV events where it publishes them (shoal.router.kv_event_feeds); off, or for a
+    worker that publishes none, the router guesses it from what it sent (shoal.router.prefix_index)."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -235,6 +237,7 @@ class RouterConfig(Frozen):
     workers: list[StaticWorker] = []
     policy: str = "cost"
     policy_options: dict = {}
+    follow_kv_events: bool = True
     models: dict[str, ModelSettings] = {}
     load_poll_interval_s: float = Field(0.5, gt=0)
     health: HealthSettings = HealthSettings()

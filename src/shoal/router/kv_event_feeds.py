@@ -1,0 +1,122 @@
+"""The router's exact picture of what each worker caches, followed from its KV events.
+
+For every worker it knows, the router opens GET /v1/shoal/kv_events (shoal.worker.kv_event_stream;
+the cluster secret as bearer) and applies each frame to a KvState of its own (shoal.protocol.
+kv_state). A worker that answers 404 (it publishes none: a peer engine, a windowed model) is left
+to the guessed prefix index, and asked again only after NOT_PUBLISHING_RETRY_S.
+
+Consistency: a state is the worker's as of some event number, behind it by the worker's POLL_S
+and the network, so a block stored or evicted within the last few tens of milliseconds may be
+missing or still listed; a request placed but not yet computed is in no state (the guessed index
+keeps those). A state from which no frame came for STALE_S (the worker sends one at least every
+IDLE_S) is dropped until the stream is back, so a severed worker is guessed about, not trusted.
+A gap in the numbers or a new epoch (a restarted engine) brings a snapshot. Each process of a
+router group follows every worker itself: their states agree up to that lag.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import aiohttp
+
+from shoal.protocol.frames import BadFrame
+from shoal.protocol.kv_events import FrameReader, KvEvents, KvSnapshot
+from shoal.protocol.kv_state import KvState
+
+log = logging.getLogger(__name__)
+
+STALE_S = 6.0
+RETRY_S = 1.0
+NOT_PUBLISHING_RETRY_S = 60.0
+SYNC_S = 0.5
+
+
+class WorkerFeed:
+    """One worker's followed state. Invariant: `state` is None, or the worker's state after event
+    `seq` of `epoch`, with a frame received within STALE_S."""
+
+    def __init__(self) -> None:
+        self.state: KvState | None = None
+        self.epoch = ""
+        self.seq = -1
+        self.received = 0.0
+
+    def apply(self, frame: KvEvents | KvSnapshot) -> bool:
+        """Applies a frame; False when it does not follow (a gap or another epoch): start over."""
+        self.received = time.monotonic()
+        if isinstance(frame, KvSnapshot):
+            self.state, self.epoch, self.seq = KvState.from_snapshot(frame), frame.epoch, frame.seq
+            return True
+        if self.state is None or frame.epoch != self.epoch or frame.first != self.seq + 1:
+            self.state, self.seq = None, -1
+            return False
+        for event in frame.events:
+            self.state.apply(event)
+        self.seq += len(frame.events)
+        return True
+
+    def fresh_state(self, now: float) -> KvState | None:
+        return self.state if self.state is not None and now - self.received < STALE_S else None
+
+
+class KvEventFeeds:
+    """Follows the KV events of the workers `worker_urls` names (worker id -> base URL)."""
+
+    def __init__(self, worker_urls: Callable[[], dict[str, str]], secret: str | None):
+        self.worker_urls = worker_urls
+        self.secret = secret
+        self.session: aiohttp.ClientSession | None = None
+        self.feeds: dict[str, WorkerFeed] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def state_of(self, worker_id: str, now: float) -> KvState | None:
+        """The worker's followed state, or None where it publishes none or it is stale."""
+        feed = self.feeds.get(worker_id)
+        return feed.fresh_state(now) if feed is not None else None
+
+    async def run(self) -> None:
+        """Keeps one follower per known worker until cancelled."""
+        try:
+            while True:
+                urls = self.worker_urls()
+                for worker_id in set(self._tasks) - set(urls):
+                    self._tasks.pop(worker_id).cancel()
+                    self.feeds.pop(worker_id, None)
+                for worker_id, url in urls.items():
+                    if worker_id not in self._tasks:
+                        self.feeds[worker_id] = WorkerFeed()
+                        self._tasks[worker_id] = asyncio.create_task(self._follow(url, self.feeds[worker_id]))
+                await asyncio.sleep(SYNC_S)
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+
+    async def _follow(self, url: str, feed: WorkerFeed) -> None:
+        headers = {"authorization": f"Bearer {self.secret}"} if self.secret else {}
+        while True:
+            params = {"epoch": feed.epoch, "after": str(feed.seq)}
+            try:
+                async with self.session.get(
+                    f"{url}/v1/shoal/kv_events",
+                    params=params,
+                    headers=headers,
+                    timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=STALE_S),
+                ) as response:
+                    if response.status == 404:
+                        await asyncio.sleep(NOT_PUBLISHING_RETRY_S)
+                        continue
+                    if response.status != 200:
+                        log.warning("KV events of %s: HTTP %d", url, response.status)
+                        await asyncio.sleep(RETRY_S)
+                        continue
+                    reader = FrameReader()
+                    async for chunk in response.content.iter_any():
+                        if not all(feed.apply(frame) for frame in reader.feed(chunk)):
+                            break  # reconnect for a snapshot
+            except (TimeoutError, aiohttp.ClientError, BadFrame) as error:
+                log.debug("KV events of %s: %s", url, error)
+                await asyncio.sleep(RETRY_S)
