@@ -85,3 +85,10 @@ def salted_blocks(blocks: tuple[bytes, ...], salt: str) -> tuple[bytes, ...]:
     prefix with the base model's): still equal exactly where the blocks were."""
     key = hashlib.blake2b(salt.encode(), digest_size=32).digest()
     return tuple(hashlib.blake2b(block, digest_size=12, key=key).digest() for block in blocks)
+
+
+def router_keys(text: str, cache_key: str | None, adapter: str | None) -> tuple[bytes, ...]:
+    """The prefix keys a router gives a request with this canonical text, cache key and LoRA
+    adapter (None: the base model)."""
+    keys = prefix_blocks(text, cache_key=cache_key)
+    return salted_blocks(keys, adapter) if adapter is not None else keys

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import msgspec
 
 from shoal.protocol.kv_state import KvState
+from shoal.router.in_flight_prefixes import InFlightPrefixes
 from shoal.router.membership import Membership, WorkerState
 from shoal.router.policies import Policy, eligible
 from shoal.router.policies.cost import Estimate, estimate
@@ -45,10 +46,18 @@ class Balancer:
     last one ends, finds its history recorded where it is still cached, however many other prompts
     the worker was sent while the turn ran."""
 
-    def __init__(self, policy: Policy, membership: Membership, seed: int | None = None):
+    def __init__(
+        self,
+        policy: Policy,
+        membership: Membership,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.policy = policy
         self.membership = membership
+        self.clock = clock
         self.prefix_index = PrefixIndex()
+        self.in_flight = InFlightPrefixes()
         self.rng = random.Random(seed)
         self.decisions = 0
         self.placed: Callable[[str, tuple[bytes, ...], int], None] | None = None
@@ -71,6 +80,8 @@ class Balancer:
         capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
         capacity_blocks = self._index_blocks(request, capacity_tokens)
         self._record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
+        if self.followed is not None:
+            self.in_flight.sent(chosen.worker_id, request.prefix_blocks)
         state = self.membership.workers[chosen.worker_id]
         state.breaker.take(time.monotonic())
         ticket = state.start(request.prompt_tokens - cached, decode_tokens_on(chosen, request.expected_decode_tokens))
@@ -124,14 +135,15 @@ class Balancer:
         placed: dict[str, int],
     ) -> None:
         """Where a worker's KV events are followed, what it holds replaces the guess: the prompt's
-        leading blocks it holds, and of those the ones only its tier holds. Where it was sent stays
-        the guess's (a request placed there and not yet computed is in no event)."""
-        now = time.monotonic()
+        leading blocks it holds, or was just sent (shoal.router.in_flight_prefixes), and of those
+        the ones only its tier holds. Where it was sent before stays the guess's."""
+        now = self.clock()
         for worker in candidates:
             state = self.followed(worker.worker_id, now)
             if state is None:
                 continue
             held, below_device = state.matched(request.prefix_blocks)
+            held = max(held, self.in_flight.leading(worker.worker_id, request.prefix_blocks, now))
             matched[worker.worker_id] = held
             in_tier.pop(worker.worker_id, None)
             if below_device:
@@ -152,6 +164,8 @@ class Balancer:
         placement.worker.finish(placement.ticket)
         if self.membership.workers.get(placement.worker.worker_id) is placement.worker:  # not gone since
             self._record(placement.worker.worker_id, placement.blocks, placement.capacity_blocks)
+            self.in_flight.ended(placement.worker.worker_id, placement.blocks, self.clock())
 
     def forget(self, worker_id: str) -> None:
         self.prefix_index.forget(worker_id)
+        self.in_flight.forget(worker_id)

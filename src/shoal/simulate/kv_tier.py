@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from collections import Counter, OrderedDict
 
+from shoal.engine.kv_event_log import KvEventLog
+from shoal.protocol.kv_events import LEVELS
+
 DEFAULT_HOST_TOKENS_PER_S = 200_000.0
 DEFAULT_DISK_TOKENS_PER_S = 40_000.0
 
@@ -27,6 +30,13 @@ class SimulatedTier:
         self.hits: Counter[str] = Counter()
         self.misses = 0
         self.pending_load_s = 0.0
+        self.events: KvEventLog | None = None
+
+    def publish_to(self, events: KvEventLog) -> None:
+        """From now on the levels' changes go to `events`, starting with what they hold."""
+        self.events = events
+        for level, held in self.levels.items():
+            events.stored(LEVELS[level], list(held))
 
     def spill(self, digest: bytes, block: int) -> None:
         self._put("host", digest)
@@ -37,10 +47,14 @@ class SimulatedTier:
                 self._put("disk", digest)
             return
         held = self.levels[level]
+        if digest not in held and self.events is not None:
+            self.events.stored(LEVELS[level], [digest])
         held[digest] = None
         held.move_to_end(digest)
         if len(held) > self.capacity[level]:
             old, _ = held.popitem(last=False)
+            if self.events is not None:
+                self.events.removed(LEVELS[level], [old])
             if level == "host":
                 self._put("disk", old)
 
@@ -49,6 +63,8 @@ class SimulatedTier:
         for level in ("host", "disk"):
             if digest in self.levels[level]:
                 del self.levels[level][digest]
+                if self.events is not None:
+                    self.events.removed(LEVELS[level], [digest])
                 self.hits[level] += 1
                 self.pending_load_s += self.block_size / self.rate[level]
                 return level
@@ -64,6 +80,7 @@ class SimulatedTier:
         return owed
 
     def lose_host(self) -> None:
+        """The worker failed: its host level is gone (its next event log starts without it)."""
         self.levels["host"].clear()
         self.pending_load_s = 0.0
 

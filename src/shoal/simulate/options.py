@@ -57,6 +57,14 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         help="moves of one stream before it fails (default %(default)s)",
     )
     router.add_argument(
+        "--kv-event-lag-ms",
+        type=float,
+        metavar="MS",
+        default=None,
+        help="workers publish KV events and the router reads each one's every MS (default: the router "
+        "guesses what each worker caches)",
+    )
+    router.add_argument(
         "--request-overhead-ms",
         type=float,
         metavar="MS",
@@ -105,7 +113,15 @@ def simulation_config(args: argparse.Namespace, policy: str):
     )
     if args.report_interval_s <= 0 or args.max_migrations < 0 or args.request_overhead_ms < 0:
         raise ValueError("--report-interval-s must be above 0, --max-migrations and --request-overhead-ms at least 0")
-    router = RouterSettings(policy=policy, report_interval_s=args.report_interval_s, max_migrations=args.max_migrations)
+    if args.kv_event_lag_ms is not None and args.kv_event_lag_ms <= 0:
+        raise ValueError("--kv-event-lag-ms must be above 0")
+    lag = args.kv_event_lag_ms / 1000 if args.kv_event_lag_ms is not None else None
+    router = RouterSettings(
+        policy=policy,
+        report_interval_s=args.report_interval_s,
+        max_migrations=args.max_migrations,
+        kv_event_lag_s=lag,
+    )
     return SimulationConfig(
         fleet, workload_config(args), arrival_process(args), router, figures, args.seed, args.request_overhead_ms / 1000
     )

@@ -12,6 +12,7 @@ from shoal.engine.sequence import Sequence
 from shoal.router.balancer import Balancer, Placement
 from shoal.router.config import HealthSettings
 from shoal.router.health_events import HealthEvents
+from shoal.router.kv_event_feeds import WorkerFeed
 from shoal.router.policies import make_policy
 from shoal.router.route_request import route_request
 from shoal.router.views import RouteRequest
@@ -27,13 +28,16 @@ MODEL = "sim"
 class RouterSettings:
     """The router's settings that matter here, with the router's defaults: its policy, how it
     estimates tokens from characters and output length, how often each worker's load report
-    arrives, and how many times a stream may move before it fails."""
+    arrives, and how many times a stream may move before it fails. With `kv_event_lag_s` the workers
+    publish KV events and the router follows them, reading each worker's new ones every that many
+    seconds (staggered); without it the router guesses what each caches."""
 
     policy: str = "cost"
     chars_per_token: float = 4.0
     default_decode_tokens: int = 256
     report_interval_s: float = 0.5
     max_migrations: int = 3
+    kv_event_lag_s: float | None = None
 
 
 @dataclass
@@ -73,15 +77,33 @@ class SimRouter:
         self.loop = loop
         self.on_done = on_done
         self.membership = CachedMembership(HealthSettings(), HealthEvents(CollectorRegistry()))
-        self.balancer = Balancer(make_policy(settings.policy), self.membership, seed)
+        self.balancer = Balancer(make_policy(settings.policy), self.membership, seed, clock=lambda: loop.now)
         self.workers: dict[str, SimWorker] = {}
         self.flights: dict[str, Flight] = {}
+        self.feeds: dict[str, WorkerFeed] = {}
+        if settings.kv_event_lag_s is not None:
+            self.balancer.followed = lambda worker_id, now: self.feeds[worker_id].state
 
     def join(self, worker: SimWorker, report_phase_s: float) -> None:
-        """Registers a worker; its reports arrive from `report_phase_s` on."""
+        """Registers a worker; its reports (and its KV events, when followed) arrive from
+        `report_phase_s` on."""
         self.workers[worker.spec.worker_id] = worker
         self.membership.register(worker.spec.worker_id, [MODEL], worker.load_report())
         self.loop.after(report_phase_s, self._report, worker)
+        if self.settings.kv_event_lag_s is not None:
+            self.feeds[worker.spec.worker_id] = WorkerFeed()
+            self.loop.after(
+                report_phase_s * self.settings.kv_event_lag_s / self.settings.report_interval_s, self._follow, worker
+            )
+
+    def _follow(self, worker: SimWorker) -> None:
+        """Applies the worker's events published since the last read (a snapshot where they do not
+        follow: the first read, a restarted worker)."""
+        feed, log = self.feeds[worker.spec.worker_id], worker.events
+        frame = log.read(feed.seq) if feed.epoch == log.epoch and feed.seq >= 0 else None
+        if frame is None or not feed.apply(frame):
+            feed.apply(log.snapshot())
+        self.loop.after(self.settings.kv_event_lag_s, self._follow, worker)
 
     def _report(self, worker: SimWorker) -> None:
         if worker.up:
@@ -108,9 +130,9 @@ class SimRouter:
             return
         flight.placement = placement
         self.membership.changed(worker.spec.worker_id)
-        worker.add(
-            str(flight.request.index), prompt, resumed, flight.request.max_tokens, flight.request.output_token_id(0)
-        )
+        request = flight.request
+        prefix = (request, flight.routed.prefix_blocks)
+        worker.add(str(request.index), prompt, resumed, request.max_tokens, request.output_token_id(0), prefix)
 
     def first_token(self, worker_id: str, seq: Sequence) -> None:
         flight = self.flights[seq.request_id]

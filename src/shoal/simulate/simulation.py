@@ -86,7 +86,7 @@ def simulate(config: SimulationConfig, requests: Sequence[SimRequest] | None = N
     for spec in config.fleet.expand(config.figures):
         if spec.host not in hosts:
             hosts[spec.host] = Host(spec.host, spec.host_cores, loop)
-        worker = SimWorker(spec, hosts[spec.host], loop, router)
+        worker = SimWorker(spec, hosts[spec.host], loop, router, config.router.kv_event_lag_s is not None)
         router.join(worker, phases.uniform(0, config.router.report_interval_s))
         failures.watch(worker)
     clients.connect(router)

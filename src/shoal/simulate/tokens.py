@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from shoal.bench.text import MESSAGE_OVERHEAD_TOKENS, estimate_tokens
 from shoal.bench.workloads import BenchRequest, Message
+from shoal.protocol.prefix_keys import CanonicalPrompt
 
 SEGMENT_BITS = 20  # token id = segment id << SEGMENT_BITS | position in the segment
 
@@ -47,6 +48,22 @@ class SimRequest:
         for segment, length in self.segments:
             ids.extend(range(segment << SEGMENT_BITS, (segment << SEGMENT_BITS) + length))
         return ids
+
+    def token_ends(self, canonical: CanonicalPrompt) -> list[int]:
+        """Where each prompt token ends in the canonical text (`canonical_chat` of the messages), as
+        a worker would find it: a message's template tokens where its text starts, its text's
+        tokens spread evenly over the text."""
+        ends, spans, reached = [], iter(canonical.spans), 0
+        for message, (_, length) in zip(self.messages, self.segments):
+            words = length - MESSAGE_OVERHEAD_TOKENS
+            if message["content"]:
+                start, text = next(spans)
+                ends.extend([start] * MESSAGE_OVERHEAD_TOKENS)
+                ends.extend(start + -(-(i + 1) * len(text) // words) for i in range(words))
+                reached = start + len(text)
+            else:
+                ends.extend([reached] * length)
+        return ends
 
     def output_token_id(self, position: int) -> int:
         """The id of the output token at `position` (0-based) of this request's answer."""

@@ -6,15 +6,19 @@ from __future__ import annotations
 from typing import Protocol
 
 from shoal.engine.block_manager import BlockManager
+from shoal.engine.kv_event_log import KvEventLog
 from shoal.engine.sampling_params import SamplingParams
 from shoal.engine.scheduler import ScheduledChunk, Scheduler
 from shoal.engine.sequence import Sequence
 from shoal.engine.speed import SpeedEstimator
+from shoal.protocol.prefix_keys import canonical_chat
 from shoal.protocol.worker_load import CalibrationFigures, WorkerLoad
 from shoal.simulate.events import EventLoop
 from shoal.simulate.fleet import WorkerSpec
 from shoal.simulate.host import Host
 from shoal.simulate.kv_tier import SimulatedTier
+from shoal.simulate.tokens import SimRequest
+from shoal.worker.prompt_keys import prompt_keys
 
 BLOCK_SIZE = 16  # the engine's default
 
@@ -38,8 +42,11 @@ class SimWorker:
     scheduler and `output_bases`; a failed worker holds nothing and comes back with an empty cache.
     """
 
-    def __init__(self, spec: WorkerSpec, host: Host, loop: EventLoop, listener: WorkerListener):
+    def __init__(
+        self, spec: WorkerSpec, host: Host, loop: EventLoop, listener: WorkerListener, kv_events: bool = False
+    ):
         self.spec = spec
+        self.publishes = kv_events
         self.host = host
         self.loop = loop
         self.listener = listener
@@ -70,6 +77,12 @@ class SimWorker:
         spec, calibration = self.spec, self.spec.calibration
         self.block_manager = BlockManager(spec.kv_tokens // BLOCK_SIZE, BLOCK_SIZE)
         self.block_manager.tier = self.tier
+        # A new log, a new epoch: a restarted worker's followers take a snapshot.
+        self.events = KvEventLog() if self.publishes else None
+        if self.events is not None:
+            self.block_manager.events = self.events
+            if self.tier is not None:
+                self.tier.publish_to(self.events)
         self.scheduler = Scheduler(self.block_manager, spec.max_num_seqs, spec.max_num_batched_tokens)
         self.speed = SpeedEstimator()
         self.speed.seed(
@@ -88,9 +101,21 @@ class SimWorker:
         """Longer prompts (with resumed output) are refused, as the engine refuses them."""
         return min(self.spec.max_model_len, self.block_manager.num_blocks * BLOCK_SIZE) - 1
 
-    def add(self, request_id: str, prompt: list[int], resumed: list[int], max_tokens: int, output_base: int) -> None:
+    def add(
+        self,
+        request_id: str,
+        prompt: list[int],
+        resumed: list[int],
+        max_tokens: int,
+        output_base: int,
+        prefix: tuple[SimRequest, tuple[bytes, ...]] | None = None,
+    ) -> None:
         """Queues a request whose i-th output token is `output_base + i` (the first len(resumed)
-        of them already generated elsewhere). The caller checks max_prompt_tokens first."""
+        of them already generated elsewhere). The caller checks max_prompt_tokens first. A worker
+        that publishes KV events announces which of its blocks each of the router's prefix keys
+        for the request (`prefix`: the request and those keys) needs."""
+        if self.events is not None and prefix is not None:
+            self._announce(prompt, *prefix)
         params = self._params.get(max_tokens)
         if params is None:
             params = self._params[max_tokens] = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
@@ -99,6 +124,12 @@ class SimWorker:
         self.scheduler.add(seq)
         if not self.stepping:
             self._step()
+
+    def _announce(self, prompt: list[int], request: SimRequest, keys: tuple[bytes, ...]) -> None:
+        canonical = canonical_chat(list(request.messages))
+        keys, blocks = prompt_keys(keys, canonical, canonical.text, request.token_ends(canonical), BLOCK_SIZE)
+        if keys:
+            self.events.mapped(self.block_manager.chain(prompt, max(blocks)), keys, blocks)
 
     def _step(self) -> None:
         chunks = self.scheduler.schedule()

@@ -22,7 +22,7 @@ from shoal.engine.async_engine import AsyncLLMEngine
 from shoal.errors import ModelNotFoundError
 from shoal.model.tokenizer import Tokenizer
 from shoal.protocol.kv_events import encode_frame
-from shoal.protocol.prefix_keys import CanonicalPrompt, canonical_completion
+from shoal.protocol.prefix_keys import CanonicalPrompt, canonical_completion, router_keys
 from shoal.worker.cluster_bearer import authorize
 from shoal.worker.prompt_keys import prompt_keys
 
@@ -71,7 +71,8 @@ def announce_prompt(
     if inner.kv_events is None:
         return
     manager = inner.block_manager
-    keys, blocks = prompt_keys(canonical, rendered, token_ends, manager.block_size, cache_key, lora)
+    keys = router_keys(canonical.text, cache_key, lora)
+    keys, blocks = prompt_keys(keys, canonical, rendered, token_ends, manager.block_size, cache_key)
     if keys:
         salt = inner.loras.salt(lora) if lora is not None else None
         inner.kv_events.mapped(manager.chain(prompt_ids, max(blocks), salt), keys, blocks)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from shoal.protocol.prefix_keys import BLOCK_CHARS, CanonicalPrompt, block_ends, prefix_blocks, salted_blocks
+from shoal.protocol.prefix_keys import CanonicalPrompt, block_ends
 
 
 def rendered_offsets(canonical: CanonicalPrompt, rendered: str, ends: Sequence[int]) -> list[int]:
@@ -53,18 +53,15 @@ def key_blocks(
 
 
 def prompt_keys(
+    keys: Sequence[bytes],
     canonical: CanonicalPrompt,
     rendered: str,
     token_ends: Sequence[int],
     block_size: int,
-    cache_key: str | None,
-    adapter: str | None,
+    cache_key: str | None = None,
 ) -> tuple[list[bytes], list[int]]:
-    """The router's prefix keys of the request (as its router computes them) that need at least one
+    """Of the router's prefix keys for the request (`router_keys`), those that need at least one
     token block, and how many each needs."""
-    keys = prefix_blocks(canonical.text, BLOCK_CHARS, cache_key)
-    if adapter is not None:
-        keys = salted_blocks(keys, adapter)
     blocks = key_blocks(canonical, rendered, token_ends, block_size, cache_key)
     needed = [(key, count) for key, count in zip(keys, blocks) if count]
     return [key for key, _ in needed], [count for _, count in needed]
