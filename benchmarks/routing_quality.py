@@ -1,7 +1,8 @@
 """Routing quality: the default cost policy against round robin (and any other policy named) on
 a multi-turn chat workload with shared system prompts, over 3+ real workers; the peers' routers
 too, as `ROUTER:POLICY` (`smg:cache_aware` for SGLang's Model Gateway, `vllm-router:cache_aware`),
-each installed in its own venv (peer_venv) and run in front of the same shoal workers.
+each installed in its own venv (peer_venv) and run in front of the same shoal workers. shoal's
+router follows the workers' KV events; `POLICY@guessed` runs it guessing their caches instead.
 
 Per router, fresh workers and a fresh router are started (so no router inherits another's caches);
 a warm-up run of other conversations over the same system prompts places them and makes the
@@ -30,6 +31,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -173,7 +175,13 @@ def router_command(name: str, port: int, urls: list[str]) -> tuple[list[str], st
     that answers once it is ready."""
     peer, _, policy = name.rpartition(":")
     if not peer:
-        return [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--policy", policy] + [
+        policy, _, index = policy.partition("@")
+        config = []
+        if index == "guessed":  # the router guesses what each worker caches instead of following its events
+            with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as file:
+                file.write("follow_kv_events: false\n")
+            config = ["--config", file.name]
+        return [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--policy", policy, *config] + [
             arg for url in urls for arg in ("--worker", url)
         ], "/ready"
     program = str(peer_program(peer, print))

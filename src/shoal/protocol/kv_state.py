@@ -28,8 +28,9 @@ MAX_UNHELD = 1 << 16
 
 class KvState:
     """Invariants: each block of `levels` has at least one level bit; every key names a block of
-    `parents`; each block of `parents` is held or in `unheld` (at most max_unheld, oldest first),
-    and a block leaves `parents` (with the keys naming it) when it is neither."""
+    `parents`; each block of `parents` is held or in `unheld` (the last max_unheld mapped blocks not
+    held, least recently unheld first), and leaves `parents` (with the keys naming it) when it is
+    pushed out of `unheld`: a block evicted and computed again keeps its keys."""
 
     def __init__(self, max_unheld: int = MAX_UNHELD):
         self.max_unheld = max_unheld
@@ -57,24 +58,29 @@ class KvState:
         levels = self.levels.get(digest, 0) & ~level
         if levels:
             self.levels[digest] = levels
-        elif self.levels.pop(digest, None) is not None:
-            self._forget(digest)
+        elif self.levels.pop(digest, None) is not None and digest in self.parents:
+            self._unhold(digest)
+
+    def _unhold(self, digest: bytes) -> None:
+        """A mapped block is not held (any more, or yet): remembered among the newest unheld."""
+        self.unheld[digest] = None
+        self.unheld.move_to_end(digest)
+        while len(self.unheld) > self.max_unheld:
+            self._forget(self.unheld.popitem(last=False)[0])
 
     def _map(self, event: PromptMapped) -> None:
         parent = b""
         for digest in event.chain:
             self.parents[digest] = parent
             parent = digest
-            if digest not in self.levels:
-                self.unheld[digest] = None
-                self.unheld.move_to_end(digest)
         for key, blocks in zip(event.keys, event.blocks):
             if blocks <= len(event.chain):
                 digest = event.chain[blocks - 1]
                 self.key_block[key] = digest
                 self._keys_of.setdefault(digest, set()).add(key)
-        while len(self.unheld) > self.max_unheld:
-            self._forget(self.unheld.popitem(last=False)[0])
+        for digest in event.chain:
+            if digest not in self.levels:
+                self._unhold(digest)
 
     def _forget(self, digest: bytes) -> None:
         self.parents.pop(digest, None)
