@@ -26,7 +26,7 @@ from cpu_name import cpu_description
 from routing_quality import free_port, wait_for
 from speculative import shoal_worker, start
 
-from shoal.router.auth import key_hash
+from shoal.router.admission.auth import key_hash
 
 RESULTS = Path(__file__).parent / "results"
 TENANTS = ("heavy", "light-a", "light-b")

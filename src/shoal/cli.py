@@ -177,7 +177,7 @@ def _exit_failed(reason: str) -> None:
 
 def router(args: argparse.Namespace) -> int:
     from shoal.router.config import RouterConfig
-    from shoal.router.router_processes import serve_router
+    from shoal.router.group_runner import serve_router
 
     configure_logging()
     overrides = {

@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from shoal.router.auth import key_hash
+from shoal.router.admission.auth import key_hash
 from tests.support.routers import RouterFactory, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, scrape, start_worker, tiny_worker_args

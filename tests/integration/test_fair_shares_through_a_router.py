@@ -11,7 +11,7 @@ import time
 import httpx
 import yaml
 
-from shoal.router.auth import key_hash
+from shoal.router.admission.auth import key_hash
 from tests.support.routers import start_router, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, spawn_worker, tiny_worker_args, wait_ready

@@ -14,7 +14,7 @@ import pytest
 
 from shoal.engine.sampling_params import SamplingParams
 from shoal.protocol.worker_load import WorkerLoad
-from shoal.router.load_report import LoadReport
+from shoal.router.fleet.load_report import LoadReport
 from tests.support.engine_runs import engine_factory, final_outputs
 from tests.support.family_variants import COMMON, LAYER_VARIANTS
 from tests.support.logits import forward_logits

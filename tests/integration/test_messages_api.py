@@ -12,7 +12,7 @@ import httpx
 import pytest
 import yaml
 
-from shoal.router.auth import key_hash
+from shoal.router.admission.auth import key_hash
 from tests.support.routers import start_router, stop
 from tests.support.workers import MODEL, start_worker, tiny_worker_args
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 import yaml
 
-from shoal.router.auth import key_hash
+from shoal.router.admission.auth import key_hash
 from tests.support.routers import start_router, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import MODEL, free_port, scrape, start_worker, tiny_worker_args

@@ -9,7 +9,7 @@ import httpx
 import pytest
 import yaml
 
-from shoal.router.auth import key_hash
+from shoal.router.admission.auth import key_hash
 from tests.support.routers import router_log, start_router, stop
 from tests.support.waiting import wait_for
 from tests.support.workers import spawn_worker, wait_ready

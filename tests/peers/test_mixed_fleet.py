@@ -1,7 +1,7 @@
 """One model name served by a shoal worker, a llama.cpp server and a vLLM CPU server, all real, behind
 one shoal router: the router reads each engine's load where it exposes it, spreads requests over
 all three, and carries a stream broken on a peer engine over to another engine, token-exact where a
-shoal worker can take its token ids, else as text (shoal.router.stream_continuation)."""
+shoal worker can take its token ids, else as text (shoal.router.streams.continuation)."""
 
 from __future__ import annotations
 

@@ -14,10 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from shoal.protocol.prefix_keys import prefix_blocks, salted_blocks
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.membership import Membership
-from shoal.router.policies import eligible
-from shoal.router.policies.cost import DEFAULT_ADAPTER_LOAD_S, CostPolicy, adapter_seconds, estimated_seconds
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.membership import Membership
+from shoal.router.placement.policies import eligible
+from shoal.router.placement.policies.cost import DEFAULT_ADAPTER_LOAD_S, CostPolicy, adapter_seconds, estimated_seconds
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 FAST = {"decode_step_s": 0.02, "single_step_s": 0.02, "capability": 400.0, "decode_step_noise": 0.01}

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from shoal.router import auth
-from shoal.router.admission import Admission, Refused
-from shoal.router.auth import ApiKeys, key_hash
+from shoal.router.admission import auth
+from shoal.router.admission.auth import ApiKeys, key_hash
+from shoal.router.admission.queues import Admission, Refused
+from shoal.router.admission.rate_limit import RateLimiter
 from shoal.router.config import RouterConfig
-from shoal.router.rate_limit import RateLimiter
 
 LIMITS = {"critical": 4, "standard": 4, "sheddable": 4}
 

@@ -1,4 +1,4 @@
-"""The balancer (shoal.router.balancer): the policy is asked only when there is a choice, and every
+"""The balancer (shoal.router.placement.balancer): the policy is asked only when there is a choice, and every
 placement leaves an in-flight entry on its worker."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry
 
 from shoal.protocol.worker_load import WorkerLoad
-from shoal.router.balancer import Balancer
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.membership import Membership
-from shoal.router.policies import make_policy
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.membership import Membership
+from shoal.router.placement.balancer import Balancer
+from shoal.router.placement.policies import make_policy
 from shoal.router.views import RouteRequest
 
 

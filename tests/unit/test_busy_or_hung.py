@@ -10,11 +10,11 @@ import pytest
 
 from shoal.engine.speed import SpeedEstimator
 from shoal.protocol.keep_alive import BARE, KeepAlive, parse_keep_alive
-from shoal.router.circuit_breaker import CircuitBreaker
 from shoal.router.config import FailoverSettings
-from shoal.router.membership import WorkerState
-from shoal.router.stream_relay import token_deadline
-from shoal.router.tried_workers import TriedWorkers
+from shoal.router.fleet.circuit_breaker import CircuitBreaker
+from shoal.router.fleet.membership import WorkerState
+from shoal.router.streams.relay import token_deadline
+from shoal.router.streams.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest
 
 

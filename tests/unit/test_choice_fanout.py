@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from shoal.router.choice_fanout import choice_bodies, merged
-from shoal.router.stream_failover import DONE, _error_event
+from shoal.router.streams.choice_fanout import choice_bodies, merged
+from shoal.router.streams.failover import DONE, _error_event
 
 
 def event(payload: dict) -> bytes:

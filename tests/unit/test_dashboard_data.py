@@ -15,9 +15,9 @@ from shoal.router.config import HealthSettings, RouterConfig
 from shoal.router.dashboard.cluster_view import ClusterView
 from shoal.router.dashboard.requests_view import summarize
 from shoal.router.dashboard.time_series import LoadNow, Sampler, TimeSeries
-from shoal.router.health_events import HealthEvents
-from shoal.router.load_report import LoadReport
-from shoal.router.membership import Membership
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.load_report import LoadReport
+from shoal.router.fleet.membership import Membership
 
 
 def test_the_feed_is_one_ordered_list_bounded_per_kind():

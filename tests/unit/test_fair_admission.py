@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from shoal.router.admission import Admission, Share
+from shoal.router.admission.queues import Admission, Share
 
 LIMITS = {"critical": 1000, "standard": 1000, "sheddable": 1000}
 

@@ -10,14 +10,14 @@ from prometheus_client import CollectorRegistry
 
 from shoal.protocol.prefix_keys import canonical_chat, prefix_blocks
 from shoal.protocol.worker_load import WorkerLoad
-from shoal.router.balancer import Balancer
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.membership import Membership
-from shoal.router.policies import make_policy
-from shoal.router.policies.cache_aware import CacheAware
-from shoal.router.policies.cost import PRESSURE_MARGIN, CostPolicy, estimated_seconds
-from shoal.router.prefix_index import GHOST_FACTOR, PRESSURE_WINDOW, PrefixIndex
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.membership import Membership
+from shoal.router.placement.balancer import Balancer
+from shoal.router.placement.policies import make_policy
+from shoal.router.placement.policies.cache_aware import CacheAware
+from shoal.router.placement.policies.cost import PRESSURE_MARGIN, CostPolicy, estimated_seconds
+from shoal.router.placement.prefix_index import GHOST_FACTOR, PRESSURE_WINDOW, PrefixIndex
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 SYSTEM = {"role": "system", "content": "You are an expert on sailing. Keep answers short and precise. " * 6}

@@ -8,8 +8,8 @@ import pytest
 from msgspec.structs import replace
 
 from shoal.router.config import LatencyTargets
-from shoal.router.latency_targets import BadTarget, met, with_targets
-from shoal.router.policies.cost import CostPolicy, estimate
+from shoal.router.placement.latency_targets import BadTarget, met, with_targets
+from shoal.router.placement.policies.cost import CostPolicy, estimate
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 SPEEDS = {"prefill_tokens_per_s": 1000.0, "decode_step_s": 0.02, "single_step_s": 0.02, "capability": 400.0}

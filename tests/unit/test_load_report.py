@@ -21,9 +21,9 @@ from shoal.protocol.worker_load import (
     encode,
 )
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.load_report import LoadReport
-from shoal.router.membership import Membership
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.load_report import LoadReport
+from shoal.router.fleet.membership import Membership
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -75,7 +75,7 @@ def test_a_server_answering_every_path_with_a_page_is_a_worker_without_metrics(c
     membership._get = page
     state = membership._new_state("http://catch-all", frozenset({"m"}), registered=False)
     state.last_seen -= 10
-    with caplog.at_level(logging.INFO, logger="shoal.router.membership"):
+    with caplog.at_level(logging.INFO, logger="shoal.router.fleet.membership"):
         for _ in range(2):
             asyncio.run(membership.poll(state))
     assert asked == ["/load", "/metrics", "/health"] * 2
@@ -148,7 +148,7 @@ def test_a_registration_without_a_url_or_a_list_of_models_is_refused(body):
 
 def test_another_server_s_load_answer_is_not_taken_for_a_shoal_report():
     from shoal.protocol.worker_load import WorkerLoad, encode
-    from shoal.router.membership import shoal_load_report
+    from shoal.router.fleet.membership import shoal_load_report
 
     assert shoal_load_report(b'{"server_load": 0}') is None  # vLLM's /load
     assert shoal_load_report(b'{"running": "many"}') is None

@@ -11,13 +11,13 @@ import pytest
 from starlette.responses import Response
 
 from shoal.protocol.sse import data_event
-from shoal.router.auth import authorization
+from shoal.router.admission.auth import authorization
 from shoal.router.messages_api.errors import anthropic_shaped
 from shoal.router.messages_api.event_stream import message_events
 from shoal.router.messages_api.message_object import message_object
 from shoal.router.messages_api.messages_request import MessagesRequest
-from shoal.router.proxy import error_response
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
+from shoal.router.streams.proxy import error_response
 
 CLOCK = {"name": "get_time", "description": "The time", "input_schema": {"type": "object"}}
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import random
 
 from shoal.protocol.prefix_keys import prefix_blocks
-from shoal.router.policies import POLICIES
-from shoal.router.policies.peer_dynamo import DynamoKVCost
-from shoal.router.policies.peer_llm_d import LlmDWeightedScorers
-from shoal.router.policies.peer_ray_serve import RayPrefixAffinity
-from shoal.router.policies.peer_sglang import SGLangCacheAware
+from shoal.router.placement.policies import POLICIES
+from shoal.router.placement.policies.peer_dynamo import DynamoKVCost
+from shoal.router.placement.policies.peer_llm_d import LlmDWeightedScorers
+from shoal.router.placement.policies.peer_ray_serve import RayPrefixAffinity
+from shoal.router.placement.policies.peer_sglang import SGLangCacheAware
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 TEXT = "a shared system prompt that many conversations start with " * 6

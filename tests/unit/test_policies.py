@@ -10,11 +10,11 @@ import pytest
 
 from shoal.engine.speed import SpeedEstimator
 from shoal.protocol.prefix_keys import canonical_chat, prefix_blocks
-from shoal.router.policies import POLICIES, eligible, make_policy
-from shoal.router.policies.cache_aware import CacheAware
-from shoal.router.policies.cost import CostPolicy, estimated_seconds
-from shoal.router.policies.session_affinity import SessionAffinity
-from shoal.router.prefix_index import PrefixIndex
+from shoal.router.placement.policies import POLICIES, eligible, make_policy
+from shoal.router.placement.policies.cache_aware import CacheAware
+from shoal.router.placement.policies.cost import CostPolicy, estimated_seconds
+from shoal.router.placement.policies.session_affinity import SessionAffinity
+from shoal.router.placement.prefix_index import PrefixIndex
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 M = "m"

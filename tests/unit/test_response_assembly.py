@@ -3,7 +3,7 @@ two when the stream migrated): text, reasoning and tool calls are their deltas j
 
 from __future__ import annotations
 
-from shoal.router.response_assembly import assemble
+from shoal.router.streams.assembly import assemble
 
 
 def chunk(delta: dict, token_ids: list[int], finish_reason: str | None = None) -> dict:

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 
 from shoal.router.app import create_router_app
 from shoal.router.config import RouterConfig
-from shoal.router.proxy import error_response
+from shoal.router.streams.proxy import error_response
 
 
 class RecordingDispatch:

@@ -11,6 +11,7 @@ import pytest
 from openai.types.responses import Response, ResponseItem, ResponseStreamEvent
 
 from shoal.router.list_pages import PageQuery
+from shoal.router.placement.route_request import RequestError
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.input_items import (
     conversation_messages,
@@ -24,7 +25,6 @@ from shoal.router.responses_api.response_object import (
 )
 from shoal.router.responses_api.responses_request import ResponsesRequest
 from shoal.router.responses_api.stored_turn import StoredTurn
-from shoal.router.route_request import RequestError
 from shoal.router.state.records import StoreUnavailable
 
 ITEMS = pydantic.TypeAdapter(list[ResponseItem])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.router.route_request import RequestError, route_request
+from shoal.router.placement.route_request import RequestError, route_request
 
 
 def routed(headers: dict | None = None, text: str = "hello there", **fields):

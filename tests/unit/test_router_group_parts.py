@@ -11,11 +11,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shoal.protocol.sibling_events import BATCH_DECODER, ENCODER, Hello, Placed, Work
-from shoal.router.admission_slots import GroupSlots
-from shoal.router.circuit_breaker import CircuitBreaker
-from shoal.router.membership import WorkerState
-from shoal.router.sibling_bus import SiblingBus, _frame, socket_path
+from shoal.protocol.group_events import BATCH_DECODER, ENCODER, Hello, Placed, Work
+from shoal.router.admission.slots import GroupSlots
+from shoal.router.fleet.circuit_breaker import CircuitBreaker
+from shoal.router.fleet.membership import WorkerState
+from shoal.router.group.bus import GroupBus, _frame, socket_path
 
 
 def _take_many(path: Path, member: int, attempts: int, capacity: int, taken) -> None:
@@ -63,14 +63,14 @@ async def _channel_scenario(directory: Path) -> None:
     heard: dict[int, list] = {0: [], 1: []}
     gone: list[tuple[int, int]] = []
 
-    def bus(member: int, snapshot) -> SiblingBus:
-        return SiblingBus(
+    def bus(member: int, snapshot) -> GroupBus:
+        return GroupBus(
             directory,
             member,
             2,
             b"group-token",
-            lambda sibling, events: heard[member].extend((sibling, e) for e in events),
-            lambda sibling: gone.append((member, sibling)),
+            lambda sender, events: heard[member].extend((sender, e) for e in events),
+            lambda sender: gone.append((member, sender)),
             snapshot,
         )
 
@@ -115,7 +115,7 @@ async def _until(condition, timeout_s: float = 10) -> None:
     await asyncio.wait_for(poll(), timeout_s)
 
 
-def test_a_siblings_work_counts_in_the_workers_view_until_the_sibling_is_gone():
+def test_another_members_work_counts_in_the_workers_view_until_it_is_gone():
     changed = []
     state = WorkerState("w", "w", frozenset({"m"}), CircuitBreaker(5, 5.0, 60.0, lambda *_: None))
     state.work_changed = changed.append

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from shoal.router.circuit_breaker import BreakerState, CircuitBreaker
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.health_monitor import HealthMonitor
-from shoal.router.load_report import LoadReport
-from shoal.router.membership import Membership
-from shoal.router.outlier_detection import normalised, outliers
+from shoal.router.fleet.circuit_breaker import BreakerState, CircuitBreaker
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.health_monitor import HealthMonitor
+from shoal.router.fleet.load_report import LoadReport
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.outlier_detection import normalised, outliers
 
 
 def make_breaker():
@@ -221,11 +221,11 @@ def test_a_half_open_worker_counts_as_one_admission_slot_for_its_probe(fleet):
     from prometheus_client import CollectorRegistry
 
     from shoal.observability.tracing import Tracing
-    from shoal.router.balancer import Balancer
     from shoal.router.config import RouterConfig
     from shoal.router.front_door import FrontDoor
     from shoal.router.metrics import RouterMetrics
-    from shoal.router.policies import make_policy
+    from shoal.router.placement.balancer import Balancer
+    from shoal.router.placement.policies import make_policy
 
     monitor, _ = fleet
     membership = monitor.membership

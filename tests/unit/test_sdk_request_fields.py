@@ -15,8 +15,8 @@ import pydantic
 import pytest
 
 from shoal.router.messages_api.messages_request import MessagesRequest
+from shoal.router.placement.route_request import RequestError
 from shoal.router.responses_api.responses_request import ResponsesRequest
-from shoal.router.route_request import RequestError
 from shoal.worker.embeddings import EmbeddingRequest
 from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest
 

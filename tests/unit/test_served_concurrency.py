@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from shoal.router.circuit_breaker import CircuitBreaker
-from shoal.router.membership import WorkerState
-from shoal.router.served_concurrency import ServedConcurrency
+from shoal.router.fleet.circuit_breaker import CircuitBreaker
+from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.served_concurrency import ServedConcurrency
 
 
 def worker_state(**fields) -> WorkerState:

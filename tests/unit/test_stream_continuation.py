@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from shoal.router.stream_continuation import can_continue, continuation_body, with_token_ids_asked
-from shoal.router.stream_relay import StreamProgress
+from shoal.router.streams.continuation import can_continue, continuation_body, with_token_ids_asked
+from shoal.router.streams.relay import StreamProgress
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Tell me"}], "max_tokens": 20, "min_tokens": 5}
 

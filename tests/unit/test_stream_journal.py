@@ -9,8 +9,8 @@ import uuid
 import pytest
 
 from shoal.router.config import ResumableStreamsSettings
-from shoal.router.stream_journal import EventId, ResumeRefused, StreamJournal
-from shoal.router.stream_relay import StreamProgress
+from shoal.router.streams.journal import EventId, ResumeRefused, StreamJournal
+from shoal.router.streams.relay import StreamProgress
 
 
 def test_an_event_id_names_the_response_the_tokens_and_the_characters_received():

@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from shoal.router.upstream_client import (
+from shoal.router.streams.upstream_client import (
     ClosedHere,
     Disconnected,
     MalformedResponse,

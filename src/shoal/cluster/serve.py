@@ -30,9 +30,9 @@ from shoal.cluster.launcher_local import LocalLauncher
 from shoal.cluster.supervisor import Launcher, RouterLink, Supervisor
 from shoal.protocol.cluster_secret import run_secret
 from shoal.router.app import create_router_app
+from shoal.router.fleet.membership import normalize_url
 from shoal.router.front_door import FrontDoor
-from shoal.router.membership import normalize_url
-from shoal.router.proxy import error_response
+from shoal.router.streams.proxy import error_response
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,7 @@ from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.worker_load import RegistrationAccepted, decode_heartbeat, decode_registration, encode
-from shoal.router.admission_slots import GroupSlots
-from shoal.router.balancer import Balancer
+from shoal.router.admission.slots import GroupSlots
 from shoal.router.batch_api.batch_object import KIND as BATCH_KIND
 from shoal.router.batch_api.batch_runner import BatchRunner
 from shoal.router.batch_api.endpoints import BatchesApi
@@ -31,27 +30,28 @@ from shoal.router.config import RouterConfig
 from shoal.router.dashboard import Dashboard
 from shoal.router.files_api.endpoints import FilesApi
 from shoal.router.files_api.file_store import FileStore
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.health_monitor import HealthMonitor
+from shoal.router.fleet.kv_event_feeds import KvEventFeeds
+from shoal.router.fleet.membership import Membership, WorkerState
 from shoal.router.front_door import FrontDoor
-from shoal.router.group_sync import GroupMember, GroupSync
+from shoal.router.group.bus import GroupBus
+from shoal.router.group.sync import GroupMember, GroupSync
 from shoal.router.header_limit import HeaderLimitMiddleware
-from shoal.router.health_events import HealthEvents
-from shoal.router.health_monitor import HealthMonitor
-from shoal.router.kv_event_feeds import KvEventFeeds
 from shoal.router.lora_admin import add_lora_admin_routes
 from shoal.router.lora_catalog import LoraCatalog
-from shoal.router.membership import Membership, WorkerState
 from shoal.router.messages_api.endpoints import MessagesApi
 from shoal.router.metrics import RouterMetrics, group_registry
-from shoal.router.policies import make_policy
-from shoal.router.proxy import error_response
+from shoal.router.placement.balancer import Balancer
+from shoal.router.placement.policies import make_policy
+from shoal.router.placement.route_request import CHAT_PATH
 from shoal.router.responses_api.background import KIND as BACKGROUND_KIND
 from shoal.router.responses_api.endpoints import ResponsesApi
-from shoal.router.route_request import CHAT_PATH
-from shoal.router.sibling_bus import SiblingBus
 from shoal.router.state.leased_work import LeasedWork
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.stored_completions.endpoints import StoredCompletions
-from shoal.router.upstream_client import UpstreamClient
+from shoal.router.streams.proxy import error_response
+from shoal.router.streams.upstream_client import UpstreamClient
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
         front_door.open(upstream)
         await records.open()
         if sync is not None:
-            sync.bus = SiblingBus(
+            sync.bus = GroupBus(
                 group.directory, group.member, group.members, group.token, sync.apply, sync.gone, sync.snapshot
             )
             await sync.bus.start()

@@ -3,7 +3,7 @@ Messages APIs): a field has its type or the request is a 400 naming it."""
 
 from __future__ import annotations
 
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 
 
 def typed_field(body: dict, name: str, kind: type | tuple[type, ...], description: str, default=None):

@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from shoal.router.front_door import Around, FrontDoor
 from shoal.router.header_limit import oversized_headers
-from shoal.router.proxy import error_response
+from shoal.router.streams.proxy import error_response
 
 log = logging.getLogger(__name__)
 # The paths answered here, and whether each is a chat completion.

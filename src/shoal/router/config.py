@@ -9,6 +9,20 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# The policies the router has (shoal.router.placement.policies builds exactly these).
+POLICY_NAMES = (
+    "round_robin",
+    "least_outstanding_tokens",
+    "power_of_two",
+    "cache_aware",
+    "session_affinity",
+    "cost",
+    "sglang_cache_aware",
+    "llm_d",
+    "dynamo_kv",
+    "ray_prefix_affinity",
+)
+
 
 class Frozen(BaseModel):
     """Settings: immutable, and unknown keys are errors."""
@@ -201,7 +215,7 @@ class BatchSettings(Frozen):
 
 class ResumableStreamsSettings(Frozen):
     """With `store: redis`, every single-choice stream gets event ids and a journal in Redis
-    (shoal.router.stream_journal), and a client that reconnects with `Last-Event-ID` to any router
+    (shoal.router.streams.journal), and a client that reconnects with `Last-Event-ID` to any router
     sharing `redis_url` gets the rest of the stream. Token ids are written every `flush_tokens`
     tokens (one Redis round trip each); a journal expires `ttl_s` after its last write."""
 
@@ -228,8 +242,8 @@ class TracingSettings(Frozen):
 class RouterConfig(Frozen):
     """`processes` > 1 runs the router as that many processes sharing its port (router_processes;
     `shoal router` only), which then need a fixed port. `follow_kv_events` reads what each worker
-    caches from its KV events where it publishes them (shoal.router.kv_event_feeds); off, or for a
-    worker that publishes none, the router guesses it from what it sent (shoal.router.prefix_index)."""
+    caches from its KV events where it publishes them (shoal.router.fleet.kv_event_feeds); off, or for a
+    worker that publishes none, the router guesses it from what it sent (shoal.router.placement.prefix_index)."""
 
     host: str = "127.0.0.1"
     port: int = Field(8080, ge=0, le=65535)
@@ -263,10 +277,8 @@ class RouterConfig(Frozen):
     @field_validator("policy")
     @classmethod
     def known_policy(cls, name: str) -> str:
-        from shoal.router.policies import POLICIES
-
-        if name not in POLICIES:
-            raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICIES)}")
+        if name not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {name!r}; choose one of {sorted(POLICY_NAMES)}")
         return name
 
     @model_validator(mode="after")

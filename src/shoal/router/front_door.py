@@ -16,25 +16,25 @@ from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.tracing import Tracing
 from shoal.protocol.prefix_keys import salted_blocks
 from shoal.protocol.request_body import body_within
-from shoal.router.admission import Admission, Refused, Share
-from shoal.router.admission_slots import GroupSlots, LocalSlots
-from shoal.router.auth import ApiKeys, Client, authorization
-from shoal.router.balancer import Balancer
-from shoal.router.circuit_breaker import BreakerState
+from shoal.router.admission.auth import ApiKeys, Client, authorization
+from shoal.router.admission.queues import Admission, Refused, Share
+from shoal.router.admission.rate_limit import RateLimiter
+from shoal.router.admission.slots import GroupSlots, LocalSlots
 from shoal.router.config import RouterConfig
-from shoal.router.health_monitor import HealthMonitor
-from shoal.router.latency_targets import TPOT_HEADER, TTFT_HEADER, BadTarget, with_targets
+from shoal.router.fleet.circuit_breaker import BreakerState
+from shoal.router.fleet.health_monitor import HealthMonitor
+from shoal.router.fleet.membership import Membership
 from shoal.router.lora_catalog import LoraCatalog
-from shoal.router.membership import Membership
 from shoal.router.metrics import RouterMetrics
-from shoal.router.proxy import error_response
-from shoal.router.rate_limit import RateLimiter
+from shoal.router.placement.balancer import Balancer
+from shoal.router.placement.latency_targets import TPOT_HEADER, TTFT_HEADER, BadTarget, with_targets
+from shoal.router.placement.route_request import EMBEDDINGS_PATH, RequestError, embedding_route_request, route_request
 from shoal.router.request_telemetry import RequestTelemetry
-from shoal.router.route_request import EMBEDDINGS_PATH, RequestError, embedding_route_request, route_request
-from shoal.router.stream_failover import StreamFailover
-from shoal.router.stream_journal import EventId, Journaled, ResumeRefused, StreamJournal
-from shoal.router.stream_relay import StreamBroken, StreamProgress
-from shoal.router.upstream_client import UpstreamClient
+from shoal.router.streams.failover import StreamFailover
+from shoal.router.streams.journal import EventId, Journaled, ResumeRefused, StreamJournal
+from shoal.router.streams.proxy import error_response
+from shoal.router.streams.relay import StreamBroken, StreamProgress
+from shoal.router.streams.upstream_client import UpstreamClient
 from shoal.router.views import RouteRequest
 
 

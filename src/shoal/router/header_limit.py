@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from starlette.responses import Response
 
-from shoal.router.proxy import error_response
+from shoal.router.streams.proxy import error_response
 
 
 def oversized_headers(scope, max_header_bytes: int) -> Response | None:

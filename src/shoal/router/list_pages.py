@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 from shoal.router.state.records import Order
 
 

@@ -15,9 +15,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from shoal.router.fleet.membership import Membership, WorkerState
 from shoal.router.lora_catalog import AdapterSource, LoraCatalog, passed_on
-from shoal.router.membership import Membership, WorkerState
-from shoal.router.proxy import error_response
+from shoal.router.streams.proxy import error_response
 
 
 class FleetLoad(BaseModel):

@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 
 from shoal.observability.latency_buckets import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from shoal.observability.request_window import RequestWindow
-from shoal.router.membership import Membership
+from shoal.router.fleet.membership import Membership
 
 BREAKER_STATES = ("closed", "open", "half_open")
 MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"

@@ -20,10 +20,10 @@ from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.observability.logging import bind_request
 from shoal.observability.tracing import Tracing, json_attribute, trace_id_of
-from shoal.router.balancer import Placement
-from shoal.router.latency_targets import met
 from shoal.router.metrics import RouterMetrics
-from shoal.router.policies.cost import estimated_seconds
+from shoal.router.placement.balancer import Placement
+from shoal.router.placement.latency_targets import met
+from shoal.router.placement.policies.cost import estimated_seconds
 from shoal.router.views import RouteRequest
 
 

@@ -33,7 +33,7 @@ class RouteRequest(msgspec.Struct, frozen=True):
     # workers of that base that load adapters on demand (shoal.router.lora_catalog).
     adapter_of: str | None = None
     adapter_loadable: bool = False
-    # Latency targets (shoal.router.latency_targets): seconds to the first token, and per token after.
+    # Latency targets (shoal.router.placement.latency_targets): seconds to the first token, and per token after.
     ttft_target_s: float | None = None
     tpot_target_s: float | None = None
 
@@ -83,11 +83,11 @@ class WorkerView(msgspec.Struct, frozen=True):
     single_step_s: float | None = None
     capability: float | None = None
     unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's
-    role: str = "colocated"  # colocated, prefill or decode (shoal.router.worker_roles)
-    kv_tier_tokens: int | None = None  # held below the paged cache (shoal.router.tier_cost)
+    role: str = "colocated"  # colocated, prefill or decode (shoal.router.placement.worker_roles)
+    kv_tier_tokens: int | None = None  # held below the paged cache (shoal.router.placement.tier_cost)
     kv_tier_load_tokens_per_s: float | None = None
     # A server that reports no load: how many requests it has been seen serving at once, the mean
-    # seconds one takes (shoal.router.served_concurrency) and how long the oldest of the router's
+    # seconds one takes (shoal.router.fleet.served_concurrency) and how long the oldest of the router's
     # requests there has been served; None for one that reports its load.
     served_concurrency: int | None = None
     service_s: float | None = None

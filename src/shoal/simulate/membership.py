@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shoal.router.membership import Membership
+from shoal.router.fleet.membership import Membership
 from shoal.router.views import WorkerView
 
 

@@ -65,6 +65,13 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         "guesses what each worker caches)",
     )
     router.add_argument(
+        "--routers",
+        type=int,
+        metavar="N",
+        default=1,
+        help="independent routers taking the requests in turn, each knowing only what it placed (default 1)",
+    )
+    router.add_argument(
         "--request-overhead-ms",
         type=float,
         metavar="MS",
@@ -115,12 +122,15 @@ def simulation_config(args: argparse.Namespace, policy: str):
         raise ValueError("--report-interval-s must be above 0, --max-migrations and --request-overhead-ms at least 0")
     if args.kv_event_lag_ms is not None and args.kv_event_lag_ms <= 0:
         raise ValueError("--kv-event-lag-ms must be above 0")
+    if args.routers < 1:
+        raise ValueError("--routers must be at least 1")
     lag = args.kv_event_lag_ms / 1000 if args.kv_event_lag_ms is not None else None
     router = RouterSettings(
         policy=policy,
         report_interval_s=args.report_interval_s,
         max_migrations=args.max_migrations,
         kv_event_lag_s=lag,
+        routers=args.routers,
     )
     return SimulationConfig(
         fleet, workload_config(args), arrival_process(args), router, figures, args.seed, args.request_overhead_ms / 1000
@@ -129,7 +139,7 @@ def simulation_config(args: argparse.Namespace, policy: str):
 
 def policies(args: argparse.Namespace) -> list[str]:
     """The policies asked for, checked against the router's; ValueError names the unknown ones."""
-    from shoal.router.policies import POLICIES
+    from shoal.router.placement.policies import POLICIES
 
     names = [name.strip() for name in args.policies.split(",") if name.strip()]
     unknown = [name for name in names if name not in POLICIES]

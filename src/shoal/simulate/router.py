@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 
 from shoal.engine.sequence import Sequence
-from shoal.router.balancer import Balancer, Placement
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.kv_event_feeds import WorkerFeed
-from shoal.router.policies import make_policy
-from shoal.router.route_request import route_request
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.kv_event_feeds import WorkerFeed
+from shoal.router.placement.balancer import Balancer, Placement
+from shoal.router.placement.policies import make_policy
+from shoal.router.placement.route_request import route_request
 from shoal.router.views import RouteRequest
 from shoal.simulate.events import EventLoop
 from shoal.simulate.membership import CachedMembership
@@ -30,7 +30,10 @@ class RouterSettings:
     estimates tokens from characters and output length, how often each worker's load report
     arrives, and how many times a stream may move before it fails. With `kv_event_lag_s` the workers
     publish KV events and the router follows them, reading each worker's new ones every that many
-    seconds (staggered); without it the router guesses what each caches."""
+    seconds (staggered); without it the router guesses what each caches. `routers` independent
+    routers (not a router group: each knows only what it placed) take the requests in turn, as
+    behind a plain load balancer; each hears every worker's reports (and they share one follower
+    per worker of its events, whose states they would hold equal)."""
 
     policy: str = "cost"
     chars_per_token: float = 4.0
@@ -38,6 +41,7 @@ class RouterSettings:
     report_interval_s: float = 0.5
     max_migrations: int = 3
     kv_event_lag_s: float | None = None
+    routers: int = 1
 
 
 @dataclass
@@ -50,6 +54,7 @@ class Flight:
     request: SimRequest
     routed: RouteRequest
     sent_s: float
+    balancer: Balancer
     placement: Placement | None = None
     failed_on: set[str] = field(default_factory=set)
     first_token_s: float | None = None
@@ -76,19 +81,28 @@ class SimRouter:
         self.settings = settings
         self.loop = loop
         self.on_done = on_done
-        self.membership = CachedMembership(HealthSettings(), HealthEvents(CollectorRegistry()))
-        self.balancer = Balancer(make_policy(settings.policy), self.membership, seed, clock=lambda: loop.now)
+        self.balancers = [
+            Balancer(
+                make_policy(settings.policy),
+                CachedMembership(HealthSettings(), HealthEvents(CollectorRegistry())),
+                seed + number,
+                clock=lambda: loop.now,
+            )
+            for number in range(settings.routers)
+        ]
         self.workers: dict[str, SimWorker] = {}
         self.flights: dict[str, Flight] = {}
         self.feeds: dict[str, WorkerFeed] = {}
-        if settings.kv_event_lag_s is not None:
-            self.balancer.followed = lambda worker_id, now: self.feeds[worker_id].state
+        for balancer in self.balancers:
+            if settings.kv_event_lag_s is not None:
+                balancer.followed = lambda worker_id, now: self.feeds[worker_id].state
 
     def join(self, worker: SimWorker, report_phase_s: float) -> None:
         """Registers a worker; its reports (and its KV events, when followed) arrive from
         `report_phase_s` on."""
         self.workers[worker.spec.worker_id] = worker
-        self.membership.register(worker.spec.worker_id, [MODEL], worker.load_report())
+        for balancer in self.balancers:
+            balancer.membership.register(worker.spec.worker_id, [MODEL], worker.load_report())
         self.loop.after(report_phase_s, self._report, worker)
         if self.settings.kv_event_lag_s is not None:
             self.feeds[worker.spec.worker_id] = WorkerFeed()
@@ -107,7 +121,9 @@ class SimRouter:
 
     def _report(self, worker: SimWorker) -> None:
         if worker.up:
-            self.membership.heartbeat(worker.spec.worker_id, worker.load_report())
+            report = worker.load_report()
+            for balancer in self.balancers:
+                balancer.membership.heartbeat(worker.spec.worker_id, report)
         self.loop.after(self.settings.report_interval_s, self._report, worker)
 
     def submit(self, request: SimRequest, sent_s: float) -> None:
@@ -115,21 +131,22 @@ class SimRouter:
         routed = route_request(
             request.body(MODEL), {}, True, self.settings.chars_per_token, self.settings.default_decode_tokens
         )
-        flight = self.flights[str(request.index)] = Flight(request, routed, sent_s)
+        balancer = self.balancers[request.index % len(self.balancers)]
+        flight = self.flights[str(request.index)] = Flight(request, routed, sent_s, balancer)
         self._send(flight, request.prompt_token_ids(), [])
 
     def _send(self, flight: Flight, prompt: list[int], resumed: list[int]) -> None:
-        placement = self.balancer.place(flight.routed, exclude=frozenset(flight.failed_on))
+        placement = flight.balancer.place(flight.routed, exclude=frozenset(flight.failed_on))
         if placement is None:
             self._end(flight, "no worker can take the request")
             return
         worker = self.workers[placement.worker.worker_id]
+        flight.placement = placement
         if len(prompt) + len(resumed) > worker.max_prompt_tokens:  # the worker answers 400
-            self._release(placement)
+            self._release(flight)
             self._end(flight, "the prompt is too long for the worker")
             return
-        flight.placement = placement
-        self.membership.changed(worker.spec.worker_id)
+        flight.balancer.membership.changed(worker.spec.worker_id)
         request = flight.request
         prefix = (request, flight.routed.prefix_blocks)
         worker.add(str(request.index), prompt, resumed, request.max_tokens, request.output_token_id(0), prefix)
@@ -137,7 +154,7 @@ class SimRouter:
     def first_token(self, worker_id: str, seq: Sequence) -> None:
         flight = self.flights[seq.request_id]
         flight.placement.worker.first_byte(flight.placement.ticket)
-        self.membership.changed(worker_id)
+        flight.balancer.membership.changed(worker_id)
         if flight.first_token_s is None:
             flight.first_token_s, flight.cached_tokens = self.loop.now, seq.num_cached_tokens
         flight.recomputed_tokens += max(0, flight.pending_recompute - seq.num_cached_tokens)
@@ -145,12 +162,12 @@ class SimRouter:
 
     def finished(self, worker_id: str, seq: Sequence, error: str | None) -> None:
         flight = self.flights[seq.request_id]
-        self._release(flight.placement)
+        self._release(flight)
         self._end(flight, error)
 
-    def _release(self, placement: Placement) -> None:
-        self.balancer.release(placement)
-        self.membership.changed(placement.worker.worker_id)
+    def _release(self, flight: Flight) -> None:
+        flight.balancer.release(flight.placement)
+        flight.balancer.membership.changed(flight.placement.worker.worker_id)
 
     def _end(self, flight: Flight, error: str | None) -> None:
         del self.flights[str(flight.request.index)]
@@ -158,13 +175,14 @@ class SimRouter:
 
     def worker_failed(self, worker: SimWorker) -> None:
         worker_id = worker.spec.worker_id
-        state = self.membership.workers[worker_id]
-        state.down, state.down_since = True, self.loop.now
-        self.membership.changed(worker_id)
-        self.balancer.forget(worker_id)  # it restarts with an empty cache
+        for balancer in self.balancers:
+            state = balancer.membership.workers[worker_id]
+            state.down, state.down_since = True, self.loop.now
+            balancer.membership.changed(worker_id)
+            balancer.forget(worker_id)  # it restarts with an empty cache
         for seq in worker.fail():
             flight = self.flights[seq.request_id]
-            self._release(flight.placement)
+            self._release(flight)
             flight.placement = None
             flight.failed_on.add(worker_id)
             flight.lost_tokens += seq.num_computed_tokens
@@ -177,6 +195,8 @@ class SimRouter:
 
     def worker_recovered(self, worker: SimWorker) -> None:
         worker.recover()
-        state = self.membership.workers[worker.spec.worker_id]
-        state.down, state.down_since = False, None
-        self.membership.heartbeat(worker.spec.worker_id, worker.load_report())
+        report = worker.load_report()
+        for balancer in self.balancers:
+            state = balancer.membership.workers[worker.spec.worker_id]
+            state.down, state.down_since = False, None
+            balancer.membership.heartbeat(worker.spec.worker_id, report)

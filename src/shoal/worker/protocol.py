@@ -84,7 +84,7 @@ class SamplingFields(Strict):
     user: str | None = None
     priority: Literal["critical", "standard", "sheddable"] | None = None
     # OpenAI's service tier: a router admits "priority" as critical, "flex" as sheddable, "auto" and
-    # "default" as standard (shoal.router.route_request); the response reports the tier served.
+    # "default" as standard (shoal.router.placement.route_request); the response reports the tier served.
     service_tier: Literal["auto", "default", "flex", "priority"] | None = None
     # OpenAI's cache key and end-user key: a router places a request by prompt_cache_key, ahead of
     # guessing from its prefix, and takes safety_identifier (else user) as the request's end user.

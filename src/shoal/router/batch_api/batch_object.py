@@ -8,7 +8,7 @@ import re
 import secrets
 import time
 
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 from shoal.router.state.records import Record
 
 KIND = "batch"

@@ -21,7 +21,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from shoal.router.auth import ApiKeys, Client
+from shoal.router.admission.auth import ApiKeys, Client
 from shoal.router.batch_api.batch_input import BatchLine, read_lines
 from shoal.router.batch_api.batch_object import CANCEL_KIND, FINISHED, KIND
 from shoal.router.config import BatchSettings

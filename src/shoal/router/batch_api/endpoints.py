@@ -11,7 +11,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response
 
 from shoal.protocol.admission_class import PRIORITY_HEADER
-from shoal.router.auth import Client
+from shoal.router.admission.auth import Client
 from shoal.router.batch_api.batch_object import (
     CANCEL_KIND,
     ENDPOINTS,
@@ -24,11 +24,11 @@ from shoal.router.body_fields import metadata_field, typed_field
 from shoal.router.files_api.file_store import FileStore
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response, invalid_request, store_unavailable
+from shoal.router.placement.route_request import BATCH_PRIORITY, CHAT_PATH, RequestError
 from shoal.router.responses_api.endpoints import ResponsesApi
-from shoal.router.route_request import BATCH_PRIORITY, CHAT_PATH, RequestError
 from shoal.router.state.leased_work import mark_active
 from shoal.router.state.records import Record, RecordStore, StoreUnavailable, owned_record
+from shoal.router.streams.proxy import error_response, invalid_request, store_unavailable
 
 CREATE_FIELDS = {"input_file_id", "endpoint", "completion_window", "metadata"}
 

@@ -26,12 +26,12 @@ from shoal.observability.cluster_events import KINDS, ClusterEvents
 from shoal.observability.request_window import RequestWindow
 from shoal.observability.trace_assembly import whole_trace
 from shoal.observability.tracing import Tracing
-from shoal.router.admission import Admission
+from shoal.router.admission.queues import Admission
 from shoal.router.dashboard.cluster_view import ClusterView
 from shoal.router.dashboard.requests_view import recent_requests
 from shoal.router.dashboard.time_series import LoadNow, Sampler
-from shoal.router.membership import Membership
-from shoal.router.proxy import error_response
+from shoal.router.fleet.membership import Membership
+from shoal.router.streams.proxy import error_response
 
 STATIC = Path(__file__).resolve().parent / "static"
 STATIC_FILES = {

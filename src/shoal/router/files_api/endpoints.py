@@ -14,9 +14,9 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from shoal.router.files_api.file_store import KIND, FileStore, FileTooLarge
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response, invalid_request, store_unavailable
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 from shoal.router.state.records import Record, StoreUnavailable
+from shoal.router.streams.proxy import error_response, invalid_request, store_unavailable
 
 UPLOAD_PURPOSES = ("batch", "user_data")  # what a client may upload for; batch_output is the router's
 PURPOSES = (*UPLOAD_PURPOSES, "batch_output")

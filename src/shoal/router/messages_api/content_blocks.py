@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 
 # The fields each block type may have, per role that may send it.
 BLOCK_FIELDS = {

@@ -20,13 +20,13 @@ from collections.abc import Mapping
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from shoal.router.auth import Client
+from shoal.router.admission.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.messages_api.errors import anthropic_error, anthropic_shaped
 from shoal.router.messages_api.event_stream import MessagesPosition, message_events
 from shoal.router.messages_api.message_object import message_object, new_message_id
 from shoal.router.messages_api.messages_request import MessagesRequest
-from shoal.router.route_request import CHAT_PATH, RequestError
+from shoal.router.placement.route_request import CHAT_PATH, RequestError
 
 
 class MessagesApi:

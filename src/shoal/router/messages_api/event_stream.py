@@ -22,7 +22,7 @@ from shoal.router.messages_api.message_object import (
     tool_use_block,
     usage,
 )
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 
 BLOCK_KINDS = ("thinking", "text", "tool_use")
 

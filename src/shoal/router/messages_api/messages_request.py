@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from shoal.router.body_fields import known_fields, number_in_range, typed_field
 from shoal.router.messages_api.content_blocks import chat_messages, check_cache_control, system_messages
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 
 COMMON_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking", "cache_control", "output_config")
 MESSAGES_FIELDS = (

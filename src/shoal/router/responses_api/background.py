@@ -23,15 +23,15 @@ from collections.abc import AsyncIterator
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.protocol.sse import named_event
-from shoal.router.auth import ApiKeys, Client
+from shoal.router.admission.auth import ApiKeys, Client
 from shoal.router.front_door import FrontDoor
+from shoal.router.placement.route_request import CHAT_PATH
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import ItemIds
 from shoal.router.responses_api.message_items import output_message, output_text_part
 from shoal.router.responses_api.response_object import failed_response
 from shoal.router.responses_api.stored_turn import KIND as TURN_KIND
 from shoal.router.responses_api.stored_turn import StoredTurn
-from shoal.router.route_request import CHAT_PATH
 from shoal.router.state.leased_work import mark_active, mark_finished
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.state.records import Record, RecordStore, every_record

@@ -17,10 +17,10 @@ import time
 from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from shoal.router.auth import Client
+from shoal.router.admission.auth import Client
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery
-from shoal.router.proxy import error_response, invalid_request, store_unavailable
+from shoal.router.placement.route_request import CHAT_PATH, RequestError
 from shoal.router.responses_api.background import BackgroundResponses
 from shoal.router.responses_api.event_stream import response_events
 from shoal.router.responses_api.ids import new_message_id, new_response_id
@@ -33,9 +33,9 @@ from shoal.router.responses_api.response_object import (
 )
 from shoal.router.responses_api.responses_request import ResponsesRequest
 from shoal.router.responses_api.stored_turn import KIND, StoredTurn
-from shoal.router.route_request import CHAT_PATH, RequestError
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.state.records import StoreUnavailable, owned_record
+from shoal.router.streams.proxy import error_response, invalid_request, store_unavailable
 
 
 class UnknownResponse(LookupError):

@@ -8,6 +8,7 @@ response that holds the calls."""
 
 from __future__ import annotations
 
+from shoal.router.placement.route_request import RequestError
 from shoal.router.responses_api.ids import new_function_call_id, new_message_id, new_reasoning_id
 from shoal.router.responses_api.message_items import (
     function_call_item,
@@ -17,7 +18,6 @@ from shoal.router.responses_api.message_items import (
     reasoning_text_part,
 )
 from shoal.router.responses_api.stored_turn import StoredTurn
-from shoal.router.route_request import RequestError
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PART_TYPES = ("input_text", "output_text")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from shoal.router.body_fields import known_fields, metadata_field, number_in_range, typed_field
+from shoal.router.placement.route_request import RequestError
 from shoal.router.responses_api.input_items import normalize_input
-from shoal.router.route_request import RequestError
 
 # Fields of shoal's workers' chat requests that a Responses request may carry; they are passed
 # through to the chat request unchanged (the worker validates them).

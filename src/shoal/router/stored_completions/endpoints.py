@@ -15,13 +15,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.errors import error_body
 from shoal.protocol.sse import data_event, data_of, is_done, json_data
-from shoal.router.auth import Client
+from shoal.router.admission.auth import Client
 from shoal.router.body_fields import metadata_field
 from shoal.router.front_door import FrontDoor, header_dict
 from shoal.router.list_pages import PageQuery, list_object
-from shoal.router.proxy import error_response, invalid_request, store_unavailable
-from shoal.router.response_assembly import assemble
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.state.records import Record, StoreUnavailable, owned_record
 from shoal.router.stored_completions.stored_completion import (
@@ -30,6 +28,8 @@ from shoal.router.stored_completions.stored_completion import (
     listed_message,
     metadata_filter,
 )
+from shoal.router.streams.assembly import assemble
+from shoal.router.streams.proxy import error_response, invalid_request, store_unavailable
 
 log = logging.getLogger(__name__)
 

@@ -63,14 +63,14 @@ taken as the fleet's median, so unknown workers are treated as typical rather th
 
 A server that reports no load at all may serve one request at a time and queue the rest
 (llama-cpp-python does): the router's requests there beyond what it has been seen serving at once
-(shoal.router.served_concurrency) wait a service time each (the mean seen, or this request's own
+(shoal.router.fleet.served_concurrency) wait a service time each (the mean seen, or this request's own
 estimate before any; at least what the oldest there has taken so far), divided among those it
 serves. Before such a server has ended one of the router's streams, how long a request queued there
 waits is unknown (llama.cpp's first can take many seconds): it takes a second request only when every
 worker would queue it blind, so an opening burst does not pile onto it. A server given only
 non-streamed requests is never measured this way and stays at one request while others have room.
 A prefill worker generates only the first token (it hands the rest off), so only that counts
-there. Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.tier_cost).
+there. Cached tokens in a worker's KV tier cost the time to copy them back (shoal.router.placement.tier_cost).
 
 A request for a LoRA adapter costs, where the worker does not hold the adapter in memory, the time
 to read it (adapter_seconds), and a worker holding it is its home as a cached prefix is (the margin
@@ -85,10 +85,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shoal.router.policies.base import lacks_kv_room
-from shoal.router.tier_cost import tier_seconds
+from shoal.router.placement.policies.base import lacks_kv_room
+from shoal.router.placement.tier_cost import tier_seconds
+from shoal.router.placement.worker_roles import decode_tokens_on
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
-from shoal.router.worker_roles import decode_tokens_on
 
 DEFAULT_PREFILL_TOKENS_PER_S = 1000.0
 DEFAULT_DECODE_TOKENS_PER_S = 100.0

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.router.latency_stats import ALPHA
+from shoal.router.fleet.latency_stats import ALPHA
 
 
 @dataclass

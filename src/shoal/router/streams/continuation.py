@@ -23,7 +23,7 @@ so its chat streams continue elsewhere; it takes fresh requests and text complet
 
 from __future__ import annotations
 
-from shoal.router.stream_relay import StreamProgress
+from shoal.router.streams.relay import StreamProgress
 
 TOKEN_RESUMING_ENGINES = frozenset({"shoal"})
 CHAT_CONTINUING_ENGINES = frozenset({"shoal", "vllm", "sglang"})

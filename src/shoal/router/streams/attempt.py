@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shoal.router.balancer import Placement
-from shoal.router.membership import WorkerState
+from shoal.router.fleet.membership import WorkerState
+from shoal.router.placement.balancer import Placement
 from shoal.router.request_telemetry import RequestTelemetry
-from shoal.router.stream_continuation import by_tokens, can_continue, continuation_body, with_token_ids_asked
-from shoal.router.stream_relay import StreamProgress
-from shoal.router.upstream_client import UpstreamResponse
+from shoal.router.streams.continuation import by_tokens, can_continue, continuation_body, with_token_ids_asked
+from shoal.router.streams.relay import StreamProgress
+from shoal.router.streams.upstream_client import UpstreamResponse
 from shoal.router.views import RouteRequest
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shoal.router.policies.cost import DEFAULT_PREFILL_TOKENS_PER_S
-from shoal.router.tier_cost import effective_matched_blocks
+from shoal.router.placement.policies.cost import DEFAULT_PREFILL_TOKENS_PER_S
+from shoal.router.placement.tier_cost import effective_matched_blocks
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 

@@ -1,6 +1,6 @@
 """Places requests: eligible workers, the policy's choice, and the bookkeeping that follows it
 (prefix index and in-flight accounting). What a worker caches is read from its KV events where the
-router follows them (exact, shoal.router.kv_event_feeds), else guessed (shoal.router.prefix_index)."""
+router follows them (exact, shoal.router.fleet.kv_event_feeds), else guessed (shoal.router.placement.prefix_index)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ from collections.abc import Callable
 import msgspec
 
 from shoal.protocol.kv_state import KvState
-from shoal.router.in_flight_prefixes import InFlightPrefixes
-from shoal.router.membership import Membership, WorkerState
-from shoal.router.policies import Policy, eligible
-from shoal.router.policies.cost import Estimate, estimate
-from shoal.router.prefix_index import PrefixIndex
+from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.placement.in_flight_prefixes import InFlightPrefixes
+from shoal.router.placement.policies import Policy, eligible
+from shoal.router.placement.policies.cost import Estimate, estimate
+from shoal.router.placement.prefix_index import PrefixIndex
+from shoal.router.placement.worker_roles import Phase, decode_tokens_on, for_phase
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
-from shoal.router.worker_roles import Phase, decode_tokens_on, for_phase
 
 
 class Placement(msgspec.Struct, frozen=True):
@@ -61,14 +61,14 @@ class Balancer:
         self.rng = random.Random(seed)
         self.decisions = 0
         self.placed: Callable[[str, tuple[bytes, ...], int], None] | None = None
-        # A worker's state followed from its KV events (shoal.router.kv_event_feeds), or None.
+        # A worker's state followed from its KV events (shoal.router.fleet.kv_event_feeds), or None.
         self.followed: Callable[[str, float], KvState | None] | None = None
 
     def place(
         self, request: RouteRequest, exclude: frozenset[str] = frozenset(), phase: Phase = "prefill"
     ) -> Placement | None:
         """None when no worker can take the request (unknown model, all unhealthy, too long).
-        A continuation is placed in the decode phase (shoal.router.worker_roles). Policies are pure
+        A continuation is placed in the decode phase (shoal.router.placement.worker_roles). Policies are pure
         functions of their arguments, so with one candidate none is asked: there is no choice."""
         found = self._candidates(request, exclude, phase)
         if found is None:
@@ -135,7 +135,7 @@ class Balancer:
         placed: dict[str, int],
     ) -> None:
         """Where a worker's KV events are followed, what it holds replaces the guess: the prompt's
-        leading blocks it holds, or was just sent (shoal.router.in_flight_prefixes), and of those
+        leading blocks it holds, or was just sent (shoal.router.placement.in_flight_prefixes), and of those
         the ones only its tier holds. Where it was sent before stays the guess's."""
         now = self.clock()
         for worker in candidates:

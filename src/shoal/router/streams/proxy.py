@@ -1,6 +1,6 @@
 """What passes between the client and a worker unchanged: the forwarded request headers, and the
 OpenAI-shaped error body every refusal of the router uses. Requests reach the workers through
-router.upstream_client."""
+shoal.router.streams.upstream_client."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from starlette.responses import Response
 
 from shoal.errors import error_json
 from shoal.protocol.admission_class import PRIORITY_HEADER
-from shoal.router.route_request import RequestError
+from shoal.router.placement.route_request import RequestError
 
 log = logging.getLogger(__name__)
 

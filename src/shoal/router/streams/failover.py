@@ -45,21 +45,21 @@ from shoal.protocol.keep_alive import BARE, CLIENT_INTERVAL_S
 from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.kv_handoff import ACCEPTS_KV_HANDOFF, HANDOFF_HEADER, MAX_HANDOFFS, Handoff
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
-from shoal.router.balancer import Balancer, Placement
-from shoal.router.choice_fanout import choice_bodies, merged
 from shoal.router.config import FailoverSettings
-from shoal.router.failover_attempt import Attempt
-from shoal.router.health_monitor import HealthMonitor
+from shoal.router.fleet.health_monitor import HealthMonitor
+from shoal.router.fleet.membership import Membership, WorkerState
 from shoal.router.lora_catalog import AdapterLoadFailed, LoraCatalog
-from shoal.router.membership import Membership, WorkerState
-from shoal.router.proxy import FORWARDED_HEADERS, JSON_CONTENT, error_response
+from shoal.router.placement.balancer import Balancer, Placement
 from shoal.router.request_telemetry import RequestTelemetry
-from shoal.router.response_assembly import assemble
-from shoal.router.stream_continuation import by_tokens
-from shoal.router.stream_journal import JournalWriter
-from shoal.router.stream_relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
-from shoal.router.tried_workers import TriedWorkers
-from shoal.router.upstream_client import UpstreamClient, UpstreamError
+from shoal.router.streams.assembly import assemble
+from shoal.router.streams.attempt import Attempt
+from shoal.router.streams.choice_fanout import choice_bodies, merged
+from shoal.router.streams.continuation import by_tokens
+from shoal.router.streams.journal import JournalWriter
+from shoal.router.streams.proxy import FORWARDED_HEADERS, JSON_CONTENT, error_response
+from shoal.router.streams.relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
+from shoal.router.streams.tried_workers import TriedWorkers
+from shoal.router.streams.upstream_client import UpstreamClient, UpstreamError
 from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)

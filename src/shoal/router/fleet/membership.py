@@ -15,22 +15,28 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 from msgspec.structs import replace
 
 from shoal.protocol.worker_load import WorkerLoad, decode_load
-from shoal.router.circuit_breaker import BreakerState, CircuitBreaker
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.latency_stats import LatencyStats
-from shoal.router.load_report import LoadReport
-from shoal.router.served_concurrency import ServedConcurrency
-from shoal.router.upstream_client import UpstreamResponse
+from shoal.router.fleet.circuit_breaker import BreakerState, CircuitBreaker
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.latency_stats import LatencyStats
+from shoal.router.fleet.load_report import LoadReport
+from shoal.router.fleet.served_concurrency import ServedConcurrency
 from shoal.router.views import WorkerView, serves
 
 log = logging.getLogger(__name__)
 NO_REPORT = LoadReport()  # what a worker that has not reported yet shows
+
+
+class OpenUpstream(Protocol):
+    """A response open on a worker (shoal.router.streams.upstream_client.UpstreamResponse)."""
+
+    def close(self) -> None: ...
 
 
 @dataclass
@@ -78,7 +84,7 @@ class WorkerState:
     elsewhere: dict[int, tuple[int, int, int]] = field(default_factory=dict)
     elsewhere_total: tuple[int, int, int] = (0, 0, 0)
     work_changed: Callable[[WorkerState], None] | None = None  # hears of every change to in_flight
-    streams: set[UpstreamResponse] = field(default_factory=set)  # from the request sent to its release
+    streams: set[OpenUpstream] = field(default_factory=set)  # from the request sent to its release
     _tickets: itertools.count = field(default_factory=itertools.count)
     _base_view: WorkerView | None = field(default=None, repr=False)
     _base_key: tuple = field(default=(), repr=False)

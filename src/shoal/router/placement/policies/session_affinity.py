@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shoal.router.policies.cost import CostPolicy
+from shoal.router.placement.policies.cost import CostPolicy
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
 

@@ -1,17 +1,17 @@
 """The local channel between the processes of one router group (shoal.router.router_group).
 
 Each member listens on a unix socket in the group's private directory (mode 0700) and keeps a
-connection open to every sibling's. A connection starts with a Hello carrying the group's token (a
+connection open to every other member's. A connection starts with a Hello carrying the group's token (a
 random secret the group's parent gave its members; compared in constant time; a stranger is cut
 off before anything else is read), then carries length-prefixed msgpack batches of the typed
-events of shoal.protocol.sibling_events. What a member publishes in one turn of its event loop
-goes out as one batch, so the cost of telling N-1 siblings does not grow with the request rate.
+events of shoal.protocol.group_events. What a member publishes in one turn of its event loop
+goes out as one batch, so the cost of telling N-1 members does not grow with the request rate.
 
-Events for a sibling that is not connected (starting, restarting) are dropped; what must survive
-that is sent again whole when the connection (re)opens (`snapshot`). A sibling that stops reading
+Events for a member that is not connected (starting, restarting) are dropped; what must survive
+that is sent again whole when the connection (re)opens (`snapshot`). A member that stops reading
 is cut off once MAX_BUFFERED_BYTES wait for it, and sent a snapshot when it comes back.
-Invariant: every event a member receives was sent by a member of its group; when a sibling's
-connection closes (or a new one from it opens), `gone(sibling)` runs before anything it sends on
+Invariant: every event a member receives was sent by a member of its group; when a member's
+connection closes (or a new one from it opens), `gone(member)` runs before anything it sends on
 the new one is applied.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import msgspec
 
-from shoal.protocol.sibling_events import BATCH_DECODER, ENCODER, HELLO_DECODER, MAX_FRAME_BYTES, Event, Hello
+from shoal.protocol.group_events import BATCH_DECODER, ENCODER, HELLO_DECODER, MAX_FRAME_BYTES, Event, Hello
 
 log = logging.getLogger(__name__)
 LENGTH = struct.Struct(">I")
@@ -39,7 +39,7 @@ def socket_path(directory: Path, member: int) -> Path:
     return directory / f"member-{member}.sock"
 
 
-class SiblingBus:
+class GroupBus:
     def __init__(
         self,
         directory: Path,
@@ -54,7 +54,7 @@ class SiblingBus:
         self.apply, self.gone, self.snapshot = apply, gone, snapshot
         self._outbox: list[Event] = []
         self._flush_scheduled = False
-        self._writers: dict[int, asyncio.StreamWriter] = {}  # to each sibling
+        self._writers: dict[int, asyncio.StreamWriter] = {}  # to each member
         self._readers: dict[int, asyncio.StreamWriter] = {}  # the current connection from each
         self._tasks: list[asyncio.Task] = []
         self._server: asyncio.AbstractServer | None = None
@@ -64,9 +64,9 @@ class SiblingBus:
         path.unlink(missing_ok=True)
         self._server = await asyncio.start_unix_server(self._receive, path=str(path), limit=MAX_FRAME_BYTES)
         path.chmod(0o600)
-        for sibling in range(self.members):
-            if sibling != self.member:
-                self._tasks.append(asyncio.create_task(self._keep_connected(sibling)))
+        for member in range(self.members):
+            if member != self.member:
+                self._tasks.append(asyncio.create_task(self._keep_connected(member)))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -77,7 +77,7 @@ class SiblingBus:
             self._server.close()
 
     def publish(self, event: Event) -> None:
-        """Sends `event` to every connected sibling, batched with the rest of this loop turn's."""
+        """Sends `event` to every connected member, batched with the rest of this loop turn's."""
         if not self._writers:
             return
         self._outbox.append(event)
@@ -91,16 +91,16 @@ class SiblingBus:
             return
         frame = _frame(ENCODER.encode(self._outbox))
         self._outbox = []
-        for sibling, writer in list(self._writers.items()):
+        for member, writer in list(self._writers.items()):
             if writer.transport.get_write_buffer_size() > MAX_BUFFERED_BYTES:
-                log.warning("router member %d is not reading; cutting it off until it reconnects", sibling)
+                log.warning("router member %d is not reading; cutting it off until it reconnects", member)
                 writer.close()
                 continue
             writer.write(frame)
 
-    async def _keep_connected(self, sibling: int) -> None:
-        """Holds this member's connection to `sibling`, opening it again whenever it closes."""
-        path = str(socket_path(self.directory, sibling))
+    async def _keep_connected(self, member: int) -> None:
+        """Holds this member's connection to `member`, opening it again whenever it closes."""
+        path = str(socket_path(self.directory, member))
         while True:
             try:
                 reader, writer = await asyncio.open_unix_connection(path)
@@ -109,35 +109,35 @@ class SiblingBus:
                 continue
             writer.write(_frame(ENCODER.encode(Hello(member=self.member, token=self.token))))
             writer.write(_frame(ENCODER.encode(self.snapshot())))
-            self._writers[sibling] = writer
+            self._writers[member] = writer
             with contextlib.suppress(ConnectionError):
-                await reader.read()  # the sibling never sends on this connection: this waits for its end
-            self._writers.pop(sibling, None)
+                await reader.read()  # the member never sends on this connection: this waits for its end
+            self._writers.pop(member, None)
             writer.close()
             await asyncio.sleep(RECONNECT_S)
 
     async def _receive(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        sibling = None
+        member = None
         try:
             hello = HELLO_DECODER.decode(await _read_frame(reader))
             if not hmac.compare_digest(hello.token, self.token) or not 0 <= hello.member < self.members:
                 log.warning("refused a connection to the router group's channel: wrong token or member")
                 return
-            sibling = hello.member
-            if sibling in self._readers:  # a restarted sibling: what its last run said is void
-                self.gone(sibling)
-            self._readers[sibling] = writer
+            member = hello.member
+            if member in self._readers:  # a restarted member: what its last run said is void
+                self.gone(member)
+            self._readers[member] = writer
             while True:
-                self.apply(sibling, BATCH_DECODER.decode(await _read_frame(reader)))
+                self.apply(member, BATCH_DECODER.decode(await _read_frame(reader)))
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         except (msgspec.DecodeError, ValueError) as exc:
-            log.warning("dropped router member %s's connection: %s", sibling, exc)
+            log.warning("dropped router member %s's connection: %s", member, exc)
         finally:
             writer.close()
-            if sibling is not None and self._readers.get(sibling) is writer:
-                del self._readers[sibling]
-                self.gone(sibling)
+            if member is not None and self._readers.get(member) is writer:
+                del self._readers[member]
+                self.gone(member)
 
 
 def _frame(payload: bytes) -> bytes:

@@ -2,7 +2,7 @@
 
 Each member of a group is a whole router (router.app) listening on its own SO_REUSEPORT socket, so
 the kernel spreads client connections across members and the relay scales with cores;
-router.group_sync keeps their routing one. The group's parent only starts, restarts and stops
+shoal.router.group.sync keeps their routing one. The group's parent only starts, restarts and stops
 members: it makes the group's private directory (mode 0700: the members' channel sockets and the
 admission slot table) and a random token the members prove to each other.
 
@@ -27,10 +27,10 @@ from pathlib import Path
 import uvicorn
 
 from shoal.observability.logging import configure_logging
-from shoal.router.admission_slots import GroupSlots
+from shoal.router.admission.slots import GroupSlots
 from shoal.router.app import create_router_app
 from shoal.router.config import RouterConfig
-from shoal.router.group_sync import GroupMember, metrics_directory
+from shoal.router.group.sync import GroupMember, metrics_directory
 from shoal.router.metrics import MULTIPROCESS_DIR_VARIABLE
 
 log = logging.getLogger(__name__)

@@ -4,17 +4,18 @@ from their published descriptions, to compare against in the simulator and on a 
 
 from __future__ import annotations
 
-from shoal.router.policies.base import Policy, eligible
-from shoal.router.policies.cache_aware import CacheAware
-from shoal.router.policies.cost import CostPolicy
-from shoal.router.policies.least_outstanding import LeastOutstandingTokens
-from shoal.router.policies.peer_dynamo import DynamoKVCost
-from shoal.router.policies.peer_llm_d import LlmDWeightedScorers
-from shoal.router.policies.peer_ray_serve import RayPrefixAffinity
-from shoal.router.policies.peer_sglang import SGLangCacheAware
-from shoal.router.policies.power_of_two import PowerOfTwoChoices
-from shoal.router.policies.round_robin import RoundRobin
-from shoal.router.policies.session_affinity import SessionAffinity
+from shoal.router.config import POLICY_NAMES
+from shoal.router.placement.policies.base import Policy, eligible
+from shoal.router.placement.policies.cache_aware import CacheAware
+from shoal.router.placement.policies.cost import CostPolicy
+from shoal.router.placement.policies.least_outstanding import LeastOutstandingTokens
+from shoal.router.placement.policies.peer_dynamo import DynamoKVCost
+from shoal.router.placement.policies.peer_llm_d import LlmDWeightedScorers
+from shoal.router.placement.policies.peer_ray_serve import RayPrefixAffinity
+from shoal.router.placement.policies.peer_sglang import SGLangCacheAware
+from shoal.router.placement.policies.power_of_two import PowerOfTwoChoices
+from shoal.router.placement.policies.round_robin import RoundRobin
+from shoal.router.placement.policies.session_affinity import SessionAffinity
 
 POLICIES = {
     policy.name: policy
@@ -31,6 +32,8 @@ POLICIES = {
         RayPrefixAffinity,
     )
 }
+if tuple(POLICIES) != POLICY_NAMES:
+    raise ImportError(f"the router config names the policies {POLICY_NAMES}, the policies are {tuple(POLICIES)}")
 
 
 def make_policy(name: str, **options) -> Policy:

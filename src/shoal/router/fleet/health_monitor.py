@@ -21,13 +21,13 @@ from collections.abc import Callable
 
 import aiohttp
 
-from shoal.router.circuit_breaker import BreakerState
 from shoal.router.config import HealthSettings
-from shoal.router.health_events import HealthEvents
-from shoal.router.latency_stats import LatencyStats
-from shoal.router.load_report import LoadReport
-from shoal.router.membership import Membership, WorkerState
-from shoal.router.outlier_detection import normalised, outliers
+from shoal.router.fleet.circuit_breaker import BreakerState
+from shoal.router.fleet.health_events import HealthEvents
+from shoal.router.fleet.latency_stats import LatencyStats
+from shoal.router.fleet.load_report import LoadReport
+from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.outlier_detection import normalised, outliers
 
 STALLS_KEPT = 16  # the router's own recent stalls, left out of its workers' silences
 

@@ -1,12 +1,12 @@
 """One member of a router group, kept routing as the group does (see router_group for the group).
 
-What reaches one member is told to the others over the sibling bus, within one turn of its event
+What reaches one member is told to the others over the group bus, within one turn of its event
 loop: workers that registered, heartbeat or were removed through it; the prefix blocks of each of
 its placements; its own requests in flight on each worker (its totals, sent when they change);
 admission slots it gave back (the slots themselves are counted in GroupSlots).
 
 Consistency, for those who read the figures:
-- registrations, heartbeats, removals, placements and in-flight totals reach every sibling within
+- registrations, heartbeats, removals, placements and in-flight totals reach every member within
   one loop turn of the member that saw them (well under a millisecond on an idle machine); in that
   window two members may both place a request on a worker the other just filled;
 - a member restarted by its group starts with an empty prefix index and learns as traffic flows;
@@ -23,12 +23,12 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
-from shoal.protocol.sibling_events import Beat, Event, Joined, Left, Placed, SlotFreed, Work
+from shoal.protocol.group_events import Beat, Event, Joined, Left, Placed, SlotFreed, Work
 from shoal.protocol.worker_load import WorkerLoad
-from shoal.router.admission import Admission
-from shoal.router.balancer import Balancer
-from shoal.router.membership import Membership, WorkerState, normalize_url
-from shoal.router.sibling_bus import SiblingBus
+from shoal.router.admission.queues import Admission
+from shoal.router.fleet.membership import Membership, WorkerState, normalize_url
+from shoal.router.group.bus import GroupBus
+from shoal.router.placement.balancer import Balancer
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ def metrics_directory(group_directory: Path) -> Path:
 class GroupSync:
     def __init__(self, membership: Membership, balancer: Balancer, admission: Admission):
         self.membership, self.balancer, self.admission = membership, balancer, admission
-        self.bus: SiblingBus | None = None  # set by the app's lifespan, once its loop runs
+        self.bus: GroupBus | None = None  # set by the app's lifespan, once its loop runs
         self._dirty: set[str] = set()
         membership.work_changed = self._work_changed
         balancer.placed = self._placed
@@ -101,7 +101,7 @@ class GroupSync:
             self.bus.publish(event)
 
     def snapshot(self) -> list[Event]:
-        """What a sibling that (re)connects must hear at once: the workers known here, and this
+        """What a member that (re)connects must hear at once: the workers known here, and this
         member's work in flight."""
         workers = list(self.membership.workers.values())
         return [Joined(url=w.url, models=sorted(w.base_models)) for w in workers if w.registered] + [
@@ -109,13 +109,13 @@ class GroupSync:
         ]
 
     # what the others tell this member
-    def apply(self, sibling: int, events: list[Event]) -> None:
+    def apply(self, member: int, events: list[Event]) -> None:
         membership = self.membership
         for event in events:
             if isinstance(event, Work):
                 state = membership.workers.get(event.worker_id)
                 if state is not None:
-                    state.set_elsewhere(sibling, event.requests, event.prefill_tokens, event.decode_tokens)
+                    state.set_elsewhere(member, event.requests, event.prefill_tokens, event.decode_tokens)
             elif isinstance(event, Placed):
                 self.balancer.prefix_index.record(event.worker_id, tuple(event.blocks), event.capacity_blocks)
             elif isinstance(event, Beat):
@@ -129,10 +129,10 @@ class GroupSync:
                 if membership.remove(event.worker_id) is not None:
                     self.balancer.forget(event.worker_id)
 
-    def gone(self, sibling: int) -> None:
-        """A sibling's connection closed: what it had in flight is no longer counted."""
+    def gone(self, member: int) -> None:
+        """A member's connection closed: what it had in flight is no longer counted."""
         for state in self.membership.workers.values():
-            state.set_elsewhere(sibling, 0, 0, 0)
+            state.set_elsewhere(member, 0, 0, 0)
 
 
 def _work_of(state: WorkerState) -> Work:

@@ -24,7 +24,7 @@ import redis.asyncio as redis
 from redis.exceptions import RedisError
 
 from shoal.router.config import ResumableStreamsSettings
-from shoal.router.stream_relay import StreamProgress
+from shoal.router.streams.relay import StreamProgress
 
 log = logging.getLogger(__name__)
 

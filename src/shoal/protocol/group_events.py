@@ -1,4 +1,4 @@
-"""What the processes of one router group tell each other (shoal.router.sibling_bus carries it).
+"""What the processes of one router group tell each other (shoal.router.group.bus carries it).
 
 Msgpack on a unix socket: one `Hello` first, then length-prefixed batches of events. Each event is
 a tagged msgspec Struct; a frame that does not decode to these types is refused whole, and nothing

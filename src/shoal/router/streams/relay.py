@@ -25,9 +25,9 @@ from shoal.protocol.keep_alive import BARE, CLIENT_INTERVAL_S, parse_keep_alive
 from shoal.protocol.kv_handoff import Handoff, handoff_of
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.config import FailoverSettings
-from shoal.router.membership import WorkerState
+from shoal.router.fleet.membership import WorkerState
 from shoal.router.request_telemetry import RequestTelemetry
-from shoal.router.upstream_client import UpstreamError, UpstreamResponse
+from shoal.router.streams.upstream_client import UpstreamError, UpstreamResponse
 
 
 class StreamBroken(Exception):
@@ -77,7 +77,7 @@ class StreamProgress:
         return "".join(self.output)
 
     def event_id(self) -> str:
-        """Where the client stands after the event just relayed (shoal.router.stream_journal)."""
+        """Where the client stands after the event just relayed (shoal.router.streams.journal)."""
         return f"{self.response_id}:{len(self.token_ids)}:{self.text_chars}"
 
     def resume_body(self, body: dict) -> dict:

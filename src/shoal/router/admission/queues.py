@@ -5,7 +5,7 @@ Classes, in order: critical, standard, sheddable. A request is admitted at once 
 free slot and nobody of its class or a higher one is waiting for that model; otherwise it waits in
 its class's queue until a slot frees or its queue timeout passes (503 + Retry-After); within a class
 the next slot goes to the tenant (an API key, or one end user of a key) that has been admitted the
-fewest tokens for its weight (router.fair_share), first come first served within a tenant. A full
+fewest tokens for its weight (shoal.router.admission.fair_share), first come first served within a tenant. A full
 queue refuses with 429 + Retry-After, except for critical requests, which evict the newest waiting
 sheddable request, then the newest standard one, and are refused only when neither exists. So a
 critical request is never shed while a lower-class one is still queued. Below them all, batch work
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import msgspec
 
-from shoal.router.admission_slots import GroupSlots, LocalSlots
-from shoal.router.fair_share import FairShare
+from shoal.router.admission.fair_share import FairShare
+from shoal.router.admission.slots import GroupSlots, LocalSlots
 
 PRIORITY_ORDER = ("critical", "standard", "sheddable")
 BATCH = "batch"  # below every queued class (route_request.BATCH_PRIORITY)
