@@ -6,7 +6,7 @@ worker caches, or following its KV events read every 50 ms or every 500 ms. Repo
 workers' prefix-cache hit rate, time to first token p50 and p99, and the ratio of each event run's
 hit rate to the guessed run's with the same routers.
 
-    .venv/bin/python benchmarks/kv_event_index.py [--workers 100,1000] [--routers 1,4] [--jobs 2]
+    .venv/bin/python benchmarks/kv_event_index.py [--workers 100,1000] [--routers 1,4] [--lags-ms 50,500] [--jobs 2]
 
 Every run of one fleet takes the same workload (same seed); the simulation is deterministic, so
 the machine's speed moves only how long it takes.
@@ -27,7 +27,6 @@ from shoal.simulate.options import add_simulate_arguments, simulation_config
 from shoal.simulate.simulation import simulate, workload_requests
 
 RESULTS = Path(__file__).parent / "results"
-LAGS = (None, 0.05, 0.5)
 # Per 20 workers: 3 requests/s of 4-turn conversations over 40 system prompts of 800 tokens, on
 # caches of 3,000 tokens (a conversation's last turn is about 1,800).
 RATE_PER_20 = 3.0
@@ -70,12 +69,13 @@ def main() -> None:
     parser.add_argument("--requests-per-worker", type=int, default=100)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--lags-ms", default="50,500", help="event lags to run beside the guessed index")
     args = parser.parse_args()
     cases = [
         (int(w), int(r), lag, args.requests_per_worker, args.seed)
         for w in args.workers.split(",")
         for r in args.routers.split(",")
-        for lag in LAGS
+        for lag in (None, *(float(ms) / 1000 for ms in args.lags_ms.split(",")))
     ]
     started = time.time()
     with ProcessPoolExecutor(args.jobs) as pool:

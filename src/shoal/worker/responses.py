@@ -25,91 +25,32 @@ from shoal.protocol.keep_alive import KeepAlive
 from shoal.protocol.kv_handoff import Handoff, handoff_event
 from shoal.protocol.sse import DONE, data_event
 from shoal.worker.chat_choice import ChatChoice
-from shoal.worker.kv_mobility import KVMobility
 from shoal.worker.logprobs import LogprobRenderer
 from shoal.worker.protocol import SamplingFields
-from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.request_tracing import WorkerRequestSpan
+from shoal.worker.served_request import ServedRequest
 from shoal.worker.tool_calling import ToolUse
 
 KEEP_ALIVE_S = 0.5
 
 
-async def respond(
-    engine: AsyncLLMEngine,
-    body: SamplingFields,
-    prompt_ids: list[int],
-    max_tokens: int | None,
-    logprobs: int | None,
-    chat: bool,
-    model_name: str,
-    max_model_len: int,
-    trace: WorkerRequestSpan,
-    tool_use: ToolUse | None = None,
-    kv: KVMobility | None = None,
-    handoff: Callable[[int], Handoff | None] | None = None,
-    keep_alive: bool = False,
-    reasoning: ReasoningUse | None = None,
-    scheduling: str = "interactive",
-    predicted: tuple[int, ...] = (),
-    lora: str | None = None,
-):
-    """Runs body.n choices; raises InvalidRequestError (400) or EngineRequestError (500) before
-    anything is sent, so a broken request never turns into a broken stream. `trace` ends with the
-    response. A chat request with `tool_use` has its tool calls read from its output, and forced
-    by a grammar where tool_choice asks for a call; with `reasoning`, its reasoning section is
-    split off its answer and its tokens counted. With `kv`, the KV named by `kv_source` is
-    imported first; a stream is handed off when `handoff` (given the tokens sent) says; with
-    `keep_alive` (the request asked for them) a silent stream gets keep-alives. `scheduling` is the
-    engine's class for it (background for a router's batch work); `predicted`, the token ids of its
-    predicted output (drafts for speculative decoding); `lora`, the LoRA adapter it runs."""
+async def respond(engine: AsyncLLMEngine, request: ServedRequest):
+    """Runs the request's body.n choices; raises InvalidRequestError (400) or EngineRequestError
+    (500) before anything is sent, so a broken request never turns into a broken stream."""
     try:
-        response = await _respond(
-            engine,
-            body,
-            prompt_ids,
-            max_tokens,
-            logprobs,
-            chat,
-            model_name,
-            max_model_len,
-            trace,
-            tool_use,
-            kv,
-            handoff,
-            keep_alive,
-            reasoning,
-            scheduling,
-            predicted,
-            lora,
-        )
+        response = await _respond(engine, request)
     except BaseException as exc:
-        trace.end(f"{type(exc).__name__}: {exc}")
+        request.trace.end(f"{type(exc).__name__}: {exc}")
         raise
     if not isinstance(response, StreamingResponse):
-        trace.end()
+        request.trace.end()
     return response
 
 
-async def _respond(
-    engine: AsyncLLMEngine,
-    body: SamplingFields,
-    prompt_ids: list[int],
-    max_tokens: int | None,
-    logprobs: int | None,
-    chat: bool,
-    model_name: str,
-    max_model_len: int,
-    trace: WorkerRequestSpan,
-    tool_use: ToolUse | None,
-    kv: KVMobility | None,
-    handoff: Callable[[int], Handoff | None] | None,
-    keep_alive: bool,
-    reasoning: ReasoningUse | None,
-    scheduling: str,
-    predicted: tuple[int, ...],
-    lora: str | None,
-):
+async def _respond(engine: AsyncLLMEngine, request: ServedRequest):
+    body, prompt_ids, chat, trace = request.body, request.prompt_ids, request.chat, request.trace
+    max_tokens, logprobs, predicted = request.max_tokens, request.logprobs, request.predicted
+    tool_use, reasoning, kv, max_model_len = request.tool_use, request.reasoning, request.kv, request.max_model_len
     request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
     room = max_model_len - len(prompt_ids)
     if max_tokens is not None and max_tokens > room:
@@ -149,9 +90,9 @@ async def _respond(
                 predicted,
             ),
             request_id=f"{request_id}-{i}",
-            scheduling=scheduling,
+            scheduling=request.scheduling,
             resume=resume,
-            lora=lora,
+            lora=request.lora,
         )
         for i in range(body.n)
     ]
@@ -162,7 +103,7 @@ async def _respond(
         for stream in streams:
             await stream.aclose()
         raise
-    meta = {"id": request_id, "created": int(time.time()), "model": model_name}
+    meta = {"id": request_id, "created": int(time.time()), "model": request.model_name}
     if body.service_tier is not None:
         meta["service_tier"] = body.served_tier()
     render = LogprobRenderer(engine.engine.tokenizer, logprobs, chat)
@@ -191,8 +132,8 @@ async def _respond(
                 render,
                 resumed,
                 trace,
-                handoff,
-                KEEP_ALIVE_S if keep_alive else None,
+                request.handoff,
+                KEEP_ALIVE_S if request.keep_alive else None,
                 bool(predicted),
             ),
             media_type="text/event-stream",

@@ -42,6 +42,7 @@ from shoal.worker.protocol import ChatCompletionRequest, CompletionRequest
 from shoal.worker.reasoning_use import ReasoningUse
 from shoal.worker.request_tracing import EngineSpans, WorkerRequestSpan
 from shoal.worker.responses import respond
+from shoal.worker.served_request import ServedRequest
 from shoal.worker.tool_calling import ToolUse
 
 CANARY_PROMPT = "ping"
@@ -243,8 +244,7 @@ def create_app(
         prompt_ids, rendered, token_ends = completion_prompt(tokenizer, body.prompt)
         canonical = canonical_completion(body.prompt)
         announce_prompt(engine, canonical, rendered, token_ends, prompt_ids, body.prompt_cache_key, lora)
-        return await respond(
-            engine,
+        served = ServedRequest(
             body,
             prompt_ids,
             body.max_tokens,
@@ -259,6 +259,7 @@ def create_app(
             scheduling=scheduling_class(request.headers),
             lora=lora,
         )
+        return await respond(engine, served)
 
     @app.post("/v1/embeddings")
     async def embeddings(body: EmbeddingRequest) -> dict:
@@ -287,8 +288,7 @@ def create_app(
             announce_prompt(engine, canonical, text, token_ends[text], prompt_ids, body.prompt_cache_key, lora)
         reasoning = ReasoningUse.of(body, family.reasoning_markers, tokenizer, text, family.harmony)
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
-        return await respond(
-            engine,
+        served = ServedRequest(
             body,
             prompt_ids,
             body.max_completion_tokens or body.max_tokens,
@@ -308,5 +308,6 @@ def create_app(
             else (),
             lora=lora,
         )
+        return await respond(engine, served)
 
     return app
