@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 STALE_S = 6.0
 RETRY_S = 1.0
+RECONNECT_S = 0.05  # after a stream ends: a worker that closes at once is not asked again at once
 NOT_PUBLISHING_RETRY_S = 60.0
 SYNC_S = 0.5
 
@@ -120,3 +121,4 @@ class KvEventFeeds:
             except (TimeoutError, aiohttp.ClientError, BadFrame) as error:
                 log.debug("KV events of %s: %s", url, error)
                 await asyncio.sleep(RETRY_S)
+            await asyncio.sleep(RECONNECT_S)
