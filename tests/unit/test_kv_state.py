@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from shoal.protocol.kv_events import DEVICE, HOST, BlocksRemoved, BlocksStored, KvEvents, PromptMapped
 from shoal.protocol.kv_state import KvState
-from shoal.router.fleet.kv_event_feeds import STALE_S, WorkerFeed
+from shoal.router.fleet.followed_caches import STALE_S, FollowedCaches, WorkerFeed
 
 CHAIN = [b"t0", b"t1", b"t2", b"t3"]
 KEYS = [b"k0", b"k1", b"k2", b"k3", b"k4"]
@@ -45,13 +45,26 @@ def test_an_evicted_block_keeps_its_keys_until_pushed_out_of_the_unheld():
 
 def test_a_feed_starts_over_on_a_gap_or_another_epoch_and_drops_a_silent_state():
     feed = WorkerFeed()
-    assert feed.apply(mapped_state().snapshot("epoch-1", 10))
-    assert feed.apply(KvEvents("epoch-1", 11, [BlocksRemoved(DEVICE, [b"t3"])]))
+    assert feed.apply(mapped_state().snapshot("epoch-1", 10), 0.0)
+    assert feed.apply(KvEvents("epoch-1", 11, [BlocksRemoved(DEVICE, [b"t3"])]), 0.0)
     assert feed.seq == 11 and feed.state.matched(KEYS) == (4, 0)
-    assert not feed.apply(KvEvents("epoch-1", 13, []))  # 12 is missing
+    assert not feed.apply(KvEvents("epoch-1", 13, []), 0.0)  # 12 is missing
     assert feed.state is None and feed.seq == -1
-    assert feed.apply(mapped_state().snapshot("epoch-2", 3))
-    assert not feed.apply(KvEvents("epoch-3", 4, []))
-    assert feed.apply(mapped_state().snapshot("epoch-3", 0))
+    assert feed.apply(mapped_state().snapshot("epoch-2", 3), 0.0)
+    assert not feed.apply(KvEvents("epoch-3", 4, []), 0.0)
+    assert feed.apply(mapped_state().snapshot("epoch-3", 0), 0.0)
     assert feed.fresh_state(feed.received + 1) is feed.state
     assert feed.fresh_state(feed.received + STALE_S) is None
+
+
+def test_the_followed_caches_know_which_workers_name_each_key():
+    caches = FollowedCaches()
+    caches.feed("a").apply(mapped_state().snapshot("e", 1), 0.0)
+    caches.feed("b").apply(KvState().snapshot("e", 1), 0.0)
+    assert caches.holding((b"k0", b"k2")) == {"a"} and caches.holding((b"zz",)) == set()
+    caches.feed("b").apply(KvEvents("e", 2, [PromptMapped([b"t0"], [b"k2"], [1])]), 0.0)
+    assert caches.holding((b"k2",)) == {"a", "b"}
+    assert not caches.feed("a").apply(KvEvents("e", 9, []), 0.0)  # a gap: a's state and keys are gone
+    assert caches.holding((b"k1", b"k2")) == {"b"}
+    caches.drop("b")
+    assert caches.holding((b"k2",)) == set()

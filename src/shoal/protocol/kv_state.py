@@ -10,7 +10,7 @@ worker hold every block for (at any level), and how many of those name a block n
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from shoal.protocol.kv_events import (
     DEVICE,
@@ -32,8 +32,10 @@ class KvState:
     held, least recently unheld first), and leaves `parents` (with the keys naming it) when it is
     pushed out of `unheld`: a block evicted and computed again keeps its keys."""
 
-    def __init__(self, max_unheld: int = MAX_UNHELD):
+    def __init__(self, max_unheld: int = MAX_UNHELD, keys_changed: Callable[[bytes, bool], None] | None = None):
         self.max_unheld = max_unheld
+        # Told of each key as it comes to name a block (True) and as it stops (False).
+        self.keys_changed = keys_changed
         self.levels: dict[bytes, int] = {}
         self.parents: dict[bytes, bytes] = {}
         self.key_block: dict[bytes, bytes] = {}
@@ -76,6 +78,8 @@ class KvState:
         for key, blocks in zip(event.keys, event.blocks):
             if blocks <= len(event.chain):
                 digest = event.chain[blocks - 1]
+                if self.keys_changed is not None and key not in self.key_block:
+                    self.keys_changed(key, True)
                 self.key_block[key] = digest
                 self._keys_of.setdefault(digest, set()).add(key)
         for digest in event.chain:
@@ -88,6 +92,8 @@ class KvState:
         for key in self._keys_of.pop(digest, ()):
             if self.key_block.get(key) == digest:
                 del self.key_block[key]
+                if self.keys_changed is not None:
+                    self.keys_changed(key, False)
 
     def matched(self, keys: Sequence[bytes]) -> tuple[int, int]:
         """How many leading `keys` this worker holds every block for, and how many of those name a
@@ -127,14 +133,21 @@ class KvState:
         )
 
     @classmethod
-    def from_snapshot(cls, snapshot: KvSnapshot, max_unheld: int = MAX_UNHELD) -> KvState:
-        state = cls(max_unheld)
+    def from_snapshot(
+        cls,
+        snapshot: KvSnapshot,
+        max_unheld: int = MAX_UNHELD,
+        keys_changed: Callable[[bytes, bool], None] | None = None,
+    ) -> KvState:
+        state = cls(max_unheld, keys_changed)
         state.levels = dict(snapshot.held)
         state.parents = dict(snapshot.parents)
         state.unheld = OrderedDict.fromkeys(snapshot.unheld)
         for key, digest in snapshot.keys:
             state.key_block[key] = digest
             state._keys_of.setdefault(digest, set()).add(key)
+            if keys_changed is not None:
+                keys_changed(key, True)
         return state
 
     def same_as(self, other: KvState) -> bool:

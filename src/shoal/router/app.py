@@ -111,7 +111,7 @@ def create_router_app(config: RouterConfig, group: GroupMember | None = None) ->
     lora_catalog = LoraCatalog(records, membership, cluster_secret)
     kv_feeds = KvEventFeeds(lambda: {w: s.url for w, s in membership.workers.items()}, cluster_secret)
     if config.follow_kv_events:
-        balancer.followed = kv_feeds.state_of
+        balancer.followed = kv_feeds.caches
     front_door = FrontDoor(
         config,
         membership,

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry
 
 from shoal.engine.sequence import Sequence
 from shoal.router.config import HealthSettings
+from shoal.router.fleet.followed_caches import FollowedCaches
 from shoal.router.fleet.health_events import HealthEvents
-from shoal.router.fleet.kv_event_feeds import WorkerFeed
 from shoal.router.placement.balancer import Balancer, Placement
 from shoal.router.placement.policies import make_policy
 from shoal.router.placement.route_request import route_request
@@ -92,10 +92,10 @@ class SimRouter:
         ]
         self.workers: dict[str, SimWorker] = {}
         self.flights: dict[str, Flight] = {}
-        self.feeds: dict[str, WorkerFeed] = {}
+        self.followed = FollowedCaches()
         for balancer in self.balancers:
             if settings.kv_event_lag_s is not None:
-                balancer.followed = lambda worker_id, now: self.feeds[worker_id].state
+                balancer.followed = self.followed
 
     def join(self, worker: SimWorker, report_phase_s: float) -> None:
         """Registers a worker; its reports (and its KV events, when followed) arrive from
@@ -105,7 +105,6 @@ class SimRouter:
             balancer.membership.register(worker.spec.worker_id, [MODEL], worker.load_report())
         self.loop.after(report_phase_s, self._report, worker)
         if self.settings.kv_event_lag_s is not None:
-            self.feeds[worker.spec.worker_id] = WorkerFeed()
             self.loop.after(
                 report_phase_s * self.settings.kv_event_lag_s / self.settings.report_interval_s, self._follow, worker
             )
@@ -113,10 +112,10 @@ class SimRouter:
     def _follow(self, worker: SimWorker) -> None:
         """Applies the worker's events published since the last read (a snapshot where they do not
         follow: the first read, a restarted worker)."""
-        feed, log = self.feeds[worker.spec.worker_id], worker.events
+        feed, log = self.followed.feed(worker.spec.worker_id), worker.events
         frame = log.read(feed.seq) if feed.epoch == log.epoch and feed.seq >= 0 else None
-        if frame is None or not feed.apply(frame):
-            feed.apply(log.snapshot())
+        if frame is None or not feed.apply(frame, self.loop.now):
+            feed.apply(log.snapshot(), self.loop.now)
         self.loop.after(self.settings.kv_event_lag_s, self._follow, worker)
 
     def _report(self, worker: SimWorker) -> None:

@@ -24,44 +24,15 @@ from collections.abc import Callable
 import aiohttp
 
 from shoal.protocol.frames import BadFrame
-from shoal.protocol.kv_events import FrameReader, KvEvents, KvSnapshot
-from shoal.protocol.kv_state import KvState
+from shoal.protocol.kv_events import FrameReader
+from shoal.router.fleet.followed_caches import STALE_S, FollowedCaches, WorkerFeed
 
 log = logging.getLogger(__name__)
 
-STALE_S = 6.0
 RETRY_S = 1.0
 RECONNECT_S = 0.05  # after a stream ends: a worker that closes at once is not asked again at once
 NOT_PUBLISHING_RETRY_S = 60.0
 SYNC_S = 0.5
-
-
-class WorkerFeed:
-    """One worker's followed state. Invariant: `state` is None, or the worker's state after event
-    `seq` of `epoch`, with a frame received within STALE_S."""
-
-    def __init__(self) -> None:
-        self.state: KvState | None = None
-        self.epoch = ""
-        self.seq = -1
-        self.received = 0.0
-
-    def apply(self, frame: KvEvents | KvSnapshot) -> bool:
-        """Applies a frame; False when it does not follow (a gap or another epoch): start over."""
-        self.received = time.monotonic()
-        if isinstance(frame, KvSnapshot):
-            self.state, self.epoch, self.seq = KvState.from_snapshot(frame), frame.epoch, frame.seq
-            return True
-        if self.state is None or frame.epoch != self.epoch or frame.first != self.seq + 1:
-            self.state, self.seq = None, -1
-            return False
-        for event in frame.events:
-            self.state.apply(event)
-        self.seq += len(frame.events)
-        return True
-
-    def fresh_state(self, now: float) -> KvState | None:
-        return self.state if self.state is not None and now - self.received < STALE_S else None
 
 
 class KvEventFeeds:
@@ -71,13 +42,8 @@ class KvEventFeeds:
         self.worker_urls = worker_urls
         self.secret = secret
         self.session: aiohttp.ClientSession | None = None
-        self.feeds: dict[str, WorkerFeed] = {}
+        self.caches = FollowedCaches()
         self._tasks: dict[str, asyncio.Task] = {}
-
-    def state_of(self, worker_id: str, now: float) -> KvState | None:
-        """The worker's followed state, or None where it publishes none or it is stale."""
-        feed = self.feeds.get(worker_id)
-        return feed.fresh_state(now) if feed is not None else None
 
     async def run(self) -> None:
         """Keeps one follower per known worker until cancelled."""
@@ -86,11 +52,11 @@ class KvEventFeeds:
                 urls = self.worker_urls()
                 for worker_id in set(self._tasks) - set(urls):
                     self._tasks.pop(worker_id).cancel()
-                    self.feeds.pop(worker_id, None)
+                    self.caches.drop(worker_id)
                 for worker_id, url in urls.items():
                     if worker_id not in self._tasks:
-                        self.feeds[worker_id] = WorkerFeed()
-                        self._tasks[worker_id] = asyncio.create_task(self._follow(url, self.feeds[worker_id]))
+                        feed = self.caches.feed(worker_id)
+                        self._tasks[worker_id] = asyncio.create_task(self._follow(url, feed))
                 await asyncio.sleep(SYNC_S)
         finally:
             for task in self._tasks.values():
@@ -116,7 +82,8 @@ class KvEventFeeds:
                         continue
                     reader = FrameReader()
                     async for chunk in response.content.iter_any():
-                        if not all(feed.apply(frame) for frame in reader.feed(chunk)):
+                        now = time.monotonic()
+                        if not all(feed.apply(frame, now) for frame in reader.feed(chunk)):
                             break  # reconnect for a snapshot
             except (TimeoutError, aiohttp.ClientError, BadFrame) as error:
                 log.debug("KV events of %s: %s", url, error)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import msgspec
 
-from shoal.protocol.kv_state import KvState
+from shoal.router.fleet.followed_caches import FollowedCaches
 from shoal.router.fleet.membership import Membership, WorkerState
 from shoal.router.placement.in_flight_prefixes import InFlightPrefixes
 from shoal.router.placement.policies import Policy, eligible
@@ -61,8 +61,8 @@ class Balancer:
         self.rng = random.Random(seed)
         self.decisions = 0
         self.placed: Callable[[str, tuple[bytes, ...], int], None] | None = None
-        # A worker's state followed from its KV events (shoal.router.fleet.kv_event_feeds), or None.
-        self.followed: Callable[[str, float], KvState | None] | None = None
+        # What workers cache, followed from their KV events (shoal.router.fleet.followed_caches).
+        self.followed: FollowedCaches | None = None
 
     def place(
         self, request: RouteRequest, exclude: frozenset[str] = frozenset(), phase: Phase = "prefill"
@@ -138,11 +138,12 @@ class Balancer:
         leading blocks it holds, or was just sent (shoal.router.placement.in_flight_prefixes), and of those
         the ones only its tier holds. Where it was sent before stays the guess's."""
         now = self.clock()
+        holding = self.followed.holding(request.prefix_blocks)
         for worker in candidates:
-            state = self.followed(worker.worker_id, now)
+            state = self.followed.state_of(worker.worker_id, now)
             if state is None:
                 continue
-            held, below_device = state.matched(request.prefix_blocks)
+            held, below_device = state.matched(request.prefix_blocks) if worker.worker_id in holding else (0, 0)
             held = max(held, self.in_flight.leading(worker.worker_id, request.prefix_blocks, now))
             matched[worker.worker_id] = held
             in_tier.pop(worker.worker_id, None)
