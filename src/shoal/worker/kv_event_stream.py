@@ -32,7 +32,7 @@ MEDIA_TYPE = "application/x-shoal-kv-events"
 
 
 def add_kv_event_routes(app: FastAPI, engine: AsyncLLMEngine) -> None:
-    @app.get("/v1/shoal/kv_events")
+    @app.get("/v1/shoal/kv_events", include_in_schema=False)  # a cluster-internal stream that does not end
     async def kv_events(request: Request, epoch: str = "", after: int = -1):
         authorize(request, "following KV events")
         log = engine.engine.kv_events
