@@ -28,7 +28,7 @@ def test_the_router_sends_a_prefix_where_the_events_say_it_is_cached(tiny_model_
     urls = [url for _, url in workers]
     router, router_url = start_router(["--worker", urls[0], "--worker", urls[1]])
     try:
-        assert httpx.get(urls[0] + "/v1/shoal/kv_events", timeout=5).status_code == 401
+        assert httpx.get(urls[0] + "/shoal/kv_events", timeout=5).status_code == 401
         primed = {}
         for i, head in enumerate(HEADS):  # each head computed on one worker, reached directly
             primed[i] = urls[i % 2]

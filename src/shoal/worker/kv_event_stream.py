@@ -1,9 +1,11 @@
 """A worker's KV events for the routers that follow it, and the prompts it announces to them.
 
-GET /v1/shoal/kv_events?epoch=E&after=N streams frames (shoal.protocol.kv_events): the events
+GET /shoal/kv_events?epoch=E&after=N streams frames (shoal.protocol.kv_events): the events
 after number N when E is this engine's epoch and it still holds them, else a snapshot first; then
 new events as they happen (looked for every POLL_S), and an empty batch at least every IDLE_S so
 the router knows the stream lives. Where the worker has the cluster secret the caller must bear it.
+It lies outside /v1/: a router's stream is no request, so a draining worker neither refuses it nor
+waits for it to end (the server cuts it as it stops).
 404 where the engine publishes no events (config kv_events off, or a windowed or hybrid model).
 
 Each prompt the worker serves is announced (`announce_prompt`) before it is computed: which of its
@@ -32,7 +34,7 @@ MEDIA_TYPE = "application/x-shoal-kv-events"
 
 
 def add_kv_event_routes(app: FastAPI, engine: AsyncLLMEngine) -> None:
-    @app.get("/v1/shoal/kv_events", include_in_schema=False)  # a cluster-internal stream that does not end
+    @app.get("/shoal/kv_events", include_in_schema=False)  # a cluster-internal stream that does not end
     async def kv_events(request: Request, epoch: str = "", after: int = -1):
         authorize(request, "following KV events")
         log = engine.engine.kv_events

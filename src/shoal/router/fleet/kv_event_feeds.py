@@ -1,6 +1,6 @@
 """The router's exact picture of what each worker caches, followed from its KV events.
 
-For every worker it knows, the router opens GET /v1/shoal/kv_events (shoal.worker.kv_event_stream;
+For every worker it knows, the router opens GET /shoal/kv_events (shoal.worker.kv_event_stream;
 the cluster secret as bearer) and applies each frame to a KvState of its own (shoal.protocol.
 kv_state). A worker that answers 404 (it publishes none: a peer engine, a windowed model) is left
 to the guessed prefix index, and asked again only after NOT_PUBLISHING_RETRY_S.
@@ -68,7 +68,7 @@ class KvEventFeeds:
             params = {"epoch": feed.epoch, "after": str(feed.seq)}
             try:
                 async with self.session.get(
-                    f"{url}/v1/shoal/kv_events",
+                    f"{url}/shoal/kv_events",
                     params=params,
                     headers=headers,
                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=2.0, sock_read=STALE_S),
