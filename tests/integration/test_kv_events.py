@@ -102,6 +102,6 @@ def test_followers_equal_the_engine_after_evictions_late_joins_missed_numbers_an
     restarted.shutdown()
 
 
-def test_a_windowed_model_or_a_config_without_events_publishes_none(make_tiny_engine):
+def test_an_engine_without_events_or_prefix_caching_publishes_none(make_tiny_engine):
     assert make_tiny_engine(kv_events=False).kv_events is None
     assert make_tiny_engine(enable_prefix_caching=False).kv_events is None

@@ -20,7 +20,6 @@ from shoal.protocol.kv_events import (
     Event,
     KvEvents,
     KvSnapshot,
-    LevelCleared,
     PromptMapped,
 )
 from shoal.protocol.kv_state import KvState
@@ -39,10 +38,6 @@ class KvEventLog:
         self._events: deque[Event] = deque(maxlen=retained)
         self._seq = 0
 
-    @property
-    def seq(self) -> int:
-        return self._seq
-
     def stored(self, level: int, digests: Sequence[bytes]) -> None:
         if digests:
             self._publish(BlocksStored(level, list(digests)))
@@ -50,9 +45,6 @@ class KvEventLog:
     def removed(self, level: int, digests: Sequence[bytes]) -> None:
         if digests:
             self._publish(BlocksRemoved(level, list(digests)))
-
-    def cleared(self, level: int) -> None:
-        self._publish(LevelCleared(level))
 
     def mapped(self, chain: Sequence[bytes], keys: Sequence[bytes], blocks: Sequence[int]) -> None:
         if chain and keys:

@@ -129,48 +129,58 @@ class GGUFBackend:
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`llama_tokenize(text, add_special, parse_special=true)`."""
-        return self.tokenize_with_ends(text, add_special)[0]
+        return self._tokenize(text, add_special, None)
 
     def tokenize_with_ends(self, text: str, add_special: bool = True) -> tuple[list[int], list[int]]:
         """`tokenize`, and where in `text` each token ends (a character offset; an added BOS ends at 0,
         an added EOS at the text's end). Ends never decrease. Within a stretch of SentencePiece text
         the ends count the characters of each token's piece (a byte token counts one character where
         it starts one), less the leading space the vocabulary adds."""
+        ends: list[int] = []
+        return self._tokenize(text, add_special, ends), ends
+
+    def _tokenize(self, text: str, add_special: bool, ends: list[int] | None) -> list[int]:
+        """The ids of `text`; where `ends` is given, each id's end offset is appended to it."""
         vocab = self.vocab
         ids: list[int] = []
-        ends: list[int] = []
         if add_special and vocab.add_bos and vocab.bos_id is not None:
             ids.append(vocab.bos_id)
-            ends.append(0)
+            if ends is not None:
+                ends.append(0)
         after_special = True
         cursor = 0
         for fragment in split_special(text, self._specials):
             if isinstance(fragment, int):
-                found = text.find(vocab.tokens[fragment], cursor)
-                cursor = cursor if found < 0 else found + len(vocab.tokens[fragment])
                 ids.append(fragment)
-                ends.append(cursor)
                 after_special = True
+                if ends is not None:
+                    found = text.find(vocab.tokens[fragment], cursor)
+                    cursor = cursor if found < 0 else found + len(vocab.tokens[fragment])
+                    ends.append(cursor)
                 continue
-            start = max(text.find(fragment, cursor), cursor)
             if self._encoder is not None:
                 added = 1 if vocab.add_space_prefix and after_special else 0
                 pieces = self._encoder.encode((" " * added + fragment).replace(" ", _SPACE))
-                position = start - added
-                for token in pieces:
-                    position += self._piece_chars(token)
-                    ids.append(token)
-                    ends.append(min(max(position, start), start + len(fragment)))
                 after_special = False
             else:
                 encoding = self._bpe.encode(fragment, add_special_tokens=False)
-                ids.extend(encoding.ids)
-                ends.extend(start + end for _, end in encoding.offsets)
-            cursor = start + len(fragment)
+                pieces = encoding.ids
+            ids.extend(pieces)
+            if ends is not None:
+                start = max(text.find(fragment, cursor), cursor)
+                if self._encoder is not None:
+                    position = start - added
+                    for token in pieces:
+                        position += self._piece_chars(token)
+                        ends.append(min(max(position, start), start + len(fragment)))
+                else:
+                    ends.extend(start + end for _, end in encoding.offsets)
+                cursor = start + len(fragment)
         if add_special and vocab.add_eos and vocab.eos_id is not None:
             ids.append(vocab.eos_id)
-            ends.append(len(text))
-        return ids, ends
+            if ends is not None:
+                ends.append(len(text))
+        return ids
 
     def _piece_chars(self, token: int) -> int:
         """How many characters of the text a SentencePiece token stands for (a byte token: one where

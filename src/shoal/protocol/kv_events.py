@@ -43,12 +43,6 @@ class BlocksRemoved(msgspec.Struct, tag="removed", frozen=True, forbid_unknown_f
     digests: list[Digest]
 
 
-class LevelCleared(msgspec.Struct, tag="cleared", frozen=True, forbid_unknown_fields=True):
-    """Nothing is held at `level` any more."""
-
-    level: Level
-
-
 class PromptMapped(msgspec.Struct, tag="mapped", frozen=True, forbid_unknown_fields=True):
     """A prompt's token blocks (`chain`, each block's parent the one before it, the first's none) and
     its prefix keys: a request with the prefix named keys[i] finds cached what chain[:blocks[i]]
@@ -59,7 +53,7 @@ class PromptMapped(msgspec.Struct, tag="mapped", frozen=True, forbid_unknown_fie
     blocks: list[Annotated[int, msgspec.Meta(ge=1)]]
 
 
-Event = BlocksStored | BlocksRemoved | LevelCleared | PromptMapped
+Event = BlocksStored | BlocksRemoved | PromptMapped
 
 
 class KvEvents(msgspec.Struct, tag="events", frozen=True, forbid_unknown_fields=True):

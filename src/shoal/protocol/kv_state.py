@@ -18,7 +18,6 @@ from shoal.protocol.kv_events import (
     BlocksStored,
     Event,
     KvSnapshot,
-    LevelCleared,
     PromptMapped,
 )
 
@@ -49,9 +48,6 @@ class KvState:
                 self.unheld.pop(digest, None)
         elif isinstance(event, BlocksRemoved):
             for digest in event.digests:
-                self._remove(digest, event.level)
-        elif isinstance(event, LevelCleared):
-            for digest in [d for d, levels in self.levels.items() if levels & event.level]:
                 self._remove(digest, event.level)
         else:
             self._map(event)

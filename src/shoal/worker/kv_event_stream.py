@@ -80,15 +80,16 @@ def announce_prompt(
         inner.kv_events.mapped(manager.chain(prompt_ids, max(blocks), salt), keys, blocks)
 
 
-def completion_prompt(tokenizer: Tokenizer, prompt: str | list[int]) -> tuple[list[int], str, list[int]]:
-    """A completion's prompt ids, the text they stand for, and where each ends in it (token ids
-    stand for their canonical text, the ids written out with spaces between)."""
+def completion_prompt(tokenizer: Tokenizer, prompt: str | list[int]) -> tuple[list[int], CanonicalPrompt, list[int]]:
+    """A completion's prompt ids, its canonical prompt (whose text the ids stand for: token ids
+    written out with spaces between), and where each id ends in that text."""
+    canonical = canonical_completion(prompt)
     if isinstance(prompt, str):
         ids, ends = tokenizer.encode_with_ends(prompt)
-        return ids, prompt, ends
+        return ids, canonical, ends
     ids = list(prompt)
     ends, offset = [], -1
     for token in ids:
         offset += 1 + len(str(token))
         ends.append(offset)
-    return ids, canonical_completion(ids).text, ends
+    return ids, canonical, ends

@@ -26,7 +26,7 @@ from shoal.model.families import family_named
 from shoal.observability.tracing import FASTAPI_TELEMETRY, Tracing
 from shoal.protocol.admission_class import scheduling_class
 from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
-from shoal.protocol.prefix_keys import canonical_chat, canonical_completion
+from shoal.protocol.prefix_keys import canonical_chat
 from shoal.protocol.worker_load import CalibrationFigures, Role, WorkerLoad, encode
 from shoal.worker.admission import AdmissionLimits, AdmissionMiddleware
 from shoal.worker.chat_prompt import chat_prompt
@@ -241,9 +241,8 @@ def create_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request):
         lora = await adapter_held(engine, model_name, body.model)
-        prompt_ids, rendered, token_ends = completion_prompt(tokenizer, body.prompt)
-        canonical = canonical_completion(body.prompt)
-        announce_prompt(engine, canonical, rendered, token_ends, prompt_ids, body.prompt_cache_key, lora)
+        prompt_ids, canonical, token_ends = completion_prompt(tokenizer, body.prompt)
+        announce_prompt(engine, canonical, canonical.text, token_ends, prompt_ids, body.prompt_cache_key, lora)
         served = ServedRequest(
             body,
             prompt_ids,
