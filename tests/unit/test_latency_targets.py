@@ -8,7 +8,7 @@ import pytest
 from msgspec.structs import replace
 
 from shoal.router.config import LatencyTargets
-from shoal.router.placement.latency_targets import BadTarget, met, with_targets
+from shoal.router.placement.latency_targets import BadTarget, late, met, with_targets
 from shoal.router.placement.policies.cost import CostPolicy, estimate
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
 
@@ -62,3 +62,16 @@ def test_a_request_that_ended_met_its_targets_or_not():
     assert met(request, 0.4, 0.04)
     assert not met(request, 0.6, 0.04) and not met(request, 0.4, 0.06) and not met(request, None, None)
     assert met(replace(request, tpot_target_s=None), 0.4, 1.0)
+
+
+def test_sheddable_work_is_late_only_where_no_worker_is_predicted_to_meet_its_targets():
+    request = RouteRequest("m", 500, 10, priority="sheddable", ttft_target_s=1.0)
+    fast, slow = worker("fast"), worker("slow", outstanding_prefill_tokens=2000)
+    context = RoutingContext()
+    assert late(request, estimate(request, fast, [fast, slow], context)) is None
+    reason = late(request, estimate(request, slow, [fast, slow], context))
+    assert reason.startswith("no worker can meet this sheddable request's latency targets now")
+    assert "first token in 2500 ms" in reason
+    assert late(replace(request, priority="standard"), estimate(request, slow, [slow], context)) is None
+    assert late(replace(request, ttft_target_s=None), estimate(request, slow, [slow], context)) is None
+    assert late(request, None) is None  # no worker could take it: not a question of time

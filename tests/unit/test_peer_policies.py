@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
+
+from msgspec.structs import replace
 
 from shoal.protocol.prefix_keys import prefix_blocks
 from shoal.router.placement.policies import POLICIES
 from shoal.router.placement.policies.peer_dynamo import DynamoKVCost
 from shoal.router.placement.policies.peer_llm_d import LlmDWeightedScorers
+from shoal.router.placement.policies.peer_llm_d_latency import LlmDPredictedLatency
 from shoal.router.placement.policies.peer_ray_serve import RayPrefixAffinity
 from shoal.router.placement.policies.peer_sglang import SGLangCacheAware
 from shoal.router.views import RouteRequest, RoutingContext, WorkerView
@@ -36,7 +40,7 @@ def context(
 
 
 def test_the_peers_policies_are_registered_by_name():
-    assert {"sglang_cache_aware", "llm_d", "dynamo_kv", "ray_prefix_affinity"} <= set(POLICIES)
+    assert {"sglang_cache_aware", "llm_d", "llm_d_latency", "dynamo_kv", "ray_prefix_affinity"} <= set(POLICIES)
 
 
 def test_sglang_follows_a_prefix_of_at_least_30_percent_else_the_smallest_record_unless_imbalanced():
@@ -106,3 +110,37 @@ def test_ray_serve_follows_a_10_percent_match_when_balanced_else_power_of_two():
         policy.choose(req, skewed, RoutingContext(random.Random(i), 0, {"a": blocks})).worker_id for i in range(30)
     }
     assert "a" not in picks and picks <= {"b", "c"}
+
+
+SPEEDS = {"prefill_tokens_per_s": 1000.0, "decode_step_s": 0.02, "single_step_s": 0.02, "capability": 400.0}
+
+
+def picks(policy, req: RouteRequest, workers: list[WorkerView], matched: dict[str, int] | None = None) -> Counter:
+    """Which worker the policy picks over 1,000 draws of its random source."""
+    return Counter(
+        policy.choose(req, workers, RoutingContext(random.Random(draw), 0, matched or {})).worker_id
+        for draw in range(1000)
+    )
+
+
+def test_llm_d_latency_packs_where_targets_are_met_else_least_deficit_idle_first():
+    policy = LlmDPredictedLatency()
+    req = replace(request(prompt_tokens=500), ttft_target_s=2.0, tpot_target_s=0.1)
+    # Predicted first tokens: idle 0.5 s, queued 1.5 s (both within 2 s), late 3.5 s.
+    idle = worker("idle", **SPEEDS)
+    queued = worker("queued", outstanding_prefill_tokens=1000, in_flight=1, **SPEEDS)
+    late_one = worker("late", outstanding_prefill_tokens=3000, in_flight=1, **SPEEDS)
+    chosen = picks(policy, req, [idle, queued, late_one])
+    # Headroom on both sides: the one with the least is favoured (weights 91 and 11: 0.8 x TTFT
+    # headroom normalised, 0 and 1, + 0.2 x TPOT headroom, equal: 0.5); one without headroom only
+    # by exploration (1 %).
+    assert 850 < chosen["queued"] < 930 and 50 < chosen["idle"] < 150 and chosen["late"] < 30
+    # Where none meets them: workers with nothing in flight first, whatever their deficit.
+    hurried = replace(req, ttft_target_s=0.1)
+    assert picks(policy, hurried, [idle, queued, late_one])["idle"] == 1000
+    # Among busy ones, the smaller deficit is favoured (weights 82 and 18: 0.8 x the TTFT deficit
+    # normalised, 0 and 1; no TPOT deficit).
+    assert 780 < picks(policy, hurried, [queued, late_one])["queued"] < 880
+    # A worker holding the whole prefix keeps the request, targets or not, but for exploration.
+    whole = picks(policy, req, [idle, late_one], matched={"late": len(req.prefix_blocks)})
+    assert whole["late"] > 980

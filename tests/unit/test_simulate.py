@@ -13,7 +13,7 @@ from shoal.simulate.calibration import WorkerFigures
 from shoal.simulate.cost_model import CalibrationFigures, StepCost
 from shoal.simulate.fleet import FleetSpec, WorkerClass, parse_mix
 from shoal.simulate.membership import CachedMembership
-from shoal.simulate.router import RouterSettings
+from shoal.simulate.router import SHED, RouterSettings
 from shoal.simulate.simulation import SimulationConfig, simulate
 
 # Steps cost max(0.1 s, tokens x 1 ms) + 10 ms per decoding sequence.
@@ -183,3 +183,28 @@ def test_a_kv_tier_keeps_conversations_the_paged_cache_evicts_and_raises_the_hit
     with_tier = simulate(config(2, mix=small + ",tier_host=200000", policy="round_robin"))
     assert with_tier.summary.cache_hit_rate > without.summary.cache_hit_rate + 0.1
     assert len(with_tier.outcomes) == len(without.outcomes)
+
+
+def test_goodput_counts_the_requests_that_met_their_targets_and_sheddable_ones_are_refused_when_none_can():
+    single = WorkloadConfig("synthetic", 40, Uniform(20, 200), Fixed(8))
+
+    def run(ttft_ms: float, shed: float = 0.0, told: bool = True):
+        settings = RouterSettings(ttft_target_ms=ttft_ms, tpot_target_ms=1000, sheddable_share=shed, read_targets=told)
+        return simulate(SimulationConfig(FleetSpec(2), single, POISSON_4, settings, FIGURES)).summary, settings
+
+    summary, _ = run(ttft_ms=1_000_000)
+    assert summary.with_targets == summary.met_targets == summary.completed == 40
+    assert summary.goodput == pytest.approx(40 / summary.duration_s)
+    result = simulate(SimulationConfig(FleetSpec(2), single, POISSON_4, RouterSettings(ttft_target_ms=200), FIGURES))
+    for outcome in result.outcomes:
+        assert outcome.met_targets == (outcome.ttft_ms <= 200)
+    assert 0 < result.summary.met_targets < 40
+    # A first token in 1 ms is met nowhere: sheddable requests are refused at once, the others served late.
+    summary, settings = run(ttft_ms=1, shed=0.5)
+    assert summary.met_targets == 0 and summary.errors == {
+        SHED: sum("x-shoal-priority" in settings.headers(i) for i in range(40))
+    }
+    assert 15 <= summary.errors[SHED] <= 25
+    # Not told the targets, the router sheds nothing; they still score the requests.
+    summary, _ = run(ttft_ms=1, shed=0.5, told=False)
+    assert summary.completed == 40 and summary.with_targets == 40 and summary.met_targets == 0

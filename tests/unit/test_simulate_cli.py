@@ -33,6 +33,12 @@ def test_simulate_compares_policies_and_writes_a_consistent_report(tmp_path):
         "3",
         "--seed",
         "3",
+        "--ttft-target-ms",
+        "400",
+        "--tpot-target-ms",
+        "200",
+        "--sheddable-share",
+        "0.5",
         "--output-json",
         str(report),
         "--plot",
@@ -40,6 +46,7 @@ def test_simulate_compares_policies_and_writes_a_consistent_report(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "round_robin" in result.stdout and "cost" in result.stdout
+    assert "latency targets: TTFT 400 ms, TPOT 200 ms" in result.stdout and "goodput" in result.stdout
     body = json.loads(report.read_text())
     assert body["config"]["fleet"]["counts"] == {"fast": 1, "slow": 3}
     assert body["config"]["workload"]["requests"] == 24
@@ -52,6 +59,7 @@ def test_simulate_compares_policies_and_writes_a_consistent_report(tmp_path):
         assert ttft["p50"] <= ttft["p90"] <= ttft["p95"] <= ttft["p99"]
         assert summary["migrations"] == sum(r["migrations"] for r in requests)
         assert 0 <= summary["cache_hit_rate"] <= 1
+        assert summary["with_targets"] == 24 and summary["met_targets"] == sum(bool(r["met_targets"]) for r in requests)
     assert plot.read_bytes().startswith(b"\x89PNG")
 
 
@@ -90,6 +98,8 @@ def test_bad_options_are_refused_with_the_reason():
     assert result.returncode == 2 and "unknown worker class keys" in result.stderr
     result = shoal("simulate", "--policies", "fastest")
     assert result.returncode == 2 and "unknown policies" in result.stderr
+    result = shoal("simulate", "--sheddable-share", "2")
+    assert result.returncode == 2 and "--sheddable-share must be from 0 to 1" in result.stderr
     result = shoal("simulate", "--calibrate-from", "/nonexistent.json")
     assert result.returncode == 2 and "nonexistent" in result.stderr
 

@@ -19,6 +19,7 @@ POLICY_NAMES = (
     "cost",
     "sglang_cache_aware",
     "llm_d",
+    "llm_d_latency",
     "dynamo_kv",
     "ray_prefix_affinity",
 )

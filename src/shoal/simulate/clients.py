@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Sequence
 
+from shoal.router.placement.latency_targets import met
 from shoal.simulate.events import EventLoop
 from shoal.simulate.metrics import RequestOutcome
 from shoal.simulate.router import Flight, SimRouter
@@ -67,6 +68,7 @@ class Clients:
                 flight.recomputed_tokens,
                 self._worker_class.get(worker),
                 error,
+                self._met(flight, error),
             )
         )
         self._in_flight -= 1
@@ -77,6 +79,17 @@ class Clients:
             self.loop.at(
                 max(self.loop.now, following.arrival_s), self._ready if error is None else self._not_sent, following
             )
+
+    def _met(self, flight: Flight, error: str | None) -> bool | None:
+        """Whether the request met the targets its client sent (None: it sent none)."""
+        scored = flight.scored
+        if scored.ttft_target_s is None and scored.tpot_target_s is None:
+            return None
+        if error is not None:
+            return False
+        tokens = flight.request.max_tokens
+        tpot = (self.loop.now - flight.first_token_s) / (tokens - 1) if tokens > 1 else None
+        return met(scored, flight.first_token_s - flight.sent_s, tpot)
 
     def _not_sent(self, request: SimRequest) -> None:
         self._record(
@@ -96,6 +109,7 @@ class Clients:
                 0,
                 None,
                 "not sent: an earlier turn of its conversation failed",
+                False if self.router.settings.has_targets else None,
             )
         )
         following = self._next_turn.get((request.conversation_id, request.turn))

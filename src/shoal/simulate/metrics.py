@@ -15,7 +15,8 @@ class RequestOutcome:
     `sent_s` is when the client sent it (after its arrival, its previous turn and the concurrency
     cap), None for a turn never sent because an earlier one failed. `cached_tokens` is what its
     first worker found in the prefix cache (None if it never started); `worker_class` the class of
-    the worker that finished it."""
+    the worker that finished it; `met_targets` whether it met its latency targets (None: it had
+    none; False where it failed)."""
 
     index: int
     conversation_id: int
@@ -32,6 +33,7 @@ class RequestOutcome:
     recomputed_tokens: int
     worker_class: str | None
     error: str | None
+    met_targets: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -53,7 +55,9 @@ class SimSummary:
     latencies are of completed requests (TTFT: sent to first token; ITL: each request's mean gap
     between tokens). cache_hit_rate = prompt tokens found cached / prompt tokens, over requests that
     started. Failures: workers that failed, streams moved (`migrations`), KV tokens lost with them
-    and those recomputed, requests failed (`errors` by reason)."""
+    and those recomputed, requests failed (`errors` by reason). Of the requests with latency
+    targets (`with_targets`), `met_targets` met them; `goodput` is those per second of
+    `duration_s` (shed and failed requests count as missed)."""
 
     total: int
     completed: int
@@ -74,6 +78,9 @@ class SimSummary:
     recomputed_tokens: int
     completed_by_class: dict[str, int]
     errors: dict[str, int]
+    with_targets: int = 0
+    met_targets: int = 0
+    goodput: float = 0.0
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -86,6 +93,7 @@ def summarize(outcomes: Sequence[RequestOutcome], worker_failures: int) -> SimSu
     prompt = sum(o.prompt_tokens for o in started)
     cached = sum(o.cached_tokens for o in started)
     completion = sum(o.completion_tokens for o in done)
+    met = sum(1 for o in outcomes if o.met_targets)
     itl = [(o.e2e_ms - o.ttft_ms) / (o.completion_tokens - 1) for o in done if o.completion_tokens > 1]
     return SimSummary(
         total=len(outcomes),
@@ -107,4 +115,7 @@ def summarize(outcomes: Sequence[RequestOutcome], worker_failures: int) -> SimSu
         recomputed_tokens=sum(o.recomputed_tokens for o in outcomes),
         completed_by_class=dict(sorted(Counter(o.worker_class for o in done).items())),
         errors=dict(Counter(o.error for o in outcomes if not o.ok).most_common()),
+        with_targets=sum(1 for o in outcomes if o.met_targets is not None),
+        met_targets=met,
+        goodput=met / duration if duration else 0.0,
     )

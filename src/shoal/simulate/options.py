@@ -71,6 +71,21 @@ def add_simulate_arguments(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="independent routers taking the requests in turn, each knowing only what it placed (default 1)",
     )
+    router.add_argument("--ttft-target-ms", type=float, metavar="MS", default=None, help="every request's TTFT target")
+    router.add_argument("--tpot-target-ms", type=float, metavar="MS", default=None, help="every request's TPOT target")
+    router.add_argument(
+        "--sheddable-share",
+        type=float,
+        metavar="F",
+        default=0.0,
+        help="share of the requests sent as sheddable: refused at once where no worker is predicted to meet "
+        "their targets (default 0)",
+    )
+    router.add_argument(
+        "--ignore-targets",
+        action="store_true",
+        help="the router is not told the targets (no target placement or shedding); they still score goodput",
+    )
     router.add_argument(
         "--request-overhead-ms",
         type=float,
@@ -124,6 +139,10 @@ def simulation_config(args: argparse.Namespace, policy: str):
         raise ValueError("--kv-event-lag-ms must be above 0")
     if args.routers < 1:
         raise ValueError("--routers must be at least 1")
+    if any(t is not None and t <= 0 for t in (args.ttft_target_ms, args.tpot_target_ms)):
+        raise ValueError("--ttft-target-ms and --tpot-target-ms must be above 0")
+    if not 0 <= args.sheddable_share <= 1:
+        raise ValueError("--sheddable-share must be from 0 to 1")
     lag = args.kv_event_lag_ms / 1000 if args.kv_event_lag_ms is not None else None
     router = RouterSettings(
         policy=policy,
@@ -131,6 +150,10 @@ def simulation_config(args: argparse.Namespace, policy: str):
         max_migrations=args.max_migrations,
         kv_event_lag_s=lag,
         routers=args.routers,
+        ttft_target_ms=args.ttft_target_ms,
+        tpot_target_ms=args.tpot_target_ms,
+        sheddable_share=args.sheddable_share,
+        read_targets=not args.ignore_targets,
     )
     return SimulationConfig(
         fleet, workload_config(args), arrival_process(args), router, figures, args.seed, args.request_overhead_ms / 1000

@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from shoal.simulate.cost_model import StepCost
+from shoal.simulate.router import SHED
 from shoal.simulate.simulation import SimulationConfig, SimulationResult
 
 
@@ -57,6 +58,33 @@ def print_comparison(config: SimulationConfig, results: Sequence[SimulationResul
         )
     console.print(latency)
     console.print(work)
+    if config.router.has_targets:
+        console.print(_goodput_table(config, results))
+
+
+def _goodput_table(config: SimulationConfig, results: Sequence[SimulationResult]) -> Table:
+    """Per policy: the requests that met their latency targets, those refused at once, goodput."""
+    settings = config.router
+    targets = ", ".join(
+        f"{name} {value:,.0f} ms"
+        for name, value in (("TTFT", settings.ttft_target_ms), ("TPOT", settings.tpot_target_ms))
+        if value
+    )
+    told = "" if settings.read_targets else "; the router is not told them"
+    table = Table(title=f"latency targets: {targets}{told}", title_justify="left")
+    for column in ("policy", "met", "missed", "shed", "goodput req/s"):
+        table.add_column(column, justify="left" if column == "policy" else "right", no_wrap=column == "policy")
+    for result in results:
+        s = result.summary
+        shed = s.errors.get(SHED, 0)
+        table.add_row(
+            result.policy,
+            f"{s.met_targets} ({s.met_targets / max(1, s.with_targets):.1%})",
+            str(s.with_targets - s.met_targets - shed),
+            str(shed),
+            f"{s.goodput:.2f}",
+        )
+    return table
 
 
 def _ms(value: float | None) -> str:

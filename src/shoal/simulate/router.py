@@ -6,13 +6,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from msgspec.structs import replace
 from prometheus_client import CollectorRegistry
 
 from shoal.engine.sequence import Sequence
+from shoal.protocol.admission_class import PRIORITY_HEADER
 from shoal.router.config import HealthSettings
 from shoal.router.fleet.followed_caches import FollowedCaches
 from shoal.router.fleet.health_events import HealthEvents
 from shoal.router.placement.balancer import Balancer, Placement
+from shoal.router.placement.latency_targets import TPOT_HEADER, TTFT_HEADER, late, with_targets
 from shoal.router.placement.policies import make_policy
 from shoal.router.placement.route_request import route_request
 from shoal.router.views import RouteRequest
@@ -22,6 +25,10 @@ from shoal.simulate.tokens import SimRequest
 from shoal.simulate.worker import SimWorker
 
 MODEL = "sim"
+SHED = "shed: no worker can meet its latency targets"
+# The golden ratio's fraction: request i is sheddable when (i x this) mod 1 falls below the share,
+# which spreads the sheddable ones evenly over the workload.
+SPREAD = 0.6180339887498949
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,12 @@ class RouterSettings:
     seconds (staggered); without it the router guesses what each caches. `routers` independent
     routers (not a router group: each knows only what it placed) take the requests in turn, as
     behind a plain load balancer; each hears every worker's reports (and they share one follower
-    per worker of its events, whose states they would hold equal)."""
+    per worker of its events, whose states they would hold equal).
+
+    With `ttft_target_ms` or `tpot_target_ms` every request carries those latency targets (the
+    headers), and `sheddable_share` of them (spread evenly) are sheddable: the router refuses one at
+    once where no worker is predicted to meet them. With `read_targets` off the router is not told
+    the targets (no target placement, no shedding); they still say which requests met them."""
 
     policy: str = "cost"
     chars_per_token: float = 4.0
@@ -42,6 +54,25 @@ class RouterSettings:
     max_migrations: int = 3
     kv_event_lag_s: float | None = None
     routers: int = 1
+    ttft_target_ms: float | None = None
+    tpot_target_ms: float | None = None
+    sheddable_share: float = 0.0
+    read_targets: bool = True
+
+    @property
+    def has_targets(self) -> bool:
+        return bool(self.ttft_target_ms or self.tpot_target_ms)
+
+    def headers(self, index: int) -> dict[str, str]:
+        """What request `index` sends besides its body: its targets, and whether it is sheddable."""
+        headers = {}
+        if self.ttft_target_ms:
+            headers[TTFT_HEADER] = str(self.ttft_target_ms)
+        if self.tpot_target_ms:
+            headers[TPOT_HEADER] = str(self.tpot_target_ms)
+        if (index * SPREAD) % 1 < self.sheddable_share:
+            headers[PRIORITY_HEADER] = "sheddable"
+        return headers
 
 
 @dataclass
@@ -49,10 +80,12 @@ class Flight:
     """One request from the router's point of view. `cached_tokens` is what its first worker found
     in its prefix cache; `lost_tokens` the KV tokens computed for it on workers that then failed;
     `recomputed_tokens` those of them computed again where it resumed (what the new worker's cache
-    did not hold)."""
+    did not hold). `routed` is what the router placed; `scored` the request with the targets its
+    client sent, whether or not the router read them."""
 
     request: SimRequest
     routed: RouteRequest
+    scored: RouteRequest
     sent_s: float
     balancer: Balancer
     placement: Placement | None = None
@@ -127,11 +160,19 @@ class SimRouter:
 
     def submit(self, request: SimRequest, sent_s: float) -> None:
         """A request reaches the router (the client sent it at `sent_s`)."""
-        routed = route_request(
-            request.body(MODEL), {}, True, self.settings.chars_per_token, self.settings.default_decode_tokens
+        headers = self.settings.headers(request.index)
+        scored = with_targets(
+            route_request(
+                request.body(MODEL), headers, True, self.settings.chars_per_token, self.settings.default_decode_tokens
+            ),
+            headers,
         )
+        routed = scored if self.settings.read_targets else replace(scored, ttft_target_s=None, tpot_target_s=None)
         balancer = self.balancers[request.index % len(self.balancers)]
-        flight = self.flights[str(request.index)] = Flight(request, routed, sent_s, balancer)
+        flight = self.flights[str(request.index)] = Flight(request, routed, scored, sent_s, balancer)
+        if late(routed, balancer.best_estimate(routed)):
+            self._end(flight, SHED)
+            return
         self._send(flight, request.prompt_token_ids(), [])
 
     def _send(self, flight: Flight, prompt: list[int], resumed: list[int]) -> None:

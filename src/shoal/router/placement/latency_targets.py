@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from msgspec.structs import replace
 
 from shoal.router.config import LatencyTargets
+from shoal.router.placement.policies.cost import Estimate
 from shoal.router.views import RouteRequest
 
 TTFT_HEADER = "x-shoal-ttft-target-ms"
@@ -57,3 +58,17 @@ def met(routed: RouteRequest, ttft_s: float | None, tpot_s: float | None) -> boo
     if routed.ttft_target_s is not None and (ttft_s is None or ttft_s > routed.ttft_target_s):
         return False
     return routed.tpot_target_s is None or tpot_s is None or tpot_s <= routed.tpot_target_s
+
+
+def late(routed: RouteRequest, best: Estimate | None) -> str | None:
+    """Why sheddable work with latency targets is refused now, given the best prediction for it
+    (Balancer.best_estimate): no worker is predicted to meet them, so it would be served late.
+    None where it is not sheddable, has no targets, no worker could take it, or one meets them."""
+    if routed.priority != "sheddable" or (routed.ttft_target_s is None and routed.tpot_target_s is None):
+        return None
+    if best is None or best.meets(routed):
+        return None
+    return (
+        f"no worker can meet this sheddable request's latency targets now (predicted at best: first "
+        f"token in {best.ttft_s * 1000:.0f} ms, {best.tpot_s * 1000:.0f} ms a token); try again later"
+    )

@@ -11,6 +11,7 @@ from shoal.router.placement.policies.cost import CostPolicy
 from shoal.router.placement.policies.least_outstanding import LeastOutstandingTokens
 from shoal.router.placement.policies.peer_dynamo import DynamoKVCost
 from shoal.router.placement.policies.peer_llm_d import LlmDWeightedScorers
+from shoal.router.placement.policies.peer_llm_d_latency import LlmDPredictedLatency
 from shoal.router.placement.policies.peer_ray_serve import RayPrefixAffinity
 from shoal.router.placement.policies.peer_sglang import SGLangCacheAware
 from shoal.router.placement.policies.power_of_two import PowerOfTwoChoices
@@ -28,6 +29,7 @@ POLICIES = {
         CostPolicy,
         SGLangCacheAware,
         LlmDWeightedScorers,
+        LlmDPredictedLatency,
         DynamoKVCost,
         RayPrefixAffinity,
     )
