@@ -34,6 +34,7 @@ from shoal.router.streams.failover import StreamFailover
 from shoal.router.streams.journal import EventId, Journaled, ResumeRefused, StreamJournal
 from shoal.router.streams.proxy import error_response
 from shoal.router.streams.relay import StreamBroken, StreamProgress
+from shoal.router.streams.request_context import RequestContext
 from shoal.router.streams.upstream_client import UpstreamClient
 from shoal.router.views import RouteRequest
 
@@ -210,22 +211,6 @@ class FrontDoor:
                 response = error_response(refused.status, str(refused), _ERROR_TYPES[refused.status], "Last-Event-ID")
                 telemetry.finish(response.status_code)
                 return response
-        response = await self._dispatch(body, headers, path, chat, client, telemetry, resumable, resume)
-        if not isinstance(response, StreamingResponse):
-            telemetry.finish(response.status_code)
-        return response
-
-    async def _dispatch(
-        self,
-        body: object,
-        headers: Mapping[str, str],
-        path: str,
-        chat: bool,
-        client: Client,
-        telemetry: RequestTelemetry,
-        resumable: bool = False,
-        resume: tuple[EventId, Journaled] | None = None,
-    ) -> Response:
         try:
             if not isinstance(body, dict):
                 raise RequestError("the body must be a JSON object")
@@ -235,23 +220,36 @@ class FrontDoor:
                 else route_request(body, headers, chat, self.config.chars_per_token, self.config.default_decode_tokens)
             )
         except RequestError as exc:
-            return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        if routed.model not in self.membership.known_models and routed.model not in self.config.models:
-            routed = await self._as_adapter(routed)
-        if not self._serves(routed.model):  # counted as model "unknown": clients do not name labels
+            response = error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
+        else:
+            request = RequestContext(routed, body, path, headers, chat, client, telemetry)
+            response = await self._dispatch(request, resumable, resume)
+        if not isinstance(response, StreamingResponse):
+            telemetry.finish(response.status_code)
+        return response
+
+    async def _dispatch(
+        self, request: RequestContext, resumable: bool, resume: tuple[EventId, Journaled] | None
+    ) -> Response:
+        """Admits, places and forwards a parsed request (`resume`: where the client of a resumed
+        stream stands, and its journaled request)."""
+        headers, client, telemetry = request.headers, request.client, request.telemetry
+        if request.routed.model not in self.membership.known_models and request.routed.model not in self.config.models:
+            request.routed = await self._as_adapter(request.routed)
+        if not self._serves(request.routed.model):  # counted as model "unknown": clients do not name labels
             return error_response(
-                404, f"model {routed.model!r} is not served by this cluster", "not_found_error", "model"
+                404, f"model {request.routed.model!r} is not served by this cluster", "not_found_error", "model"
             )
-        settings = self.config.models.get(routed.model)
+        settings = self.config.models.get(request.routed.model)
         defaults = (client.targets, settings.targets) if settings else (client.targets,)
         targeted = TTFT_HEADER in headers or TPOT_HEADER in headers or any(d.given for d in defaults)
         if targeted:
             try:
-                routed = with_targets(routed, headers, *defaults)
+                request.routed = with_targets(request.routed, headers, *defaults)
             except BadTarget as exc:
                 return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.header)
-        telemetry.routed_as(routed, body.get("stream") is True)
-        late = self._late(routed) if targeted else None
+        telemetry.routed_as(request.routed, request.body.get("stream") is True)
+        late = self._late(request.routed) if targeted else None
         if late is not None:
             return error_response(
                 429, late, "rate_limit_error", headers={"retry-after": str(self.config.admission.retry_after_s)}
@@ -260,28 +258,32 @@ class FrontDoor:
             deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
         except RequestError as exc:
             return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.param)
-        wait = self.rate_limiter.check(client.limits(routed.end_user), routed.total_tokens)
+        end_user = request.routed.end_user
+        wait = self.rate_limiter.check(client.limits(end_user), request.routed.total_tokens)
         if wait:
             return error_response(
                 429,
-                f"rate limit exceeded for {client.name}"
-                + (f" or its end user {routed.end_user}" if routed.end_user else ""),
+                f"rate limit exceeded for {client.name}" + (f" or its end user {end_user}" if end_user else ""),
                 "rate_limit_error",
                 headers={"retry-after": str(math.ceil(wait)) if math.isfinite(wait) else "60"},
             )
         degraded = None
-        if routed.priority == "sheddable" and path != EMBEDDINGS_PATH and not self.admission.has_room(routed.model):
-            routed, body, degraded = self._degrade(routed, body)
-        if self.capacity(routed.model) == 0 and routed.model in self.membership.known_models:
+        if (
+            request.routed.priority == "sheddable"
+            and request.path != EMBEDDINGS_PATH
+            and not self.admission.has_room(request.routed.model)
+        ):
+            request.routed, request.body, degraded = self._degrade(request.routed, request.body)
+        if self.capacity(request.routed.model) == 0 and request.routed.model in self.membership.known_models:
             # Its workers are gone: wait a little for one to return. A model whose first workers
             # are still starting waits for them as long as the request's deadline allows.
             deadline_s = min(deadline_s, self.config.failover.wait_for_capacity_s)
         try:
-            share = Share(client.tenant(routed.end_user), routed.total_tokens, client.weight)
-            if not self.admission.try_admit(routed.model, routed.priority, share):
-                await self._wait_for_admission(routed, deadline_s, telemetry, share)
+            share = Share(client.tenant(end_user), request.routed.total_tokens, client.weight)
+            if not self.admission.try_admit(request.routed.model, request.routed.priority, share):
+                await self._wait_for_admission(request, deadline_s, share)
         except Refused as refused:
-            fallback = next((m for m in self.fallbacks(routed.model) if self.admission.has_room(m)), None)
+            fallback = next((m for m in self.fallbacks(request.routed.model) if self.admission.has_room(m)), None)
             if refused.status != 503 or fallback is None:
                 return error_response(
                     refused.status,
@@ -289,14 +291,15 @@ class FrontDoor:
                     "rate_limit_error" if refused.status == 429 else "service_unavailable",
                     headers={"retry-after": str(refused.retry_after_s)},
                 )
-            routed, body, degraded = (
-                replace(routed, model=fallback),
-                {**body, "model": fallback},
+            request.routed, request.body, degraded = (
+                replace(request.routed, model=fallback),
+                {**request.body, "model": fallback},
                 f"fallback={fallback}",
             )
             self.admission.slots.take(fallback)
         if degraded:
             telemetry.root.set_attribute("shoal.degraded", degraded)
+        routed, body = request.routed, request.body  # as admitted: fixed from here on
         started_ns = time.time_ns()
         placement = self.balancer.place(routed)
         telemetry.placed(routed, placement, self.balancer.policy.name, started_ns)
@@ -309,7 +312,7 @@ class FrontDoor:
                 headers={"retry-after": str(self.config.admission.retry_after_s)},
             )
         model = routed.model
-        extra = {
+        request.extra_headers = {
             "x-shoal-router": self.router_id,
             "x-shoal-trace-id": telemetry.trace_id,
             "x-request-id": telemetry.request_id,
@@ -319,27 +322,22 @@ class FrontDoor:
         def release_slot() -> None:
             self.admission.release(model)
 
-        wait_s = min(_deadline(headers, math.inf), self.config.failover.wait_for_capacity_s)
-        journal = None
+        request.wait_s = min(_deadline(headers, math.inf), self.config.failover.wait_for_capacity_s)
         if self.journal is not None and resumable and body.get("stream") is True and body.get("n", 1) == 1:
-            journal = self.journal.writer(path, body, client.name)
+            request.journal = self.journal.writer(request.path, body, client.name)
         progress = None
         if resume is not None:
             try:
-                progress = await self._resume_progress(routed, body, path, headers, *resume, telemetry)
+                progress = await self._resume_progress(request, *resume)
             except StreamBroken as broken:
                 self.balancer.release(placement)
                 release_slot()
                 return error_response(503, f"the stream cannot be resumed now: {broken}", "service_unavailable")
-            if journal is not None:
-                journal.resumed_at(len(resume[1].token_ids))
-        if path == EMBEDDINGS_PATH:
-            return await self.failover.serve_whole(
-                routed, body, path, headers, placement, release_slot, extra, telemetry, wait_s
-            )
-        return await self.failover.serve(
-            routed, body, path, headers, placement, release_slot, extra, chat, telemetry, wait_s, journal, progress
-        )
+            if request.journal is not None:
+                request.journal.resumed_at(len(resume[1].token_ids))
+        if request.path == EMBEDDINGS_PATH:
+            return await self.failover.serve_whole(request, placement, release_slot)
+        return await self.failover.serve(request, placement, release_slot, progress)
 
     async def _resumed(self, last_event_id: str, path: str, client: Client) -> tuple[EventId, Journaled]:
         """Where the client of a Last-Event-ID stands, and its journaled request; ResumeRefused
@@ -353,14 +351,7 @@ class FrontDoor:
         return position, journaled
 
     async def _resume_progress(
-        self,
-        routed: RouteRequest,
-        body: dict,
-        path: str,
-        headers: Mapping[str, str],
-        position: EventId,
-        journaled: Journaled,
-        telemetry: RequestTelemetry,
+        self, request: RequestContext, position: EventId, journaled: Journaled
     ) -> StreamProgress:
         """The progress of a resumed stream: exactly what its client had been sent (the journal may
         hold less: the rest is regenerated first)."""
@@ -372,15 +363,16 @@ class FrontDoor:
             response_id=position.response_id,
         )
         if position.tokens > len(journaled.token_ids):
-            await self.failover.catch_up(routed, body, path, headers, progress, position.tokens, telemetry)
+            await self.failover.catch_up(request, progress, position.tokens)
         progress.text_chars = position.chars
         return progress
 
-    async def _wait_for_admission(
-        self, routed: RouteRequest, deadline_s: float, telemetry: RequestTelemetry, share: Share
-    ) -> None:
+    async def _wait_for_admission(self, request: RequestContext, deadline_s: float, share: Share) -> None:
         """Queues for a slot, as a `router.admission` span (a request admitted at once has none)."""
-        span = telemetry.span("router.admission", **{"shoal.model": routed.model, "shoal.priority": routed.priority})
+        routed = request.routed
+        span = request.telemetry.span(
+            "router.admission", **{"shoal.model": routed.model, "shoal.priority": routed.priority}
+        )
         try:
             await self.admission.admit(routed.model, routed.priority, deadline_s, share)
         except Refused as refused:

@@ -33,7 +33,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 
 import msgspec
 from msgspec.structs import replace
@@ -50,17 +50,14 @@ from shoal.router.fleet.health_monitor import HealthMonitor
 from shoal.router.fleet.membership import Membership, WorkerState
 from shoal.router.lora_catalog import AdapterLoadFailed, LoraCatalog
 from shoal.router.placement.balancer import Balancer, Placement
-from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.streams.assembly import assemble
 from shoal.router.streams.attempt import Attempt
 from shoal.router.streams.choice_fanout import choice_bodies, merged
 from shoal.router.streams.continuation import by_tokens
-from shoal.router.streams.journal import JournalWriter
 from shoal.router.streams.proxy import FORWARDED_HEADERS, JSON_CONTENT, error_response
 from shoal.router.streams.relay import HandedOff, StreamBroken, StreamProgress, is_client_error, relay
-from shoal.router.streams.tried_workers import TriedWorkers
+from shoal.router.streams.request_context import RequestContext
 from shoal.router.streams.upstream_client import UpstreamClient, UpstreamError
-from shoal.router.views import RouteRequest
 
 log = logging.getLogger(__name__)
 
@@ -88,9 +85,11 @@ class StreamFailover:
         self.fallbacks = fallbacks
         self.lora = lora
 
-    async def open(self, attempt: Attempt, path: str, headers: Mapping[str, str], tried: TriedWorkers) -> bool:
+    async def open(self, attempt: Attempt) -> bool:
         """Sends the request, moving to another worker while the chosen one cannot be reached or
         answers 5xx. On success attempt.upstream is open; False when no worker is left to try."""
+        request = attempt.request
+        headers, telemetry = request.headers, request.telemetry
         forwarded = {**JSON_CONTENT, **{k: headers[k] for k in FORWARDED_HEADERS if k in headers}}
         resuming = attempt.continues is not None
         for try_number in range(self.settings.attempts_for(attempt.routed.priority)):
@@ -102,7 +101,7 @@ class StreamFailover:
             outgoing = {**forwarded, KEEP_ALIVE_HEADER: "1"}  # the keep-alives that tell busy from hung
             if _may_hand_off(attempt, worker, resuming):
                 outgoing[HANDOFF_HEADER] = ACCEPTS_KV_HANDOFF
-            attempt.telemetry.attempt(worker.worker_id, worker.url, attempt.continuation(worker), outgoing)
+            telemetry.attempt(worker.worker_id, worker.url, attempt.continuation(worker), outgoing)
             sent = time.monotonic()
             try:
                 if attempt.routed.adapter_loadable and self.lora is not None:
@@ -110,7 +109,7 @@ class StreamFailover:
                 # Until the first byte (a shoal worker answers at the first token) the health
                 # monitor may cut the wait short: it closes what is in worker.streams.
                 upstream = await self.client.post(
-                    worker.url + path,
+                    worker.url + request.path,
                     msgspec.json.encode(attempt.body_for(worker)),
                     outgoing,
                     track=worker.streams,
@@ -126,19 +125,19 @@ class StreamFailover:
                 upstream.release()
                 reason, lost, refused_for_now = f"answered {upstream.status}", False, upstream.status == 503
             except AdapterLoadFailed as exc:  # the adapter's fault, not the worker's health
-                attempt.telemetry.end_attempt("failed", str(exc))
+                telemetry.end_attempt("failed", str(exc))
                 log.warning("%s could not load the LoRA adapter %s: %s", worker.worker_id, attempt.routed.model, exc)
-                self._abandon(attempt, tried, str(exc), connection_lost=False, counted=False)
-                attempt.placement = self._place(attempt, tried)
+                self._abandon(attempt, str(exc), connection_lost=False, counted=False)
+                attempt.placement = self._place(attempt)
                 continue
             except (UpstreamError, TimeoutError) as exc:
                 lost = isinstance(exc, UpstreamError) and exc.connection_lost
                 reason, refused_for_now = type(exc).__name__, False
-            attempt.telemetry.end_attempt("failed", reason)
-            attempt.telemetry.retried(worker.worker_id, reason)
+            telemetry.end_attempt("failed", reason)
+            telemetry.retried(worker.worker_id, reason)
             log.info("%s failed the request (%s); trying another worker", worker.worker_id, reason)
-            self._abandon(attempt, tried, reason, lost, may_retake=refused_for_now)
-            attempt.placement = self._place(attempt, tried)
+            self._abandon(attempt, reason, lost, may_retake=refused_for_now)
+            attempt.placement = self._place(attempt)
         return False
 
     def _backoff(self, try_number: int) -> float:
@@ -146,11 +145,11 @@ class StreamFailover:
         delay = min(self.settings.backoff_max_s, self.settings.backoff_base_s * 2 ** (try_number - 1))
         return delay / 2 + random.uniform(0, delay / 2)
 
-    def _place(self, attempt: Attempt, tried: TriedWorkers) -> Placement | None:
+    def _place(self, attempt: Attempt) -> Placement | None:
         """Another worker for the request, now or None: of its model (a continued stream only on a
         worker whose engine can continue it, token-exact where one can), else for a critical request
         one of a fallback model (never mid-stream: the output so far is the model's own)."""
-        excluded = tried.excluded(self.membership.workers)
+        excluded = attempt.tried.excluded(self.membership.workers)
         started_ns = time.time_ns()
         placement, progress = None, attempt.continues
         if progress is not None:
@@ -162,7 +161,7 @@ class StreamFailover:
                     break
         else:
             placement = self.balancer.place(attempt.routed, exclude=excluded, phase="prefill")
-        attempt.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
+        attempt.request.telemetry.placed(attempt.routed, placement, self.balancer.policy.name, started_ns)
         if placement is None and progress is None and attempt.routed.priority == "critical":
             for model in self.fallbacks(attempt.routed.model):
                 placement = self.balancer.place(replace(attempt.routed, model=model), exclude=excluded)
@@ -176,7 +175,6 @@ class StreamFailover:
     def _abandon(
         self,
         attempt: Attempt,
-        tried: TriedWorkers,
         reason: str,
         connection_lost: bool,
         may_retake: bool = False,
@@ -191,9 +189,9 @@ class StreamFailover:
         worker = attempt.placement.worker
         taken_out = worker.down or worker.ejected_until is not None
         if may_retake or taken_out or connection_lost:
-            tried.leave(worker.worker_id, time.monotonic())
+            attempt.tried.leave(worker.worker_id, time.monotonic())
         else:
-            tried.fail(worker.worker_id)
+            attempt.tried.fail(worker.worker_id)
         if attempt.upstream is not None:
             worker.streams.discard(attempt.upstream)
             attempt.upstream.release()
@@ -215,8 +213,9 @@ class StreamFailover:
         """Lets the worker that handed the stream off go (it did nothing wrong): not counted as a
         failure nor a migration; past MAX_HANDOFFS the next worker may not hand it off again."""
         worker = attempt.placement.worker
-        attempt.telemetry.end_attempt("handed_off", None)
-        attempt.telemetry.handed_off(worker.worker_id, len(progress.token_ids), handoff.reason)
+        telemetry = attempt.request.telemetry
+        telemetry.end_attempt("handed_off", None)
+        telemetry.handed_off(worker.worker_id, len(progress.token_ids), handoff.reason)
         progress.handoffs += 1
         attempt.accepts_handoff = progress.handoffs < MAX_HANDOFFS
         self._finish(attempt)
@@ -230,25 +229,16 @@ class StreamFailover:
             self.balancer.release(attempt.placement)
             attempt.placement = None
 
-    async def _start(
-        self,
-        attempt: Attempt,
-        path: str,
-        headers: Mapping[str, str],
-        tried: TriedWorkers,
-        wait_s: float,
-        extra_headers: dict[str, str],
-    ) -> Response | None:
+    async def _start(self, attempt: Attempt) -> Response | None:
         """Opens the stream; None when there is one to relay, else the Response to answer (the
-        worker's refusal, or 503, with `extra_headers`). While no worker can take it the request
-        waits up to `wait_s`, unless every worker of its model has failed it."""
+        worker's refusal, or 503, with the request's `extra_headers`). While no worker can take it
+        the request waits up to its `wait_s`, unless every worker of its model has failed it."""
+        extra_headers = attempt.request.extra_headers
         if attempt.placement is not None and not attempt.takes(attempt.placement.worker):
             self.balancer.release(attempt.placement)
-            attempt.placement = self._place(attempt, tried)
-        if not await self.open(attempt, path, headers, tried) and not tried.failed_by_all(
-            self.membership.workers, attempt.routed
-        ):
-            async for _ in self._reopen(attempt, path, headers, tried, wait_s):
+            attempt.placement = self._place(attempt)
+        if not await self.open(attempt) and not attempt.tried.failed_by_all(self.membership.workers, attempt.routed):
+            async for _ in self._reopen(attempt):
                 pass  # nothing is sent before the first byte: the client just waits
         if attempt.upstream is None:
             return error_response(
@@ -269,24 +259,13 @@ class StreamFailover:
             )
         return None
 
-    async def serve_whole(
-        self,
-        routed: RouteRequest,
-        body: dict,
-        path: str,
-        headers: Mapping[str, str],
-        placement: Placement,
-        done: Callable[[], None],
-        extra_headers: dict[str, str],
-        telemetry: RequestTelemetry,
-        wait_s: float,
-    ) -> Response:
+    async def serve_whole(self, request: RequestContext, placement: Placement, done: Callable[[], None]) -> Response:
         """Serves a request a worker answers in one body (embeddings), sent as a stream's first
         attempt is: to another worker while one cannot be reached or answers 5xx, waiting up to
-        `wait_s` for one; `done` runs once."""
-        attempt = Attempt(routed, body, False, telemetry, placement)
+        the request's `wait_s` for one; `done` runs once."""
+        attempt = Attempt(request, request.body, placement)
         try:
-            answer = await self._start(attempt, path, headers, TriedWorkers(), wait_s, extra_headers)
+            answer = await self._start(attempt)
         finally:
             self._finish(attempt)
             done()
@@ -296,30 +275,23 @@ class StreamFailover:
 
     async def serve(
         self,
-        routed: RouteRequest,
-        body: dict,
-        path: str,
-        headers: Mapping[str, str],
+        request: RequestContext,
         placement: Placement,
         done: Callable[[], None],
-        extra_headers: dict[str, str],
-        chat: bool,
-        telemetry: RequestTelemetry,
-        wait_s: float,
-        journal: JournalWriter | None = None,
         resume: StreamProgress | None = None,
     ) -> Response:
         """Serves a completion, streamed or not, with any number of choices; `done` runs once when
         it is over (also when the client leaves before the stream is read). A stream's end also
         finishes its telemetry (any other response's status is the caller's to record). A stream
-        with no worker to continue on waits up to `wait_s` for one. With a `journal` (a
-        single-choice stream) every event gets an id and the journal follows the stream; `resume`
-        continues a journaled stream from where its client stands (what it was sent is not sent
-        again)."""
+        with no worker to continue on waits up to the request's `wait_s` for one. With the
+        request's `journal` (a single-choice stream) every event gets an id and the journal follows
+        the stream; `resume` continues a journaled stream from where its client stands (what it was
+        sent is not sent again)."""
+        body = request.body
         streaming = body.get("stream") is True
         bodies = choice_bodies(body, force_stream=not streaming)
         attempts = [
-            Attempt(routed, b, chat, telemetry, placement if i == 0 else self.balancer.place(routed))
+            Attempt(request, b, placement if i == 0 else self.balancer.place(request.routed))
             for i, b in enumerate(bodies)
         ]
         progresses = [StreamProgress(seed=b.get("seed")) for b in bodies]
@@ -338,25 +310,21 @@ class StreamFailover:
 
         def stream_over() -> None:
             finish()
-            telemetry.finish(200)
+            request.telemetry.finish(200)
 
-        tried_per_choice = [TriedWorkers() for _ in attempts]
         try:
-            for attempt, tried in zip(attempts, tried_per_choice):
-                refusal = await self._start(attempt, path, headers, tried, wait_s, extra_headers)
+            for attempt in attempts:
+                refusal = await self._start(attempt)
                 if refusal is not None:
                     finish()
                     return refusal
         except BaseException:  # a worker's broken refusal, or the client gone while we retried
             finish()
             raise
-        reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **extra_headers}
-        if attempts[0].routed.model != routed.model:
+        reply_headers = {"x-shoal-worker": attempts[0].placement.worker.worker_id, **request.extra_headers}
+        if attempts[0].routed.model != request.routed.model:
             reply_headers["x-shoal-degraded"] = f"fallback={attempts[0].routed.model}"
-        streams = [
-            self._events(a, path, headers, t, wait_s, p, journal)
-            for a, t, p in zip(attempts, tried_per_choice, progresses)
-        ]
+        streams = [self._events(a, p) for a, p in zip(attempts, progresses)]
         events = streams[0] if len(streams) == 1 else merged(streams, _wants_usage(body) or not streaming)
         if streaming:
             return StreamingResponse(
@@ -378,18 +346,10 @@ class StreamFailover:
         if errors or not collected:
             message = errors[0]["message"] if errors else "the worker sent no events"
             return error_response(503, message, "service_unavailable", headers={"retry-after": "1", **reply_headers})
-        return JSONResponse(assemble(collected, chat), headers=reply_headers)
+        return JSONResponse(assemble(collected, request.chat), headers=reply_headers)
 
-    async def _events(
-        self,
-        attempt: Attempt,
-        path: str,
-        headers: Mapping[str, str],
-        tried: TriedWorkers,
-        wait_s: float,
-        progress: StreamProgress,
-        journal: JournalWriter | None,
-    ) -> AsyncIterator[bytes]:
+    async def _events(self, attempt: Attempt, progress: StreamProgress) -> AsyncIterator[bytes]:
+        telemetry, journal = attempt.request.telemetry, attempt.request.journal
         try:
             while True:
                 try:
@@ -397,7 +357,7 @@ class StreamFailover:
                         attempt.upstream,
                         attempt.placement.worker,
                         progress,
-                        attempt.telemetry,
+                        telemetry,
                         self.settings,
                         attempt.placement.ticket,
                         event_ids=journal is not None,
@@ -413,8 +373,8 @@ class StreamFailover:
                     attempt.continues, attempt.kv_source = progress, moved.handoff.kv_peer
                 except StreamBroken as broken:
                     worker_id = attempt.placement.worker.worker_id
-                    attempt.telemetry.end_attempt("broken", str(broken))
-                    self._abandon(attempt, tried, str(broken), broken.connection_lost, may_retake=broken.timed_out)
+                    telemetry.end_attempt("broken", str(broken))
+                    self._abandon(attempt, str(broken), broken.connection_lost, may_retake=broken.timed_out)
                     if progress.migrations >= self.settings.max_migrations:
                         yield _gave_up(attempt, "the request failed on every worker tried")
                         yield DONE
@@ -434,9 +394,9 @@ class StreamFailover:
                         progress.tokens,
                         broken,
                     )
-                    attempt.telemetry.migrated(worker_id, progress.tokens, str(broken))
+                    telemetry.migrated(worker_id, progress.tokens, str(broken))
                     attempt.kv_source = _ejected_kv_peer(self.membership, worker_id) if started else None
-                async for keep_alive in self._reopen(attempt, path, headers, tried, wait_s):
+                async for keep_alive in self._reopen(attempt):
                     yield keep_alive
                 if attempt.upstream is None or attempt.upstream.status != 200:
                     yield _gave_up(attempt, "no worker left to continue this stream")
@@ -445,29 +405,24 @@ class StreamFailover:
         finally:
             self._finish(attempt)
 
-    async def catch_up(
-        self,
-        routed: RouteRequest,
-        body: dict,
-        path: str,
-        headers: Mapping[str, str],
-        progress: StreamProgress,
-        tokens: int,
-        telemetry: RequestTelemetry,
-    ) -> None:
+    async def catch_up(self, request: RequestContext, progress: StreamProgress, tokens: int) -> None:
         """Regenerates, without relaying them, the tokens of a journaled stream from its journal's
         mark up to `tokens` (what its client had been sent): the same seed gives the same tokens at
         the same positions. progress.token_ids then holds exactly `tokens` ids. Raises
         StreamBroken when no worker could do it."""
         scratch = StreamProgress(progress.token_ids[:], True, progress.text_chars, progress.seed, progress.response_id)
-        placement = self.balancer.place(routed, phase="decode")
-        chat = path.endswith("/chat/completions")
-        attempt = Attempt(routed, body, chat, telemetry, placement, accepts_handoff=False, continues=scratch)
-        if not await self.open(attempt, path, headers, TriedWorkers()):
+        placement = self.balancer.place(request.routed, phase="decode")
+        attempt = Attempt(request, request.body, placement, accepts_handoff=False, continues=scratch)
+        if not await self.open(attempt):
             raise StreamBroken("no worker could regenerate the stream up to where its client stood")
         try:
             async for _ in relay(
-                attempt.upstream, attempt.placement.worker, scratch, telemetry, self.settings, attempt.placement.ticket
+                attempt.upstream,
+                attempt.placement.worker,
+                scratch,
+                request.telemetry,
+                self.settings,
+                attempt.placement.ticket,
             ):
                 if len(scratch.token_ids) >= tokens:
                     break
@@ -478,22 +433,15 @@ class StreamFailover:
         progress.token_ids = scratch.token_ids[:tokens]
         progress.seed = scratch.seed
 
-    async def _reopen(
-        self,
-        attempt: Attempt,
-        path: str,
-        headers: Mapping[str, str],
-        tried: TriedWorkers,
-        wait_s: float,
-    ) -> AsyncIterator[bytes]:
-        """Opens the stream on another worker (attempt.upstream), waiting up to wait_s
+    async def _reopen(self, attempt: Attempt) -> AsyncIterator[bytes]:
+        """Opens the stream on another worker (attempt.upstream), waiting up to the request's wait_s
         while none can take it (every one tried, down or busy); yields keep-alives for the client
         meanwhile. attempt.upstream stays None if no worker took it by then."""
         now = time.monotonic()
-        deadline, keep_alive_at = now + wait_s, now + CLIENT_INTERVAL_S
+        deadline, keep_alive_at = now + attempt.request.wait_s, now + CLIENT_INTERVAL_S
         while True:
-            attempt.placement = self._place(attempt, tried)
-            if attempt.placement is not None and await self.open(attempt, path, headers, tried):
+            attempt.placement = self._place(attempt)
+            if attempt.placement is not None and await self.open(attempt):
                 return
             now = time.monotonic()
             if now >= deadline:
@@ -532,7 +480,7 @@ def _wants_usage(body: dict) -> bool:
 
 def _gave_up(attempt: Attempt, message: str) -> bytes:
     """The error event that ends a stream no worker could finish (its trace marked failed)."""
-    attempt.telemetry.failed(message)
+    attempt.request.telemetry.failed(message)
     return _error_event(message)
 
 
