@@ -27,7 +27,7 @@ from shoal.router.fleet.membership import Membership
 from shoal.router.lora_catalog import LoraCatalog
 from shoal.router.metrics import RouterMetrics
 from shoal.router.placement.balancer import Balancer
-from shoal.router.placement.latency_targets import TPOT_HEADER, TTFT_HEADER, BadTarget, with_targets
+from shoal.router.placement.latency_targets import TPOT_HEADER, TTFT_HEADER, BadTarget, late, with_targets
 from shoal.router.placement.route_request import EMBEDDINGS_PATH, RequestError, embedding_route_request, route_request
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.streams.failover import StreamFailover
@@ -127,19 +127,6 @@ class FrontDoor:
             return name in known or name in configured or catalogued or name in self.membership.models()
 
         return seen(model) or any(seen(m) for m in self.fallbacks(model))
-
-    def _late(self, routed: RouteRequest) -> str | None:
-        """Why sheddable work with latency targets is refused now (no worker is predicted to meet
-        them, so it would be served late), or None."""
-        if routed.priority != "sheddable" or (routed.ttft_target_s is None and routed.tpot_target_s is None):
-            return None
-        best = self.balancer.best_estimate(routed)
-        if best is None or best.meets(routed):
-            return None
-        return (
-            f"no worker can meet this sheddable request's latency targets now (predicted at best: first "
-            f"token in {best.ttft_s * 1000:.0f} ms, {best.tpot_s * 1000:.0f} ms a token); try again later"
-        )
 
     def fallbacks(self, model: str) -> list[str]:
         settings = self.config.models.get(model)
@@ -249,10 +236,12 @@ class FrontDoor:
             except BadTarget as exc:
                 return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.header)
         telemetry.routed_as(request.routed, request.body.get("stream") is True)
-        late = self._late(request.routed) if targeted else None
-        if late is not None:
+        refusal = None
+        if targeted and request.routed.priority == "sheddable":  # the only work refused for its targets
+            refusal = late(request.routed, self.balancer.best_estimate(request.routed))
+        if refusal is not None:
             return error_response(
-                429, late, "rate_limit_error", headers={"retry-after": str(self.config.admission.retry_after_s)}
+                429, refusal, "rate_limit_error", headers={"retry-after": str(self.config.admission.retry_after_s)}
             )
         try:
             deadline_s = _deadline(headers, self.config.admission.queue_timeout_s)
