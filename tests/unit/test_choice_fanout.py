@@ -30,10 +30,10 @@ def test_choices_are_numbered_by_stream_usage_summed_and_one_done_ends_it():
     usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
     chunks = collect(
         [
-            stream(
-                event({"id": "a", "choices": [{"index": 0, "token_ids": [1, 2]}]}),
-                event({"choices": [], "usage": usage}),
-                DONE,
+            stream(  # events that arrived together come in one chunk
+                event({"id": "a", "choices": [{"index": 0, "token_ids": [1, 2]}]})
+                + event({"choices": [], "usage": usage})
+                + DONE,
             ),
             stream(
                 event({"id": "b", "choices": [{"index": 0, "token_ids": [3, 4]}]}),

@@ -42,6 +42,12 @@ def data_of(line: bytes | str) -> bytes | None:
     return value[1:] if value.startswith(b" ") else value
 
 
+def data_values(chunk: bytes) -> list[bytes]:
+    """The `data` values of the whole events in a chunk, in order (a relayed chunk holds one or
+    more whole events: those that arrived together)."""
+    return [value for line in chunk.split(b"\n") if (value := data_of(line)) is not None]
+
+
 def is_done(data: bytes) -> bool:
     """Whether a `data` value is the end of the stream."""
     return data.strip() == _DONE_DATA

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from shoal.errors import error_body
-from shoal.protocol.sse import data_event, data_of, is_done, json_data
+from shoal.protocol.sse import data_event, data_values, is_done, json_data
 from shoal.router.admission.auth import Client
 from shoal.router.body_fields import metadata_field
 from shoal.router.front_door import FrontDoor, header_dict
@@ -81,17 +81,19 @@ class StoredCompletions:
 
     async def _kept_stream(self, chunks: AsyncIterator[bytes], request: dict, client: Client) -> AsyncIterator[bytes]:
         """The stream as it comes; at its [DONE], its events assembled into the completion are
-        stored first (a store that fails sends an error event before the [DONE])."""
+        stored first (a store that fails sends an error event before the [DONE]). A chunk holds
+        whole events, [DONE] last where it has it."""
         events = []
         async for chunk in chunks:
-            data = data_of(chunk)
-            if data is not None and is_done(data):
-                failure = await self._keep_streamed(events, request, client)
-                if failure is not None:
-                    yield failure
-            elif data is not None:
-                events.append(json_data(data))
-            yield chunk
+            values = data_values(chunk)
+            if not values or not is_done(values[-1]):
+                events += map(json_data, values)
+                yield chunk
+                continue
+            before = chunk[: chunk.rindex(b"data:")]
+            events += map(json_data, values[:-1])
+            failure = await self._keep_streamed(events, request, client)
+            yield before + (failure or b"") + chunk[len(before) :]
 
     async def _keep_streamed(self, events: list[dict], request: dict, client: Client) -> bytes | None:
         if not events or any("error" in event for event in events):

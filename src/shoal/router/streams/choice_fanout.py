@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 
-from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
+from shoal.protocol.sse import DONE, data_event, data_values, is_done, json_data
 
 
 def choice_bodies(body: dict, force_stream: bool) -> list[dict]:
@@ -55,21 +55,21 @@ async def merged(streams: list[AsyncIterator[bytes]], include_usage: bool) -> As
             if chunk is None:
                 running -= 1
                 continue
-            data = data_of(chunk)
-            if data is None or is_done(data):
-                continue  # keep-alives, and each stream's [DONE]
-            event = json_data(data)
-            if "error" in event:
-                yield chunk
-                continue
-            if event.get("usage") and not event.get("choices"):
-                usage = _add_usage(usage, event["usage"])
-                continue
-            response_id = response_id or event.get("id")
-            event["id"] = response_id
-            for choice in event.get("choices") or []:
-                choice["index"] = index
-            yield data_event(event)
+            for data in data_values(chunk):  # keep-alives have none
+                if is_done(data):
+                    continue  # each stream's [DONE]
+                event = json_data(data)
+                if "error" in event:
+                    yield data_event(data)
+                    continue
+                if event.get("usage") and not event.get("choices"):
+                    usage = _add_usage(usage, event["usage"])
+                    continue
+                response_id = response_id or event.get("id")
+                event["id"] = response_id
+                for choice in event.get("choices") or []:
+                    choice["index"] = index
+                yield data_event(event)
         if include_usage and usage is not None:
             yield data_event({"id": response_id, "choices": [], "usage": usage})
         yield DONE

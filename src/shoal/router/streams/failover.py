@@ -44,7 +44,7 @@ from shoal.errors import error_body
 from shoal.protocol.keep_alive import BARE, CLIENT_INTERVAL_S
 from shoal.protocol.keep_alive import REQUEST_HEADER as KEEP_ALIVE_HEADER
 from shoal.protocol.kv_handoff import ACCEPTS_KV_HANDOFF, HANDOFF_HEADER, MAX_HANDOFFS, Handoff
-from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
+from shoal.protocol.sse import DONE, data_event, data_values, is_done, json_data
 from shoal.router.config import FailoverSettings
 from shoal.router.fleet.health_monitor import HealthMonitor
 from shoal.router.fleet.membership import Membership, WorkerState
@@ -312,6 +312,9 @@ class StreamFailover:
             finish()
             request.telemetry.finish(200)
 
+        async def after_the_response() -> None:  # a coroutine: Starlette runs a plain function in a thread
+            stream_over()
+
         try:
             for attempt in attempts:
                 refusal = await self._start(attempt)
@@ -331,12 +334,10 @@ class StreamFailover:
                 _finally(events, stream_over),
                 media_type="text/event-stream",
                 headers=reply_headers,
-                background=BackgroundTask(stream_over),
+                background=BackgroundTask(after_the_response),
             )
         try:
-            collected = [
-                json_data(data) async for chunk in events if (data := data_of(chunk)) is not None and not is_done(data)
-            ]
+            collected = [json_data(data) async for chunk in events for data in data_values(chunk) if not is_done(data)]
         finally:
             finish()
         errors = [e["error"] for e in collected if "error" in e]

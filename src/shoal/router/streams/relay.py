@@ -123,102 +123,119 @@ async def relay(
     ticket: int,
     event_ids: bool = False,
 ) -> AsyncIterator[bytes]:
-    """Yields the worker's events (one SSE event a chunk), and a bare keep-alive when the client has
-    been sent nothing for CLIENT_INTERVAL_S, updating progress, the worker's latency
-    figures and, at the first token, what it serves at once (the request's `ticket`); raises
-    StreamBroken if it stops short, HandedOff at a handoff event. With `event_ids` each event gets
-    an SSE `id:` and the same id as `event_id` in its JSON (for clients that do not show SSE ids)."""
+    """Yields the worker's events, and a bare keep-alive when the client has been sent nothing for
+    CLIENT_INTERVAL_S, updating progress, the worker's latency figures and, at the first token, what
+    it serves at once (the request's `ticket`); raises StreamBroken if it stops short, HandedOff at a
+    handoff event. Events that arrived together are read one by one and yielded as one chunk (one
+    write to the client, not one each); invariant: whenever the relay waits for the worker, or
+    raises, everything `progress` counts has been yielded. With `event_ids` each event gets an SSE
+    `id:` and the same id as `event_id` in its JSON (for clients that do not show SSE ids)."""
     resumed = progress.response_id is not None  # a migration or a resumed stream: one response id
     last = client_heard = time.monotonic()  # the last token; the last thing the client was sent
     first = True
     stated_step_s: float | None = None  # the step time the worker last stated, since its last token
-    while True:
-        expected = (
-            stated_step_s if first else max((s for s in (worker.expected_itl_s(), stated_step_s) if s), default=None)
-        )
-        deadline = token_deadline(settings, expected)
-        try:
-            line = await upstream.readline(deadline)
-        except TimeoutError:
-            raise StreamBroken(f"no event within {deadline:.1f} s", timed_out=True) from None
-        except UpstreamError as exc:
-            raise StreamBroken(type(exc).__name__, connection_lost=True) from None
-        if not line:
-            raise StreamBroken("the stream ended without [DONE]", connection_lost=True)
-        keep_alive = parse_keep_alive(line)
-        if keep_alive is not None:
-            stated_step_s = keep_alive.step_s or stated_step_s
-            limit = step_deadline(settings, keep_alive.step_s)
-            if keep_alive.busy_s is not None and keep_alive.busy_s > limit:
-                raise StreamBroken(
-                    f"the engine has been on one step for {keep_alive.busy_s:.1f} s, expected "
-                    f"{keep_alive.step_s or 'unknown'} s (limit {limit:.1f} s)",
-                    timed_out=True,
-                )
-            if time.monotonic() - client_heard >= CLIENT_INTERVAL_S:
-                client_heard = time.monotonic()
-                yield BARE
-            continue
-        payload = data_of(line)
-        if payload is None:
-            continue
-        if is_done(payload):
-            if not progress.finished:  # a server that cut the stream short (llama-cpp-python does when interrupted)
-                raise StreamBroken("the stream ended without a finish reason", connection_lost=True)
-            yield DONE
-            return
-        now = client_heard = time.monotonic()
-        worker.last_seen = now  # events flowing are contact, whether or not polls answer
-        try:
-            event = json_data(payload)
-        except ValueError:
-            raise StreamBroken("the worker sent an event that is not a JSON object") from None
-        if "error" in event:
-            if is_client_error(event):  # the request's own fault: any worker would say the same
-                progress.finished = True
-                yield data_event(payload)
+    deadline = token_deadline(settings, None)
+    pending: list[bytes] = []  # events read but not yet yielded, from what arrived together
+
+    def next_deadline() -> float:
+        if first:
+            return token_deadline(settings, stated_step_s)
+        return token_deadline(settings, max((s for s in (worker.expected_itl_s(), stated_step_s) if s), default=None))
+
+    try:
+        while True:
+            if pending and not upstream.line_ready():
+                yield pending[0] if len(pending) == 1 else b"".join(pending)
+                pending.clear()
+            try:
+                line = await upstream.readline(deadline)
+            except TimeoutError:
+                raise StreamBroken(f"no event within {deadline:.1f} s", timed_out=True) from None
+            except UpstreamError as exc:
+                raise StreamBroken(type(exc).__name__, connection_lost=True) from None
+            if not line:
+                raise StreamBroken("the stream ended without [DONE]", connection_lost=True)
+            if line.isspace():
+                continue  # the blank line that ends each event
+            keep_alive = parse_keep_alive(line)
+            if keep_alive is not None:
+                stated_step_s = keep_alive.step_s or stated_step_s
+                limit = step_deadline(settings, keep_alive.step_s)
+                if keep_alive.busy_s is not None and keep_alive.busy_s > limit:
+                    raise StreamBroken(
+                        f"the engine has been on one step for {keep_alive.busy_s:.1f} s, expected "
+                        f"{keep_alive.step_s or 'unknown'} s (limit {limit:.1f} s)",
+                        timed_out=True,
+                    )
+                deadline = next_deadline()
+                if time.monotonic() - client_heard >= CLIENT_INTERVAL_S:
+                    client_heard = time.monotonic()
+                    pending.append(BARE)
                 continue
-            raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
-        try:
-            handoff = handoff_of(event)
-        except ValueError as exc:
-            raise StreamBroken(str(exc)) from None
-        if handoff is not None:
-            raise HandedOff(handoff)
-        choice = (event.get("choices") or [{}])[0]
-        delta = choice.get("delta") or {}
-        token_ids = choice.get("token_ids") or []
-        text = choice.get("text") or delta.get("content") or ""
-        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-        tokens = len(token_ids) or (1 if text or reasoning or delta.get("tool_calls") else 0)
-        if tokens:
-            if first:
-                worker.first_token(ticket)
+            payload = data_of(line)
+            if payload is None:
+                continue
+            if is_done(payload):
+                if not progress.finished:  # a server that cut the stream short (llama-cpp-python does when interrupted)
+                    raise StreamBroken("the stream ended without a finish reason", connection_lost=True)
+                pending.append(DONE)
+                yield b"".join(pending)
+                return
+            now = client_heard = time.monotonic()
+            worker.last_seen = now  # events flowing are contact, whether or not polls answer
+            try:
+                event = json_data(payload)
+            except ValueError:
+                raise StreamBroken("the worker sent an event that is not a JSON object") from None
+            if "error" in event:
+                if is_client_error(event):  # the request's own fault: any worker would say the same
+                    progress.finished = True
+                    pending.append(data_event(payload))
+                    continue
+                raise StreamBroken(f"the worker failed the request: {event['error'].get('message')}")
+            try:
+                handoff = handoff_of(event)
+            except ValueError as exc:
+                raise StreamBroken(str(exc)) from None
+            if handoff is not None:
+                raise HandedOff(handoff)
+            choice = (event.get("choices") or [{}])[0]
+            delta = choice.get("delta") or {}
+            token_ids = choice.get("token_ids") or []
+            text = choice.get("text") or delta.get("content") or ""
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            tokens = len(token_ids) or (1 if text or reasoning or delta.get("tool_calls") else 0)
+            if tokens:
+                if first:
+                    worker.first_token(ticket)
+                else:
+                    worker.latency.observe_itl((now - last) / tokens)
+                last, first, stated_step_s = now, False, None
+                deadline = next_deadline()
+                telemetry.tokens(tokens)
+            opening = "role" in delta and not tokens and not choice.get("finish_reason")
+            if opening and progress.opened:
+                continue  # a continuation's opening role chunk: the client has one already
+            progress.opened = progress.opened or opening
+            progress.token_ids += token_ids
+            progress.tokens += tokens
+            if text:
+                progress.output.append(text)
+            progress.tool_calls = progress.tool_calls or bool(delta.get("tool_calls"))
+            progress.reasoning = progress.reasoning or bool(reasoning)
+            progress.finished = progress.finished or bool(choice.get("finish_reason"))
+            progress.seed = choice.get("seed", progress.seed)
+            progress.text_chars += choice.get("text_chars", len(text))
+            if progress.response_id is None:
+                progress.response_id = event.get("id")
+            if resumed:
+                event["id"] = progress.response_id
+            if event_ids:
+                event["event_id"] = progress.event_id()
+                pending.append(b"id: " + event["event_id"].encode() + b"\n" + data_event(event))
             else:
-                worker.latency.observe_itl((now - last) / tokens)
-            last, first, stated_step_s = now, False, None
-            telemetry.tokens(tokens)
-        opening = "role" in delta and not tokens and not choice.get("finish_reason")
-        if opening and progress.opened:
-            continue  # a continuation's opening role chunk: the client has one already
-        progress.opened = progress.opened or opening
-        progress.token_ids += token_ids
-        progress.tokens += tokens
-        if text:
-            progress.output.append(text)
-        progress.tool_calls = progress.tool_calls or bool(delta.get("tool_calls"))
-        progress.reasoning = progress.reasoning or bool(reasoning)
-        progress.finished = progress.finished or bool(choice.get("finish_reason"))
-        progress.seed = choice.get("seed", progress.seed)
-        progress.text_chars += choice.get("text_chars", len(text))
-        if progress.response_id is None:
-            progress.response_id = event.get("id")
-        if resumed:
-            event["id"] = progress.response_id
-        if event_ids:
-            event["event_id"] = progress.event_id()
-            yield b"id: " + event["event_id"].encode() + b"\n" + data_event(event)
-            continue
-        if resumed:
-            payload = json.dumps(event).encode()
-        yield data_event(payload)
+                pending.append(data_event(json.dumps(event).encode() if resumed else payload))
+    except (StreamBroken, HandedOff):
+        if pending:  # what progress counts reaches the client before the stream moves
+            yield b"".join(pending)
+        raise

@@ -92,6 +92,10 @@ class UpstreamResponse:
                 return line
             await self._wait(None if ends is None else max(ends - time.monotonic(), 0.0))
 
+    def line_ready(self) -> bool:
+        """Whether readline() would return without waiting (a whole line, or the end, is here)."""
+        return self.complete or self.error is not None or self._buffer.find(b"\n") >= 0
+
     def release(self) -> None:
         """Done with the response: its connection goes back to the pool if the response was read to
         the end and may be kept alive, else it is closed."""
