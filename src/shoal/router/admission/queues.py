@@ -86,6 +86,8 @@ class Admission:
         return self.slots.held(model) < self.capacity(model)
 
     def _waiting_ahead(self, model: str, priority: str) -> bool:
+        if not any(self.queues.values()):  # the common case: nobody waits
+            return False
         ahead = PRIORITY_ORDER if priority == BATCH else PRIORITY_ORDER[: PRIORITY_ORDER.index(priority) + 1]
         return any(w.model == model for p in ahead for w in self.queues[p])
 
@@ -152,7 +154,7 @@ class Admission:
         own in arrival order."""
         for priority in PRIORITY_ORDER:
             queue = self.queues[priority]
-            while True:
+            while queue:
                 firsts: dict[str, Waiter] = {}
                 for waiter in queue:  # each tenant's first waiter whose model has room
                     if waiter.share.tenant not in firsts and self.has_room(waiter.model):
