@@ -13,17 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
-import yaml
 from cpu_name import cpu_description
-from routing_quality import free_port, wait_for
+from routing_quality import start_router
 from speculative import shoal_worker, start
 
 from shoal.router.admission.auth import key_hash
@@ -51,28 +48,14 @@ async def tenant_loop(url: str, key: str, tenant: str, concurrency: int, until: 
 
 def run(worker_url: str, work: Path, args, fair: bool) -> dict:
     keys = {tenant: f"sk-{tenant}" if fair else "sk-shared" for tenant in TENANTS}
-    config = work / f"router-{'fair' if fair else 'fifo'}.yaml"
-    config.write_text(
-        yaml.safe_dump(
-            {
-                "workers": [{"url": worker_url}],
-                "admission": {"max_in_flight_per_worker": args.slots, "queue_timeout_s": 600},
-                "api_keys": [{"name": key, "sha256": key_hash(key)} for key in set(keys.values())],
-                "health": {"canary_interval_s": 3600},
-            }
-        )
-    )
-    port = free_port()
-    with open(work / "router.log", "a") as log:
-        router = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(config)],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            env=os.environ,
-        )
-    url = f"http://127.0.0.1:{port}"
+    config = {
+        "workers": [{"url": worker_url}],
+        "admission": {"max_in_flight_per_worker": args.slots, "queue_timeout_s": 600},
+        "api_keys": [{"name": key, "sha256": key_hash(key)} for key in set(keys.values())],
+        "health": {"canary_interval_s": 3600},
+    }
+    router, url = start_router(config, work, f"router-{'fair' if fair else 'fifo'}")
     try:
-        wait_for(url + "/ready", router, timeout_s=60)
         served = dict.fromkeys(TENANTS, 0)
         started = time.monotonic()
         until = started + args.duration_s

@@ -20,9 +20,8 @@ import time
 from pathlib import Path
 
 import redis
-import yaml
 from chaos import latency, make_spec, run_phase
-from routing_quality import free_port, wait_for
+from routing_quality import free_port, start_router, wait_for
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support.redis_server import start_redis_server
@@ -35,21 +34,6 @@ def commandstats(redis_url: str) -> dict[str, int]:
     """Calls per command so far (INFO commandstats)."""
     stats = redis.Redis.from_url(redis_url).info("commandstats")
     return {name.removeprefix("cmdstat_"): figures["calls"] for name, figures in stats.items()}
-
-
-def start_router(config: dict, log_dir: Path, name: str) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    path = log_dir / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    with open(log_dir / f"{name}.log", "a") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(path)],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-    url = f"http://127.0.0.1:{port}"
-    wait_for(url + "/ready", process, timeout_s=60)
-    return process, url
 
 
 def main() -> int:

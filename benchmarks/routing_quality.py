@@ -81,6 +81,23 @@ def wait_for(url: str, process: subprocess.Popen, timeout_s: float = 300) -> Non
     raise RuntimeError(f"{url} did not come up")
 
 
+def start_router(config: dict, log_dir: Path, name: str) -> tuple[subprocess.Popen, str]:
+    """A shoal router on a free port with `config` (written to log_dir/NAME.yaml, its log beside it),
+    once it is ready; (process, URL)."""
+    port = free_port()
+    path = log_dir / f"{name}.yaml"
+    path.write_text(json.dumps(config))
+    with open(log_dir / f"{name}.log", "a") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), "--config", str(path)],
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    url = f"http://127.0.0.1:{port}"
+    wait_for(url + "/ready", process, timeout_s=60)
+    return process, url
+
+
 def system_prompt(topic: str, rng: random.Random) -> str:
     facts = " ".join(
         f"Rule {i + 1}: when asked about {topic}, mention detail number {rng.randrange(1000)} and keep "
