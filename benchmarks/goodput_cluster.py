@@ -1,7 +1,8 @@
 """Goodput (requests that met their latency targets, per second) on a real cluster: two shoal workers
 (one thread each) behind a fresh shoal router per run, an open-loop Poisson load of streamed chat
 requests with prompts of very different lengths, every request with the same TTFT and TPOT targets
-and every other one sheddable. Runs, interleaved over --repeats on the same requests:
+and every other one sheddable (each worker first warmed up by a few requests of its own; each run's
+prompts start with the run's name, so none finds another run's prefixes cached). Runs, interleaved over --repeats on the same requests:
 
 - `cost!` the router not told the targets (no target headers: no target placement, no shedding;
   the targets still score the requests);
@@ -53,7 +54,7 @@ def requests(args) -> list[dict]:
     return made
 
 
-async def one(client: httpx.AsyncClient, request: dict, told: bool, args, started: float) -> dict:
+async def one(client: httpx.AsyncClient, request: dict, told: bool, args, started: float, run_id: str) -> dict:
     await asyncio.sleep(max(0.0, started + request["at"] - time.monotonic()))
     headers = {"x-shoal-priority": "sheddable"} if request["sheddable"] else {}
     if told:
@@ -63,7 +64,7 @@ async def one(client: httpx.AsyncClient, request: dict, told: bool, args, starte
         }
     body = {
         "model": NAME,
-        "messages": [{"role": "user", "content": request["prompt"]}],
+        "messages": [{"role": "user", "content": f"{run_id} {request['prompt']}"}],  # no run finds another's cached
         "max_tokens": request["max_tokens"],
         "ignore_eos": True,
         "stream": True,
@@ -87,7 +88,15 @@ async def one(client: httpx.AsyncClient, request: dict, told: bool, args, starte
     return {"status": 200, "met": met, "ttft_s": ttft, "tpot_s": tpot, "ended": ended}
 
 
-def run(worker_urls: list[str], work: Path, args, name: str, load: list[dict]) -> dict:
+def warm_up(url: str, load: list[dict]) -> None:
+    """A worker's first requests, short and long, one at a time: its first steps of each shape are
+    slower than the rest."""
+    for request in load:
+        body = {"model": NAME, "messages": [{"role": "user", "content": request["prompt"]}], "max_tokens": 8}
+        httpx.post(url + "/v1/chat/completions", json=body, timeout=300).raise_for_status()
+
+
+def run(worker_urls: list[str], work: Path, args, name: str, load: list[dict], repeat: int) -> dict:
     policy, told = RUNS[name]
     config = {"workers": [{"url": url} for url in worker_urls], "policy": policy, "health": {"canary_interval_s": 3600}}
     router, url = start_router(config, work, f"router-{policy}")
@@ -96,7 +105,8 @@ def run(worker_urls: list[str], work: Path, args, name: str, load: list[dict]) -
         async def everyone() -> list[dict]:
             async with httpx.AsyncClient(base_url=url, timeout=600) as client:
                 started = time.monotonic()
-                done = await asyncio.gather(*(one(client, r, told, args, started) for r in load))
+                run_id = f"run-{repeat}-{name}"
+                done = await asyncio.gather(*(one(client, r, told, args, started, run_id) for r in load))
                 return [{**d, "ended": d["ended"] - started} for d in done]
 
         done = asyncio.run(everyone())
@@ -147,10 +157,11 @@ def main() -> int:
     try:
         for process, url in zip(workers, urls, strict=True):
             wait_for(url + "/ready", process)
+            warm_up(url, requests(argparse.Namespace(**{**vars(args), "requests": 8, "seed": -1})))
         load = requests(args)
         for repeat in range(args.repeats):
             for name in names:
-                row = {**run(urls, work, args, name, load), "repeat": repeat}
+                row = {**run(urls, work, args, name, load, repeat), "repeat": repeat}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     finally:

@@ -5,7 +5,9 @@ group (`--processes`, default one per CPU) on every CPU, to see it scale with co
 
 The upstream is nginx answering a fixed OpenAI chat completion (so it costs next to nothing), or
 with --stream-tokens a fixed stream of that many one-token events (a router that follows the tokens,
-as shoal's does for failover, reads each; one that passes bytes through does not). The
+as shoal's does for failover, reads each; one that passes bytes through does not); with --pace-ms as
+well, benchmarks/paced_upstream.py writes each of those events on its own, that far apart, as an
+engine does as it generates them (a proxy then reads and writes each one). The
 proxy under test runs pinned to CPU 1; the upstream and the load generator share CPU 0 (which the
 router group shares with them). Each target
 gets wrk (POST with the client key) at 1 and at 32 connections for --seconds each, in --rounds
@@ -208,19 +210,25 @@ def start_targets(args, binaries: dict[str, Path], conf_dir: Path, processes: li
     """Starts the upstream and every proxy asked for; returns their URLs and process ids by name."""
     upstream_port = free_port()
     request, content_type, body = workload(args.stream_tokens)
-    answer = body.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")  # an nginx '...' string
-    processes.append(
-        nginx(
-            conf_dir,
-            "upstream",
-            f"""server {{ listen 127.0.0.1:{upstream_port};
+    if args.pace_ms:  # each event written on its own, as an engine generates them
+        (conf_dir / "answer.sse").write_text(body)
+        command = [sys.executable, str(Path(__file__).parent / "paced_upstream.py"), "--port", str(upstream_port)]
+        command += ["--body-file", str(conf_dir / "answer.sse"), "--pace-ms", str(args.pace_ms)]
+        processes.append(pinned(command, cpus="0"))
+    else:
+        answer = body.replace("\\", "\\\\").replace("'", "\\'").replace("\n", "\\n")  # an nginx '...' string
+        processes.append(
+            nginx(
+                conf_dir,
+                "upstream",
+                f"""server {{ listen 127.0.0.1:{upstream_port};
         location = /v1/chat/completions {{ default_type {content_type}; return 200 '{answer}'; }}
         location = /health {{ return 200 ''; }}
         location = /v1/models {{ default_type application/json;
             return 200 '{{"object":"list","data":[{{"id":"bench","object":"model"}}]}}'; }} }}""",
-            cpu=0,
+                cpu=0,
+            )
         )
-    )
     upstream = f"http://127.0.0.1:{upstream_port}"
     wait_up(upstream, processes[-1], request)
     urls = {"direct": (upstream, processes[-1].pid)}
@@ -299,6 +307,13 @@ def main() -> int:
         default=0,
         help="stream this many one-token events a request (at most 50; default: one completion, not streamed)",
     )
+    parser.add_argument(
+        "--pace-ms",
+        type=float,
+        default=0.0,
+        help="with --stream-tokens: an upstream that writes each event on its own, this far apart "
+        "(default 0: nginx, the whole answer in one write)",
+    )
     parser.add_argument("--processes", type=int, default=os.cpu_count(), help="members of the shoal-group target")
     parser.add_argument("--only", help=f"comma-separated targets among {', '.join(TARGETS[1:])} (default: all)")
     parser.add_argument(
@@ -310,6 +325,8 @@ def main() -> int:
     args = parser.parse_args()
     if not 0 <= args.stream_tokens <= 50:
         parser.error("--stream-tokens: 0 to 50 (the upstream's answer must fit nginx's 4 KiB)")
+    if args.pace_ms and not args.stream_tokens:
+        parser.error("--pace-ms paces a stream: give --stream-tokens too")
     wanted = args.only.split(",") if args.only else TARGETS[1:]
     binaries = ensure_tools([name for name in wanted if name in PEERS and PEERS[name].program])
     conf_dir = Path(tempfile.mkdtemp(prefix="shoal-router-bench-"))
