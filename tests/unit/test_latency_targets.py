@@ -68,10 +68,10 @@ def test_sheddable_work_is_late_only_where_no_worker_is_predicted_to_meet_its_ta
     request = RouteRequest("m", 500, 10, priority="sheddable", ttft_target_s=1.0)
     fast, slow = worker("fast"), worker("slow", outstanding_prefill_tokens=2000)
     context = RoutingContext()
-    assert late(request, estimate(request, fast, [fast, slow], context)) is None
-    reason = late(request, estimate(request, slow, [fast, slow], context))
+    assert late(request, lambda r: estimate(r, fast, [fast, slow], context)) is None
+    reason = late(request, lambda r: estimate(r, slow, [fast, slow], context))
     assert reason.startswith("no worker can meet this sheddable request's latency targets now")
     assert "first token in 2500 ms" in reason
-    assert late(replace(request, priority="standard"), estimate(request, slow, [slow], context)) is None
-    assert late(replace(request, ttft_target_s=None), estimate(request, slow, [slow], context)) is None
-    assert late(request, None) is None  # no worker could take it: not a question of time
+    assert late(replace(request, priority="standard"), lambda r: estimate(r, slow, [slow], context)) is None
+    assert late(replace(request, ttft_target_s=None), lambda r: estimate(r, slow, [slow], context)) is None
+    assert late(request, lambda r: None) is None  # no worker could take it: not a question of time

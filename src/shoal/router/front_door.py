@@ -236,9 +236,7 @@ class FrontDoor:
             except BadTarget as exc:
                 return error_response(400, f"invalid request: {exc}", "invalid_request_error", exc.header)
         telemetry.routed_as(request.routed, request.body.get("stream") is True)
-        refusal = None
-        if targeted and request.routed.priority == "sheddable":  # the only work refused for its targets
-            refusal = late(request.routed, self.balancer.best_estimate(request.routed))
+        refusal = late(request.routed, self.balancer.best_estimate)
         if refusal is not None:
             return error_response(
                 429, refusal, "rate_limit_error", headers={"retry-after": str(self.config.admission.retry_after_s)}

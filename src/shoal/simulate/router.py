@@ -170,7 +170,7 @@ class SimRouter:
         routed = scored if self.settings.read_targets else replace(scored, ttft_target_s=None, tpot_target_s=None)
         balancer = self.balancers[request.index % len(self.balancers)]
         flight = self.flights[str(request.index)] = Flight(request, routed, scored, sent_s, balancer)
-        if late(routed, balancer.best_estimate(routed)):
+        if late(routed, balancer.best_estimate):
             self._end(flight, SHED)
             return
         self._send(flight, request.prompt_token_ids(), [])

@@ -6,7 +6,7 @@ that had targets counts as met or missed when it ends (goodput)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from msgspec.structs import replace
 
@@ -60,12 +60,14 @@ def met(routed: RouteRequest, ttft_s: float | None, tpot_s: float | None) -> boo
     return routed.tpot_target_s is None or tpot_s is None or tpot_s <= routed.tpot_target_s
 
 
-def late(routed: RouteRequest, best: Estimate | None) -> str | None:
-    """Why sheddable work with latency targets is refused now, given the best prediction for it
-    (Balancer.best_estimate): no worker is predicted to meet them, so it would be served late.
-    None where it is not sheddable, has no targets, no worker could take it, or one meets them."""
+def late(routed: RouteRequest, best_estimate: Callable[[RouteRequest], Estimate | None]) -> str | None:
+    """Why sheddable work with latency targets is refused now: by the best prediction for it
+    (Balancer.best_estimate, asked only for such work), no worker is predicted to meet them, so it
+    would be served late. None where it is not sheddable, has no targets, no worker could take it,
+    or one meets them."""
     if routed.priority != "sheddable" or (routed.ttft_target_s is None and routed.tpot_target_s is None):
         return None
+    best = best_estimate(routed)
     if best is None or best.meets(routed):
         return None
     return (
