@@ -24,6 +24,7 @@ from shoal.router.config import HealthSettings
 from shoal.router.fleet.health_events import HealthEvents
 from shoal.router.fleet.load_report import LoadReport
 from shoal.router.fleet.membership import Membership
+from shoal.router.load_figures import FIGURE_NAMES, figures_of
 
 VLLM = """# HELP vllm:num_requests_running Number of requests in model execution batches.
 # TYPE vllm:num_requests_running gauge
@@ -102,6 +103,28 @@ def test_a_worker_that_has_generated_nothing_yet_is_unmeasured():
     fresh = LoadReport.from_shoal(decode_load(b'{"running": 0, "waiting": 0, "generated_tokens": 0}'))
     served = LoadReport.from_shoal(decode_load(b'{"running": 0, "waiting": 0, "generated_tokens": 12}'))
     assert fresh.unmeasured and not served.unmeasured
+
+
+def test_every_figure_of_a_report_reaches_the_view_policies_read():
+    """The figures are declared once (LoadFigures): a report whose every figure differs from its
+    default gives a view showing each of them, beside the router's own accounting."""
+    values = {
+        "running": 3,
+        "waiting": 2,
+        "role": "decode",
+        "unmeasured": True,
+        "lora_on_demand": True,
+        "lora_held": frozenset({"adapter"}),
+    }
+    for position, name in enumerate(FIGURE_NAMES):
+        values.setdefault(name, position + 7 if name.endswith(("tokens", "seqs", "len", "capacity")) else position / 8)
+    report = LoadReport(**values, outstanding_prefill_tokens=40, engine="shoal")
+    membership = Membership(HealthSettings(), HealthEvents(CollectorRegistry()))
+    state = membership._new_state("http://a", frozenset({"m"}), registered=False)
+    state.report = report
+    view = state.view()
+    assert figures_of(view) == figures_of(report) == values
+    assert view.outstanding_prefill_tokens == 40 and view.worker_id == "http://a"
 
 
 def test_worker_messages_round_trip_through_the_one_schema():

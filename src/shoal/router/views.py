@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from shoal.router.load_figures import LoadFigures
+
 
 class RouteRequest(msgspec.Struct, frozen=True):
     """One request to place.
@@ -53,8 +55,8 @@ def serves(model: str, loadable_of: str | None, models: frozenset[str], loads_ad
     return model in models or (loadable_of is not None and loads_adapters and loadable_of in models)
 
 
-class WorkerView(msgspec.Struct, frozen=True):
-    """A worker's state as the router knows it now.
+class WorkerView(LoadFigures, frozen=True, kw_only=True):
+    """A worker's state as the router knows it now: its figures (load_figures), with the router's own.
 
     Load figures merge the worker's latest report with the router's own accounting of what it sent
     since (whichever is larger), so a burst between two reports is not invisible. Speeds are None
@@ -65,39 +67,15 @@ class WorkerView(msgspec.Struct, frozen=True):
     url: str
     models: frozenset[str]
     healthy: bool = True
-    running: int = 0
-    waiting: int = 0
-    max_num_seqs: int | None = None
     in_flight: int = 0
     outstanding_prefill_tokens: int = 0
     outstanding_decode_tokens: int = 0
-    free_kv_tokens: int | None = None
-    kv_capacity_tokens: int | None = None
-    max_model_len: int | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    decode_step_s: float | None = None
-    decode_step_noise: float | None = None  # how far its steps fall from decode_step_s, relative to it
-    # The tokens a decoding sequence gets a step there: 1, plus the drafts it keeps where it speculates.
-    decode_tokens_per_step: float | None = None
-    single_step_s: float | None = None
-    capability: float | None = None
-    unmeasured: bool = False  # has generated nothing since it started: its speeds are its calibration's
-    role: str = "colocated"  # colocated, prefill or decode (shoal.router.placement.worker_roles)
-    kv_tier_tokens: int | None = None  # held below the paged cache (shoal.router.placement.tier_cost)
-    kv_tier_load_tokens_per_s: float | None = None
     # A server that reports no load: how many requests it has been seen serving at once, the mean
     # seconds one takes (shoal.router.fleet.served_concurrency) and how long the oldest of the router's
     # requests there has been served; None for one that reports its load.
     served_concurrency: int | None = None
     service_s: float | None = None
     busy_s: float | None = None
-    # LoRA: the adapters held in memory (the others it serves are read from their files first), how
-    # many it holds at most, a read's recent seconds, whether a router may load more there.
-    lora_held: frozenset[str] = frozenset()
-    lora_capacity: int | None = None
-    lora_load_s: float | None = None
-    lora_on_demand: bool = False
 
     def serves(self, request: RouteRequest) -> bool:
         return serves(request.model, request.loadable_of, self.models, self.lora_on_demand)

@@ -3,11 +3,10 @@ OpenAI-compatible servers (vLLM, SGLang, llama.cpp's server) where they expose t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from prometheus_client.parser import text_string_to_metric_families
 
-from shoal.protocol.worker_load import LoraLoad, Role, WorkerLoad
+from shoal.protocol.worker_load import LoraLoad, WorkerLoad
+from shoal.router.load_figures import LoadFigures
 
 # Per server family: (engine, running requests, waiting requests, KV usage fraction) metric names.
 PROMETHEUS_NAMES = (
@@ -19,41 +18,20 @@ PROMETHEUS_NAMES = (
 NO_LORA = LoraLoad()
 
 
-@dataclass(frozen=True)
-class LoadReport:
-    """A worker's own figures; None where the worker does not say."""
+class LoadReport(LoadFigures, frozen=True, kw_only=True):
+    """A worker's own figures, and what the router reads of its report besides: None where the
+    worker does not say."""
 
-    running: int = 0
-    waiting: int = 0
-    max_num_seqs: int | None = None
     outstanding_prefill_tokens: int | None = None
     outstanding_decode_tokens: int | None = None
-    free_kv_tokens: int | None = None
-    kv_capacity_tokens: int | None = None
     kv_cache_usage: float | None = None
-    max_model_len: int | None = None
-    prefill_tokens_per_s: float | None = None
-    decode_tokens_per_s: float | None = None
-    decode_step_s: float | None = None
-    decode_step_noise: float | None = None
-    decode_tokens_per_step: float | None = None
     lora_adapters: tuple[str, ...] = ()  # the LoRA adapters the worker serves, by name
-    lora_held: frozenset[str] = frozenset()  # those of them in memory now
-    lora_capacity: int | None = None  # how many it holds at most
     lora_loading: frozenset[str] = frozenset()  # adapters whose files it is reading
-    lora_load_s: float | None = None  # a read's recent seconds
-    lora_on_demand: bool = False  # a router may load more adapters there
     draft_tokens: int | None = None
     accepted_draft_tokens: int | None = None
     longest_step_s: float | None = None
-    single_step_s: float | None = None
-    capability: float | None = None
-    unmeasured: bool = False
     draining: bool = False
-    role: Role = "colocated"
     kv_peer: str | None = None
-    kv_tier_tokens: int | None = None
-    kv_tier_load_tokens_per_s: float | None = None
     engine: str | None = None  # the server family whose metrics were read ("vllm", "sglang", "llama.cpp")
 
     @classmethod

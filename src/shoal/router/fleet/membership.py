@@ -27,6 +27,7 @@ from shoal.router.fleet.health_events import HealthEvents
 from shoal.router.fleet.latency_stats import LatencyStats
 from shoal.router.fleet.load_report import LoadReport
 from shoal.router.fleet.served_concurrency import ServedConcurrency
+from shoal.router.load_figures import figures_of
 from shoal.router.views import WorkerView, serves
 
 log = logging.getLogger(__name__)
@@ -222,29 +223,9 @@ class WorkerState:
             url=self.url,
             models=self.models,
             healthy=healthy,
-            running=report.running,
-            waiting=report.waiting,
-            max_num_seqs=report.max_num_seqs,
-            free_kv_tokens=report.free_kv_tokens,
-            kv_capacity_tokens=report.kv_capacity_tokens,
-            max_model_len=report.max_model_len,
-            prefill_tokens_per_s=report.prefill_tokens_per_s,
-            decode_tokens_per_s=report.decode_tokens_per_s,
-            decode_step_s=report.decode_step_s,
-            decode_step_noise=report.decode_step_noise,
-            decode_tokens_per_step=report.decode_tokens_per_step,
-            single_step_s=report.single_step_s,
-            capability=report.capability,
-            unmeasured=report.unmeasured,
-            role=self.role,
-            kv_tier_tokens=report.kv_tier_tokens,
-            kv_tier_load_tokens_per_s=report.kv_tier_load_tokens_per_s,
             served_concurrency=self.concurrency.most if unreported else None,
             service_s=self.concurrency.service_s if unreported else None,
-            lora_held=report.lora_held,
-            lora_capacity=report.lora_capacity,
-            lora_load_s=report.lora_load_s,
-            lora_on_demand=report.lora_on_demand,
+            **figures_of(report),
         )
 
     def _busy_s(self) -> float:
