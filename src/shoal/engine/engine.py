@@ -562,9 +562,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """A snapshot; call it from the thread that steps the engine."""
         bm = self.block_manager
-        live = list(self.scheduler.running) + list(self.scheduler.waiting)
-        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
-        decode = sum(s.params.max_tokens - len(s.output_token_ids) for s in live)
+        prefill, decode = self.scheduler.outstanding_tokens()
         return EngineStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting),

@@ -136,6 +136,13 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def outstanding_tokens(self) -> tuple[int, int]:
+        """(prompt tokens not yet in the KV cache, tokens still to generate at most) of the running and
+        waiting sequences: the work ahead a load report tells routers."""
+        live = [*self.running, *self.waiting]
+        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
+        return prefill, sum(s.params.max_tokens - len(s.output_token_ids) for s in live)
+
     def abort(self, request_id: str) -> Sequence | None:
         for seq in list(self.waiting) + self.running:
             if seq.request_id == request_id:

@@ -188,8 +188,7 @@ class SimWorker:
     def load_report(self) -> WorkerLoad:
         """The worker's /load report, as shoal's worker server builds it."""
         bm, speed, calibration = self.block_manager, self.speed, self.spec.calibration
-        live = self.scheduler.running + list(self.scheduler.waiting)
-        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
+        prefill, decode = self.scheduler.outstanding_tokens()
         return WorkerLoad(
             server="shoal",
             max_model_len=self.spec.max_model_len,
@@ -197,7 +196,7 @@ class SimWorker:
             waiting=len(self.scheduler.waiting),
             max_num_seqs=self.spec.max_num_seqs,
             outstanding_prefill_tokens=prefill,
-            outstanding_decode_tokens=sum(s.params.max_tokens - len(s.output_token_ids) for s in live),
+            outstanding_decode_tokens=decode,
             free_kv_blocks=bm.num_free_blocks,
             num_kv_blocks=bm.num_blocks,
             block_size=BLOCK_SIZE,
