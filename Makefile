@@ -28,11 +28,10 @@ serve: $(STAMP)
 
 # The suite starts hundreds of processes; each loads shoal compiled (compileall writes bytecode
 # even where PYTHONDONTWRITEBYTECODE is set). Its tests wait on the processes they start for part
-# of the time (step delays, heartbeats): with one pytest worker more than the machine has cores, a
-# quarter of the cores still sat idle in the later part of a run on 2 cores, so two more keep them
-# busy; each takes whole files (module fixtures stay shared within a file), and the kernels are
-# built once for all.
-TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 2 )))
+# of the time (step delays, heartbeats), so one pytest worker more than the machine has cores keeps
+# them busy; each takes whole files (module fixtures stay shared within a file), and the kernels
+# are built once for all.
+TEST_WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 
 test: lint
 	$(BIN)/python -m compileall -q src tests

@@ -13,6 +13,9 @@ run's wall time; with --repeats N, the runs of the policies interleave and the m
 
     .venv/bin/python benchmarks/routing_quality.py [--workers 3] [--policies cost,round_robin,smg:cache_aware]
 
+Slow workers (the first --slow-workers take at least --slow-step-ms a step, as a slower machine
+does): `--workers 3 --slow-workers 1 --slow-step-ms 60`.
+
 Under KV pressure (each worker's cache holds only a few conversations), against both peers' routers:
 
     .venv/bin/python benchmarks/routing_quality.py --workers 2 --kv-cache 48MiB --system-prompts 6 \
@@ -211,8 +214,9 @@ def measure(policy: str, args) -> dict:
     env = {**os.environ}
     workers, urls = [], []
     try:
-        for _ in range(args.workers):
+        for index in range(args.workers):
             port = free_port()
+            slow = ["--step-delay-ms", str(args.slow_step_ms)] if index < args.slow_workers else []
             command = [
                 sys.executable,
                 "-m",
@@ -228,6 +232,7 @@ def measure(policy: str, args) -> dict:
                 args.kv_cache,
                 "--num-threads",
                 str(args.threads_per_worker),
+                *slow,
             ]
             workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             urls.append(f"http://127.0.0.1:{port}")
@@ -261,6 +266,10 @@ def main() -> int:
     parser.add_argument("--threads-per-worker", type=int, default=1)
     parser.add_argument("--kv-cache", default="256MiB")
     parser.add_argument("--policies", default="cost,round_robin")
+    parser.add_argument(
+        "--slow-workers", type=int, default=0, help="of the workers, this many take at least --slow-step-ms a step"
+    )
+    parser.add_argument("--slow-step-ms", type=int, default=60, help="a slow worker's least step time")
     parser.add_argument("--system-prompts", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--turns", type=int, default=6)
