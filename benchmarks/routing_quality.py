@@ -128,16 +128,20 @@ def make_conversations(args, questions_seed: int) -> list[tuple[str, list[str]]]
     ]
 
 
-def prefix_counters(worker_urls: list[str]) -> tuple[float, float]:
-    hits = queries = 0.0
+COUNTERS = ("shoal:prefix_cache_hits_total", "shoal:prefix_cache_queries_total", "shoal:generation_tokens_total")
+
+
+def worker_counters(worker_urls: list[str]) -> list[dict[str, float]]:
+    """Each worker's prefix-cache hit and query tokens and generated tokens so far, from its /metrics."""
+    counters = []
     for url in worker_urls:
+        values = dict.fromkeys(COUNTERS, 0.0)
         for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
             for sample in family.samples:
-                if sample.name == "shoal:prefix_cache_hits_total":
-                    hits += sample.value
-                elif sample.name == "shoal:prefix_cache_queries_total":
-                    queries += sample.value
-    return hits, queries
+                if sample.name in values:
+                    values[sample.name] += sample.value
+        counters.append(values)
+    return counters
 
 
 async def run_conversations(router_url: str, conversations, args) -> dict:
@@ -245,10 +249,13 @@ def measure(policy: str, args) -> dict:
         wait_for(router_url + ready_path, workers[-1])
         if args.warmup:  # the system prompts placed by this router, and the first calls made
             asyncio.run(run_conversations(router_url, make_conversations(args, args.seed + 1000), args))
-        hits_before, queries_before = prefix_counters(urls)
+        before = worker_counters(urls)
         result = asyncio.run(run_conversations(router_url, make_conversations(args, args.seed), args))
-        hits, queries = prefix_counters(urls)
-        result["prefix_hit_rate"] = (hits - hits_before) / max(1.0, queries - queries_before)
+        during = [{k: end[k] - start[k] for k in COUNTERS} for start, end in zip(before, worker_counters(urls))]
+        hits, queries, generated = (sum(w[k] for w in during) for k in COUNTERS)
+        result["prefix_hit_rate"] = hits / max(1.0, queries)
+        # Each worker's share of the tokens generated (slow workers first, with --slow-workers).
+        result["token_shares"] = [round(w[COUNTERS[2]] / max(1.0, generated), 3) for w in during]
         speeds = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_s", "capability")
         result["worker_speeds_at_end"] = [{k: httpx.get(u + "/load").json()[k] for k in speeds} for u in urls]
         return result
@@ -292,7 +299,8 @@ def main() -> int:
             runs[policy].append(r)
             print(
                 f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
-                f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.1f} s)",
+                f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.1f} s), "
+                f"token shares {r['token_shares']}",
                 flush=True,
             )
     keys = ("prefix_hit_rate", "ttft_p50_s", "ttft_p99_s", "tokens_per_s", "seconds")
