@@ -182,6 +182,25 @@ def test_the_slowest_worker_is_ejected_then_rejoins_with_fresh_figures(fleet):
     assert changes(events)[-1] == ("http://c", "rejoined")
 
 
+def test_a_worker_batching_more_streams_than_its_peers_is_busy_not_an_outlier(fleet):
+    """Steps of 10 ms alone and 100 tokens/s at most in all: c runs four streams where a and b run
+    one, so its tokens come 40 ms apart, 4x theirs, which is its batch, not a failure; the same gap
+    with one stream there is."""
+    monitor, events = fleet
+    workers = list(monitor.membership.workers.values())
+    for state, itl, running in zip(workers, (0.010, 0.011, 0.040), (1, 1, 4)):
+        state.report = LoadReport(single_step_s=0.01, capability=100.0, running=running)
+        state.last_seen = 100.0
+        for _ in range(25):
+            state.latency.observe_itl(itl)
+    monitor.check(100.0)
+    assert changes(events) == []
+    workers[2].report = LoadReport(single_step_s=0.01, capability=100.0, running=1)
+    monitor.next_outlier_check = 0.0
+    monitor.check(100.0)
+    assert changes(events) == [("http://c", "ejected")]
+
+
 def add_measured_worker(membership: Membership, name: str, itl: float, report: LoadReport | None) -> None:
     """http://NAME, last seen at 100 s, with 25 inter-token latencies of `itl` measured."""
     state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)

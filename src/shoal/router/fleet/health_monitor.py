@@ -27,7 +27,7 @@ from shoal.router.fleet.health_events import HealthEvents
 from shoal.router.fleet.latency_stats import LatencyStats
 from shoal.router.fleet.load_report import LoadReport
 from shoal.router.fleet.membership import Membership, WorkerState
-from shoal.router.fleet.outlier_detection import normalised, outliers
+from shoal.router.fleet.outlier_detection import expected_token_s, normalised, outliers
 
 STALLS_KEPT = 16  # the router's own recent stalls, left out of its workers' silences
 
@@ -149,13 +149,17 @@ class HealthMonitor:
         """Ejects the outliers among `peers`, at most `budget` of them; the budget left."""
         settings = self.settings.outliers
         steps = {s.worker_id: s.report.single_step_s if s.report else None for s in peers}
-        for metric, label in (("itl", "inter-token latency"), ("ttft", "time to first token")):
+        token_gaps = {s.worker_id: _expected_token_s(s) for s in peers}
+        for metric, label, expected in (
+            ("itl", "inter-token latency", token_gaps),
+            ("ttft", "time to first token", steps),
+        ):
             measured = {
                 s.worker_id: getattr(s.latency, f"{metric}_s")
                 for s in peers
                 if getattr(s.latency, f"{metric}_samples") >= settings.min_samples
             }
-            scores = normalised(measured, steps)
+            scores = normalised(measured, expected)
             for worker_id in sorted(
                 outliers(scores, settings.factor, settings.min_workers), key=scores.get, reverse=True
             ):
@@ -218,6 +222,15 @@ class HealthMonitor:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _expected_token_s(state: WorkerState) -> float | None:
+    """The gap between tokens the worker's calibration predicts at its load now (the streams its
+    report counts, or the router's own there if more)."""
+    report = state.report
+    if report is None:
+        return None
+    return expected_token_s(report.single_step_s, report.capability, max(report.running, len(state.in_flight)))
 
 
 def _work_ahead_s(report: LoadReport | None) -> float:
