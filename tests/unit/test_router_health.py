@@ -201,6 +201,20 @@ def test_a_worker_batching_more_streams_than_its_peers_is_busy_not_an_outlier(fl
     assert changes(events) == [("http://c", "ejected")]
 
 
+def test_tokens_that_now_and_then_wait_for_a_long_prompt_are_not_an_outlier(fleet):
+    """c's streams mostly get a token every 11 ms, but every tenth gap is a 4 s step computing a
+    history another conversation brought: its mean gap is 40 times its peers', its typical gap is theirs."""
+    monitor, events = fleet
+    workers = list(monitor.membership.workers.values())
+    for state in workers:
+        state.last_seen = 100.0
+        for sample in range(30):
+            state.latency.observe_itl(4.0 if state is workers[2] and sample % 10 == 9 else 0.011)
+    assert workers[2].latency.itl_s > 40 * workers[0].latency.itl_s
+    monitor.check(100.0)
+    assert changes(events) == []
+
+
 def add_measured_worker(membership: Membership, name: str, itl: float, report: LoadReport | None) -> None:
     """http://NAME, last seen at 100 s, with 25 inter-token latencies of `itl` measured."""
     state = membership._new_state(f"http://{name}", frozenset({"m"}), registered=False)

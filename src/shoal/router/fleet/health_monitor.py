@@ -150,15 +150,14 @@ class HealthMonitor:
         settings = self.settings.outliers
         steps = {s.worker_id: s.report.single_step_s if s.report else None for s in peers}
         token_gaps = {s.worker_id: _expected_token_s(s) for s in peers}
-        for metric, label, expected in (
-            ("itl", "inter-token latency", token_gaps),
-            ("ttft", "time to first token", steps),
+        typical_gaps = {
+            s.worker_id: s.latency.typical_itl_s() for s in peers if s.latency.itl_samples >= settings.min_samples
+        }
+        first_tokens = {s.worker_id: s.latency.ttft_s for s in peers if s.latency.ttft_samples >= settings.min_samples}
+        for label, measured, expected in (
+            ("inter-token latency", typical_gaps, token_gaps),
+            ("time to first token", first_tokens, steps),
         ):
-            measured = {
-                s.worker_id: getattr(s.latency, f"{metric}_s")
-                for s in peers
-                if getattr(s.latency, f"{metric}_samples") >= settings.min_samples
-            }
             scores = normalised(measured, expected)
             for worker_id in sorted(
                 outliers(scores, settings.factor, settings.min_workers), key=scores.get, reverse=True
