@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 from cpu_name import cpu_description
 from peer_venv import peer_program
-from prometheus_client.parser import text_string_to_metric_families
+from worker_metrics import worker_counters
 
 RESULTS = Path(__file__).parent / "results"
 TOPICS = [
@@ -128,20 +128,11 @@ def make_conversations(args, questions_seed: int) -> list[tuple[str, list[str]]]
     ]
 
 
-COUNTERS = ("shoal:prefix_cache_hits_total", "shoal:prefix_cache_queries_total", "shoal:generation_tokens_total")
-
-
-def worker_counters(worker_urls: list[str]) -> list[dict[str, float]]:
-    """Each worker's prefix-cache hit and query tokens and generated tokens so far, from its /metrics."""
-    counters = []
-    for url in worker_urls:
-        values = dict.fromkeys(COUNTERS, 0.0)
-        for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-            for sample in family.samples:
-                if sample.name in values:
-                    values[sample.name] += sample.value
-        counters.append(values)
-    return counters
+HITS, QUERIES, GENERATED = COUNTERS = (
+    "shoal:prefix_cache_hits_total",
+    "shoal:prefix_cache_queries_total",
+    "shoal:generation_tokens_total",
+)
 
 
 async def run_conversations(router_url: str, conversations, args) -> dict:
@@ -249,13 +240,14 @@ def measure(policy: str, args) -> dict:
         wait_for(router_url + ready_path, workers[-1])
         if args.warmup:  # the system prompts placed by this router, and the first calls made
             asyncio.run(run_conversations(router_url, make_conversations(args, args.seed + 1000), args))
-        before = worker_counters(urls)
+        before = [worker_counters(url, COUNTERS) for url in urls]
         result = asyncio.run(run_conversations(router_url, make_conversations(args, args.seed), args))
-        during = [{k: end[k] - start[k] for k in COUNTERS} for start, end in zip(before, worker_counters(urls))]
-        hits, queries, generated = (sum(w[k] for w in during) for k in COUNTERS)
+        after = [worker_counters(url, COUNTERS) for url in urls]
+        during = [{k: end[k] - start[k] for k in COUNTERS} for start, end in zip(before, after)]
+        hits, queries, generated = (sum(w[k] for w in during) for k in (HITS, QUERIES, GENERATED))
         result["prefix_hit_rate"] = hits / max(1.0, queries)
         # Each worker's share of the tokens generated (slow workers first, with --slow-workers).
-        result["token_shares"] = [round(w[COUNTERS[2]] / max(1.0, generated), 3) for w in during]
+        result["token_shares"] = [round(w[GENERATED] / max(1.0, generated), 3) for w in during]
         speeds = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_s", "capability")
         result["worker_speeds_at_end"] = [{k: httpx.get(u + "/load").json()[k] for k in speeds} for u in urls]
         return result

@@ -46,7 +46,7 @@ import aiohttp
 import httpx
 import psutil
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
+from worker_metrics import worker_counters
 
 from shoal.bench.arrivals import ArrivalProcess
 from shoal.bench.client import ChatClient, ClientSettings
@@ -186,15 +186,10 @@ COUNTERS = (
 )
 
 
-def worker_counters(workers: list[str]) -> dict[str, float]:
+def fleet_counters(workers: list[str]) -> dict[str, float]:
     """The workers' prefix cache counters and engine-side time-to-first-token sums, added up."""
-    totals = dict.fromkeys(COUNTERS, 0.0)
-    for url in workers:
-        for family in text_string_to_metric_families(httpx.get(url + "/metrics", timeout=10).text):
-            for sample in family.samples:
-                if sample.name in totals:
-                    totals[sample.name] += sample.value
-    return totals
+    each = [worker_counters(url, COUNTERS) for url in workers]
+    return {name: sum(counters[name] for counters in each) for name in COUNTERS}
 
 
 async def send(requests, serve: Serve, concurrency: int | None) -> tuple[list, float, list[WorkerFigures]]:
@@ -244,7 +239,7 @@ async def timed(session: aiohttp.ClientSession, url: str, words: int, max_tokens
 
 
 def engine_ttft_s(worker: str) -> float:
-    counted = worker_counters([worker])
+    counted = fleet_counters([worker])
     return counted["shoal:time_to_first_token_seconds_sum"]
 
 
@@ -338,7 +333,7 @@ def measure(
     _, _, samples = asyncio.run(send(build_workload(warmup, arrivals), serve, arrivals.concurrency))
     live = dataclasses.replace(average(samples), source=f"{len(samples)} /load reports during the warm-up")
 
-    before = worker_counters(serve.workers)
+    before = fleet_counters(serve.workers)
     busy, (router, workers), own, started = (
         machine_busy_seconds(),
         serve.cpu_seconds(),
@@ -354,7 +349,7 @@ def measure(
         "client": (own_after - own) / elapsed,
     }
     usage["others"] = (machine_busy_seconds() - busy) / elapsed - sum(usage.values())
-    counted = {name: value - before[name] for name, value in worker_counters(serve.workers).items()}
+    counted = {name: value - before[name] for name, value in fleet_counters(serve.workers).items()}
     real = summarize(records, duration)
 
     count, overhead_s = len(serve.workers), probed["request_overhead_s"]
