@@ -59,10 +59,14 @@ def bytes_to_unicode() -> dict[int, str]:
 
 
 _BYTE_OF = {char: byte for byte, char in bytes_to_unicode().items()}
+_AS_LATIN1 = {ord(char): chr(byte) for char, byte in _BYTE_OF.items()}  # str.translate: each char to its byte
+_STANDS_FOR_A_BYTE = dict.fromkeys(map(ord, _BYTE_OF))  # str.translate: deletes the chars that stand for a byte
 
 
 def _byte_level_bytes(text: str) -> bytes:
     """llama.cpp's `llama_decode_text`: each character as the byte it stands for."""
+    if not text.translate(_STANDS_FOR_A_BYTE):  # every character stands for a byte (a vocabulary's text does)
+        return text.translate(_AS_LATIN1).encode("latin-1")
     out = bytearray()
     for char in text:
         byte = _BYTE_OF.get(char)
@@ -73,11 +77,10 @@ def _byte_level_bytes(text: str) -> bytes:
     return bytes(out)
 
 
-def _piece(vocab: LlamaVocab, token: int, special: bool) -> bytes:
-    """llama.cpp's `token_to_piece` for one token, special tokens shown or not."""
+def _piece(vocab: LlamaVocab, token: int) -> bytes:
+    """llama.cpp's `token_to_piece` for one token, special tokens shown (hidden, a control or unknown
+    token's piece is empty)."""
     text, attr = vocab.tokens[token], vocab.attrs[token]
-    if attr & _HIDDEN and not special:
-        return b""
     if attr & _VERBATIM:
         return text.encode()
     if attr & TokenAttr.NORMAL:
@@ -124,8 +127,8 @@ class GGUFBackend:
             # llama.cpp fails on a byte it has no token for; the unknown token stands in for it here.
             self._encoder = SpmEncoder(self._ids, vocab.scores, [vocab.unk_id if i is None else i for i in byte_ids])
         self._specials = vocab.special_tokens(parse_special=True)
-        self._pieces = [_piece(vocab, i, special=False) for i in range(len(vocab.tokens))]
-        self._special_pieces = [_piece(vocab, i, special=True) for i in range(len(vocab.tokens))]
+        self._special_pieces = [_piece(vocab, i) for i in range(len(vocab.tokens))]
+        self._pieces = [b"" if attr & _HIDDEN else piece for piece, attr in zip(self._special_pieces, vocab.attrs)]
 
     def tokenize(self, text: str, add_special: bool = True) -> list[int]:
         """`llama_tokenize(text, add_special, parse_special=true)`."""
