@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fork_server import stop_fork_server
 from tests.support.kernel_builds import KernelBuilds
 from tests.support.tiny_model import write_layer_skip_draft, write_tiny_model
 
@@ -60,6 +61,7 @@ def session_cache(request, shoal_cache_dir):
         builds = KernelBuilds(shoal_cache_dir)
         yield
         builds.stop()
+        stop_fork_server()
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,9 @@ def streamed(url: str, kill_after: int | None = None, processes: dict | None = N
         worker = stream.response.headers["x-shoal-worker"]
         deltas = 0
         for event in stream:
-            deltas += event.type == "text"
+            if event.type != "text":
+                continue
+            deltas += 1
             if deltas == kill_after:
                 os.kill(processes[worker].pid, signal.SIGKILL)
         return stream.get_final_message()

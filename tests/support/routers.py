@@ -1,11 +1,10 @@
-"""Real `shoal router` processes on loopback: started with the tests' cluster secret and admin
-token, their logs kept for assertions."""
+"""Real `shoal router` processes on loopback (forked from the fork server where they can be): started
+with the tests' cluster secret and admin token, their logs kept for assertions."""
 
 from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import httpx
 import pytest
 import yaml
 
+from tests.support.fork_server import start_shoal
 from tests.support.waiting import wait_for
 from tests.support.workers import free_port
 
@@ -28,9 +28,9 @@ def start_router(args: list[str], env: dict[str, str] | None = None) -> tuple[su
     cannot fill up the way it would a pipe nobody reads."""
     port = free_port()
     log = tempfile.TemporaryFile()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shoal.cli", "router", "--port", str(port), *args],
-        env={**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},
+    process = start_shoal(
+        ["router", "--port", str(port), *args],
+        {**os.environ, "SHOAL_CLUSTER_SECRET": SECRET, **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=log,
     )

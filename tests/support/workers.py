@@ -5,12 +5,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.fork_server import ForkedProcess, start_shoal
 
 MODEL = "tiny"
 
@@ -60,13 +61,13 @@ def tiny_worker_args(
 
 def spawn_worker(
     args: list[str], cache_dir, port: int | None = None, stderr=subprocess.PIPE, env: dict[str, str] | None = None
-) -> tuple[subprocess.Popen, str]:
+) -> tuple[subprocess.Popen | ForkedProcess, str]:
     """Launches `shoal worker ARGS` on a loopback port (a free one unless given) without waiting for
-    it, with `env` added to its environment."""
+    it, with `env` added to its environment (forked from the fork server where it can be)."""
     port = port or free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "shoal.cli", "worker", "--port", str(port), *args],
-        env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir), **(env or {})},
+    process = start_shoal(
+        ["worker", "--port", str(port), *args],
+        {**os.environ, "SHOAL_CACHE_DIR": str(cache_dir), **(env or {})},
         stdout=subprocess.DEVNULL,
         stderr=stderr,
     )
