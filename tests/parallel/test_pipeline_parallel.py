@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from shoal.parallel.stage_links import StageHandle
 from shoal.processes import free_port
 from shoal.protocol.cluster_secret import SECRET_ENV
 from tests.support.family_variants import COMMON, LAYER_VARIANTS
+from tests.support.fork_server import ForkedProcess, start_shoal
 from tests.support.prompts import TEXT_PROMPTS, TINY_PROMPTS
 from tests.support.tiny_model import write_random_family_model, write_tiny_model
 from tests.support.waiting import wait_for
@@ -175,7 +175,9 @@ def cluster_secret(monkeypatch) -> str:
 
 
 @contextlib.contextmanager
-def stage_servers(cache_dir, *threads: int | None, log_dir=None) -> Iterator[tuple[list[str], list[subprocess.Popen]]]:
+def stage_servers(
+    cache_dir, *threads: int | None, log_dir=None
+) -> Iterator[tuple[list[str], list[subprocess.Popen | ForkedProcess]]]:
     """`shoal stage` servers on loopback (anywhere the head can reach), with these CPU threads and
     this process's cluster secret; server i logs to log_dir/stage-i.log if given."""
     addresses = [f"tcp://127.0.0.1:{free_port()}" for _ in threads]
@@ -183,10 +185,9 @@ def stage_servers(cache_dir, *threads: int | None, log_dir=None) -> Iterator[tup
     for i, (address, count) in enumerate(zip(addresses, threads)):
         log = open(log_dir / f"stage-{i}.log", "wb") if log_dir else subprocess.DEVNULL
         processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "shoal.cli", "stage", "--bind", address]
-                + (["--num-threads", str(count)] if count else []),
-                env={**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)},
+            start_shoal(
+                ["stage", "--bind", address] + (["--num-threads", str(count)] if count else []),
+                {**os.environ, "SHOAL_CACHE_DIR": str(cache_dir)},
                 stderr=log,
             )
         )

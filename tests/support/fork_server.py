@@ -1,8 +1,9 @@
-"""`shoal worker` and `shoal router` processes forked from one that has already imported them.
+"""`shoal worker`, `shoal router` and `shoal stage` processes forked from one that has already
+imported them.
 
 A worker spends about two seconds of CPU importing torch, FastAPI and the engine before it does
 anything, and the suite starts well over a hundred of them on two cores. The fork server imports
-`shoal.cli` and what its worker and router commands load, once per test process; each `spawn`
+`shoal.cli` and what its worker, router and stage commands load, once per test process; each `spawn`
 forks it, and the child runs `python -m shoal.cli ARGS` as a fresh interpreter would: its own
 pid, environment, working directory, standard streams and exit status. The test holds a
 `ForkedProcess`, with the part of subprocess.Popen's interface the tests use.
@@ -37,6 +38,7 @@ PRELOADED = (
     "shoal.engine.startup",
     "shoal.worker.server",
     "shoal.worker.drain",
+    "shoal.parallel.pipeline_stage",
     "shoal.router.group_runner",
     "shoal.router.config",
     "uvicorn",
@@ -178,16 +180,17 @@ class ForkServer:
         """`python -m shoal.cli ARGS` forked with `environment`; stdout and stderr as Popen takes them
         (DEVNULL, PIPE, a file or a descriptor). None where the server cannot fork it."""
         ends, theirs = [], []
-        for target in (stdout, stderr):
+        for target, inherited in ((stdout, 1), (stderr, 2)):
             if target == subprocess.PIPE:
                 read, write = os.pipe()
                 ends.append(os.fdopen(read, "rb"))
                 theirs.append(write)
-            elif target is None or target == subprocess.DEVNULL:
+            elif target == subprocess.DEVNULL:
                 ends.append(None)
                 theirs.append(os.open(os.devnull, os.O_WRONLY))
-            else:
+            else:  # None: this process's own stream, as Popen inherits it
                 ends.append(None)
+                target = inherited if target is None else target
                 theirs.append(os.dup(target if isinstance(target, int) else target.fileno()))
         request = {"args": args, "env": environment, "cwd": os.getcwd()}
         try:
