@@ -16,6 +16,11 @@ run's wall time; with --repeats N, the runs of the policies interleave and the m
 Slow workers (the first --slow-workers take at least --slow-step-ms a step, as a slower machine
 does): `--workers 3 --slow-workers 1 --slow-step-ms 60`.
 
+Mixed engines (the last --llama-cpp-workers of the workers are llama.cpp servers, llama-cpp-python
+from its peer venv, on the same GGUF with one thread: they report no load, no KV events and no
+metrics, so the hit rate and the token shares are the shoal workers' alone):
+`--workers 3 --llama-cpp-workers 1`.
+
 Under KV pressure (each worker's cache holds only a few conversations), against both peers' routers:
 
     .venv/bin/python benchmarks/routing_quality.py --workers 2 --kv-cache 48MiB --system-prompts 6 \
@@ -40,7 +45,8 @@ from pathlib import Path
 
 import httpx
 from cpu_name import cpu_description
-from peer_venv import peer_program
+from peer_servers import llama_server_command
+from peer_venv import peer_program, python_of
 from worker_metrics import worker_counters
 
 RESULTS = Path(__file__).parent / "results"
@@ -99,6 +105,13 @@ def start_router(config: dict, log_dir: Path, name: str) -> tuple[subprocess.Pop
     url = f"http://127.0.0.1:{port}"
     wait_for(url + "/ready", process, timeout_s=60)
     return process, url
+
+
+def gguf_of(model: str) -> Path:
+    """The GGUF file a model name or path stands for (what a llama.cpp server loads)."""
+    from shoal.model.registry import resolve_model
+
+    return Path(resolve_model(model).path)
 
 
 def system_prompt(topic: str, rng: random.Random) -> str:
@@ -161,10 +174,11 @@ async def run_conversations(router_url: str, conversations, args) -> dict:
                         if not line.startswith("data: ") or line == "data: [DONE]":
                             continue
                         choice = json.loads(line[6:])["choices"][0]
-                        if choice.get("token_ids"):
+                        content = choice.get("delta", {}).get("content") or ""
+                        if choice.get("token_ids") or content:  # a llama.cpp server sends no token ids
                             first = first or time.perf_counter()
-                            tokens += len(choice["token_ids"])
-                        reply.append(choice.get("delta", {}).get("content") or "")
+                            tokens += len(choice.get("token_ids") or [content])
+                        reply.append(content)
                 ttfts.append(first - started)
             messages.append({"role": "assistant", "content": "".join(reply)})
 
@@ -209,8 +223,14 @@ def measure(policy: str, args) -> dict:
     env = {**os.environ}
     workers, urls = [], []
     try:
+        shoal_workers = args.workers - args.llama_cpp_workers
         for index in range(args.workers):
             port = free_port()
+            urls.append(f"http://127.0.0.1:{port}")
+            if index >= shoal_workers:
+                command = llama_server_command(python_of("llama-cpp", print), gguf_of(args.model), "bench", port)
+                workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                continue
             slow = ["--step-delay-ms", str(args.slow_step_ms)] if index < args.slow_workers else []
             command = [
                 sys.executable,
@@ -230,9 +250,8 @@ def measure(policy: str, args) -> dict:
                 *slow,
             ]
             workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-            urls.append(f"http://127.0.0.1:{port}")
-        for process, url in zip(workers, urls):
-            wait_for(url + "/ready", process)
+        for index, (process, url) in enumerate(zip(workers, urls)):
+            wait_for(url + ("/ready" if index < shoal_workers else "/v1/models"), process)
         port = free_port()
         command, ready_path = router_command(policy, port, urls)
         workers.append(subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
@@ -240,16 +259,19 @@ def measure(policy: str, args) -> dict:
         wait_for(router_url + ready_path, workers[-1])
         if args.warmup:  # the system prompts placed by this router, and the first calls made
             asyncio.run(run_conversations(router_url, make_conversations(args, args.seed + 1000), args))
-        before = [worker_counters(url, COUNTERS) for url in urls]
+        counted = urls[:shoal_workers]  # the llama.cpp servers have no such counters
+        before = [worker_counters(url, COUNTERS) for url in counted]
         result = asyncio.run(run_conversations(router_url, make_conversations(args, args.seed), args))
-        after = [worker_counters(url, COUNTERS) for url in urls]
+        after = [worker_counters(url, COUNTERS) for url in counted]
         during = [{k: end[k] - start[k] for k in COUNTERS} for start, end in zip(before, after)]
         hits, queries, generated = (sum(w[k] for w in during) for k in (HITS, QUERIES, GENERATED))
         result["prefix_hit_rate"] = hits / max(1.0, queries)
         # Each worker's share of the tokens generated (slow workers first, with --slow-workers).
         result["token_shares"] = [round(w[GENERATED] / max(1.0, generated), 3) for w in during]
+        # What the client got that no shoal worker generated: the llama.cpp servers' part.
+        result["llama_cpp_token_share"] = round(max(0.0, 1 - generated / max(1, result["tokens"])), 3)
         speeds = ("prefill_tokens_per_s", "decode_tokens_per_s", "decode_step_s", "capability")
-        result["worker_speeds_at_end"] = [{k: httpx.get(u + "/load").json()[k] for k in speeds} for u in urls]
+        result["worker_speeds_at_end"] = [{k: httpx.get(u + "/load").json()[k] for k in speeds} for u in counted]
         return result
     finally:
         for process in workers:
@@ -269,6 +291,9 @@ def main() -> int:
         "--slow-workers", type=int, default=0, help="of the workers, this many take at least --slow-step-ms a step"
     )
     parser.add_argument("--slow-step-ms", type=int, default=60, help="a slow worker's least step time")
+    parser.add_argument(
+        "--llama-cpp-workers", type=int, default=0, help="of the workers, the last this many are llama.cpp servers"
+    )
     parser.add_argument("--system-prompts", type=int, default=16)
     parser.add_argument("--conversations", type=int, default=32)
     parser.add_argument("--turns", type=int, default=6)
@@ -292,7 +317,8 @@ def main() -> int:
             print(
                 f"{policy:>24}: hit rate {r['prefix_hit_rate']:.3f}, TTFT p50 {r['ttft_p50_s'] * 1e3:.0f} ms "
                 f"p99 {r['ttft_p99_s'] * 1e3:.0f} ms, {r['tokens_per_s']:.1f} tok/s ({r['seconds']:.1f} s), "
-                f"token shares {r['token_shares']}",
+                f"token shares {r['token_shares']}"
+                + (f", llama.cpp {r['llama_cpp_token_share']}" if args.llama_cpp_workers else ""),
                 flush=True,
             )
     keys = ("prefix_hit_rate", "ttft_p50_s", "ttft_p99_s", "tokens_per_s", "seconds")
