@@ -103,9 +103,11 @@ def worker(router_url: str, url: str) -> dict:
 
 
 def wait_idle(router_url: str) -> None:
-    """Until no worker has anything running as the router sees it (reported load lags by a poll),
-    so session affinity's bounded load spills no key to a neighbour."""
-    wait_for(lambda: all(w["running"] == 0 and w["in_flight"] == 0 for w in workers(router_url)), 30)
+    """Until every worker takes requests and none has anything running as the router sees it
+    (reported load lags by a poll): session affinity hashes a key over the workers taking requests,
+    so a peer that comes back from an earlier test's kill moves keys, and its bounded load spills
+    none to a neighbour."""
+    wait_for(lambda: all(w["healthy"] and w["running"] == 0 and w["in_flight"] == 0 for w in workers(router_url)), 120)
 
 
 def user_for(router_url: str, target: str) -> str:
