@@ -31,6 +31,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
+
+from shoal.config.environment import CPU_ISA_VARIABLE
+from shoal.router.metrics import MULTIPROCESS_DIR_VARIABLE
 
 # Modules a worker or a router command imports, loaded by the server before any fork.
 PRELOADED = (
@@ -47,7 +51,7 @@ PRELOADED = (
 # Environment variables read when the interpreter or a library loads: a spawn that changes one of
 # these gets a fresh interpreter.
 LOAD_TIME_PREFIXES = (
-    "SHOAL_CPU_ISA",
+    CPU_ISA_VARIABLE,
     "OMP_",
     "GOMP_",
     "KMP_",
@@ -60,13 +64,13 @@ LOAD_TIME_PREFIXES = (
     "PYTHON",
     "LD_",
     "MALLOC",
-    "PROMETHEUS_MULTIPROC_DIR",
+    MULTIPROCESS_DIR_VARIABLE,
 )
 _LENGTH = struct.Struct("<I")
 _MAX_FDS = 3
 
 
-def _send(sock: socket.socket, message: dict, fds: list[int] = ()) -> None:
+def _send(sock: socket.socket, message: dict, fds: Sequence[int] = ()) -> None:
     """One message; `fds` travel with its length prefix."""
     data = json.dumps(message).encode()
     if fds:
@@ -100,7 +104,6 @@ class ForkedProcess:
     def __init__(self, server: ForkServer, pid: int, args: list[str], stdout, stderr):
         self.server, self.pid, self.args = server, pid, args
         self.stdout, self.stderr = stdout, stderr
-        self.stdin = None
         self.returncode: int | None = None
 
     def poll(self) -> int | None:
