@@ -47,6 +47,7 @@ class InFlight:
     prefill_tokens: int
     decode_tokens: int
     sent_at: float
+    computed_tokens: int  # of its prompt, what the worker was expected to compute (prefill_tokens until the first byte)
     serving: bool = False  # its first token arrived
 
 
@@ -114,6 +115,11 @@ class WorkerState:
         return self.report.engine if self.report is not None else None
 
     @property
+    def reports_nothing(self) -> bool:
+        """Neither a load report nor metrics we read: the router knows only what it relays there."""
+        return self.load_source == "router"
+
+    @property
     def role(self) -> str:
         """colocated, prefill or decode, as its last load report said."""
         return self.report.role if self.report is not None else "colocated"
@@ -126,7 +132,7 @@ class WorkerState:
 
     def start(self, prefill_tokens: int, decode_tokens: int) -> int:
         ticket = next(self._tickets)
-        self.in_flight[ticket] = InFlight(prefill_tokens, decode_tokens, time.monotonic())
+        self.in_flight[ticket] = InFlight(prefill_tokens, decode_tokens, time.monotonic(), prefill_tokens)
         self.prefill_tokens += prefill_tokens
         self.decode_tokens += decode_tokens
         self._work_changed()
@@ -144,7 +150,7 @@ class WorkerState:
         work = self.in_flight.get(ticket)
         if work is not None and not work.serving:
             work.serving = True
-            self.concurrency.started()
+            self.concurrency.started(work.sent_at, work.computed_tokens, time.monotonic())
 
     def finish(self, ticket: int) -> None:
         work = self.in_flight.pop(ticket, None)
@@ -183,7 +189,7 @@ class WorkerState:
         two parts, what changes on every request sent or ended (the router's in-flight accounting)
         put over a copy of the rest, which changes with reports and health."""
         healthy = self.available
-        unreported = self.load_source == "router"
+        unreported = self.reports_nothing
         base_key = (
             self.report,
             self.models,
@@ -191,6 +197,8 @@ class WorkerState:
             self.load_source,
             self.concurrency.most,
             self.concurrency.service_s,
+            self.concurrency.prefill_tokens_per_s,
+            self.latency.itl_s if unreported else None,
         )
         key = (
             len(self.in_flight),
@@ -216,8 +224,18 @@ class WorkerState:
         return self._view
 
     def _build_base_view(self, healthy: bool, unreported: bool) -> WorkerView:
-        """The view without the router's in-flight accounting (view() puts it over this)."""
-        report = self.report or NO_REPORT
+        """The view without the router's in-flight accounting (view() puts it over this). A server
+        that reports nothing shows the speeds the router measured there (those it has): prefill from
+        its first tokens, its step from the gap between tokens, its rate that step times the
+        requests it has been seen serving at once."""
+        figures = figures_of(self.report or NO_REPORT)
+        if unreported:
+            step_s = self.latency.itl_s
+            figures.update(
+                prefill_tokens_per_s=self.concurrency.prefill_tokens_per_s,
+                decode_step_s=step_s,
+                decode_tokens_per_s=self.concurrency.most / step_s if step_s else None,
+            )
         return WorkerView(
             worker_id=self.worker_id,
             url=self.url,
@@ -225,7 +243,7 @@ class WorkerState:
             healthy=healthy,
             served_concurrency=self.concurrency.most if unreported else None,
             service_s=self.concurrency.service_s if unreported else None,
-            **figures_of(report),
+            **figures,
         )
 
     def _busy_s(self) -> float:

@@ -11,6 +11,11 @@ serial one, and a serial one never shows more than one. Non-streamed requests sh
 A request is served from when it was sent or, if later, when the server's previous request ended
 (a serial server takes the next one then): exact for a serial server, short for a batching one,
 which is only charged it once its requests outnumber what it has shown it serves at once.
+
+Its prefill speed is measured the same way: the prompt tokens the router expected it to compute
+for a request (what it was not believed to hold) over the time from when it was served to its first
+token. With its gap between tokens (shoal.router.fleet.latency_stats) these are the speeds the
+router's cost model prices it at, in place of the fleet's.
 """
 
 from __future__ import annotations
@@ -25,17 +30,25 @@ class ServedConcurrency:
     """Invariants: `serving` counts the streams past their first token and not ended; `most` is at
     least 1 and at least every value `serving` has had; `service_s` is None exactly while no
     request has ended, else the moving mean of their service times; `last_end` is when the latest
-    one ended (monotonic seconds, 0 before any)."""
+    one ended (monotonic seconds, 0 before any); `prefill_tokens_per_s` is None exactly while no
+    stream with a prompt to compute has started, else the moving mean of the rates measured."""
 
     serving: int = 0
     most: int = 1
     service_s: float | None = None
     last_end: float = 0.0
+    prefill_tokens_per_s: float | None = None
 
-    def started(self) -> None:
-        """A stream's first token arrived."""
+    def started(self, sent_at: float, computed_tokens: int, now: float) -> None:
+        """A stream's first token arrived; it was sent at `sent_at` with `computed_tokens` of its
+        prompt expected to be computed there."""
         self.serving += 1
         self.most = max(self.most, self.serving)
+        waited_s = now - max(sent_at, self.last_end)
+        if computed_tokens > 0 and waited_s > 0:
+            rate = computed_tokens / waited_s
+            mean = self.prefill_tokens_per_s
+            self.prefill_tokens_per_s = rate if mean is None else mean + ALPHA * (rate - mean)
 
     def ended(self, sent_at: float, now: float) -> None:
         """A stream past its first token ended; it was sent at `sent_at`."""

@@ -44,7 +44,15 @@ class Balancer:
     released: the worker frees them as the request ends, so they are its most recently freed blocks,
     the last its cache evicts (least recently freed first). A conversation's next turn, sent as the
     last one ends, finds its history recorded where it is still cached, however many other prompts
-    the worker was sent while the turn ran."""
+    the worker was sent while the turn ran.
+
+    A server that reports no load (llama-cpp-python's, for one) is taken to keep the prompts of the
+    last requests it was sent, as many as it has been seen serving at once: llama.cpp's server keeps
+    one sequence's cache, and serves its queue in the order sent, so what it holds once the router's
+    requests there are done is the last prompt sent. Its record is not renewed at a release (the
+    one released is not the one it computes last), and it has no home beyond what it holds, nor
+    eviction pressure: with room for one prompt every prompt evicts the previous, and a request sent
+    back there finds nothing kept for it."""
 
     def __init__(
         self,
@@ -77,8 +85,7 @@ class Balancer:
         self.decisions += 1
         chosen = candidates[0] if len(candidates) == 1 else self.policy.choose(request, candidates, context)
         cached = context.cached_tokens(request, chosen)
-        capacity_tokens = (chosen.kv_capacity_tokens or 1 << 20) + (chosen.kv_tier_tokens or 0)
-        capacity_blocks = self._index_blocks(request, capacity_tokens)
+        capacity_blocks = self._capacity_blocks(request, chosen)
         self._record(chosen.worker_id, request.prefix_blocks, capacity_blocks)
         if self.followed is not None:
             self.in_flight.sent(chosen.worker_id, request.prefix_blocks)
@@ -119,11 +126,16 @@ class Balancer:
         }
         index = self.prefix_index
         placed = index.placed_blocks(request.prefix_blocks, [w.worker_id for w in candidates])
+        unreported = {w.worker_id for w in candidates if w.served_concurrency is not None}
+        for worker_id in unreported:
+            placed[worker_id] = matched[worker_id]
         if self.followed is not None:
             self._read_followed(request, candidates, matched, in_tier, placed)
-        context = RoutingContext(
-            self.rng, self.decisions, matched, in_tier, index.size, placed, index.eviction_pressure
-        )
+
+        def eviction_pressure(worker_id: str) -> float:
+            return 0.0 if worker_id in unreported else index.eviction_pressure(worker_id)
+
+        context = RoutingContext(self.rng, self.decisions, matched, in_tier, index.size, placed, eviction_pressure)
         return candidates, context
 
     def _read_followed(
@@ -156,6 +168,15 @@ class Balancer:
         if self.placed is not None:
             self.placed(worker_id, blocks, capacity_blocks)
 
+    @classmethod
+    def _capacity_blocks(cls, request: RouteRequest, worker: WorkerView) -> int:
+        """The prefix index's capacity for the worker, in blocks: what its KV cache and tier hold;
+        for a server that reports no load, this prompt's blocks times the requests it has been seen
+        serving at once (the class docstring)."""
+        if worker.served_concurrency is not None:
+            return max(1, len(request.prefix_blocks)) * worker.served_concurrency
+        return cls._index_blocks(request, (worker.kv_capacity_tokens or 1 << 20) + (worker.kv_tier_tokens or 0))
+
     @staticmethod
     def _index_blocks(request: RouteRequest, tokens: int | None) -> int:
         """The prefix index's blocks (of characters) that `tokens` KV tokens hold."""
@@ -163,9 +184,11 @@ class Balancer:
 
     def release(self, placement: Placement) -> None:
         placement.worker.finish(placement.ticket)
-        if self.membership.workers.get(placement.worker.worker_id) is placement.worker:  # not gone since
-            self._record(placement.worker.worker_id, placement.blocks, placement.capacity_blocks)
-            self.in_flight.ended(placement.worker.worker_id, placement.blocks, self.clock())
+        worker = placement.worker
+        if self.membership.workers.get(worker.worker_id) is worker:  # not gone since
+            if not worker.reports_nothing:
+                self._record(worker.worker_id, placement.blocks, placement.capacity_blocks)
+            self.in_flight.ended(worker.worker_id, placement.blocks, self.clock())
 
     def forget(self, worker_id: str) -> None:
         self.prefix_index.forget(worker_id)

@@ -59,7 +59,10 @@ only with their batch, about 1%.
 Load (queue and batch), cache (uncached tokens only) and hardware (each worker's own measured
 speeds) enter one formula: a worker twice as fast has per-token times half as long at the same
 batch, so it is picked until its batch is about twice as large. Speeds a worker does not report are
-taken as the fleet's median, so unknown workers are treated as typical rather than as free.
+taken as the fleet's median, so unknown workers are treated as typical rather than as free; a server
+that reports nothing shows the speeds the router has measured there instead, once it has
+(shoal.router.fleet.served_concurrency), and is believed to cache only the last prompts it was sent
+(shoal.router.placement.balancer).
 
 A server that reports no load at all may serve one request at a time and queue the rest
 (llama-cpp-python does): the router's requests there beyond what it has been seen serving at once
