@@ -189,22 +189,3 @@ def test_background_work_computes_at_most_its_tokens_per_step():
         complete(chunks)
         check(scheduler)
     assert max(steps) == 10 and len(steps) >= 5  # 50 prompt tokens, 10 a step
-
-
-def test_a_waiting_sequence_reports_only_the_prompt_its_cache_does_not_hold():
-    """A turn whose first 16 tokens an ended sequence left cached: 9 of its 25 to compute while it
-    waits, as once admitted; a prompt with nothing cached counts whole."""
-    scheduler = Scheduler(BlockManager(64, 4), max_num_seqs=8, max_num_batched_tokens=100)
-    first = make_seq("a", 21)
-    scheduler.add(first)
-    complete(scheduler.schedule())
-    scheduler.block_manager.commit_computed(first)
-    scheduler.finish(first, "stop")
-    turn = Sequence("turn", first.prompt_token_ids[:16] + list(range(5000, 5009)), SamplingParams(max_tokens=3), seed=0)
-    fresh = Sequence("fresh", list(range(7000, 7010)), SamplingParams(max_tokens=3), seed=0)
-    scheduler.add(turn)
-    scheduler.add(fresh)
-    assert scheduler.outstanding_tokens() == (9 + 10, 6)
-    scheduler.schedule()
-    assert turn.num_computed_tokens == 16 and scheduler.outstanding_tokens() == (9 + 10, 6)
-    check(scheduler)

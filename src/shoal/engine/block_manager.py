@@ -119,22 +119,6 @@ class BlockManager:
         self.prefix_hits += cached
         return cached
 
-    def cached_prefix_tokens(self, seq: Sequence) -> int:
-        """How many leading tokens of a WAITING sequence the paged cache holds now, in the blocks of
-        its full-attention groups (group 0 where all are windowed); the KV tier is not looked in and
-        nothing is claimed. An estimate of what admission will find, for load reports: blocks may be
-        evicted before then."""
-        if not self.enable_prefix_caching:
-            return 0
-        tokens = seq.all_token_ids
-        hashes = self.chain(tokens, (len(tokens) - 1) // self.block_size, seq.cache_salt)
-        groups = [g for g, window in enumerate(self.groups.windows) if not window] or [0]
-        found = next(
-            (i for i, digest in enumerate(hashes) if any(group_key(digest, g) not in self.hash_index for g in groups)),
-            len(hashes),
-        )
-        return found * self.block_size
-
     def chain(self, tokens: list[int], num_blocks: int, salt: bytes | None = None) -> list[bytes]:
         """The chained hashes of the first `num_blocks` full blocks of `tokens`, from `salt` (what
         computed them besides the tokens: a LoRA adapter; None for the base model)."""

@@ -116,9 +116,6 @@ class Scheduler:
         # Sequences finished because they no longer fit the whole KV cache; the engine reports them.
         self.outgrown: list[Sequence] = []
         self.num_preemptions = 0
-        # Of each waiting sequence, the prompt tokens its prefix cache held when first looked at
-        # (outstanding_tokens); entries go with the sequence leaving `waiting`.
-        self._found_cached: dict[str, int] = {}
 
     def add(self, seq: Sequence) -> None:
         """Queues a sequence behind those of its class and ahead of later classes."""
@@ -141,18 +138,9 @@ class Scheduler:
 
     def outstanding_tokens(self) -> tuple[int, int]:
         """(prompt tokens not yet in the KV cache, tokens still to generate at most) of the running and
-        waiting sequences: the work ahead a load report tells routers. A waiting sequence's prompt
-        counts without the prefix its cache held when it was first looked at here (admission finds
-        it then, unless evicted meanwhile): a turn whose history is cached is not reported as a
-        whole prompt to compute."""
-        found = {s.request_id: self._found_cached.get(s.request_id) for s in self.waiting}
-        for seq in self.waiting:
-            if found[seq.request_id] is None:
-                found[seq.request_id] = self.block_manager.cached_prefix_tokens(seq)
-        self._found_cached = found
-        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in self.running)
-        prefill += sum(max(0, len(s.prompt_token_ids) - found[s.request_id]) for s in self.waiting)
+        waiting sequences: the work ahead a load report tells routers."""
         live = [*self.running, *self.waiting]
+        prefill = sum(max(0, len(s.prompt_token_ids) - s.num_computed_tokens) for s in live)
         return prefill, sum(s.params.max_tokens - len(s.output_token_ids) for s in live)
 
     def abort(self, request_id: str) -> Sequence | None:
