@@ -75,7 +75,10 @@ def router(tmp_path_factory, logs, shoal_worker, llama, vllm):
     config = {
         "workers": [{"url": url} for url in urls],
         "policy": "session_affinity",
-        "health": {"heartbeat_interval_s": 0.5},
+        # No canary generations: one makes the shoal worker busy for a moment every 10 s, and session
+        # affinity's bounded load sends a key whose worker is busy on an idle fleet to its neighbour,
+        # so a key picked for one engine could land on another.
+        "health": {"heartbeat_interval_s": 0.5, "canary_interval_s": 3600},
         "failover": {"token_deadline_max_s": 5.0},
     }
     path = tmp_path_factory.mktemp("router") / "router.yaml"
