@@ -197,7 +197,7 @@ class WorkerState:
             self.load_source,
             self.concurrency.most,
             self.concurrency.service_s,
-            self.concurrency.prefill_tokens_per_s,
+            self.concurrency.prefill_tokens_per_s if unreported else None,
             self.latency.itl_s if unreported else None,
         )
         key = (

@@ -131,11 +131,13 @@ class Balancer:
             placed[worker_id] = matched[worker_id]
         if self.followed is not None:
             self._read_followed(request, candidates, matched, in_tier, placed)
+        pressure = index.eviction_pressure
+        if unreported:
 
-        def eviction_pressure(worker_id: str) -> float:
-            return 0.0 if worker_id in unreported else index.eviction_pressure(worker_id)
+            def pressure(worker_id: str) -> float:
+                return 0.0 if worker_id in unreported else index.eviction_pressure(worker_id)
 
-        context = RoutingContext(self.rng, self.decisions, matched, in_tier, index.size, placed, eviction_pressure)
+        context = RoutingContext(self.rng, self.decisions, matched, in_tier, index.size, placed, pressure)
         return candidates, context
 
     def _read_followed(
