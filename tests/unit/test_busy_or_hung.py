@@ -12,7 +12,7 @@ from shoal.engine.speed import SpeedEstimator
 from shoal.protocol.keep_alive import BARE, KeepAlive, parse_keep_alive
 from shoal.router.config import FailoverSettings
 from shoal.router.fleet.circuit_breaker import CircuitBreaker
-from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.streams.relay import token_deadline
 from shoal.router.streams.tried_workers import TriedWorkers
 from shoal.router.views import RouteRequest

@@ -15,7 +15,7 @@ from shoal.observability.tracing import Tracing
 from shoal.protocol.sse import data_values, is_done
 from shoal.router.config import FailoverSettings
 from shoal.router.fleet.circuit_breaker import CircuitBreaker
-from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.metrics import RouterMetrics
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.streams.relay import StreamBroken, StreamProgress, relay

@@ -14,7 +14,7 @@ import pytest
 from shoal.protocol.group_events import BATCH_DECODER, ENCODER, Hello, Placed, Work
 from shoal.router.admission.slots import GroupSlots
 from shoal.router.fleet.circuit_breaker import CircuitBreaker
-from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.group.bus import GroupBus, _frame, socket_path
 
 

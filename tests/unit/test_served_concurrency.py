@@ -7,8 +7,8 @@ import time
 import pytest
 
 from shoal.router.fleet.circuit_breaker import CircuitBreaker
-from shoal.router.fleet.membership import WorkerState
 from shoal.router.fleet.served_concurrency import ServedConcurrency
+from shoal.router.fleet.worker_state import WorkerState
 
 
 def worker_state(**fields) -> WorkerState:

@@ -33,7 +33,8 @@ from shoal.router.files_api.file_store import FileStore
 from shoal.router.fleet.health_events import HealthEvents
 from shoal.router.fleet.health_monitor import HealthMonitor
 from shoal.router.fleet.kv_event_feeds import KvEventFeeds
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.front_door import FrontDoor
 from shoal.router.group.bus import GroupBus
 from shoal.router.group.sync import GroupMember, GroupSync

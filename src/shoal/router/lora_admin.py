@@ -15,7 +15,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.lora_catalog import AdapterSource, LoraCatalog, passed_on
 from shoal.router.streams.proxy import error_response
 

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import aiohttp
 
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.state.open_records import SharedRecords
 from shoal.router.state.records import Record, StoreUnavailable
 

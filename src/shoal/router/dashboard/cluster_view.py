@@ -18,7 +18,8 @@ from collections.abc import Callable
 from shoal.observability.cluster_events import ClusterEvents
 from shoal.router.fleet.circuit_breaker import BreakerState
 from shoal.router.fleet.load_report import LoadReport
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.worker_state import WorkerState
 
 DEFAULT_RETENTION_S = 300.0
 DEFAULT_MAX_GONE = 32

@@ -26,8 +26,9 @@ from shoal.router.fleet.circuit_breaker import BreakerState
 from shoal.router.fleet.health_events import HealthEvents
 from shoal.router.fleet.latency_stats import LatencyStats
 from shoal.router.fleet.load_report import LoadReport
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
 from shoal.router.fleet.outlier_detection import expected_token_s, normalised, outliers
+from shoal.router.fleet.worker_state import WorkerState
 
 STALLS_KEPT = 16  # the router's own recent stalls, left out of its workers' silences
 

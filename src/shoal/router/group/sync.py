@@ -26,7 +26,8 @@ from pathlib import Path
 from shoal.protocol.group_events import Beat, Event, Joined, Left, Placed, SlotFreed, Work
 from shoal.protocol.worker_load import WorkerLoad
 from shoal.router.admission.queues import Admission
-from shoal.router.fleet.membership import Membership, WorkerState, normalize_url
+from shoal.router.fleet.membership import Membership, normalize_url
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.group.bus import GroupBus
 from shoal.router.placement.balancer import Balancer
 

@@ -11,7 +11,8 @@ from collections.abc import Callable
 import msgspec
 
 from shoal.router.fleet.followed_caches import FollowedCaches
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.placement.in_flight_prefixes import InFlightPrefixes
 from shoal.router.placement.policies import Policy, eligible
 from shoal.router.placement.policies.cost import Estimate, estimate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.placement.balancer import Placement
 from shoal.router.streams.continuation import by_tokens, can_continue, continuation_body, with_token_ids_asked
 from shoal.router.streams.relay import StreamProgress

@@ -47,7 +47,8 @@ from shoal.protocol.kv_handoff import ACCEPTS_KV_HANDOFF, HANDOFF_HEADER, MAX_HA
 from shoal.protocol.sse import DONE, data_event, data_values, is_done, json_data
 from shoal.router.config import FailoverSettings
 from shoal.router.fleet.health_monitor import HealthMonitor
-from shoal.router.fleet.membership import Membership, WorkerState
+from shoal.router.fleet.membership import Membership
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.lora_catalog import AdapterLoadFailed, LoraCatalog
 from shoal.router.placement.balancer import Balancer, Placement
 from shoal.router.streams.assembly import assemble

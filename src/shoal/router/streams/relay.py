@@ -25,7 +25,7 @@ from shoal.protocol.keep_alive import BARE, CLIENT_INTERVAL_S, parse_keep_alive
 from shoal.protocol.kv_handoff import Handoff, handoff_of
 from shoal.protocol.sse import DONE, data_event, data_of, is_done, json_data
 from shoal.router.config import FailoverSettings
-from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.request_telemetry import RequestTelemetry
 from shoal.router.streams.upstream_client import UpstreamError, UpstreamResponse
 

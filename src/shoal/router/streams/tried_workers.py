@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from shoal.router.fleet.membership import WorkerState
+from shoal.router.fleet.worker_state import WorkerState
 from shoal.router.views import RouteRequest
 
 
