@@ -292,6 +292,10 @@ def serve(fd: int) -> None:
                     os.close(ready)
                     _, status = os.waitpid(pid, 0)
                     _send(sock, {"exited": pid, "code": os.waitstatus_to_exitcode(status)})
+    except ConnectionError:
+        if os.getpid() != server_pid:
+            raise  # a child's command failed: its error is its own, shown as `python -m` shows it
+        # the server: its spawner went away with messages unread, as gone as after a clean close
     finally:
         if os.getpid() == server_pid:
             for pidfd, pid in children.items():
