@@ -11,7 +11,7 @@
 // Invariant (batch invariance): a row's routing is computed from its own logits alone; PackedLinear's
 // rows do not depend on how many rows share a call; and a row's sum starts at zero and adds its experts
 // in ascending index, whatever other rows chose. So no bit of a row depends on the batch.
-// Part of the one translation unit (shoal_cpu_kernels.cpp): it uses decoder_layer_cpu.cpp's
+// Part of shoal_cpu_kernels.cpp's translation unit: it uses decoder_layer_cpu.cpp's
 // for_each_dtype, Element and activate_and_multiply.
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
