@@ -3,8 +3,8 @@ runs engines at: this process's own and each forced level this CPU can run.
 
 A build runs two compilers at once (the library's two translation units) for about 40 s on this
 2-core machine; the unit tests run beside them. Builds run one after another, each in a process of
-its own (a level is fixed before torch loads). A test that needs a kernel still being built waits for it on the build's lock,
-as any second process does, so no build is ever done twice.
+its own (a level is fixed before torch loads). A test that needs a kernel still being built waits
+for it on the build's lock, as any second process does, so no build is ever done twice.
 """
 
 from __future__ import annotations
